@@ -1,0 +1,111 @@
+//! The engine's internal wire format, shared with the gateway.
+//!
+//! Routes (HTTP/2, cleartext on loopback by default):
+//! - `POST /engine/v1/generate`: [`GenerateRequest`] in, a stream of
+//!   newline-delimited [`Event`]s out (`application/x-ndjson`).
+//! - `GET /engine/v1/load`: a [`LoadReport`].
+//! - `POST /engine/v1/drain`: stop taking new work, finish what runs.
+//! - `GET /healthz` (alive), `GET /readyz` (ready to take work).
+//!
+//! Video session operations (create, next chunks, suspend, resume, export,
+//! import, end) will live under `/engine/v1/sessions/...`; nothing here
+//! assumes generate is the only kind of work. Adding fields is compatible:
+//! readers ignore fields they do not know.
+
+use serde::{Deserialize, Serialize};
+
+/// Path of the generate endpoint.
+pub const GENERATE_PATH: &str = "/engine/v1/generate";
+/// Path of the load report endpoint.
+pub const LOAD_PATH: &str = "/engine/v1/load";
+/// Path of the drain endpoint.
+pub const DRAIN_PATH: &str = "/engine/v1/drain";
+/// Content type of the generate event stream.
+pub const NDJSON: &str = "application/x-ndjson";
+
+/// One text-generation job, as the gateway sends it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct GenerateRequest {
+    /// The gateway's request id, for correlating logs.
+    pub request_id: String,
+    pub model: String,
+    /// The fully rendered prompt (chat messages already templated).
+    pub prompt: String,
+    /// Output token cap; the engine stops with `length` when it is reached.
+    pub max_tokens: u32,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Stop sequences: generation ends (`stop`) once the text contains one;
+    /// the stop sequence itself is not emitted.
+    #[serde(default)]
+    pub stop: Vec<String>,
+}
+
+/// Why a generation ended, in OpenAI's vocabulary.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The model ended the text, or a stop sequence matched.
+    Stop,
+    /// `max_tokens` was reached.
+    Length,
+}
+
+/// Token counts of one generation.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+/// One line of the generate stream.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// One generated token's text.
+    Token { text: String },
+    /// The generation finished normally; always the last line.
+    Done {
+        finish_reason: FinishReason,
+        usage: Usage,
+        /// Milliseconds spent waiting and in prefill, for the gateway's estimators.
+        queue_ms: f64,
+        prefill_ms: f64,
+    },
+    /// The generation failed; always the last line.
+    Error { code: String, message: String },
+}
+
+/// Error body of a refused engine request (4xx/5xx before any event).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ErrorBody {
+    /// Stable machine label, e.g. `engine_draining`, `invalid_request`.
+    pub code: String,
+    pub message: String,
+}
+
+/// What an engine reports about its load (`GET /engine/v1/load`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct LoadReport {
+    pub engine_id: String,
+    /// `emulated`, `cpu` or `cuda`.
+    pub backend: String,
+    /// Engine class of the latency profile in use.
+    pub engine_class: String,
+    pub ready: bool,
+    pub draining: bool,
+    /// Sequences accepted but not yet started.
+    pub queued_sequences: u32,
+    /// Tokens (prompt + output budget) of the queued sequences.
+    pub queued_tokens: u64,
+    /// Sequences in prefill or decode.
+    pub inflight_sequences: u32,
+    /// Tokens (prompt + output budget) of the in-flight sequences.
+    pub inflight_tokens: u64,
+    pub kv_pages_free: u32,
+    pub kv_pages_total: u32,
+    /// Mean decode step time over recent steps, in milliseconds.
+    pub decode_step_ms: f64,
+}

@@ -1,0 +1,99 @@
+//! The emulated backend's text: deterministic, readable, seeded by the prompt.
+//!
+//! Timing lives in the generation loop ([`crate::generate`]), which reads the
+//! latency profile; this module only decides *what* is said and when the
+//! "model" would end on its own.
+
+/// Vocabulary of the emulated model: plain words so output reads as text.
+const WORDS: &[&str] = &[
+    "the", "a", "gateway", "engine", "token", "stream", "latency", "budget", "tier", "queue", "batch",
+    "model", "request", "answer", "river", "mountain", "light", "quiet", "signal", "garden", "window",
+    "paper", "story", "moment", "careful", "bright", "slow", "fast", "green", "blue", "of", "and", "to",
+    "in", "with", "on", "is", "was", "will", "can", "every", "some", "north", "south", "small", "large",
+    "simple", "steady", "early", "late", "open", "close", "number", "letter", "city", "harbor", "cloud",
+    "stone", "field", "winter", "summer", "road",
+];
+
+/// Deterministic word source for one sequence.
+#[derive(Debug, Clone)]
+pub struct TextSource {
+    state: u64,
+    /// Tokens after which the model ends by itself (finish reason `stop`).
+    natural_len: u32,
+    emitted: u32,
+}
+
+impl TextSource {
+    /// Seeds from the prompt text and the request's optional seed, so the
+    /// same prompt and seed always give the same text.
+    pub fn new(prompt: &str, seed: Option<u64>) -> Self {
+        let mut state = fnv1a(prompt.as_bytes()) ^ seed.unwrap_or(0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        if state == 0 {
+            state = 0x2545_F491_4F6C_DD1D;
+        }
+        let mut src = Self { state, natural_len: 0, emitted: 0 };
+        // Natural answers run 16..=272 tokens: long enough to stream, short
+        // enough for demos; max_tokens usually ends them first.
+        src.natural_len = 16 + (src.next() % 257) as u32;
+        src
+    }
+
+    /// The next token's text, or `None` when the model ends the answer.
+    pub fn next_token(&mut self) -> Option<String> {
+        if self.emitted >= self.natural_len {
+            return None;
+        }
+        let word = WORDS[(self.next() % WORDS.len() as u64) as usize];
+        let text = if self.emitted == 0 {
+            let mut w = word.to_string();
+            w[..1].make_ascii_uppercase();
+            w
+        } else {
+            format!(" {word}")
+        };
+        self.emitted += 1;
+        Some(text)
+    }
+
+    /// xorshift64*: small, fast, good enough for picking words.
+    fn next(&mut self) -> u64 {
+        let mut x = self.state;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.state = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TextSource;
+
+    fn take(prompt: &str, seed: Option<u64>, n: usize) -> String {
+        let mut s = TextSource::new(prompt, seed);
+        (0..n).map_while(|_| s.next_token()).collect()
+    }
+
+    #[test]
+    fn same_prompt_same_text_and_different_prompts_differ() {
+        assert_eq!(take("hello", None, 12), take("hello", None, 12));
+        assert_ne!(take("hello", None, 12), take("goodbye", None, 12));
+        assert_ne!(take("hello", Some(1), 12), take("hello", Some(2), 12));
+    }
+
+    #[test]
+    fn text_is_readable_words_and_ends_by_itself() {
+        let mut s = TextSource::new("x", None);
+        let mut n = 0;
+        while let Some(t) = s.next_token() {
+            assert!(t.trim().chars().all(|c| c.is_ascii_alphabetic()), "{t:?}");
+            n += 1;
+        }
+        assert!((16..=272).contains(&n), "{n}");
+    }
+}

@@ -1,0 +1,122 @@
+//! The engine's internal HTTP/2 API (see [`crate::api`] for the routes).
+//!
+//! Served with hyper's auto builder on plain TCP: the gateway speaks HTTP/2
+//! with prior knowledge, and HTTP/1.1 works for curl and debugging.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Either, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use crate::api::{self, ErrorBody, GenerateRequest};
+use crate::body::ChannelBody;
+use crate::{generate, Engine};
+
+/// Response body of every engine route.
+pub type EngineBody = Either<Full<Bytes>, ChannelBody>;
+
+/// Largest generate request body accepted (prompts are long, not huge).
+const MAX_REQUEST_BYTES: usize = 16 << 20;
+/// Event lines buffered per sequence before the producer waits for the
+/// consumer (back-pressure instead of unbounded memory).
+const EVENT_BUFFER: usize = 64;
+
+/// Serves `engine` on `listener` until `shutdown` resolves.
+pub async fn serve(engine: Arc<Engine>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(event = "accept_failed", error = %e);
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let engine = Arc::clone(&engine);
+        let svc = hyper::service::service_fn(move |req| handle(Arc::clone(&engine), req));
+        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(event = "connection_error", error = %e);
+            }
+        });
+    }
+    graceful.shutdown().await;
+}
+
+async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<EngineBody>, Infallible> {
+    let resp = match (req.method(), req.uri().path()) {
+        (&Method::POST, api::GENERATE_PATH) => generate_route(engine, req).await,
+        (&Method::GET, api::LOAD_PATH) => json(StatusCode::OK, &engine.load_report()),
+        (&Method::POST, api::DRAIN_PATH) => {
+            engine.draining.store(true, Ordering::SeqCst);
+            tracing::info!(event = "drain_started", engine = %engine.id);
+            json(StatusCode::OK, &engine.load_report())
+        }
+        (&Method::GET, "/healthz") => json(StatusCode::OK, &serde_json::json!({"status": "alive"})),
+        (&Method::GET, "/readyz") => {
+            let report = engine.load_report();
+            let status = if engine.accepting() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            json(status, &report)
+        }
+        _ => error(StatusCode::NOT_FOUND, "not_found", "no such engine route"),
+    };
+    Ok(resp)
+}
+
+async fn generate_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response<EngineBody> {
+    if !engine.accepting() {
+        let code =
+            if engine.draining.load(Ordering::SeqCst) { "engine_draining" } else { "engine_not_ready" };
+        return error(StatusCode::SERVICE_UNAVAILABLE, code, "engine is not taking new work");
+    }
+    let bytes = match Limited::new(req.into_body(), MAX_REQUEST_BYTES).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string()),
+    };
+    let gen: GenerateRequest = match serde_json::from_slice(&bytes) {
+        Ok(g) => g,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string()),
+    };
+    let prompt_tokens = policies::tokens::count(&gen.prompt);
+    let guard = match engine.load.admit(u64::from(prompt_tokens) + u64::from(gen.max_tokens)) {
+        Ok(g) => g,
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, "kv_exhausted", &e.to_string()),
+    };
+    tracing::debug!(event = "sequence_admitted", request_id = %gen.request_id, prompt_tokens);
+    let (tx, rx) = mpsc::channel(EVENT_BUFFER);
+    tokio::spawn(generate::run(engine, gen, prompt_tokens, guard, tx));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, api::NDJSON)
+        .body(Either::Right(ChannelBody::new(rx)))
+        .expect("static response parts are valid")
+}
+
+fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<EngineBody> {
+    let body = serde_json::to_vec(value).expect("engine JSON always serialises");
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Either::Left(Full::new(Bytes::from(body))))
+        .expect("static response parts are valid")
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response<EngineBody> {
+    json(status, &ErrorBody { code: code.to_string(), message: message.to_string() })
+}

@@ -1,0 +1,266 @@
+//! The policy document: tiers, tenants with their API keys, and models.
+//!
+//! Parsed from TOML into types that cannot hold invalid values. Unknown keys
+//! are errors. Errors name the file, the line where TOML points at one, and
+//! the key path. Later issues add admission, brownout, routing and video
+//! sections to the same document.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// A policy document that failed to load.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// Not valid TOML, or a key of the wrong type or unknown.
+    #[error("{file}:{line}:{column}: {message}")]
+    Parse { file: String, line: usize, column: usize, message: String },
+    /// Well-formed but inconsistent (a cross-field check failed).
+    #[error("{file}: `{key}`: {message}")]
+    Invalid { file: String, key: String, message: String },
+}
+
+/// An API key. Its `Debug` shows only a prefix, so keys never reach logs.
+#[derive(Clone, PartialEq, Eq, Hash, Deserialize)]
+#[serde(transparent)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let prefix: String = self.0.chars().take(4).collect();
+        write!(f, "ApiKey({prefix}…redacted)")
+    }
+}
+
+/// A service tier: the latency targets and caps its tenants get.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tier {
+    pub name: String,
+    /// Time-to-first-token budget (D_TTFT).
+    pub ttft: Duration,
+    /// End-to-end budget (D_E2E): time to the last token.
+    pub e2e: Duration,
+    /// Output tokens a request may ask for; larger `max_tokens` is clamped.
+    pub max_output_tokens: NonZeroU32,
+    /// Prompt tokens a request may carry; more is a 400.
+    pub max_context_tokens: NonZeroU32,
+    /// Relative share under contention (used by later scheduling policies).
+    pub priority_weight: NonZeroU32,
+}
+
+/// A tenant: who is calling, and on which tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    pub name: String,
+    /// Index into [`PolicyDocument::tiers`].
+    pub tier: usize,
+}
+
+/// A model the gateway serves.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Model {
+    pub id: String,
+    #[serde(default = "default_owner")]
+    pub owned_by: String,
+}
+
+fn default_owner() -> String {
+    "slo-gateway".to_string()
+}
+
+/// A validated policy document.
+#[derive(Debug, Clone)]
+pub struct PolicyDocument {
+    pub models: Vec<Model>,
+    pub tiers: Vec<Tier>,
+    pub tenants: Vec<Tenant>,
+    keys: HashMap<ApiKey, usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDocument {
+    models: Vec<Model>,
+    tiers: BTreeMap<String, RawTier>,
+    #[serde(default)]
+    tenants: Vec<RawTenant>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTier {
+    ttft_ms: NonZeroU32,
+    e2e_ms: NonZeroU32,
+    max_output_tokens: NonZeroU32,
+    max_context_tokens: NonZeroU32,
+    #[serde(default = "one")]
+    priority_weight: NonZeroU32,
+}
+
+fn one() -> NonZeroU32 {
+    NonZeroU32::MIN
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTenant {
+    name: String,
+    tier: String,
+    keys: Vec<ApiKey>,
+}
+
+impl PolicyDocument {
+    /// Parses and validates `text`; `file` only labels errors.
+    pub fn parse(file: &str, text: &str) -> Result<Self, PolicyError> {
+        let raw: RawDocument = toml::from_str(text).map_err(|e| parse_error(file, text, &e))?;
+        let invalid =
+            |key: String, message: String| PolicyError::Invalid { file: file.to_string(), key, message };
+        if raw.models.is_empty() {
+            return Err(invalid("models".into(), "at least one model is required".into()));
+        }
+        let mut tiers = Vec::new();
+        for (name, t) in raw.tiers {
+            if t.e2e_ms < t.ttft_ms {
+                return Err(invalid(
+                    format!("tiers.{name}.e2e_ms"),
+                    format!("must be >= ttft_ms ({})", t.ttft_ms),
+                ));
+            }
+            tiers.push(Tier {
+                name,
+                ttft: Duration::from_millis(t.ttft_ms.get().into()),
+                e2e: Duration::from_millis(t.e2e_ms.get().into()),
+                max_output_tokens: t.max_output_tokens,
+                max_context_tokens: t.max_context_tokens,
+                priority_weight: t.priority_weight,
+            });
+        }
+        if tiers.is_empty() {
+            return Err(invalid("tiers".into(), "at least one tier is required".into()));
+        }
+        let mut tenants = Vec::new();
+        let mut keys = HashMap::new();
+        for (i, t) in raw.tenants.into_iter().enumerate() {
+            let tier = tiers
+                .iter()
+                .position(|x| x.name == t.tier)
+                .ok_or_else(|| invalid(format!("tenants[{i}].tier"), format!("unknown tier `{}`", t.tier)))?;
+            for (k, key) in t.keys.into_iter().enumerate() {
+                let path = format!("tenants[{i}].keys[{k}]");
+                if key.0.trim().is_empty() {
+                    return Err(invalid(path, "must not be empty".into()));
+                }
+                if keys.insert(key, i).is_some() {
+                    return Err(invalid(path, "key is already assigned to another tenant".into()));
+                }
+            }
+            tenants.push(Tenant { name: t.name, tier });
+        }
+        Ok(Self { models: raw.models, tiers, tenants, keys })
+    }
+
+    /// The tenant owning `key`, with its tier.
+    pub fn authenticate(&self, key: &str) -> Option<(&Tenant, &Tier)> {
+        let i = *self.keys.get(&ApiKey(key.to_string()))?;
+        let tenant = &self.tenants[i];
+        Some((tenant, &self.tiers[tenant.tier]))
+    }
+
+    /// The model with this id.
+    pub fn model(&self, id: &str) -> Option<&Model> {
+        self.models.iter().find(|m| m.id == id)
+    }
+}
+
+fn parse_error(file: &str, text: &str, e: &toml::de::Error) -> PolicyError {
+    let offset = e.span().map_or(0, |s| s.start);
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |p| p + 1) + 1;
+    PolicyError::Parse { file: file.to_string(), line, column, message: e.message().to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DOC: &str = r#"
+[[models]]
+id = "m1"
+
+[tiers.gold]
+ttft_ms = 500
+e2e_ms = 10000
+max_output_tokens = 1024
+max_context_tokens = 8192
+priority_weight = 4
+
+[[tenants]]
+name = "acme"
+tier = "gold"
+keys = ["sk-acme-1", "sk-acme-2"]
+"#;
+
+    #[test]
+    fn authenticates_keys_to_tenant_and_tier() {
+        let doc = PolicyDocument::parse("p.toml", DOC).unwrap();
+        let (tenant, tier) = doc.authenticate("sk-acme-2").unwrap();
+        assert_eq!(tenant.name, "acme");
+        assert_eq!(tier.name, "gold");
+        assert_eq!(tier.ttft, Duration::from_millis(500));
+        assert!(doc.authenticate("sk-nope").is_none());
+        assert!(doc.model("m1").is_some() && doc.model("m2").is_none());
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_with_its_line() {
+        let text = DOC.replace("priority_weight = 4", "priority_weight = 4\nbogus = 1");
+        match PolicyDocument::parse("p.toml", &text).unwrap_err() {
+            PolicyError::Parse { line, message, .. } => {
+                assert_eq!(line, 11, "{message}");
+                assert!(message.contains("bogus"), "{message}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let text = format!("oops = 1\n{DOC}");
+        match PolicyDocument::parse("p.toml", &text).unwrap_err() {
+            PolicyError::Parse { line, message, .. } => {
+                assert_eq!(line, 1, "{message}");
+                assert!(message.contains("oops"), "{message}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn cross_field_checks_name_the_key_path() {
+        let text = DOC.replace("tier = \"gold\"", "tier = \"platinum\"");
+        let err = PolicyDocument::parse("p.toml", &text).unwrap_err().to_string();
+        assert!(err.contains("tenants[0].tier") && err.contains("platinum"), "{err}");
+        let text = DOC.replace("e2e_ms = 10000", "e2e_ms = 100");
+        let err = PolicyDocument::parse("p.toml", &text).unwrap_err().to_string();
+        assert!(err.contains("tiers.gold.e2e_ms"), "{err}");
+        let text = DOC.replace("\"sk-acme-2\"", "\"sk-acme-1\"");
+        let err = PolicyDocument::parse("p.toml", &text).unwrap_err().to_string();
+        assert!(err.contains("tenants[0].keys[1]"), "{err}");
+        let text = DOC.replace("max_output_tokens = 1024", "max_output_tokens = 0");
+        assert!(PolicyDocument::parse("p.toml", &text).is_err());
+    }
+
+    #[test]
+    fn keys_are_redacted_in_debug() {
+        let doc = PolicyDocument::parse("p.toml", DOC).unwrap();
+        let shown = format!("{doc:?}");
+        assert!(!shown.contains("sk-acme-1"), "{shown}");
+    }
+}

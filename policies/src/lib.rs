@@ -1,0 +1,20 @@
+//! The decision core of the gateway and the engines.
+//!
+//! Everything here is pure and deterministic: no I/O beyond parsing text the
+//! caller read, no async runtime, no clock reads. Time, where it matters, is a
+//! parameter. The live gateway, the engines and the load-test simulator call
+//! the same functions, so what is measured in simulation is what runs.
+//!
+//! Modules:
+//! - [`config`]: the policy document (tiers, tenants and their API keys, models).
+//! - [`profile`]: latency profiles (prefill and decode timing curves).
+//! - [`tokens`]: the shared token-count estimate for text.
+//! - [`routing`]: engine choice for a request.
+
+pub mod config;
+pub mod profile;
+pub mod routing;
+pub mod tokens;
+
+pub use config::{PolicyDocument, PolicyError, Tenant, Tier};
+pub use profile::LatencyProfile;
