@@ -1,1 +1,106 @@
-fn main() {}
+//! `gateway`: the SLO-aware HTTPS gateway, its embedded single-node mode,
+//! and its tools.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use engine::backend::BackendKind;
+use gateway::config::GatewayConfig;
+use gateway::supervisor::EngineLaunch;
+
+#[derive(Parser)]
+#[command(name = "gateway", version, about = "SLO-aware HTTP/2 gateway for generative-AI inference")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start the embedded single-node system: dev certificates (first run),
+    /// N engine child processes and the gateway. Ctrl-C stops everything.
+    Up {
+        /// Public HTTPS address.
+        #[arg(long, default_value = "127.0.0.1:8443")]
+        listen: SocketAddr,
+        /// Engine child processes to run.
+        #[arg(long, default_value_t = 2)]
+        engines: usize,
+        /// Engine backend.
+        #[arg(long, value_enum, default_value_t = BackendKind::Emulated)]
+        backend: BackendKind,
+        /// Policy document (tiers, tenants, keys, models).
+        #[arg(long, default_value = "policies/default.toml")]
+        policies: PathBuf,
+        /// Latency profile for emulated engines (bundled default if omitted).
+        #[arg(long)]
+        profile: Option<PathBuf>,
+        /// Directory of the development PKI (created on first run).
+        #[arg(long, default_value = "certs")]
+        certs: PathBuf,
+        /// Gateway config file (listener limits and so on); flags override it.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Run the gateway alone, over the engines listed in its config file.
+    Serve {
+        /// Gateway config file with [tls] and [[engines]].
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Write a development CA (ca.pem) and a server certificate for
+    /// localhost / 127.0.0.1 / ::1 signed by it.
+    Certs {
+        #[arg(long, default_value = "certs")]
+        out: PathBuf,
+    },
+    /// Run one engine process (used by `up` for its children).
+    #[command(hide = true)]
+    Engine(engine::cli::EngineArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Runtime::new().expect("the tokio runtime starts");
+    let result: Result<(), String> = rt.block_on(async {
+        match Cli::parse().command {
+            Command::Up { listen, engines, backend, policies, profile, certs, config } => {
+                let mut cfg = GatewayConfig::load(config.as_deref()).map_err(|e| e.to_string())?;
+                cfg.listen = listen;
+                cfg.policies = policies;
+                let launch = EngineLaunch { count: engines, backend, profile };
+                let opts = gateway::UpOptions { launch, certs_dir: certs };
+                gateway::run_up(cfg, opts).await.map_err(|e| e.to_string())
+            }
+            Command::Serve { config } => {
+                let cfg = GatewayConfig::load(Some(&config)).map_err(|e| e.to_string())?;
+                gateway::run_serve(cfg).await.map_err(|e| e.to_string())
+            }
+            Command::Certs { out } => {
+                let pki = gateway::certs::generate(&out).map_err(|e| e.to_string())?;
+                println!(
+                    "wrote {} (trust this), {} and {}",
+                    pki.ca_cert.display(),
+                    pki.server_cert.display(),
+                    pki.server_key.display()
+                );
+                Ok(())
+            }
+            Command::Engine(args) => engine::run(args).await.map_err(|e| e.to_string()),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gateway: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! Sending one generation to an engine, with retries before the first byte.
+//!
+//! A generation is *started* once the chosen engine has produced its first
+//! event. Until then nothing has reached the client, so any failure
+//! (connection refused, engine refused, engine died during prefill) moves
+//! the request to the next-best engine. After that, failures are the
+//! caller's to report: the stream relay ends the SSE stream with an error
+//! event. Dropping a [`Started`] (client gone) drops the engine's response
+//! body, which makes the HTTP/2 client send RST_STREAM to the engine.
+
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use engine::api::{ErrorBody, Event, GenerateRequest};
+use http::StatusCode;
+use http_body::Body;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+
+use crate::engines::{join, EnginePool, InflightTokens};
+use crate::error::ApiError;
+
+/// At most this many engines are tried for one request.
+const MAX_ATTEMPTS: usize = 3;
+
+/// Why one attempt on one engine failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    #[error("engine {engine}: unreachable: {message}")]
+    Unreachable { engine: String, message: String },
+    #[error("engine {engine}: refused with {status} {code}: {message}")]
+    Refused { engine: String, status: StatusCode, code: String, message: String },
+    #[error("engine {engine}: stream failed: {message}")]
+    Stream { engine: String, message: String },
+    #[error("engine {engine}: no first token within {timeout:?}")]
+    Timeout { engine: String, timeout: Duration },
+}
+
+/// Newline-delimited engine events read from a response body.
+#[derive(Debug)]
+pub struct EventStream {
+    body: Incoming,
+    buf: BytesMut,
+}
+
+impl EventStream {
+    /// Polls the next complete event line. `Ready(None)` is a clean end of
+    /// the body; a partial trailing line is an error.
+    pub fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Event, String>>> {
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let line = self.buf.split_to(pos + 1);
+                return Poll::Ready(Some(
+                    serde_json::from_slice(&line).map_err(|e| format!("bad event line: {e}")),
+                ));
+            }
+            match Pin::new(&mut self.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.to_string()))),
+                Poll::Ready(None) if self.buf.is_empty() => return Poll::Ready(None),
+                Poll::Ready(None) => return Poll::Ready(Some(Err("stream ended mid-line".into()))),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    pub async fn next(&mut self) -> Option<Result<Event, String>> {
+        poll_fn(|cx| self.poll_event(cx)).await
+    }
+}
+
+/// A generation running on an engine that has produced its first event.
+#[derive(Debug)]
+pub struct Started {
+    pub first: Event,
+    pub events: EventStream,
+    /// Keeps the request's tokens counted against its engine.
+    pub inflight: InflightTokens,
+}
+
+/// Engines already tried for one request, and why the last one failed.
+#[derive(Debug, Default)]
+pub struct Attempts {
+    tried: Vec<usize>,
+    last_error: Option<EngineError>,
+}
+
+impl Attempts {
+    /// Records that `started` failed after its first event (only callers
+    /// that have sent nothing to the client yet may then try again).
+    pub fn failed_after_start(&mut self, started: &Started, message: String) {
+        let engine = started.inflight.engine_id().to_string();
+        self.tried.push(started.inflight.engine_idx());
+        self.last_error = Some(EngineError::Stream { engine, message });
+    }
+
+    pub fn exhausted(&self, pool: &EnginePool) -> bool {
+        self.tried.len() >= MAX_ATTEMPTS.min(pool.len())
+    }
+
+    pub fn into_error(self) -> ApiError {
+        match self.last_error {
+            Some(e) => ApiError::EngineFailed(e.to_string()),
+            None => ApiError::NoReadyEngine,
+        }
+    }
+}
+
+/// Starts `req` on the best ready engine, moving on to the next one while
+/// attempts remain. `tokens` is what the request counts against its engine;
+/// `first_event_timeout` bounds the wait for the first token.
+pub async fn start(
+    pool: &Arc<EnginePool>,
+    req: &GenerateRequest,
+    tokens: u64,
+    first_event_timeout: Duration,
+    attempts: &mut Attempts,
+) -> Result<Started, ApiError> {
+    let body = Bytes::from(serde_json::to_vec(req).expect("generate requests always serialise"));
+    while !attempts.exhausted(pool) {
+        let Some(idx) = policies::routing::least_inflight_tokens(&pool.views(), &attempts.tried) else {
+            break;
+        };
+        let inflight = pool.reserve(idx, tokens);
+        match tokio::time::timeout(first_event_timeout, try_engine(pool, idx, body.clone())).await {
+            Ok(Ok((first, events))) => return Ok(Started { first, events, inflight }),
+            Ok(Err(e)) => {
+                if matches!(e, EngineError::Unreachable { .. }) {
+                    pool.mark_unreachable(idx);
+                }
+                tracing::warn!(event = "engine_attempt_failed", request_id = %req.request_id, error = %e);
+                attempts.last_error = Some(e);
+            }
+            Err(_) => {
+                let engine = pool.slot(idx).spec.id.clone();
+                attempts.last_error = Some(EngineError::Timeout { engine, timeout: first_event_timeout });
+            }
+        }
+        attempts.tried.push(idx);
+        metrics::counter!(crate::metrics::ENGINE_RETRIES).increment(1);
+    }
+    Err(std::mem::take(attempts).into_error())
+}
+
+async fn try_engine(pool: &EnginePool, idx: usize, body: Bytes) -> Result<(Event, EventStream), EngineError> {
+    let slot = pool.slot(idx);
+    let engine = slot.spec.id.clone();
+    let uri = join(&slot.spec.url, engine::api::GENERATE_PATH).ok_or_else(|| EngineError::Unreachable {
+        engine: engine.clone(),
+        message: "bad engine URL".into(),
+    })?;
+    let req = http::Request::post(uri)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body))
+        .expect("static request parts are valid");
+    let resp = pool
+        .client()
+        .request(req)
+        .await
+        .map_err(|e| EngineError::Unreachable { engine: engine.clone(), message: error_chain(&e) })?;
+    let status = resp.status();
+    if status != StatusCode::OK {
+        let bytes = Limited::new(resp.into_body(), 64 << 10).collect().await.map(|c| c.to_bytes());
+        let parsed = bytes.ok().and_then(|b| serde_json::from_slice::<ErrorBody>(&b).ok());
+        let (code, message) =
+            parsed.map_or_else(|| ("unknown".into(), String::new()), |b| (b.code, b.message));
+        return Err(EngineError::Refused { engine, status, code, message });
+    }
+    let mut events = EventStream { body: resp.into_body(), buf: BytesMut::new() };
+    match events.next().await {
+        Some(Ok(Event::Error { code, message })) => {
+            Err(EngineError::Stream { engine, message: format!("{code}: {message}") })
+        }
+        Some(Ok(first)) => Ok((first, events)),
+        Some(Err(message)) => Err(EngineError::Stream { engine, message }),
+        None => Err(EngineError::Stream { engine, message: "stream ended before the first event".into() }),
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

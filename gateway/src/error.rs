@@ -1,0 +1,175 @@
+//! Every error the public API can return, mapped to HTTP in exactly one place.
+//!
+//! Each variant has a stable machine label (the `code` in the OpenAI-style
+//! body and the `reason` label in metrics), an HTTP status, whether retrying
+//! the same request may succeed, and whose fault it was.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use serde_json::json;
+
+use crate::body::{full, GatewayBody};
+
+/// Whose fault an error was: drives alerting (only `Gateway` and `Upstream`
+/// page anyone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    Client,
+    Upstream,
+    Gateway,
+}
+
+/// A public API error.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApiError {
+    #[error("missing API key: send `Authorization: Bearer <key>`")]
+    MissingKey,
+    #[error("invalid API key")]
+    InvalidKey,
+    #[error("we could not parse the JSON body of your request: {0}")]
+    InvalidJson(String),
+    #[error("{message}")]
+    InvalidField { param: String, message: String },
+    #[error("unrecognized request argument supplied: {}", .0.join(", "))]
+    UnknownParameters(Vec<String>),
+    #[error("unsupported parameter `{param}`: {message}")]
+    UnsupportedParameter { param: String, message: String },
+    #[error("the model `{0}` does not exist")]
+    ModelNotFound(String),
+    #[error("this request has {prompt_tokens} prompt tokens; your tier allows at most {limit}")]
+    ContextLengthExceeded { prompt_tokens: u32, limit: u32 },
+    #[error("request body is larger than the {limit}-byte limit")]
+    BodyTooLarge { limit: usize },
+    #[error("could not read the request body: {0}")]
+    BodyRead(String),
+    #[error("unknown URL {0}")]
+    UnknownUrl(String),
+    #[error("method {0} is not allowed on this URL")]
+    MethodNotAllowed(String),
+    #[error("no engine is ready to serve this request")]
+    NoReadyEngine,
+    #[error("every engine tried failed: {0}")]
+    EngineFailed(String),
+}
+
+impl ApiError {
+    /// Stable machine label used in the body's `code` and in metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::MissingKey => "missing_api_key",
+            ApiError::InvalidKey => "invalid_api_key",
+            ApiError::InvalidJson(_) => "invalid_json",
+            ApiError::InvalidField { .. } => "invalid_value",
+            ApiError::UnknownParameters(_) => "unknown_parameter",
+            ApiError::UnsupportedParameter { .. } => "unsupported_parameter",
+            ApiError::ModelNotFound(_) => "model_not_found",
+            ApiError::ContextLengthExceeded { .. } => "context_length_exceeded",
+            ApiError::BodyTooLarge { .. } => "request_too_large",
+            ApiError::BodyRead(_) => "body_read_failed",
+            ApiError::UnknownUrl(_) => "unknown_url",
+            ApiError::MethodNotAllowed(_) => "method_not_allowed",
+            ApiError::NoReadyEngine => "no_ready_engine",
+            ApiError::EngineFailed(_) => "engine_failed",
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::MissingKey | ApiError::InvalidKey => StatusCode::UNAUTHORIZED,
+            ApiError::InvalidJson(_)
+            | ApiError::InvalidField { .. }
+            | ApiError::UnknownParameters(_)
+            | ApiError::UnsupportedParameter { .. }
+            | ApiError::ContextLengthExceeded { .. }
+            | ApiError::BodyRead(_) => StatusCode::BAD_REQUEST,
+            ApiError::ModelNotFound(_) | ApiError::UnknownUrl(_) => StatusCode::NOT_FOUND,
+            ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::NoReadyEngine => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::EngineFailed(_) => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// OpenAI's error `type`.
+    pub fn kind(&self) -> &'static str {
+        match self.fault() {
+            Fault::Client if self.status() == StatusCode::UNAUTHORIZED => "authentication_error",
+            Fault::Client if self.status() == StatusCode::NOT_FOUND => "not_found_error",
+            Fault::Client => "invalid_request_error",
+            Fault::Upstream | Fault::Gateway => "server_error",
+        }
+    }
+
+    pub fn fault(&self) -> Fault {
+        match self {
+            ApiError::NoReadyEngine | ApiError::EngineFailed(_) => Fault::Upstream,
+            _ => Fault::Client,
+        }
+    }
+
+    /// Whether sending the same request again may succeed.
+    pub fn retryable(&self) -> bool {
+        matches!(self, ApiError::NoReadyEngine | ApiError::EngineFailed(_))
+    }
+
+    /// The request field the error is about, if any.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            ApiError::InvalidField { param, .. } | ApiError::UnsupportedParameter { param, .. } => {
+                Some(param)
+            }
+            ApiError::UnknownParameters(p) => p.first().map(String::as_str),
+            ApiError::ModelNotFound(_) => Some("model"),
+            ApiError::ContextLengthExceeded { .. } => Some("messages"),
+            _ => None,
+        }
+    }
+
+    /// The OpenAI-style JSON error object (`{"error": {...}}`).
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {
+            "message": self.to_string(),
+            "type": self.kind(),
+            "param": self.param(),
+            "code": self.code(),
+        }})
+    }
+
+    pub fn into_response(self) -> Response<GatewayBody> {
+        let mut resp = Response::new(full(Bytes::from(self.body().to_string())));
+        *resp.status_mut() = self.status();
+        let h = resp.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if self.retryable() {
+            h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if self.status() == StatusCode::UNAUTHORIZED {
+            h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_openai_shape_and_names_the_field() {
+        let e = ApiError::InvalidField { param: "temperature".into(), message: "must be <= 2".into() };
+        let b = e.body();
+        assert_eq!(b["error"]["param"], "temperature");
+        assert_eq!(b["error"]["type"], "invalid_request_error");
+        assert_eq!(b["error"]["code"], "invalid_value");
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn upstream_errors_are_retryable_with_retry_after() {
+        let r = ApiError::NoReadyEngine.into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(ApiError::InvalidKey.into_response().status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(ApiError::InvalidKey.kind(), "authentication_error");
+    }
+}

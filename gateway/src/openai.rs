@@ -1,0 +1,362 @@
+//! The OpenAI-compatible request schema: parsing, validation, prompt rendering.
+//!
+//! Every top-level parameter of a request is in exactly one class:
+//! - honoured: it changes what the gateway does (model, messages/prompt,
+//!   max_tokens, max_completion_tokens, temperature, seed, stop, stream,
+//!   stream_options);
+//! - accepted and ignored (documented in docs/api.md): sampling knobs the
+//!   engines do not implement yet, and bookkeeping fields;
+//! - unsupported: accepted only at its neutral value (`n: 1`, `logprobs:
+//!   false`, `tools: []`, ...), anything else is a 400 naming it;
+//! - unknown: a 400 naming it, as OpenAI itself answers.
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+
+/// Which endpoint a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `POST /v1/chat/completions`
+    Chat,
+    /// `POST /v1/completions`
+    Completion,
+}
+
+/// A validated completion request, endpoint differences resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletionRequest {
+    pub kind: Kind,
+    pub model: String,
+    /// The prompt text the engine sees (chat messages rendered by the template).
+    pub prompt: String,
+    /// Requested output cap, before the tier's clamp.
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+}
+
+const CHAT_HONOURED: &[&str] = &[
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+];
+const COMPLETION_HONOURED: &[&str] =
+    &["model", "prompt", "max_tokens", "temperature", "seed", "stop", "stream", "stream_options"];
+const CHAT_IGNORED: &[&str] = &[
+    "top_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "reasoning_effort",
+];
+const COMPLETION_IGNORED: &[&str] = &["top_p", "presence_penalty", "frequency_penalty", "logit_bias", "user"];
+
+/// Unsupported parameters with the values that mean "not used".
+fn neutral_values(kind: Kind, key: &str) -> Option<Vec<Value>> {
+    let v = match (kind, key) {
+        (_, "n") => vec![json!(1)],
+        (Kind::Chat, "logprobs") => vec![json!(false)],
+        (Kind::Chat, "top_logprobs") => vec![json!(0)],
+        (Kind::Chat, "tools" | "functions") => vec![json!([])],
+        (Kind::Chat, "tool_choice" | "function_call") => vec![json!("none")],
+        (Kind::Chat, "response_format") => vec![json!({"type": "text"})],
+        (Kind::Chat, "modalities") => vec![json!(["text"])],
+        (Kind::Chat, "audio" | "prediction" | "web_search_options") => vec![],
+        (Kind::Completion, "best_of") => vec![json!(1)],
+        (Kind::Completion, "logprobs") => vec![json!(0)],
+        (Kind::Completion, "echo") => vec![json!(false)],
+        (Kind::Completion, "suffix") => vec![json!("")],
+        _ => return None,
+    };
+    Some(v)
+}
+
+#[derive(Deserialize)]
+struct RawRequest {
+    model: Option<String>,
+    messages: Option<Vec<Message>>,
+    prompt: Option<Value>,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    temperature: Option<f32>,
+    seed: Option<i64>,
+    stop: Option<Value>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    role: Role,
+    #[serde(default)]
+    content: Option<Value>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+fn field(param: impl Into<String>, message: impl Into<String>) -> ApiError {
+    ApiError::InvalidField { param: param.into(), message: message.into() }
+}
+
+/// Parses and validates a request body for `kind`.
+pub fn parse(kind: Kind, body: &[u8]) -> Result<CompletionRequest, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
+    let Value::Object(object) = value else {
+        return Err(ApiError::InvalidJson("the body must be a JSON object".into()));
+    };
+    let raw = classify(kind, object)?;
+    let model = raw.model.ok_or_else(|| field("model", "you must provide a model parameter"))?;
+    let prompt = match kind {
+        Kind::Chat => render_chat(raw.messages.ok_or_else(|| field("messages", "`messages` is required"))?)?,
+        Kind::Completion => prompt_text(raw.prompt.ok_or_else(|| field("prompt", "`prompt` is required"))?)?,
+    };
+    let max_tokens = raw.max_completion_tokens.or(raw.max_tokens).or(match kind {
+        Kind::Completion => Some(16), // OpenAI's default for /v1/completions
+        Kind::Chat => None,
+    });
+    if max_tokens == Some(0) {
+        let p = if raw.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
+        return Err(field(p, "must be at least 1"));
+    }
+    if let Some(t) = raw.temperature {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(field("temperature", format!("{t} is not in [0, 2]")));
+        }
+    }
+    let stream = raw.stream.unwrap_or(false);
+    if raw.stream_options.is_some() && !stream {
+        return Err(field("stream_options", "only allowed when `stream` is true"));
+    }
+    Ok(CompletionRequest {
+        kind,
+        model,
+        prompt,
+        max_tokens,
+        temperature: raw.temperature,
+        seed: raw.seed.map(|s| s as u64),
+        stop: stop_list(raw.stop)?,
+        stream,
+        include_usage: raw.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+    })
+}
+
+/// Sorts top-level keys into their classes and deserialises the honoured ones.
+fn classify(kind: Kind, object: Map<String, Value>) -> Result<RawRequest, ApiError> {
+    let (honoured, ignored) = match kind {
+        Kind::Chat => (CHAT_HONOURED, CHAT_IGNORED),
+        Kind::Completion => (COMPLETION_HONOURED, COMPLETION_IGNORED),
+    };
+    let mut kept = Map::new();
+    let mut unknown = Vec::new();
+    for (key, value) in object {
+        if value.is_null() || ignored.contains(&key.as_str()) {
+            continue;
+        }
+        if honoured.contains(&key.as_str()) {
+            kept.insert(key, value);
+        } else if let Some(neutral) = neutral_values(kind, &key) {
+            if !neutral.contains(&value) {
+                return Err(ApiError::UnsupportedParameter {
+                    param: key,
+                    message: "is not supported by this gateway".into(),
+                });
+            }
+        } else {
+            unknown.push(key);
+        }
+    }
+    if !unknown.is_empty() {
+        unknown.sort();
+        return Err(ApiError::UnknownParameters(unknown));
+    }
+    serde_path_to_error::deserialize(Value::Object(kept)).map_err(|e| {
+        let param = e.path().to_string();
+        field(param.trim_start_matches('.'), e.into_inner().to_string())
+    })
+}
+
+fn render_chat(messages: Vec<Message>) -> Result<String, ApiError> {
+    if messages.is_empty() {
+        return Err(field("messages", "must contain at least one message"));
+    }
+    let mut prompt = String::new();
+    for (i, m) in messages.into_iter().enumerate() {
+        let text = match m.content {
+            None => String::new(),
+            Some(Value::String(s)) => s,
+            Some(Value::Array(parts)) => content_parts(i, parts)?,
+            Some(_) => {
+                return Err(field(format!("messages[{i}].content"), "must be a string or an array of parts"))
+            }
+        };
+        prompt.push_str(&format!("<|{}|>\n{}\n", m.role.as_str(), text));
+    }
+    prompt.push_str("<|assistant|>\n");
+    Ok(prompt)
+}
+
+fn content_parts(i: usize, parts: Vec<Value>) -> Result<String, ApiError> {
+    let mut text = String::new();
+    for (j, part) in parts.iter().enumerate() {
+        match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+            (Some("text"), Some(t)) => text.push_str(t),
+            (Some("text"), None) => {
+                return Err(field(format!("messages[{i}].content[{j}].text"), "must be a string"))
+            }
+            (Some(other), _) => {
+                return Err(ApiError::UnsupportedParameter {
+                    param: format!("messages[{i}].content[{j}].type"),
+                    message: format!("content parts of type `{other}` are not supported; use `text`"),
+                })
+            }
+            (None, _) => return Err(field(format!("messages[{i}].content[{j}].type"), "is required")),
+        }
+    }
+    Ok(text)
+}
+
+fn prompt_text(prompt: Value) -> Result<String, ApiError> {
+    match prompt {
+        Value::String(s) => Ok(s),
+        Value::Array(mut items) if items.len() == 1 && items[0].is_string() => {
+            Ok(items.pop().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default())
+        }
+        Value::Array(items) if items.iter().all(Value::is_string) => Err(ApiError::UnsupportedParameter {
+            param: "prompt".into(),
+            message: "batched prompts are not supported; send one prompt per request".into(),
+        }),
+        _ => Err(field("prompt", "must be a string (token-id prompts are not supported)")),
+    }
+}
+
+fn stop_list(stop: Option<Value>) -> Result<Vec<String>, ApiError> {
+    let list = match stop {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s],
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::String(s) => Ok(s),
+                _ => Err(field(format!("stop[{i}]"), "must be a string")),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(field("stop", "must be a string or an array of strings")),
+    };
+    if list.len() > 4 {
+        return Err(field("stop", "at most 4 stop sequences are allowed"));
+    }
+    Ok(list)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: Value) -> Result<CompletionRequest, ApiError> {
+        parse(Kind::Chat, body.to_string().as_bytes())
+    }
+
+    #[test]
+    fn renders_chat_messages_and_reads_options() {
+        let r = chat(json!({
+            "model": "m", "stream": true, "stream_options": {"include_usage": true},
+            "messages": [{"role": "system", "content": "be brief"},
+                         {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_tokens": 7, "temperature": 0.5, "stop": "END", "top_p": 0.9, "n": 1,
+        }))
+        .unwrap();
+        assert_eq!(r.prompt, "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n");
+        assert_eq!((r.max_tokens, r.stream, r.include_usage), (Some(7), true, true));
+        assert_eq!(r.stop, vec!["END".to_string()]);
+    }
+
+    #[test]
+    fn max_completion_tokens_wins_and_completions_default_to_16() {
+        let r = chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                            "max_tokens": 5, "max_completion_tokens": 9}))
+        .unwrap();
+        assert_eq!(r.max_tokens, Some(9));
+        let c = parse(Kind::Completion, br#"{"model":"m","prompt":"x"}"#).unwrap();
+        assert_eq!(c.max_tokens, Some(16));
+    }
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let e =
+            chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}))
+                .unwrap_err();
+        assert_eq!(e.param(), Some("max_tokens"), "{e}");
+        let e = chat(json!({"model": "m", "messages": [{"role": "wizard", "content": "x"}]})).unwrap_err();
+        assert_eq!(e.param(), Some("messages[0].role"), "{e}");
+        let e = chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3}))
+            .unwrap_err();
+        assert_eq!(e.param(), Some("temperature"));
+        let e = chat(json!({"messages": [{"role": "user", "content": "x"}]})).unwrap_err();
+        assert_eq!(e.param(), Some("model"));
+    }
+
+    #[test]
+    fn unknown_and_unsupported_parameters_are_named() {
+        let e = chat(json!({"model": "m", "messages": [], "zeta": 1, "alpha": 2})).unwrap_err();
+        assert_eq!(e, ApiError::UnknownParameters(vec!["alpha".into(), "zeta".into()]));
+        let e =
+            chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2})).unwrap_err();
+        assert_eq!(e.param(), Some("n"));
+        assert_eq!(e.code(), "unsupported_parameter");
+        let e = chat(json!({"model": "m", "messages": [{"role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}))
+        .unwrap_err();
+        assert_eq!(e.param(), Some("messages[0].content[0].type"));
+    }
+
+    #[test]
+    fn malformed_json_and_non_objects_are_invalid_json() {
+        assert_eq!(parse(Kind::Chat, b"{\"model\":").unwrap_err().code(), "invalid_json");
+        assert_eq!(parse(Kind::Chat, b"[1]").unwrap_err().code(), "invalid_json");
+    }
+}

@@ -1,0 +1,236 @@
+//! The public request path, top to bottom, in one place.
+//!
+//! `handle` stamps the request id, routes, runs the route, maps any error to
+//! its response (in `error.rs`), and counts the result. `completions` is the
+//! generation path: auth -> bounded body read -> schema -> model -> plan
+//! (context ceiling, output cap) -> dispatch (retries before the first byte)
+//! -> SSE relay or collected JSON.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use engine::api::GenerateRequest;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use policies::{Tenant, Tier};
+use serde_json::json;
+
+use crate::body::{full, GatewayBody};
+use crate::dispatch::{self, Attempts};
+use crate::error::ApiError;
+use crate::metrics::{self, RequestObserver};
+use crate::openai::{self, Kind};
+use crate::relay::{self, Encoder, SseRelay};
+use crate::App;
+
+/// Routes of the public listener; `label` is the metrics label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Route {
+    Completions(Kind),
+    Models,
+    Model(String),
+    Healthz,
+    Readyz,
+    Metrics,
+    WrongMethod,
+    Unknown,
+}
+
+impl Route {
+    fn of(method: &Method, path: &str) -> Self {
+        let (route, allowed) = match path {
+            "/v1/chat/completions" => (Route::Completions(Kind::Chat), Method::POST),
+            "/v1/completions" => (Route::Completions(Kind::Completion), Method::POST),
+            "/v1/models" => (Route::Models, Method::GET),
+            "/healthz" => (Route::Healthz, Method::GET),
+            "/readyz" => (Route::Readyz, Method::GET),
+            "/metrics" => (Route::Metrics, Method::GET),
+            p => match p.strip_prefix("/v1/models/") {
+                Some(id) if !id.is_empty() => (Route::Model(id.to_string()), Method::GET),
+                _ => return Route::Unknown,
+            },
+        };
+        if *method == allowed {
+            route
+        } else {
+            Route::WrongMethod
+        }
+    }
+
+    fn label(&self) -> &'static str {
+        match self {
+            Route::Completions(Kind::Chat) => "chat_completions",
+            Route::Completions(Kind::Completion) => "completions",
+            Route::Models | Route::Model(_) => "models",
+            Route::Healthz => "healthz",
+            Route::Readyz => "readyz",
+            Route::Metrics => "metrics",
+            Route::WrongMethod | Route::Unknown => "other",
+        }
+    }
+}
+
+/// Serves one request. Never fails: every error becomes a response.
+pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<GatewayBody>, Infallible> {
+    let arrived = Instant::now();
+    let request_id = request_id(&app, req.headers()); // correlates client reports, logs, engines
+    let route = Route::of(req.method(), req.uri().path());
+    let result = match &route {
+        Route::Completions(kind) => completions(&app, req, *kind, &request_id, arrived).await,
+        Route::Models => authenticate(&app, req.headers()).map(|_| models(&app, None)),
+        Route::Model(id) => authenticate(&app, req.headers()).and_then(|_| Ok(models(&app, Some(id)))),
+        Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "alive"}))),
+        Route::Readyz => Ok(readyz(&app)),
+        Route::Metrics => Ok(prometheus()),
+        Route::WrongMethod => Err(ApiError::MethodNotAllowed(req.method().to_string())),
+        Route::Unknown => Err(ApiError::UnknownUrl(req.uri().path().to_string())),
+    };
+    let mut resp = result.unwrap_or_else(|e| {
+        tracing::info!(event = "request_error", request_id = %request_id, code = e.code(), error = %e);
+        ::metrics::counter!(metrics::ERRORS, "code" => e.code()).increment(1);
+        e.into_response()
+    });
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    let status = resp.status().as_u16().to_string();
+    ::metrics::counter!(metrics::REQUESTS, "route" => route.label(), "status" => status).increment(1);
+    Ok(resp)
+}
+
+async fn completions(
+    app: &App,
+    req: Request<Incoming>,
+    kind: Kind,
+    request_id: &str,
+    arrived: Instant,
+) -> Result<Response<GatewayBody>, ApiError> {
+    let (tenant, tier) = authenticate(app, req.headers())?; // who is calling, on which tier
+    let body = read_body(req, app.config.max_body_bytes).await?; // bounded memory per request
+    let parsed = openai::parse(kind, &body)?; // typed and validated; unknown parameters named
+    if app.policy.model(&parsed.model).is_none() {
+        return Err(ApiError::ModelNotFound(parsed.model));
+    }
+    let prompt_tokens = policies::tokens::count(&parsed.prompt); // the tier's context ceiling
+    let limit = tier.max_context_tokens.get();
+    if prompt_tokens > limit {
+        return Err(ApiError::ContextLengthExceeded { prompt_tokens, limit });
+    }
+    let cap = tier.max_output_tokens.get(); // output cap: clamp, never refuse
+    let max_tokens = parsed.max_tokens.map_or(cap, |m| m.min(cap));
+    tracing::debug!(event = "request_admitted", request_id, tenant = %tenant.name, tier = %tier.name, prompt_tokens, max_tokens);
+    let gen = GenerateRequest {
+        request_id: request_id.to_string(),
+        model: parsed.model.clone(),
+        prompt: parsed.prompt,
+        max_tokens,
+        temperature: parsed.temperature,
+        seed: parsed.seed,
+        stop: parsed.stop,
+    };
+    let tokens = u64::from(prompt_tokens) + u64::from(max_tokens);
+    let encoder = Encoder {
+        kind,
+        id: format!("{}-{request_id}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }),
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        model: parsed.model,
+        include_usage: parsed.include_usage,
+    };
+    let mut observer = RequestObserver::new(arrived, &tier.name);
+    if parsed.stream {
+        let started = dispatch::start(&app.engines, &gen, tokens, tier.e2e, &mut Attempts::default()).await?;
+        let engine_id = started.inflight.engine_id().to_string();
+        let mut resp = Response::new(SseRelay::new(encoder, started, observer).boxed_unsync());
+        let h = resp.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        insert_engine(h, &engine_id);
+        Ok(resp)
+    } else {
+        let done = relay::collect(&app.engines, &gen, tokens, tier.e2e, &mut observer).await?;
+        let mut resp =
+            json_response(StatusCode::OK, &encoder.complete(&done.text, done.finish_reason, done.usage));
+        insert_engine(resp.headers_mut(), &done.engine_id);
+        Ok(resp)
+    }
+}
+
+fn insert_engine(h: &mut HeaderMap, engine_id: &str) {
+    if let Ok(v) = HeaderValue::from_str(engine_id) {
+        h.insert("x-engine", v);
+    }
+}
+
+/// `Authorization: Bearer <key>` -> tenant and tier.
+fn authenticate<'a>(app: &'a App, headers: &HeaderMap) -> Result<(&'a Tenant, &'a Tier), ApiError> {
+    let value = headers.get(header::AUTHORIZATION).ok_or(ApiError::MissingKey)?;
+    let key = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
+        .ok_or(ApiError::MissingKey)?;
+    app.policy.authenticate(key).ok_or(ApiError::InvalidKey)
+}
+
+async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
+    let declared =
+        req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::BodyTooLarge { limit });
+    }
+    match Limited::new(req.into_body(), limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::BodyTooLarge { limit }),
+        Err(e) => Err(ApiError::BodyRead(e.to_string())),
+    }
+}
+
+fn models(app: &App, only: Option<&str>) -> Response<GatewayBody> {
+    let object = |m: &policies::config::Model| json!({"id": m.id, "object": "model", "created": 0, "owned_by": m.owned_by});
+    match only {
+        None => {
+            let data: Vec<_> = app.policy.models.iter().map(object).collect();
+            json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+        }
+        Some(id) => match app.policy.model(id) {
+            Some(m) => json_response(StatusCode::OK, &object(m)),
+            None => ApiError::ModelNotFound(id.to_string()).into_response(),
+        },
+    }
+}
+
+fn readyz(app: &App) -> Response<GatewayBody> {
+    let detail = app.engines.detail();
+    let ready = app.engines.ready_count() > 0;
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    json_response(status, &json!({"ready": ready, "detail": detail}))
+}
+
+fn prometheus() -> Response<GatewayBody> {
+    let mut resp = Response::new(full(metrics::handle().render()));
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+    resp
+}
+
+fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<GatewayBody> {
+    let mut resp = Response::new(full(value.to_string()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// The client's `x-request-id` when it is a sane token, else a new one.
+fn request_id(app: &App, headers: &HeaderMap) -> String {
+    let given = headers.get("x-request-id").and_then(|v| v.to_str().ok()).filter(|s| {
+        (1..=128).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    });
+    match given {
+        Some(s) => s.to_string(),
+        None => format!("req_{:08x}{:08x}", app.id_prefix, app.next_id.fetch_add(1, Ordering::Relaxed)),
+    }
+}
