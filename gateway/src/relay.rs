@@ -126,7 +126,8 @@ pub struct SseRelay {
     encoder: Encoder,
     events: EventStream,
     pending: BytesMut,
-    observer: RequestObserver,
+    /// Ends (in-flight gauge down) with the generation, like `inflight`.
+    observer: Option<RequestObserver>,
     /// Released as soon as the generation ends, not when hyper drops us.
     inflight: Option<InflightTokens>,
     done: bool,
@@ -135,14 +136,12 @@ pub struct SseRelay {
 impl SseRelay {
     pub fn new(encoder: Encoder, started: Started, mut observer: RequestObserver) -> Self {
         let Started { first, events, inflight } = started;
+        observer.first_token();
         let mut relay = Self {
             encoder,
             events,
             pending: BytesMut::new(),
-            observer: {
-                observer.first_token();
-                observer
-            },
+            observer: Some(observer),
             inflight: Some(inflight),
             done: false,
         };
@@ -156,7 +155,9 @@ impl SseRelay {
             Ok(Event::Token { text }) => self.encoder.token(&mut self.pending, &text),
             Ok(Event::Done { finish_reason, usage, .. }) => {
                 self.encoder.finish(&mut self.pending, finish_reason, usage);
-                self.observer.finished();
+                if let Some(o) = &self.observer {
+                    o.finished();
+                }
                 self.end();
             }
             Ok(Event::Error { code, message }) => self.fail(format!("{code}: {message}")),
@@ -177,6 +178,7 @@ impl SseRelay {
     fn end(&mut self) {
         self.done = true;
         self.inflight = None;
+        self.observer = None;
     }
 }
 

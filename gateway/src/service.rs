@@ -14,7 +14,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use engine::api::GenerateRequest;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use policies::{Tenant, Tier};
 use serde_json::json;
@@ -180,14 +180,47 @@ fn authenticate<'a>(app: &'a App, headers: &HeaderMap) -> Result<(&'a Tenant, &'
 async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
     let declared =
         req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let http1 = req.version() < http::Version::HTTP_2;
+    let mut body = req.into_body();
     if declared.is_some_and(|n| n > limit as u64) {
+        if http1 {
+            drain(body).await;
+        }
         return Err(ApiError::BodyTooLarge { limit });
     }
-    match Limited::new(req.into_body(), limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::BodyTooLarge { limit }),
-        Err(e) => Err(ApiError::BodyRead(e.to_string())),
+    let mut buf = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::BodyRead(e.to_string()))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limit {
+                if http1 {
+                    drain(body).await;
+                }
+                return Err(ApiError::BodyTooLarge { limit });
+            }
+            buf.extend_from_slice(&data);
+        }
     }
+    Ok(buf.freeze())
+}
+
+/// Reads and discards the rest of an over-limit HTTP/1.1 body, bounded in
+/// bytes and time, so the client can read our 413 instead of failing its
+/// write (HTTP/1.1 has no way to refuse a body in flight; HTTP/2 resets the
+/// stream instead). Past the bounds the connection is closed.
+async fn drain(mut body: Incoming) {
+    const MAX_DRAIN: usize = 64 << 20;
+    const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(5);
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        let mut seen = 0;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen += frame.data_ref().map_or(0, |d| d.len());
+            if seen > MAX_DRAIN {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 fn models(app: &App, only: Option<&str>) -> Response<GatewayBody> {

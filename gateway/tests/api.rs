@@ -1,0 +1,283 @@
+//! The public API against a real `gateway up` (TLS, HTTP/2 and HTTP/1.1,
+//! engine child processes): OpenAI response shapes, SSE framing, usage,
+//! errors, health, metrics.
+
+mod common;
+
+use common::*;
+use http::StatusCode;
+use loadtest::client::{body_bytes, Proto};
+use serde_json::{json, Value};
+
+fn data(events: &[loadtest::sse::SseEvent]) -> Vec<String> {
+    events.iter().map(|e| e.data.clone()).collect()
+}
+
+#[tokio::test]
+async fn streaming_chat_over_h2_and_http1_has_openai_framing_and_usage() {
+    let sys = System::start(INSTANT, 2).await;
+    let mut texts = Vec::new();
+    for proto in [Proto::H2, Proto::Http1] {
+        let conn = sys.conn(proto).await;
+        let body = json!({
+            "model": MODEL, "stream": true, "max_tokens": 5, "stream_options": {"include_usage": true},
+            "messages": [{"role": "user", "content": "Tell me a story"}],
+        });
+        let resp = conn.post_json("/v1/chat/completions", Some(GOLD), body.to_string()).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()["content-type"], "text/event-stream");
+        assert!(resp.headers().contains_key("x-request-id"));
+        assert!(resp.headers()["x-engine"].to_str().unwrap().starts_with('e'));
+        let events = data(&sse_events(resp).await);
+        assert_eq!(events.last().unwrap(), "[DONE]", "{proto:?}: stream ends with [DONE]");
+        let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|d| json(d.as_bytes())).collect();
+        let id = chunks[0]["id"].clone();
+        for c in &chunks {
+            assert_eq!(c["object"], "chat.completion.chunk");
+            assert_eq!(c["id"], id, "one id per stream");
+            assert_eq!(c["model"], MODEL);
+        }
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant", "role delta first");
+        let n = chunks.len();
+        let finish = &chunks[n - 2]["choices"][0];
+        assert_eq!(finish["finish_reason"], "length");
+        assert!(chunks[..n - 2].iter().all(|c| c["choices"][0]["finish_reason"].is_null()));
+        assert!(chunks[..n - 1].iter().all(|c| c["usage"].is_null()), "usage: null until the last chunk");
+        let usage = &chunks[n - 1];
+        assert_eq!(usage["choices"], json!([]));
+        let prompt = "<|user|>\nTell me a story\n<|assistant|>\n";
+        assert_eq!(usage["usage"]["prompt_tokens"], policies::tokens::count(prompt));
+        assert_eq!(usage["usage"]["completion_tokens"], 5);
+        assert_eq!(usage["usage"]["total_tokens"], policies::tokens::count(prompt) + 5);
+        let text: String =
+            chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+        assert_eq!(chunks.iter().filter(|c| c["choices"][0]["delta"]["content"].is_string()).count(), 6);
+        texts.push(text);
+    }
+    assert_eq!(texts[0], texts[1], "same prompt, same text over both protocols");
+}
+
+#[tokio::test]
+async fn non_streaming_chat_and_completions_return_one_body_with_usage() {
+    let sys = System::start(INSTANT, 2).await;
+    let conn = sys.conn(Proto::H2).await;
+    let resp =
+        conn.post_json("/v1/chat/completions", Some(GOLD), chat_body("Hello", 7, false)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "application/json");
+    assert!(resp.headers().contains_key("x-engine"));
+    let v = json(&body_bytes(resp).await.unwrap());
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 7);
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(text.split_whitespace().count(), 7, "{text:?}");
+
+    // The streamed text for the same request is the same text.
+    let resp = conn.post_json("/v1/chat/completions", Some(GOLD), chat_body("Hello", 7, true)).await.unwrap();
+    let streamed: String = data(&sse_events(resp).await)
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| json(d.as_bytes())["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(streamed, text);
+
+    let body = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 3});
+    let resp = conn.post_json("/v1/completions", Some(BRONZE), body.to_string()).await.unwrap();
+    let v = json(&body_bytes(resp).await.unwrap());
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["usage"]["prompt_tokens"], policies::tokens::count("Once upon a time"));
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    assert!(v["choices"][0]["text"].as_str().unwrap().len() > 3);
+}
+
+#[tokio::test]
+async fn streaming_completions_end_with_done() {
+    let sys = System::start(INSTANT, 1).await;
+    let conn = sys.conn(Proto::Http1).await;
+    let body = json!({"model": MODEL, "prompt": "abc", "max_tokens": 4, "stream": true});
+    let resp = conn.post_json("/v1/completions", Some(GOLD), body.to_string()).await.unwrap();
+    let events = data(&sse_events(resp).await);
+    assert_eq!(events.len(), 4 + 1 + 1, "4 tokens, the finish chunk, [DONE]: {events:?}");
+    assert_eq!(events[5], "[DONE]");
+    let finish = json(events[4].as_bytes());
+    assert_eq!(finish["object"], "text_completion");
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    assert!(finish.get("usage").is_none(), "no usage unless include_usage");
+}
+
+#[tokio::test]
+async fn output_cap_clamps_and_context_ceiling_refuses() {
+    let sys = System::start(INSTANT, 1).await;
+    let conn = sys.conn(Proto::H2).await;
+    // Find a prompt whose natural answer is longer than bronze's 256-token cap.
+    let prompt = (0..)
+        .map(|i| format!("long answer {i}"))
+        .find(|p| {
+            let mut src = engine::backend::emulated::TextSource::new(p, None);
+            std::iter::from_fn(|| src.next_token()).count() > 256
+        })
+        .unwrap();
+    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 5000});
+    let v = json(
+        &body_bytes(conn.post_json("/v1/completions", Some(BRONZE), body.to_string()).await.unwrap())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(v["usage"]["completion_tokens"], 256, "clamped to the bronze cap");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+
+    let long = "word ".repeat(2100); // 2100 tokens > bronze's 2048 ceiling
+    let body = json!({"model": MODEL, "prompt": long, "max_tokens": 5});
+    let resp = conn.post_json("/v1/completions", Some(BRONZE), body.to_string()).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let v = json(&body_bytes(resp).await.unwrap());
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    // Gold's ceiling is 8192: the same prompt is fine there.
+    let resp = conn.post_json("/v1/completions", Some(GOLD), body.to_string()).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn auth_errors_are_401_with_openai_bodies() {
+    let sys = System::start(INSTANT, 1).await;
+    for proto in [Proto::H2, Proto::Http1] {
+        let conn = sys.conn(proto).await;
+        for (key, code) in [(None, "missing_api_key"), (Some("sk-wrong"), "invalid_api_key")] {
+            let resp = conn.post_json("/v1/chat/completions", key, chat_body("hi", 1, false)).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+            assert!(resp.headers().contains_key("x-request-id"));
+            let v = json(&body_bytes(resp).await.unwrap());
+            assert_eq!(v["error"]["code"], code);
+            assert_eq!(v["error"]["type"], "authentication_error");
+            assert!(v["error"]["message"].is_string() && v["error"].get("param").is_some());
+        }
+        let resp = conn.get("/v1/models", None).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        let resp = conn.get("/v1/models", Some(GOLD)).await.unwrap();
+        let v = json(&body_bytes(resp).await.unwrap());
+        assert_eq!(v["object"], "list");
+        assert_eq!(v["data"][0]["id"], MODEL);
+        let resp = conn.get(&format!("/v1/models/{MODEL}"), Some(GOLD)).await.unwrap();
+        assert_eq!(json(&body_bytes(resp).await.unwrap())["id"], MODEL);
+    }
+}
+
+async fn expect_error(
+    conn: &loadtest::client::Conn,
+    path: &str,
+    body: String,
+    status: StatusCode,
+    code: &str,
+) -> Value {
+    let resp = conn.post_json(path, Some(GOLD), body).await.unwrap_or_else(|e| panic!("{code}: {e}"));
+    assert_eq!(resp.status(), status, "{code}");
+    assert_eq!(resp.headers()["content-type"], "application/json");
+    let v = json(&body_bytes(resp).await.unwrap());
+    assert_eq!(v["error"]["code"], code, "{v}");
+    v
+}
+
+#[tokio::test]
+async fn bad_input_gets_typed_errors_and_the_connection_survives() {
+    let sys = System::start(INSTANT, 1).await;
+    for proto in [Proto::H2, Proto::Http1] {
+        let conn = sys.conn(proto).await;
+        let chat = "/v1/chat/completions";
+        let v =
+            expect_error(&conn, chat, "{\"model\": ".into(), StatusCode::BAD_REQUEST, "invalid_json").await;
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        let body =
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"});
+        let v = expect_error(&conn, chat, body.to_string(), StatusCode::BAD_REQUEST, "invalid_value").await;
+        assert_eq!(v["error"]["param"], "max_tokens");
+        let body =
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "frobnicate": true});
+        let v =
+            expect_error(&conn, chat, body.to_string(), StatusCode::BAD_REQUEST, "unknown_parameter").await;
+        assert_eq!(v["error"]["param"], "frobnicate");
+        let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 3});
+        let v = expect_error(&conn, chat, body.to_string(), StatusCode::BAD_REQUEST, "unsupported_parameter")
+            .await;
+        assert_eq!(v["error"]["param"], "n");
+        let body = json!({"model": "gpt-nope", "messages": [{"role": "user", "content": "x"}]});
+        let v = expect_error(&conn, chat, body.to_string(), StatusCode::NOT_FOUND, "model_not_found").await;
+        assert_eq!(v["error"]["param"], "model");
+        let huge = format!("{{\"model\":\"{MODEL}\",\"prompt\":\"{}\"}}", "a".repeat(2 << 20));
+        expect_error(&conn, "/v1/completions", huge, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large")
+            .await;
+        expect_error(&conn, "/v1/nope", "{}".into(), StatusCode::NOT_FOUND, "unknown_url").await;
+        let resp = conn.get(chat, Some(GOLD)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+        if proto == Proto::H2 {
+            // A multiplexed connection keeps working after every error above.
+            let resp = conn.post_json(chat, Some(GOLD), chat_body("still there?", 2, false)).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+        }
+    }
+}
+
+#[tokio::test]
+async fn health_readiness_metrics_and_request_ids() {
+    let sys = System::start(INSTANT, 2).await;
+    let conn = sys.conn(Proto::H2).await;
+    let resp = conn.get("/healthz", None).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let resp = conn.get("/readyz", None).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let v = json(&body_bytes(resp).await.unwrap());
+    assert_eq!(v["detail"]["ready_engines"], 2);
+    assert_eq!(v["detail"]["engines"][1]["load"]["backend"], "emulated");
+
+    let req = http::Request::post("/v1/chat/completions")
+        .header("authorization", format!("Bearer {GOLD}"))
+        .header("x-request-id", "client-chosen-42")
+        .body(http_body_util::Full::new(bytes::Bytes::from(chat_body("hi", 2, true))))
+        .unwrap();
+    let resp = conn.send(req).await.unwrap();
+    assert_eq!(resp.headers()["x-request-id"], "client-chosen-42");
+    let events = sse_events(resp).await;
+    assert_eq!(json(events[0].data.as_bytes())["id"], "chatcmpl-client-chosen-42");
+
+    let text =
+        String::from_utf8(body_bytes(conn.get("/metrics", None).await.unwrap()).await.unwrap().to_vec())
+            .unwrap();
+    for needle in [
+        "gateway_requests_total{route=\"chat_completions\",status=\"200\"} 1",
+        "gateway_requests_total{route=\"readyz\",status=\"200\"} 1",
+        "gateway_ttft_seconds_bucket{tier=\"gold\"",
+        "gateway_tlet_seconds_count{tier=\"gold\"} 1",
+        "gateway_inflight_requests 0",
+        "gateway_ready_engines 2",
+    ] {
+        assert!(text.contains(needle), "metrics lack {needle:?}:\n{text}");
+    }
+}
+
+/// The official OpenAI Python client, unmodified, given only a base URL and
+/// a key (plus the dev CA through SSL_CERT_FILE). The test command installs
+/// it into a virtualenv and sets OPENAI_PYTHON; CI fails if it is missing.
+#[tokio::test]
+async fn official_openai_python_client_works_streaming_and_not() {
+    let Some(python) = std::env::var_os("OPENAI_PYTHON") else {
+        assert!(std::env::var_os("CI").is_none(), "CI must set OPENAI_PYTHON (see .ci/run)");
+        eprintln!(
+            "SKIPPED official_openai_python_client: set OPENAI_PYTHON to a python with `openai` installed"
+        );
+        return;
+    };
+    let sys = System::start(INSTANT, 2).await;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .env("OPENAI_BASE_URL", format!("{}/v1", sys.base))
+        .env("OPENAI_API_KEY", GOLD)
+        .env("SSL_CERT_FILE", &sys.ca)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "client failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("OK"), "{stdout}");
+}

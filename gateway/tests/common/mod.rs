@@ -1,0 +1,187 @@
+//! Shared fixtures of the gateway's integration tests: a real `gateway up`
+//! process (real TLS, real engine child processes) on ephemeral ports, in a
+//! private directory with its own certificates and latency profile.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use engine::api::LoadReport;
+use loadtest::client::{body_bytes, Conn, Proto};
+use loadtest::sse::{SseEvent, SseParser};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+pub const MODEL: &str = "synthetic-small";
+pub const GOLD: &str = "sk-demo-gold";
+pub const BRONZE: &str = "sk-demo-bronze";
+
+/// A profile where everything is instant: protocol tests run fast.
+pub const INSTANT: &str = "model = \"synthetic-small\"\nengine_class = \"test-instant\"\n\
+    [prefill]\npoints = [[0, 0.0]]\n[decode]\nbatch_points = [[1, 0.0]]\n";
+
+/// A profile with the given prefill and per-token decode time in ms.
+pub fn paced(prefill_ms: u32, decode_ms: u32) -> String {
+    format!(
+        "model = \"synthetic-small\"\nengine_class = \"test-paced\"\n\
+         [prefill]\npoints = [[0, {prefill_ms}.0]]\n[decode]\nbatch_points = [[1, {decode_ms}.0]]\n"
+    )
+}
+
+/// One engine child as `gateway up` reported it.
+#[derive(Debug, Clone)]
+pub struct EngineInfo {
+    pub id: String,
+    pub pid: u32,
+    pub url: String,
+}
+
+/// A running `gateway up`.
+pub struct System {
+    pub child: Child,
+    pub base: String,
+    pub ca: PathBuf,
+    pub engines: Vec<EngineInfo>,
+    pub dir: PathBuf,
+}
+
+fn scratch_dir() -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "gateway-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+impl System {
+    /// Starts `gateway up` with `engines` children replaying `profile`.
+    pub async fn start(profile: &str, engines: usize) -> Self {
+        Self::start_with(profile, engines, &[]).await
+    }
+
+    pub async fn start_with(profile: &str, engines: usize, extra: &[&str]) -> Self {
+        let dir = scratch_dir();
+        let profile_path = dir.join("profile.toml");
+        std::fs::write(&profile_path, profile).unwrap();
+        let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/default.toml");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
+        cmd.arg("up")
+            .args(["--listen", "127.0.0.1:0", "--engines", &engines.to_string()])
+            .arg("--certs")
+            .arg(dir.join("certs"))
+            .arg("--profile")
+            .arg(&profile_path)
+            .arg("--policies")
+            .arg(&policies)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(if std::env::var_os("GATEWAY_TEST_LOGS").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("gateway binary starts");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut base = None;
+        let mut infos = Vec::new();
+        let read = async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let Some(rest) = line.strip_prefix("gateway listening on https://") {
+                    let addr = rest.split_whitespace().next().unwrap();
+                    let port = addr.rsplit(':').next().unwrap();
+                    base = Some(format!("https://localhost:{port}"));
+                } else if let Some(rest) = line.strip_prefix("engine ") {
+                    let mut words = rest.split_whitespace();
+                    let id = words.next().unwrap().to_string();
+                    let field = |p: &str| {
+                        rest.split_whitespace().find_map(|w| w.strip_prefix(p)).unwrap().to_string()
+                    };
+                    infos.push(EngineInfo { id, pid: field("pid=").parse().unwrap(), url: field("url=") });
+                } else if line.starts_with("ready:") {
+                    return;
+                }
+            }
+            panic!("gateway exited before its ready line");
+        };
+        tokio::time::timeout(Duration::from_secs(30), read).await.expect("gateway ready within 30 s");
+        // Keep draining stdout so the gateway never writes into a closed pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let ca = dir.join("certs/ca.pem");
+        System { child, base: base.expect("listening line"), ca, engines: infos, dir }
+    }
+
+    pub async fn conn(&self, proto: Proto) -> Conn {
+        Conn::connect(&self.base, Some(&self.ca), proto).await.expect("connects to the gateway")
+    }
+
+    /// The load report of engine `id`, read straight from the engine.
+    pub async fn engine_load(&self, id: &str) -> LoadReport {
+        let e = self.engines.iter().find(|e| e.id == id).expect("known engine id");
+        let conn = Conn::connect(&e.url, None, Proto::H2).await.expect("engine reachable");
+        let body = body_bytes(conn.get("/engine/v1/load", None).await.unwrap()).await.unwrap();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    /// SIGKILLs engine `id`.
+    pub fn kill_engine(&self, id: &str) {
+        let e = self.engines.iter().find(|e| e.id == id).expect("known engine id");
+        signal(e.pid, "KILL");
+    }
+
+    pub fn other_engine(&self, id: &str) -> String {
+        self.engines.iter().find(|e| e.id != id).expect("a second engine").id.clone()
+    }
+}
+
+impl Drop for System {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Sends a signal with kill(1).
+pub fn signal(pid: u32, sig: &str) {
+    let ok =
+        std::process::Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().unwrap();
+    assert!(ok.success(), "kill -{sig} {pid}");
+}
+
+/// Whether process `pid` still exists.
+pub fn alive(pid: u32) -> bool {
+    std::process::Command::new("kill")
+        .args(["-0", &pid.to_string()])
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Reads a whole SSE body into events.
+pub async fn sse_events(resp: http::Response<hyper::body::Incoming>) -> Vec<SseEvent> {
+    let body =
+        tokio::time::timeout(Duration::from_secs(20), body_bytes(resp)).await.expect("stream ends").unwrap();
+    SseParser::new().push(&body)
+}
+
+pub fn json(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(bytes)))
+}
+
+pub fn chat_body(content: &str, max_tokens: u32, stream: bool) -> String {
+    serde_json::json!({
+        "model": MODEL, "max_tokens": max_tokens, "stream": stream,
+        "messages": [{"role": "user", "content": content}],
+    })
+    .to_string()
+}

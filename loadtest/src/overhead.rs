@@ -1,0 +1,248 @@
+//! The gateway-overhead benchmark: the same work through the gateway and
+//! straight to the engine, interleaved in one run so both see the same
+//! machine noise.
+//!
+//! - Non-streaming: a 1-token completion; latency from send to the last body
+//!   byte. Added latency = gateway percentile minus direct percentile.
+//! - Streaming: N-token generations; the time between successive tokens as
+//!   the client sees them (SSE through the gateway, NDJSON from the engine).
+//!
+//! Run it against `gateway up --engines 1 --profile
+//! policies/profiles/bench-paced.toml` (prefill 0, 5 ms decode steps) so the
+//! engine itself adds no noise to the non-streaming numbers; see
+//! docs/benchmarks.md.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use http_body_util::BodyExt;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::client::{ClientError, Conn, Proto};
+use crate::sse::SseParser;
+use crate::stats::Summary;
+
+/// Options of `loadtest overhead`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OverheadArgs {
+    /// Gateway base URL.
+    #[arg(long, default_value = "https://localhost:8443")]
+    pub gateway: String,
+    /// CA certificate to trust for the gateway.
+    #[arg(long, default_value = "certs/ca.pem")]
+    pub ca: PathBuf,
+    /// API key.
+    #[arg(long, default_value = "sk-demo-gold")]
+    pub key: String,
+    /// Engine base URL; by default the first engine in the gateway's /readyz.
+    #[arg(long)]
+    pub engine: Option<String>,
+    /// Model name.
+    #[arg(long, default_value = "synthetic-small")]
+    pub model: String,
+    /// Non-streaming request pairs (gateway + direct) to measure.
+    #[arg(long, default_value_t = 2000)]
+    pub requests: usize,
+    /// Streaming generation pairs to measure.
+    #[arg(long, default_value_t = 40)]
+    pub streams: usize,
+    /// Tokens per streaming generation.
+    #[arg(long, default_value_t = 64)]
+    pub tokens: u32,
+    /// Warm-up pairs before measuring (not recorded).
+    #[arg(long, default_value_t = 200)]
+    pub warmup: usize,
+    /// Write the JSON report here too.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Results in milliseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct OverheadReport {
+    pub gateway: String,
+    pub engine: String,
+    pub nonstream_gateway_ms: Summary,
+    pub nonstream_direct_ms: Summary,
+    pub added_p50_ms: f64,
+    pub added_p99_ms: f64,
+    pub tbt_gateway_ms: Summary,
+    pub tbt_direct_ms: Summary,
+    pub tbt_diff_p50_ms: f64,
+    pub tbt_diff_p99_ms: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OverheadError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("{0}")]
+    Protocol(String),
+}
+
+/// Runs the benchmark.
+pub async fn run(args: &OverheadArgs) -> Result<OverheadReport, OverheadError> {
+    let gw = Conn::connect(&args.gateway, Some(&args.ca), Proto::H2).await?;
+    let engine_url = match &args.engine {
+        Some(u) => u.clone(),
+        None => first_engine(&gw).await?,
+    };
+    let direct = Conn::connect(&engine_url, None, Proto::H2).await?;
+    let mut progress = Progress::new(args.warmup + args.requests + args.streams);
+    let (mut gw_ms, mut direct_ms) = (Vec::new(), Vec::new());
+    for i in 0..args.warmup + args.requests {
+        // Alternate who goes first so neither side always runs on a warmer cache.
+        let (a, b) = if i % 2 == 0 {
+            let a = nonstream_gateway(&gw, args).await?;
+            (a, nonstream_direct(&direct, args).await?)
+        } else {
+            let b = nonstream_direct(&direct, args).await?;
+            (nonstream_gateway(&gw, args).await?, b)
+        };
+        if i >= args.warmup {
+            gw_ms.push(a);
+            direct_ms.push(b);
+        }
+        progress.tick();
+    }
+    let (mut gw_tbt, mut direct_tbt) = (Vec::new(), Vec::new());
+    for _ in 0..args.streams {
+        gw_tbt.extend(stream_gateway(&gw, args).await?);
+        direct_tbt.extend(stream_direct(&direct, args).await?);
+        progress.tick();
+    }
+    progress.done();
+    let s = |v: &[f64], what: &str| {
+        Summary::of(v).ok_or_else(|| OverheadError::Protocol(format!("no {what} samples")))
+    };
+    let (ng, nd) = (s(&gw_ms, "gateway")?, s(&direct_ms, "direct")?);
+    let (tg, td) = (s(&gw_tbt, "gateway TBT")?, s(&direct_tbt, "direct TBT")?);
+    Ok(OverheadReport {
+        gateway: args.gateway.clone(),
+        engine: engine_url,
+        added_p50_ms: ng.p50 - nd.p50,
+        added_p99_ms: ng.p99 - nd.p99,
+        tbt_diff_p50_ms: tg.p50 - td.p50,
+        tbt_diff_p99_ms: tg.p99 - td.p99,
+        nonstream_gateway_ms: ng,
+        nonstream_direct_ms: nd,
+        tbt_gateway_ms: tg,
+        tbt_direct_ms: td,
+    })
+}
+
+async fn first_engine(gw: &Conn) -> Result<String, OverheadError> {
+    let body = crate::client::body_bytes(gw.get("/readyz", None).await?).await?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&body).map_err(|e| OverheadError::Protocol(e.to_string()))?;
+    let engines = v["detail"]["engines"].as_array().cloned().unwrap_or_default();
+    if engines.len() != 1 {
+        eprintln!(
+            "note: the gateway has {} engines; measuring against the first (use --engines 1)",
+            engines.len()
+        );
+    }
+    engines
+        .first()
+        .and_then(|e| e["url"].as_str())
+        .map(|u| u.trim_end_matches('/').to_string())
+        .ok_or_else(|| OverheadError::Protocol("no engine in /readyz detail".into()))
+}
+
+const PROMPT: &str = "measure the gateway overhead";
+
+async fn nonstream_gateway(gw: &Conn, a: &OverheadArgs) -> Result<f64, OverheadError> {
+    let body = json!({"model": a.model, "prompt": PROMPT, "max_tokens": 1}).to_string();
+    timed(gw.post_json("/v1/completions", Some(&a.key), body)).await
+}
+
+async fn nonstream_direct(engine: &Conn, a: &OverheadArgs) -> Result<f64, OverheadError> {
+    let body =
+        json!({"request_id": "bench", "model": a.model, "prompt": PROMPT, "max_tokens": 1}).to_string();
+    timed(engine.post_json("/engine/v1/generate", None, body)).await
+}
+
+async fn timed(
+    send: impl std::future::Future<Output = Result<http::Response<hyper::body::Incoming>, ClientError>>,
+) -> Result<f64, OverheadError> {
+    let t = Instant::now();
+    let resp = send.await?;
+    if !resp.status().is_success() {
+        return Err(OverheadError::Protocol(format!("status {}", resp.status())));
+    }
+    crate::client::body_bytes(resp).await?;
+    Ok(t.elapsed().as_secs_f64() * 1e3)
+}
+
+/// Time between successive token events of one generation.
+async fn stream_gateway(gw: &Conn, a: &OverheadArgs) -> Result<Vec<f64>, OverheadError> {
+    let body =
+        json!({"model": a.model, "prompt": PROMPT, "max_tokens": a.tokens, "stream": true}).to_string();
+    let mut resp = gw.post_json("/v1/completions", Some(&a.key), body).await?;
+    let mut parser = SseParser::new();
+    let mut arrivals = Vec::new();
+    while let Some(frame) = resp.body_mut().frame().await {
+        let Ok(data) = frame.map_err(ClientError::from)?.into_data() else { continue };
+        let now = Instant::now();
+        for ev in parser.push(&data) {
+            let text = serde_json::from_str::<serde_json::Value>(&ev.data)
+                .ok()
+                .and_then(|v| v["choices"][0]["text"].as_str().filter(|t| !t.is_empty()).map(|_| ()));
+            if text.is_some() {
+                arrivals.push(now);
+            }
+        }
+    }
+    Ok(gaps(&arrivals))
+}
+
+async fn stream_direct(engine: &Conn, a: &OverheadArgs) -> Result<Vec<f64>, OverheadError> {
+    let body = json!({"request_id": "bench", "model": a.model, "prompt": PROMPT, "max_tokens": a.tokens})
+        .to_string();
+    let mut resp = engine.post_json("/engine/v1/generate", None, body).await?;
+    let mut arrivals = Vec::new();
+    while let Some(frame) = resp.body_mut().frame().await {
+        let Ok(data) = frame.map_err(ClientError::from)?.into_data() else { continue };
+        let now = Instant::now();
+        let tokens = data.split(|b| *b == b'\n').filter(|l| l.starts_with(b"{\"event\":\"token\"")).count();
+        arrivals.extend(std::iter::repeat_n(now, tokens));
+    }
+    Ok(gaps(&arrivals))
+}
+
+fn gaps(arrivals: &[Instant]) -> Vec<f64> {
+    arrivals.windows(2).map(|w| (w[1] - w[0]).as_secs_f64() * 1e3).collect()
+}
+
+/// A progress bar on a terminal, plain lines every 10% otherwise.
+struct Progress {
+    total: usize,
+    done: usize,
+    tty: bool,
+}
+
+impl Progress {
+    fn new(total: usize) -> Self {
+        Self { total: total.max(1), done: 0, tty: std::io::stderr().is_terminal() }
+    }
+
+    fn tick(&mut self) {
+        self.done += 1;
+        let pct = self.done * 100 / self.total;
+        if self.tty {
+            let bar = "#".repeat(pct / 4) + &" ".repeat(25 - pct / 4);
+            eprint!("\r[{bar}] {pct:3}% {}/{}", self.done, self.total);
+            let _ = std::io::stderr().flush();
+        } else if (self.done - 1) * 10 / self.total != self.done * 10 / self.total {
+            eprintln!("progress: {pct}% ({}/{})", self.done, self.total);
+        }
+    }
+
+    fn done(&self) {
+        if self.tty {
+            eprintln!();
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! Incremental Server-Sent Events parsing (the WHATWG event-stream format):
+//! events end at a blank line, `data:` lines join with `\n`, lines starting
+//! with `:` are comments, and `\n`, `\r\n` or `\r` end a line.
+
+/// One dispatched event.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SseEvent {
+    /// The `event:` field, if any (`None` means the default "message").
+    pub event: Option<String>,
+    pub data: String,
+}
+
+/// Feeds bytes in arbitrary pieces; yields complete events.
+#[derive(Debug, Default)]
+pub struct SseParser {
+    buf: Vec<u8>,
+    event: Option<String>,
+    data: Vec<String>,
+}
+
+impl SseParser {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds bytes and returns the events they complete.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
+        self.buf.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        let mut start = 0;
+        let mut i = 0;
+        while i < self.buf.len() {
+            let b = self.buf[i];
+            if b == b'\n' || b == b'\r' {
+                // A lone '\r' at the end may be the first half of "\r\n": wait.
+                if b == b'\r' && i + 1 == self.buf.len() {
+                    break;
+                }
+                let line = String::from_utf8_lossy(&self.buf[start..i]).into_owned();
+                i += if b == b'\r' && self.buf[i + 1] == b'\n' { 2 } else { 1 };
+                start = i;
+                if let Some(ev) = self.line(&line) {
+                    out.push(ev);
+                }
+            } else {
+                i += 1;
+            }
+        }
+        self.buf.drain(..start);
+        out
+    }
+
+    fn line(&mut self, line: &str) -> Option<SseEvent> {
+        if line.is_empty() {
+            if self.data.is_empty() && self.event.is_none() {
+                return None;
+            }
+            let data = std::mem::take(&mut self.data).join("\n");
+            return Some(SseEvent { event: self.event.take(), data });
+        }
+        if line.starts_with(':') {
+            return None;
+        }
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "data" => self.data.push(value.to_string()),
+            "event" => self.event = Some(value.to_string()),
+            _ => {}
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_events_split_anywhere() {
+        let stream =
+            b"data: {\"a\":1}\n\n: comment\r\nevent: end\r\ndata: x\r\ndata: y\r\n\r\ndata: [DONE]\n\n";
+        for split in 0..stream.len() {
+            let mut p = SseParser::new();
+            let mut events = p.push(&stream[..split]);
+            events.extend(p.push(&stream[split..]));
+            assert_eq!(
+                events,
+                vec![
+                    SseEvent { event: None, data: "{\"a\":1}".into() },
+                    SseEvent { event: Some("end".into()), data: "x\ny".into() },
+                    SseEvent { event: None, data: "[DONE]".into() },
+                ],
+                "split at {split}"
+            );
+        }
+    }
+}
