@@ -82,7 +82,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Ga
     let result = match &route {
         Route::Completions(kind) => completions(&app, req, *kind, &request_id, arrived).await,
         Route::Models => authenticate(&app, req.headers()).map(|_| models(&app, None)),
-        Route::Model(id) => authenticate(&app, req.headers()).and_then(|_| Ok(models(&app, Some(id)))),
+        Route::Model(id) => authenticate(&app, req.headers()).map(|_| models(&app, Some(id))),
         Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "alive"}))),
         Route::Readyz => Ok(readyz(&app)),
         Route::Metrics => Ok(prometheus()),

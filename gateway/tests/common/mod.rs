@@ -156,14 +156,14 @@ pub fn signal(pid: u32, sig: &str) {
     assert!(ok.success(), "kill -{sig} {pid}");
 }
 
-/// Whether process `pid` still exists.
+/// Whether process `pid` still runs (a zombie counts as gone: orphans are
+/// reaped by PID 1, which in a container may never do it).
 pub fn alive(pid: u32) -> bool {
-    std::process::Command::new("kill")
-        .args(["-0", &pid.to_string()])
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the first field after the parenthesised command name.
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
 }
 
 /// Reads a whole SSE body into events.

@@ -1,0 +1,195 @@
+//! Failure behaviour against a real `gateway up` with real engine processes:
+//! client cancellation, engines killed before and after the first byte,
+//! shutdown without orphans.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use http::StatusCode;
+use http_body_util::BodyExt;
+use loadtest::client::{body_bytes, Proto};
+use loadtest::sse::SseParser;
+
+/// Polls until `cond` holds on engine `id`'s load report, or `limit` passes.
+async fn wait_engine(
+    sys: &System,
+    id: &str,
+    limit: Duration,
+    cond: impl Fn(&engine::api::LoadReport) -> bool,
+) -> Duration {
+    let t = Instant::now();
+    loop {
+        if cond(&sys.engine_load(id).await) {
+            return t.elapsed();
+        }
+        assert!(t.elapsed() < limit, "engine {id} did not reach the condition within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Engine id and the first SSE bytes of a started stream.
+async fn start_stream(
+    conn: &loadtest::client::Conn,
+    max_tokens: u32,
+) -> (String, http::Response<hyper::body::Incoming>) {
+    let mut resp = conn
+        .post_json("/v1/chat/completions", Some(GOLD), chat_body("cancel me", max_tokens, true))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let engine = resp.headers()["x-engine"].to_str().unwrap().to_string();
+    let first = resp.body_mut().frame().await.unwrap().unwrap();
+    assert!(first.into_data().unwrap().starts_with(b"data: "));
+    (engine, resp)
+}
+
+#[tokio::test]
+async fn client_disconnect_frees_the_engine_work_within_100ms() {
+    let sys = System::start(&paced(0, 40), 1).await;
+    for proto in [Proto::H2, Proto::Http1] {
+        let conn = sys.conn(proto).await;
+        let (engine, resp) = start_stream(&conn, 500).await;
+        let load = sys.engine_load(&engine).await;
+        assert_eq!(load.inflight_sequences, 1, "{proto:?}: the stream runs on {engine}");
+        assert!(load.kv_pages_free < load.kv_pages_total);
+        // Walk away: HTTP/2 resets the stream; HTTP/1.1 closes the connection.
+        drop(resp);
+        drop(conn);
+        let took = wait_engine(&sys, &engine, Duration::from_secs(2), |l| l.inflight_sequences == 0).await;
+        assert!(took < Duration::from_millis(100), "{proto:?}: engine work freed after {took:?}");
+        let load = sys.engine_load(&engine).await;
+        assert_eq!(load.kv_pages_free, load.kv_pages_total, "{proto:?}: KV pages returned");
+    }
+}
+
+/// Sends `body` to `path`, kills whichever engine picked it up while it is
+/// still in prefill (nothing sent to the client yet), and returns the
+/// response with the victim's id.
+async fn kill_during_prefill(
+    sys: &System,
+    proto: Proto,
+    path: &'static str,
+    body: String,
+) -> (String, http::Response<hyper::body::Incoming>) {
+    let conn = sys.conn(proto).await;
+    let c = conn.clone();
+    let req = tokio::spawn(async move { c.post_json(path, Some(GOLD), body).await });
+    let t = Instant::now();
+    let victim = 'found: loop {
+        for e in &sys.engines {
+            if sys.engine_load(&e.id).await.inflight_sequences > 0 {
+                break 'found e.id.clone();
+            }
+        }
+        assert!(t.elapsed() < Duration::from_millis(500), "no engine picked the request up");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    sys.kill_engine(&victim);
+    let resp = tokio::time::timeout(Duration::from_secs(10), req).await.unwrap().unwrap().unwrap();
+    (victim, resp)
+}
+
+#[tokio::test]
+async fn engine_killed_before_the_first_byte_is_retried_on_another() {
+    // Prefill takes 600 ms: time to find and kill the engine holding the request.
+    let sys = System::start(&paced(600, 1), 2).await;
+    let (victim, resp) =
+        kill_during_prefill(&sys, Proto::H2, "/v1/chat/completions", chat_body("retry me", 4, true)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["x-engine"], sys.other_engine(&victim).as_str());
+    let body = body_bytes(resp).await.unwrap();
+    assert!(body.ends_with(b"data: [DONE]\n\n"), "{}", String::from_utf8_lossy(&body));
+    let conn = sys.conn(Proto::H2).await;
+    let metrics = body_bytes(conn.get("/metrics", None).await.unwrap()).await.unwrap();
+    assert!(String::from_utf8_lossy(&metrics).contains("gateway_engine_retries_total 1"));
+
+    // Non-streaming over HTTP/1.1, on a fresh pair of engines.
+    let sys = System::start(&paced(600, 1), 2).await;
+    let body = r#"{"model":"synthetic-small","prompt":"x","max_tokens":3}"#.to_string();
+    let (victim, resp) = kill_during_prefill(&sys, Proto::Http1, "/v1/completions", body).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["x-engine"], sys.other_engine(&victim).as_str());
+    assert_eq!(json(&body_bytes(resp).await.unwrap())["usage"]["completion_tokens"], 3);
+}
+
+#[tokio::test]
+async fn engine_killed_mid_stream_ends_the_stream_with_an_error_event() {
+    let sys = System::start(&paced(0, 30), 2).await;
+    for proto in [Proto::H2, Proto::Http1] {
+        let conn = sys.conn(proto).await;
+        let (engine, mut resp) = start_stream(&conn, 500).await;
+        sys.kill_engine(&engine);
+        let rest = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut bytes = Vec::new();
+            while let Some(frame) = resp.body_mut().frame().await {
+                bytes.extend_from_slice(&frame.expect("the stream closes cleanly").into_data().unwrap());
+            }
+            bytes
+        })
+        .await
+        .expect("no hang: the stream ends after the engine dies");
+        let events = SseParser::new().push(&rest);
+        let last = json(events.last().expect("an error event").data.as_bytes());
+        assert_eq!(last["error"]["code"], "engine_failed", "{last}");
+        assert_eq!(last["error"]["type"], "server_error");
+        assert!(last["error"]["message"].as_str().unwrap().contains(&engine));
+        assert!(events.iter().all(|e| e.data != "[DONE]"), "an error is not a [DONE]");
+    }
+}
+
+#[tokio::test]
+async fn a_dead_engine_leaves_routing_and_requests_keep_succeeding() {
+    let sys = System::start(&paced(0, 0), 2).await;
+    let conn = sys.conn(Proto::H2).await;
+    sys.kill_engine("e0");
+    for _ in 0..10 {
+        let resp = conn
+            .post_json("/v1/chat/completions", Some(GOLD), chat_body("still up", 2, false))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()["x-engine"], "e1");
+    }
+    let v = json(&body_bytes(conn.get("/readyz", None).await.unwrap()).await.unwrap());
+    assert_eq!(v["detail"]["ready_engines"], 1, "{v}");
+    sys.kill_engine("e1");
+    let resp =
+        conn.post_json("/v1/chat/completions", Some(GOLD), chat_body("anyone?", 2, false)).await.unwrap();
+    assert!(resp.status() == StatusCode::SERVICE_UNAVAILABLE || resp.status() == StatusCode::BAD_GATEWAY);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let v = json(&body_bytes(resp).await.unwrap());
+    assert_eq!(v["error"]["type"], "server_error");
+    tokio::time::sleep(Duration::from_millis(600)).await; // a poll notices
+    let resp = conn.get("/readyz", None).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test]
+async fn sigterm_stops_the_gateway_and_its_engines() {
+    let mut sys = System::start(&paced(0, 0), 2).await;
+    let pids: Vec<u32> = sys.engines.iter().map(|e| e.pid).collect();
+    assert!(pids.iter().all(|p| alive(*p)));
+    signal(sys.child.id().unwrap(), "TERM");
+    let status = tokio::time::timeout(Duration::from_secs(15), sys.child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{status:?}");
+    let t = Instant::now();
+    while pids.iter().any(|p| alive(*p)) {
+        assert!(t.elapsed() < Duration::from_secs(6), "engine children outlived the gateway");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn sigkill_of_the_gateway_leaves_no_orphans() {
+    let mut sys = System::start(&paced(0, 0), 2).await;
+    let pids: Vec<u32> = sys.engines.iter().map(|e| e.pid).collect();
+    signal(sys.child.id().unwrap(), "KILL");
+    let _ = sys.child.wait().await;
+    let t = Instant::now();
+    while pids.iter().any(|p| alive(*p)) {
+        assert!(t.elapsed() < Duration::from_secs(6), "engines outlived a SIGKILLed gateway");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
