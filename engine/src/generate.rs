@@ -8,7 +8,7 @@
 //! sequence's pages.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -29,6 +29,9 @@ pub async fn run(
     tx: mpsc::Sender<Bytes>,
 ) {
     let started = Instant::now();
+    // Tokens are due at absolute deadlines so the timer's rounding does not
+    // accumulate: the mean cadence is exactly the profile's.
+    let mut due = tokio::time::Instant::now();
     let mut text = TextSource::new(&req.prompt, req.seed);
     let mut stops = StopMatcher::new(&req.stop);
     let mut generated: u32 = 0;
@@ -43,7 +46,8 @@ pub async fn run(
             let batch = engine.load.batch_size();
             engine.profile.decode_step(batch, prompt_tokens + generated)
         };
-        if !pause(&tx, wait).await {
+        due += wait;
+        if !pause(&tx, due).await {
             return; // cancelled: the guard releases on drop
         }
         if generated == 0 {
@@ -74,14 +78,15 @@ pub async fn run(
     drop(guard);
 }
 
-/// Waits `d` unless the receiver goes away first; `false` means cancelled.
-async fn pause(tx: &mpsc::Sender<Bytes>, d: Duration) -> bool {
-    if d.is_zero() {
+/// Waits until `due` unless the receiver goes away first; `false` means
+/// cancelled.
+async fn pause(tx: &mpsc::Sender<Bytes>, due: tokio::time::Instant) -> bool {
+    if due <= tokio::time::Instant::now() {
         tokio::task::yield_now().await;
         return !tx.is_closed();
     }
     tokio::select! {
-        _ = tokio::time::sleep(d) => true,
+        _ = tokio::time::sleep_until(due) => true,
         _ = tx.closed() => false,
     }
 }
@@ -96,4 +101,73 @@ pub fn encode(event: &Event) -> Bytes {
     let mut line = serde_json::to_vec(event).expect("events always serialise");
     line.push(b'\n');
     Bytes::from(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::backend::BackendKind;
+    use crate::load::Load;
+
+    fn engine(prefill_ms: u32, decode_ms: u32) -> Arc<Engine> {
+        let doc = format!(
+            "model = \"m\"\nengine_class = \"t\"\n[prefill]\npoints = [[0, {prefill_ms}.0]]\n\
+             [decode]\nbatch_points = [[1, {decode_ms}.0]]\n"
+        );
+        let profile = policies::LatencyProfile::parse("t", &doc).unwrap();
+        Arc::new(Engine::new("e".into(), BackendKind::Emulated, profile, Load::new(64, 16)))
+    }
+
+    fn request(max_tokens: u32) -> GenerateRequest {
+        GenerateRequest {
+            request_id: "r".into(),
+            model: "m".into(),
+            prompt: "hello".into(),
+            max_tokens,
+            temperature: None,
+            seed: None,
+            stop: vec![],
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokens_arrive_on_the_profile_cadence_in_virtual_time() {
+        let engine = engine(30, 7);
+        let guard = engine.load.admit(100).unwrap();
+        let (tx, mut rx) = mpsc::channel(64);
+        let t0 = tokio::time::Instant::now();
+        tokio::spawn(run(Arc::clone(&engine), request(10), 2, guard, tx));
+        let mut arrivals = Vec::new();
+        while let Some(line) = rx.recv().await {
+            let ev: Event = serde_json::from_slice(&line).unwrap();
+            arrivals.push((t0.elapsed(), ev));
+        }
+        assert_eq!(arrivals.len(), 11, "10 tokens and done");
+        assert_eq!(arrivals[0].0, Duration::from_millis(30), "first token after prefill");
+        for (i, (at, _)) in arrivals[..10].iter().enumerate() {
+            assert_eq!(*at, Duration::from_millis(30 + 7 * i as u64), "token {i}");
+        }
+        let Event::Done { finish_reason, usage, .. } = &arrivals[10].1 else { panic!("{:?}", arrivals[10]) };
+        assert_eq!(*finish_reason, FinishReason::Length);
+        assert_eq!(usage.completion_tokens, 10);
+        assert_eq!(engine.load.snapshot().inflight_sequences, 0, "finished work is released");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropping_the_receiver_cancels_and_frees_pages_at_once() {
+        let engine = engine(0, 1000);
+        let guard = engine.load.admit(100).unwrap();
+        let (tx, mut rx) = mpsc::channel(64);
+        let task = tokio::spawn(run(Arc::clone(&engine), request(1000), 2, guard, tx));
+        rx.recv().await.unwrap(); // first token
+        assert_eq!(engine.load.snapshot().inflight_sequences, 1);
+        let t = tokio::time::Instant::now();
+        drop(rx);
+        task.await.unwrap();
+        assert_eq!(t.elapsed(), Duration::ZERO, "no waiting out the 1 s decode step");
+        let s = engine.load.snapshot();
+        assert_eq!((s.inflight_sequences, s.kv_pages_free), (0, 64));
+    }
 }

@@ -32,6 +32,8 @@ pub struct Encoder {
     pub id: String,
     pub created: u64,
     pub model: String,
+    /// SSE (`stream: true`) or one JSON body.
+    pub stream: bool,
     pub include_usage: bool,
 }
 

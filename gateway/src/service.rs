@@ -115,33 +115,10 @@ async fn completions(
     if app.policy.model(&parsed.model).is_none() {
         return Err(ApiError::ModelNotFound(parsed.model));
     }
-    let prompt_tokens = policies::tokens::count(&parsed.prompt); // the tier's context ceiling
-    let limit = tier.max_context_tokens.get();
-    if prompt_tokens > limit {
-        return Err(ApiError::ContextLengthExceeded { prompt_tokens, limit });
-    }
-    let cap = tier.max_output_tokens.get(); // output cap: clamp, never refuse
-    let max_tokens = parsed.max_tokens.map_or(cap, |m| m.min(cap));
-    tracing::debug!(event = "request_admitted", request_id, tenant = %tenant.name, tier = %tier.name, prompt_tokens, max_tokens);
-    let gen = GenerateRequest {
-        request_id: request_id.to_string(),
-        model: parsed.model.clone(),
-        prompt: parsed.prompt,
-        max_tokens,
-        temperature: parsed.temperature,
-        seed: parsed.seed,
-        stop: parsed.stop,
-    };
-    let tokens = u64::from(prompt_tokens) + u64::from(max_tokens);
-    let encoder = Encoder {
-        kind,
-        id: format!("{}-{request_id}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }),
-        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-        model: parsed.model,
-        include_usage: parsed.include_usage,
-    };
+    let (encoder, gen, tokens) = plan(parsed, tier, request_id)?; // tier ceiling and cap
+    tracing::debug!(event = "request_planned", request_id, tenant = %tenant.name, tier = %tier.name, tokens);
     let mut observer = RequestObserver::new(arrived, &tier.name);
-    if parsed.stream {
+    if encoder.stream {
         let started = dispatch::start(&app.engines, &gen, tokens, tier.e2e, &mut Attempts::default()).await?;
         let engine_id = started.inflight.engine_id().to_string();
         let mut resp = Response::new(SseRelay::new(encoder, started, observer).boxed_unsync());
@@ -157,6 +134,43 @@ async fn completions(
         insert_engine(resp.headers_mut(), &done.engine_id);
         Ok(resp)
     }
+}
+
+/// Applies the tier to a parsed request: the prompt must fit the context
+/// ceiling (else 400); `max_tokens` is clamped to the output cap. Returns
+/// the response encoder, the engine request, and the tokens it counts
+/// against its engine (prompt + output budget).
+fn plan(
+    parsed: openai::CompletionRequest,
+    tier: &Tier,
+    request_id: &str,
+) -> Result<(Encoder, GenerateRequest, u64), ApiError> {
+    let prompt_tokens = policies::tokens::count(&parsed.prompt);
+    let limit = tier.max_context_tokens.get();
+    if prompt_tokens > limit {
+        return Err(ApiError::ContextLengthExceeded { prompt_tokens, limit });
+    }
+    let cap = tier.max_output_tokens.get();
+    let max_tokens = parsed.max_tokens.map_or(cap, |m| m.min(cap));
+    let prefix = if parsed.kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
+    let encoder = Encoder {
+        kind: parsed.kind,
+        id: format!("{prefix}-{request_id}"),
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        model: parsed.model.clone(),
+        stream: parsed.stream,
+        include_usage: parsed.include_usage,
+    };
+    let gen = GenerateRequest {
+        request_id: request_id.to_string(),
+        model: parsed.model,
+        prompt: parsed.prompt,
+        max_tokens,
+        temperature: parsed.temperature,
+        seed: parsed.seed,
+        stop: parsed.stop,
+    };
+    Ok((encoder, gen, u64::from(prompt_tokens) + u64::from(max_tokens)))
 }
 
 fn insert_engine(h: &mut HeaderMap, engine_id: &str) {
