@@ -81,7 +81,8 @@ pub enum Event {
 /// Error body of a refused engine request (4xx/5xx before any event).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ErrorBody {
-    /// Stable machine label, e.g. `engine_draining`, `invalid_request`.
+    /// Stable machine label: `invalid_request`, `engine_not_ready`,
+    /// `engine_draining`, `kv_low_watermark`, `kv_request_too_large`.
     pub code: String,
     pub message: String,
 }
@@ -106,6 +107,11 @@ pub struct LoadReport {
     pub inflight_tokens: u64,
     pub kv_pages_free: u32,
     pub kv_pages_total: u32,
+    /// False while the KV cache is below its low watermark (new work is
+    /// refused with `kv_low_watermark` until frees reach the high watermark).
+    pub kv_admitting: bool,
+    /// KV pages consumed per second, smoothed (negative while freeing).
+    pub kv_consumption_pages_per_s: f64,
     /// Mean decode step time over recent steps, in milliseconds.
     pub decode_step_ms: f64,
 }

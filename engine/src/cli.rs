@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use crate::backend::BackendKind;
+use crate::kv::KvConfig;
+use crate::load::ReservePolicy;
 
 /// Options of one engine process.
 #[derive(Debug, Clone, clap::Args)]
@@ -29,8 +31,35 @@ pub struct EngineArgs {
     /// Tokens per KV page.
     #[arg(long, default_value_t = 16)]
     pub page_tokens: u32,
+    /// Stop admitting when fewer than this fraction of KV pages would stay free.
+    #[arg(long, default_value_t = 0.05)]
+    pub kv_low_watermark: f64,
+    /// Admit again once this fraction of KV pages is free.
+    #[arg(long, default_value_t = 0.15)]
+    pub kv_high_watermark: f64,
+    /// Output tokens reserved at admission (the output over-estimate; capped by max_tokens).
+    #[arg(long, default_value_t = 64)]
+    pub kv_output_reserve: u32,
+    /// KV pages added at a time when a sequence outgrows its reservation.
+    #[arg(long, default_value_t = 2)]
+    pub kv_extend_pages: u32,
     /// Exit when standard input closes. A supervising parent holds the other
     /// end of the pipe, so the engine never outlives it, even on SIGKILL.
     #[arg(long)]
     pub exit_on_stdin_eof: bool,
+}
+
+impl EngineArgs {
+    pub fn kv_config(&self) -> KvConfig {
+        KvConfig {
+            total_pages: self.kv_pages,
+            page_tokens: self.page_tokens,
+            low_watermark: self.kv_low_watermark,
+            high_watermark: self.kv_high_watermark,
+        }
+    }
+
+    pub fn reserve_policy(&self) -> ReservePolicy {
+        ReservePolicy { output_reserve_tokens: self.kv_output_reserve, extend_pages: self.kv_extend_pages }
+    }
 }

@@ -25,7 +25,7 @@ pub async fn run(
     engine: Arc<Engine>,
     req: GenerateRequest,
     prompt_tokens: u32,
-    guard: SequenceGuard,
+    mut guard: SequenceGuard,
     tx: mpsc::Sender<Bytes>,
 ) {
     let started = Instant::now();
@@ -57,6 +57,16 @@ pub async fn run(
         }
         let Some(token) = text.next_token() else { break FinishReason::Stop };
         generated += 1;
+        if guard.ensure_tokens(u64::from(prompt_tokens) + u64::from(generated)).is_err() {
+            // No page to grow into. Preemption (requeue at a token boundary)
+            // comes with the scheduler; until then the sequence fails cleanly.
+            let error = Event::Error {
+                code: "kv_exhausted".into(),
+                message: "KV cache exhausted mid-sequence".into(),
+            };
+            send(&tx, &error).await;
+            return;
+        }
         let (emit, stopped) = match stops.push(&token) {
             Step::Emit(t) => (t, false),
             Step::Stopped(t) => (t, true),
@@ -117,7 +127,9 @@ mod tests {
              [decode]\nbatch_points = [[1, {decode_ms}.0]]\n"
         );
         let profile = policies::LatencyProfile::parse("t", &doc).unwrap();
-        Arc::new(Engine::new("e".into(), BackendKind::Emulated, profile, Load::new(64, 16)))
+        let kv =
+            crate::kv::KvConfig { total_pages: 64, page_tokens: 16, low_watermark: 0.0, high_watermark: 0.0 };
+        Arc::new(Engine::new("e".into(), BackendKind::Emulated, profile, Load::new(kv, Default::default())))
     }
 
     fn request(max_tokens: u32) -> GenerateRequest {
@@ -135,7 +147,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn tokens_arrive_on_the_profile_cadence_in_virtual_time() {
         let engine = engine(30, 7);
-        let guard = engine.load.admit(100).unwrap();
+        let guard = engine.load.admit(2, 10).unwrap();
         let (tx, mut rx) = mpsc::channel(64);
         let t0 = tokio::time::Instant::now();
         tokio::spawn(run(Arc::clone(&engine), request(10), 2, guard, tx));
@@ -158,7 +170,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn dropping_the_receiver_cancels_and_frees_pages_at_once() {
         let engine = engine(0, 1000);
-        let guard = engine.load.admit(100).unwrap();
+        let guard = engine.load.admit(2, 1000).unwrap();
         let (tx, mut rx) = mpsc::channel(64);
         let task = tokio::spawn(run(Arc::clone(&engine), request(1000), 2, guard, tx));
         rx.recv().await.unwrap(); // first token
@@ -168,6 +180,6 @@ mod tests {
         task.await.unwrap();
         assert_eq!(t.elapsed(), Duration::ZERO, "no waiting out the 1 s decode step");
         let s = engine.load.snapshot();
-        assert_eq!((s.inflight_sequences, s.kv_pages_free), (0, 64));
+        assert_eq!((s.inflight_sequences, s.kv.free), (0, 64));
     }
 }

@@ -11,6 +11,7 @@ pub mod backend;
 pub mod body;
 pub mod cli;
 pub mod generate;
+pub mod kv;
 pub mod load;
 pub mod server;
 pub mod stop;
@@ -37,6 +38,9 @@ pub struct Engine {
     pub load: Arc<Load>,
     ready: AtomicBool,
     draining: AtomicBool,
+    /// Origin of the times fed to the KV slope (the allocator takes time as
+    /// a parameter).
+    started: std::time::Instant,
 }
 
 impl Engine {
@@ -48,6 +52,7 @@ impl Engine {
             load: Arc::new(load),
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
+            started: std::time::Instant::now(),
         }
     }
 
@@ -57,6 +62,7 @@ impl Engine {
     }
 
     pub fn load_report(&self) -> api::LoadReport {
+        self.load.sample_kv(self.started.elapsed().as_secs_f64());
         let s = self.load.snapshot();
         api::LoadReport {
             engine_id: self.id.clone(),
@@ -68,8 +74,10 @@ impl Engine {
             queued_tokens: 0,
             inflight_sequences: s.inflight_sequences,
             inflight_tokens: s.inflight_tokens,
-            kv_pages_free: s.kv_pages_free,
-            kv_pages_total: s.kv_pages_total,
+            kv_pages_free: s.kv.free,
+            kv_pages_total: s.kv.total,
+            kv_admitting: s.kv.admitting,
+            kv_consumption_pages_per_s: s.kv.slope,
             decode_step_ms: s.decode_step_ms,
         }
     }
@@ -107,7 +115,7 @@ pub async fn run(args: EngineArgs) -> Result<(), StartError> {
         args.id.clone(),
         args.backend,
         profile,
-        Load::new(args.kv_pages, args.page_tokens),
+        Load::new(args.kv_config(), args.reserve_policy()),
     ));
     // Emulated warm-up is loading the profile; real backends compile kernels
     // and run a warm-up batch before this point.

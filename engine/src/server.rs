@@ -94,9 +94,9 @@ async fn generate_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response
         Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string()),
     };
     let prompt_tokens = policies::tokens::count(&gen.prompt);
-    let guard = match engine.load.admit(u64::from(prompt_tokens) + u64::from(gen.max_tokens)) {
+    let guard = match engine.load.admit(prompt_tokens, gen.max_tokens) {
         Ok(g) => g,
-        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, "kv_exhausted", &e.to_string()),
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.code(), &e.to_string()),
     };
     tracing::debug!(event = "sequence_admitted", request_id = %gen.request_id, prompt_tokens);
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);

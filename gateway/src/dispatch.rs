@@ -108,6 +108,11 @@ impl Attempts {
 
     pub fn into_error(self) -> ApiError {
         match self.last_error {
+            // Engines that refused for capacity (KV watermark, draining) are
+            // healthy but full: a retryable 503, not a failure.
+            Some(e @ EngineError::Refused { status: StatusCode::SERVICE_UNAVAILABLE, .. }) => {
+                ApiError::EnginesAtCapacity(e.to_string())
+            }
             Some(e) => ApiError::EngineFailed(e.to_string()),
             None => ApiError::NoReadyEngine,
         }

@@ -50,6 +50,8 @@ pub enum ApiError {
     NoReadyEngine,
     #[error("every engine tried failed: {0}")]
     EngineFailed(String),
+    #[error("every engine tried is at capacity: {0}")]
+    EnginesAtCapacity(String),
 }
 
 impl ApiError {
@@ -70,6 +72,7 @@ impl ApiError {
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::NoReadyEngine => "no_ready_engine",
             ApiError::EngineFailed(_) => "engine_failed",
+            ApiError::EnginesAtCapacity(_) => "engines_at_capacity",
         }
     }
 
@@ -85,7 +88,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) | ApiError::UnknownUrl(_) => StatusCode::NOT_FOUND,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::NoReadyEngine => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NoReadyEngine | ApiError::EnginesAtCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::EngineFailed(_) => StatusCode::BAD_GATEWAY,
         }
     }
@@ -102,14 +105,16 @@ impl ApiError {
 
     pub fn fault(&self) -> Fault {
         match self {
-            ApiError::NoReadyEngine | ApiError::EngineFailed(_) => Fault::Upstream,
+            ApiError::NoReadyEngine | ApiError::EngineFailed(_) | ApiError::EnginesAtCapacity(_) => {
+                Fault::Upstream
+            }
             _ => Fault::Client,
         }
     }
 
     /// Whether sending the same request again may succeed.
     pub fn retryable(&self) -> bool {
-        matches!(self, ApiError::NoReadyEngine | ApiError::EngineFailed(_))
+        matches!(self, ApiError::NoReadyEngine | ApiError::EngineFailed(_) | ApiError::EnginesAtCapacity(_))
     }
 
     /// The request field the error is about, if any.

@@ -1,0 +1,111 @@
+//! The engine binary's internal API, run as a real process: KV admission
+//! and its typed refusals, cancellation, drain.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use loadtest::client::{body_bytes, Conn, Proto};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+struct Engine {
+    _child: Child,
+    conn: Conn,
+    _dir: std::path::PathBuf,
+}
+
+/// Starts `engine` with a slow decode (so sequences stay resident) and `args`.
+async fn start(args: &[&str]) -> Engine {
+    let dir = std::env::temp_dir().join(format!("engine-test-{}-{}", std::process::id(), rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let profile = dir.join("p.toml");
+    std::fs::write(&profile, "model = \"m\"\nengine_class = \"t\"\n[prefill]\npoints = [[0, 0.0]]\n[decode]\nbatch_points = [[1, 200.0]]\n").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(["--listen", "127.0.0.1:0", "--id", "t0", "--exit-on-stdin-eof", "--profile"])
+        .arg(&profile)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let line = BufReader::new(child.stdout.take().unwrap()).lines().next_line().await.unwrap().unwrap();
+    let addr = line.split_whitespace().find_map(|w| w.strip_prefix("listen=")).unwrap().to_string();
+    let conn = Conn::connect(&format!("http://{addr}"), None, Proto::H2).await.unwrap();
+    Engine { _child: child, conn, _dir: dir }
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+}
+
+fn generate(prompt_words: usize, max_tokens: u32) -> String {
+    serde_json::json!({"request_id": "r", "model": "m", "prompt": "word ".repeat(prompt_words), "max_tokens": max_tokens})
+        .to_string()
+}
+
+async fn load(e: &Engine) -> serde_json::Value {
+    serde_json::from_slice(&body_bytes(e.conn.get("/engine/v1/load", None).await.unwrap()).await.unwrap())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn below_the_low_watermark_new_work_gets_a_typed_refusal() {
+    // 16 pages of 16 tokens; keep 4 (25%) free; reopen at 50%.
+    let e = start(&[
+        "--kv-pages",
+        "16",
+        "--page-tokens",
+        "16",
+        "--kv-low-watermark",
+        "0.25",
+        "--kv-high-watermark",
+        "0.5",
+        "--kv-output-reserve",
+        "16",
+    ])
+    .await;
+    // 144 prompt tokens + 16 reserved = 10 pages: 6 left, above the low mark.
+    let first = e.conn.post_json("/engine/v1/generate", None, generate(144, 50)).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let l = load(&e).await;
+    assert_eq!((l["kv_pages_free"].as_u64(), l["kv_admitting"].as_bool()), (Some(6), Some(true)));
+    // 48 + 16 tokens = 4 pages would leave 2 < 4: refused, typed.
+    let resp = e.conn.post_json("/engine/v1/generate", None, generate(48, 50)).await.unwrap();
+    assert_eq!(resp.status(), 503);
+    let body: serde_json::Value = serde_json::from_slice(&body_bytes(resp).await.unwrap()).unwrap();
+    assert_eq!(body["code"], "kv_low_watermark", "{body}");
+    assert_eq!(load(&e).await["kv_admitting"], false);
+    // Cancelling the first sequence frees its pages and reopens admission.
+    drop(first);
+    let t = std::time::Instant::now();
+    while load(&e).await["kv_pages_free"] != 16 {
+        assert!(t.elapsed() < Duration::from_secs(1), "pages came back");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let resp = e.conn.post_json("/engine/v1/generate", None, generate(48, 2)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    // A request larger than the whole cache is refused with its own code.
+    let resp = e.conn.post_json("/engine/v1/generate", None, generate(300, 2)).await.unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&body_bytes(resp).await.unwrap()).unwrap();
+    assert_eq!(body["code"], "kv_request_too_large");
+}
+
+#[tokio::test]
+async fn drain_refuses_new_work_and_finishes_what_runs() {
+    let e = start(&[]).await;
+    let running = e.conn.post_json("/engine/v1/generate", None, generate(4, 3)).await.unwrap();
+    let resp = e.conn.post_json("/engine/v1/drain", None, "").await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let resp = e.conn.post_json("/engine/v1/generate", None, generate(4, 3)).await.unwrap();
+    assert_eq!(resp.status(), 503);
+    let body: serde_json::Value = serde_json::from_slice(&body_bytes(resp).await.unwrap()).unwrap();
+    assert_eq!(body["code"], "engine_draining");
+    assert_eq!(e.conn.get("/readyz", None).await.unwrap().status(), 503);
+    let out = tokio::time::timeout(Duration::from_secs(5), body_bytes(running)).await.unwrap().unwrap();
+    let last = out.split(|b| *b == b'\n').rev().find(|l| !l.is_empty()).unwrap();
+    let last: serde_json::Value = serde_json::from_slice(last).unwrap();
+    assert_eq!(last["event"], "done", "in-flight work finished: {last}");
+    assert_eq!(last["usage"]["completion_tokens"], 3);
+}
