@@ -10,7 +10,9 @@
 //! - [`profile`]: latency profiles (prefill and decode timing curves).
 //! - [`tokens`]: the shared token-count estimate for text.
 //! - [`routing`]: engine choice for a request.
+//! - [`batching`]: micro-batch formation for the engine scheduler.
 
+pub mod batching;
 pub mod config;
 pub mod profile;
 pub mod routing;
