@@ -41,6 +41,14 @@ pub struct GenerateRequest {
     /// the stop sequence itself is not emitted.
     #[serde(default)]
     pub stop: Vec<String>,
+    /// Scheduling key: lower runs first. The gateway sends estimated work
+    /// over the tier's priority weight (or a deadline for EDF); default
+    /// prompt + max_tokens (shortest job first).
+    #[serde(default)]
+    pub priority_key: Option<f64>,
+    /// The request's TTFT budget; prefill batches stay within 40% of it.
+    #[serde(default)]
+    pub ttft_budget_ms: Option<u32>,
 }
 
 /// Why a generation ended, in OpenAI's vocabulary.
@@ -58,6 +66,15 @@ pub enum FinishReason {
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
+}
+
+impl Event {
+    /// The event as one NDJSON line.
+    pub fn to_line(&self) -> bytes::Bytes {
+        let mut line = serde_json::to_vec(self).expect("events always serialise");
+        line.push(b'\n');
+        bytes::Bytes::from(line)
+    }
 }
 
 /// One line of the generate stream.
@@ -114,4 +131,15 @@ pub struct LoadReport {
     pub kv_consumption_pages_per_s: f64,
     /// Mean decode step time over recent steps, in milliseconds.
     pub decode_step_ms: f64,
+    /// Mean sequences per decode step (smoothed) and the configured maximum.
+    #[serde(default)]
+    pub batch_achieved: f64,
+    #[serde(default)]
+    pub batch_target: u32,
+    /// Sequences preempted (pages reclaimed at a token boundary) so far.
+    #[serde(default)]
+    pub preemptions: u64,
+    /// Start to ready: weights resident, kernels built, warm-up batch run.
+    #[serde(default)]
+    pub cold_start_ms: f64,
 }

@@ -13,11 +13,11 @@ use tokio::sync::mpsc;
 /// sender is dropped.
 #[derive(Debug)]
 pub struct ChannelBody {
-    rx: mpsc::Receiver<Bytes>,
+    rx: mpsc::UnboundedReceiver<Bytes>,
 }
 
 impl ChannelBody {
-    pub fn new(rx: mpsc::Receiver<Bytes>) -> Self {
+    pub fn new(rx: mpsc::UnboundedReceiver<Bytes>) -> Self {
         Self { rx }
     }
 }

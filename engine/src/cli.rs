@@ -3,10 +3,14 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
+
+use policies::batching::BatchLimits;
+use policies::LatencyProfile;
 
 use crate::backend::BackendKind;
 use crate::kv::KvConfig;
-use crate::load::ReservePolicy;
+use crate::scheduler::SchedulerConfig;
 
 /// Options of one engine process.
 #[derive(Debug, Clone, clap::Args)]
@@ -43,6 +47,33 @@ pub struct EngineArgs {
     /// KV pages added at a time when a sequence outgrows its reservation.
     #[arg(long, default_value_t = 2)]
     pub kv_extend_pages: u32,
+    /// Most sequences decoding at once (continuous batching slots).
+    #[arg(long, default_value_t = 64)]
+    pub max_batch: u32,
+    /// Most prompt tokens in one prefill batch.
+    #[arg(long, default_value_t = 8192)]
+    pub max_prefill_tokens: u32,
+    /// Prompts of at least this many tokens go to the long lane.
+    #[arg(long, default_value_t = 1024)]
+    pub long_prompt_tokens: u32,
+    /// Most long prompts in one prefill batch.
+    #[arg(long, default_value_t = 1)]
+    pub max_long_per_prefill: u32,
+    /// Split a prefill batch when longest/median prompt exceeds this.
+    #[arg(long, default_value_t = 8.0)]
+    pub split_ratio: f64,
+    /// Slots kept for long prompts while they wait (no starvation).
+    #[arg(long, default_value_t = 2)]
+    pub reserved_long_slots: u32,
+    /// TTFT budget (ms) for requests that carry none.
+    #[arg(long, default_value_t = 2000)]
+    pub default_ttft_ms: u64,
+    /// Most times one sequence may be preempted.
+    #[arg(long, default_value_t = 2)]
+    pub max_preemptions: u32,
+    /// Tokens a sequence produces after (re)starting before it may be preempted.
+    #[arg(long, default_value_t = 16)]
+    pub min_quantum_tokens: u32,
     /// Exit when standard input closes. A supervising parent holds the other
     /// end of the pipe, so the engine never outlives it, even on SIGKILL.
     #[arg(long)]
@@ -59,7 +90,24 @@ impl EngineArgs {
         }
     }
 
-    pub fn reserve_policy(&self) -> ReservePolicy {
-        ReservePolicy { output_reserve_tokens: self.kv_output_reserve, extend_pages: self.kv_extend_pages }
+    /// Scheduler settings from the flags and the latency profile.
+    pub fn scheduler_config(&self, profile: LatencyProfile) -> SchedulerConfig {
+        SchedulerConfig {
+            limits: BatchLimits {
+                max_batch: self.max_batch.max(1),
+                max_prefill_tokens: self.max_prefill_tokens,
+                long_prompt_tokens: self.long_prompt_tokens,
+                max_long_per_prefill: self.max_long_per_prefill,
+                split_ratio: self.split_ratio,
+                reserved_long_slots: self.reserved_long_slots,
+                ttft_fraction: 0.4,
+            },
+            profile,
+            output_reserve_tokens: self.kv_output_reserve,
+            extend_pages: self.kv_extend_pages,
+            default_ttft: Duration::from_millis(self.default_ttft_ms),
+            max_preemptions: self.max_preemptions,
+            min_quantum_tokens: self.min_quantum_tokens,
+        }
     }
 }

@@ -146,6 +146,20 @@ impl KvAllocator {
         Ok(PageSet { alloc: Arc::clone(self), pages })
     }
 
+    /// Pages for already-admitted work returning after preemption: ignores
+    /// the watermarks, fails only when the cache cannot hold `tokens`.
+    pub fn admit_running(self: &Arc<Self>, tokens: u64) -> Result<PageSet, KvExhausted> {
+        let need = self.pages_for(tokens) as usize;
+        let mut inner = self.lock();
+        if need > inner.free.len() {
+            return Err(KvExhausted);
+        }
+        let at = inner.free.len() - need;
+        let pages = inner.free.split_off(at);
+        drop(inner);
+        Ok(PageSet { alloc: Arc::clone(self), pages })
+    }
+
     fn release(&self, pages: &mut Vec<PageId>) {
         let mut inner = self.lock();
         inner.free.append(pages);

@@ -1,7 +1,8 @@
 //! An inference engine process: one per GPU (or emulated GPU).
 //!
-//! Owns the internal HTTP/2 API ([`api`], [`server`]), the generation loop
-//! ([`generate`]), load and KV-page accounting ([`load`]) and the execution
+//! Owns the internal HTTP/2 API ([`api`], [`server`]), the single-owner
+//! scheduler with continuous batching and preemption ([`scheduler`]), the
+//! paged KV allocator ([`kv`]), stop sequences ([`stop`]) and the execution
 //! backends ([`backend`]). The gateway talks to it only over the network,
 //! except that it reuses [`api`] types and [`cli`] options so the wire format
 //! and the child-process flags have one definition.
@@ -10,75 +11,85 @@ pub mod api;
 pub mod backend;
 pub mod body;
 pub mod cli;
-pub mod generate;
 pub mod kv;
-pub mod load;
+pub mod scheduler;
 pub mod server;
 pub mod stop;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use policies::LatencyProfile;
 use tokio::io::AsyncReadExt;
 
+use crate::backend::emulated::Emulated;
 use crate::backend::BackendKind;
 use crate::cli::EngineArgs;
-use crate::load::Load;
+use crate::kv::KvAllocator;
+use crate::scheduler::Scheduler;
 
 /// The bundled default latency profile.
 pub const DEFAULT_PROFILE: &str = include_str!("../../policies/profiles/emulated-a100-8b.toml");
+
+/// How long SIGTERM waits for in-flight work before exiting anyway.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
 
 /// One engine's shared state.
 #[derive(Debug)]
 pub struct Engine {
     pub id: String,
     pub backend: BackendKind,
-    pub profile: LatencyProfile,
-    pub load: Arc<Load>,
+    pub engine_class: String,
+    pub scheduler: Scheduler,
+    pub kv: Arc<KvAllocator>,
     ready: AtomicBool,
     draining: AtomicBool,
     /// Origin of the times fed to the KV slope (the allocator takes time as
     /// a parameter).
-    started: std::time::Instant,
+    started: Instant,
+    cold_start: std::sync::OnceLock<Duration>,
 }
 
 impl Engine {
-    pub fn new(id: String, backend: BackendKind, profile: LatencyProfile, load: Load) -> Self {
-        Self {
-            id,
-            backend,
-            profile,
-            load: Arc::new(load),
-            ready: AtomicBool::new(false),
-            draining: AtomicBool::new(false),
-            started: std::time::Instant::now(),
-        }
-    }
-
     /// Ready and not draining.
     pub fn accepting(&self) -> bool {
         self.ready.load(Ordering::SeqCst) && !self.draining.load(Ordering::SeqCst)
     }
 
-    pub fn load_report(&self) -> api::LoadReport {
-        self.load.sample_kv(self.started.elapsed().as_secs_f64());
-        let s = self.load.snapshot();
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Stops taking new work; running sequences finish.
+    pub fn start_drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        self.scheduler.start_drain();
+    }
+
+    pub async fn load_report(&self) -> api::LoadReport {
+        self.kv.sample(self.started.elapsed().as_secs_f64());
+        let kv = self.kv.snapshot();
+        let s = self.scheduler.snapshot().await;
         api::LoadReport {
             engine_id: self.id.clone(),
             backend: self.backend.as_str().to_string(),
-            engine_class: self.profile.engine_class.clone(),
+            engine_class: self.engine_class.clone(),
             ready: self.accepting(),
-            draining: self.draining.load(Ordering::SeqCst),
-            queued_sequences: 0,
-            queued_tokens: 0,
+            draining: self.is_draining(),
+            queued_sequences: s.queued_sequences,
+            queued_tokens: s.queued_tokens,
             inflight_sequences: s.inflight_sequences,
             inflight_tokens: s.inflight_tokens,
-            kv_pages_free: s.kv.free,
-            kv_pages_total: s.kv.total,
-            kv_admitting: s.kv.admitting,
-            kv_consumption_pages_per_s: s.kv.slope,
+            kv_pages_free: kv.free,
+            kv_pages_total: kv.total,
+            kv_admitting: kv.admitting,
+            kv_consumption_pages_per_s: kv.slope,
             decode_step_ms: s.decode_step_ms,
+            batch_achieved: s.batch_achieved,
+            batch_target: s.batch_target,
+            preemptions: s.preemptions,
+            cold_start_ms: self.cold_start.get().map_or(0.0, |d| d.as_secs_f64() * 1e3),
         }
     }
 }
@@ -92,13 +103,12 @@ pub enum StartError {
     Profile(#[from] policies::profile::ProfileError),
     #[error("binding {0}: {1}")]
     Bind(std::net::SocketAddr, std::io::Error),
+    #[error("warm-up failed: {0}")]
+    WarmUp(String),
 }
 
-/// Runs an engine until SIGINT/SIGTERM (or stdin EOF with
-/// `--exit-on-stdin-eof`). Prints one ready line on stdout once it accepts
-/// work: `engine ready id=<id> listen=<addr> backend=<backend>`; supervisors
-/// parse `listen=` from it.
-pub async fn run(args: EngineArgs) -> Result<(), StartError> {
+/// Builds the engine (backend, KV cache, scheduler) without serving it.
+pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
     let (name, text) = match &args.profile {
         Some(p) => {
             let text = std::fs::read_to_string(p)
@@ -108,26 +118,100 @@ pub async fn run(args: EngineArgs) -> Result<(), StartError> {
         None => ("bundled emulated-a100-8b.toml".to_string(), DEFAULT_PROFILE.to_string()),
     };
     let profile = LatencyProfile::parse(&name, &text)?;
+    let kv = KvAllocator::new(args.kv_config());
+    let cfg = args.scheduler_config(profile.clone());
+    let engine_class = profile.engine_class.clone();
+    let scheduler = match args.backend {
+        BackendKind::Emulated => Scheduler::spawn(Emulated { profile }, Arc::clone(&kv), cfg),
+    };
+    Ok(Arc::new(Engine {
+        id: args.id.clone(),
+        backend: args.backend,
+        engine_class,
+        scheduler,
+        kv,
+        ready: AtomicBool::new(false),
+        draining: AtomicBool::new(false),
+        started: Instant::now(),
+        cold_start: std::sync::OnceLock::new(),
+    }))
+}
+
+/// Runs one short generation through the whole path; the engine is ready
+/// only after it (and, for real backends, weights and kernels) is done.
+pub async fn warm_up(engine: &Engine) -> Result<Duration, StartError> {
+    let req = api::GenerateRequest {
+        request_id: "warm-up".into(),
+        model: "warm-up".into(),
+        prompt: "warm up the engine".into(),
+        max_tokens: 2,
+        temperature: None,
+        seed: None,
+        stop: vec![],
+        priority_key: None,
+        ttft_budget_ms: None,
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    engine.scheduler.enqueue(req, 4, tx).await.map_err(|e| StartError::WarmUp(e.to_string()))?;
+    let mut done = false;
+    while let Some(line) = rx.recv().await {
+        done = matches!(serde_json::from_slice(&line), Ok(api::Event::Done { .. }));
+    }
+    if !done {
+        return Err(StartError::WarmUp("the warm-up sequence did not finish".into()));
+    }
+    let cold = engine.started.elapsed();
+    let _ = engine.cold_start.set(cold);
+    engine.ready.store(true, Ordering::SeqCst);
+    Ok(cold)
+}
+
+/// Runs an engine until SIGINT/SIGTERM (drain first) or, with
+/// `--exit-on-stdin-eof`, stdin EOF (the supervisor is gone: exit now).
+/// Prints one ready line on stdout once it accepts work:
+/// `engine ready id=<id> listen=<addr> backend=<backend> cold_start_ms=<ms>`;
+/// supervisors parse `listen=` from it.
+pub async fn run(args: EngineArgs) -> Result<(), StartError> {
+    let engine = build(&args)?;
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.map_err(|e| StartError::Bind(args.listen, e))?;
     let addr = listener.local_addr().map_err(|e| StartError::Bind(args.listen, e))?;
-    let engine = Arc::new(Engine::new(
-        args.id.clone(),
-        args.backend,
-        profile,
-        Load::new(args.kv_config(), args.reserve_policy()),
-    ));
-    // Emulated warm-up is loading the profile; real backends compile kernels
-    // and run a warm-up batch before this point.
-    engine.ready.store(true, Ordering::SeqCst);
-    println!("engine ready id={} listen={} backend={}", engine.id, addr, engine.backend.as_str());
-    tracing::info!(event = "engine_ready", id = %engine.id, %addr, backend = engine.backend.as_str(), class = %engine.profile.engine_class);
-    server::serve(engine, listener, shutdown_signal(args.exit_on_stdin_eof)).await;
+    let cold = warm_up(&engine).await?;
+    println!(
+        "engine ready id={} listen={} backend={} cold_start_ms={:.1}",
+        engine.id,
+        addr,
+        engine.backend.as_str(),
+        cold.as_secs_f64() * 1e3
+    );
+    tracing::info!(event = "engine_ready", id = %engine.id, %addr, backend = engine.backend.as_str(), class = %engine.engine_class, cold_start_ms = cold.as_secs_f64() * 1e3);
+    let stop = {
+        let engine = Arc::clone(&engine);
+        async move {
+            if shutdown_signal(args.exit_on_stdin_eof).await == Shutdown::Drain {
+                engine.start_drain();
+                tracing::info!(event = "drain_started", engine = %engine.id, why = "signal");
+                if tokio::time::timeout(DRAIN_DEADLINE, engine.scheduler.drain()).await.is_err() {
+                    tracing::warn!(event = "drain_timeout", engine = %engine.id);
+                }
+            }
+        }
+    };
+    server::serve(engine, listener, stop).await;
     Ok(())
 }
 
+/// How a process was asked to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shutdown {
+    /// SIGINT/SIGTERM: finish in-flight work first.
+    Drain,
+    /// The supervisor's pipe closed: it is gone, stop now.
+    Orphaned,
+}
+
 /// Resolves on SIGINT, SIGTERM, or (when asked) standard input closing.
-pub async fn shutdown_signal(watch_stdin: bool) {
+pub async fn shutdown_signal(watch_stdin: bool) -> Shutdown {
     let stdin_closed = async {
         if watch_stdin {
             let mut buf = [0u8; 64];
@@ -140,8 +224,8 @@ pub async fn shutdown_signal(watch_stdin: bool) {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("SIGTERM handler installs");
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-        () = stdin_closed => {}
+        _ = tokio::signal::ctrl_c() => Shutdown::Drain,
+        _ = term.recv() => Shutdown::Drain,
+        () = stdin_closed => Shutdown::Orphaned,
     }
 }

@@ -5,7 +5,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -18,16 +17,13 @@ use tokio::sync::mpsc;
 
 use crate::api::{self, ErrorBody, GenerateRequest};
 use crate::body::ChannelBody;
-use crate::{generate, Engine};
+use crate::Engine;
 
 /// Response body of every engine route.
 pub type EngineBody = Either<Full<Bytes>, ChannelBody>;
 
 /// Largest generate request body accepted (prompts are long, not huge).
 const MAX_REQUEST_BYTES: usize = 16 << 20;
-/// Event lines buffered per sequence before the producer waits for the
-/// consumer (back-pressure instead of unbounded memory).
-const EVENT_BUFFER: usize = 64;
 
 /// Serves `engine` on `listener` until `shutdown` resolves.
 pub async fn serve(engine: Arc<Engine>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
@@ -62,15 +58,15 @@ pub async fn serve(engine: Arc<Engine>, listener: TcpListener, shutdown: impl Fu
 async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<EngineBody>, Infallible> {
     let resp = match (req.method(), req.uri().path()) {
         (&Method::POST, api::GENERATE_PATH) => generate_route(engine, req).await,
-        (&Method::GET, api::LOAD_PATH) => json(StatusCode::OK, &engine.load_report()),
+        (&Method::GET, api::LOAD_PATH) => json(StatusCode::OK, &engine.load_report().await),
         (&Method::POST, api::DRAIN_PATH) => {
-            engine.draining.store(true, Ordering::SeqCst);
-            tracing::info!(event = "drain_started", engine = %engine.id);
-            json(StatusCode::OK, &engine.load_report())
+            engine.start_drain();
+            tracing::info!(event = "drain_started", engine = %engine.id, why = "api");
+            json(StatusCode::OK, &engine.load_report().await)
         }
         (&Method::GET, "/healthz") => json(StatusCode::OK, &serde_json::json!({"status": "alive"})),
         (&Method::GET, "/readyz") => {
-            let report = engine.load_report();
+            let report = engine.load_report().await;
             let status = if engine.accepting() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
             json(status, &report)
         }
@@ -81,8 +77,7 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
 
 async fn generate_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response<EngineBody> {
     if !engine.accepting() {
-        let code =
-            if engine.draining.load(Ordering::SeqCst) { "engine_draining" } else { "engine_not_ready" };
+        let code = if engine.is_draining() { "engine_draining" } else { "engine_not_ready" };
         return error(StatusCode::SERVICE_UNAVAILABLE, code, "engine is not taking new work");
     }
     let bytes = match Limited::new(req.into_body(), MAX_REQUEST_BYTES).collect().await {
@@ -94,13 +89,14 @@ async fn generate_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response
         Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string()),
     };
     let prompt_tokens = policies::tokens::count(&gen.prompt);
-    let guard = match engine.load.admit(prompt_tokens, gen.max_tokens) {
-        Ok(g) => g,
-        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.code(), &e.to_string()),
-    };
-    tracing::debug!(event = "sequence_admitted", request_id = %gen.request_id, prompt_tokens);
-    let (tx, rx) = mpsc::channel(EVENT_BUFFER);
-    tokio::spawn(generate::run(engine, gen, prompt_tokens, guard, tx));
+    let request_id = gen.request_id.clone();
+    // Unbounded: the scheduler must never wait on one slow client; a
+    // sequence's backlog is bounded by its max_tokens.
+    let (tx, rx) = mpsc::unbounded_channel();
+    if let Err(e) = engine.scheduler.enqueue(gen, prompt_tokens, tx).await {
+        return error(StatusCode::SERVICE_UNAVAILABLE, e.code(), &e.to_string());
+    }
+    tracing::debug!(event = "sequence_admitted", request_id = %request_id, prompt_tokens);
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, api::NDJSON)

@@ -166,7 +166,10 @@ async fn serve_until_signal(
         print_example(addr, ca);
     }
     tracing::info!(event = "gateway_ready", %addr, ready, total);
-    server::serve(app, listener, tls, engine::shutdown_signal(false)).await;
+    server::serve(app, listener, tls, async {
+        engine::shutdown_signal(false).await;
+    })
+    .await;
     tracing::info!(event = "gateway_stopped");
     Ok(())
 }

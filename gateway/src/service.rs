@@ -169,6 +169,11 @@ fn plan(
         temperature: parsed.temperature,
         seed: parsed.seed,
         stop: parsed.stop,
+        // Weighted shortest job first: estimated work over the tier's weight.
+        priority_key: Some(
+            (f64::from(prompt_tokens) + f64::from(max_tokens)) / f64::from(tier.priority_weight.get()),
+        ),
+        ttft_budget_ms: u32::try_from(tier.ttft.as_millis()).ok(),
     };
     Ok((encoder, gen, u64::from(prompt_tokens) + u64::from(max_tokens)))
 }

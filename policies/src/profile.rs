@@ -55,7 +55,8 @@ struct RawPrefill {
 struct RawDecode {
     /// `[batch_size, milliseconds per decode step]` pairs at zero context.
     batch_points: Vec<(f64, f64)>,
-    /// Extra step time per 1,000 tokens of context.
+    /// Extra step time per 1,000 tokens of context summed over the batch
+    /// (attention reads every sequence's KV cache).
     #[serde(default)]
     ms_per_1k_context: f64,
 }
@@ -90,8 +91,8 @@ impl LatencyProfile {
         ms(interpolate(&self.prefill, f64::from(prompt_tokens)))
     }
 
-    /// Time of one decode step for a batch of `batch` sequences whose mean
-    /// context is `context_tokens` tokens.
+    /// Time of one decode step for a batch of `batch` sequences holding
+    /// `context_tokens` tokens of context in total.
     pub fn decode_step(&self, batch: u32, context_tokens: u32) -> Duration {
         let base = interpolate(&self.decode_batch, f64::from(batch.max(1)));
         let ctx = f64::from(context_tokens) / 1000.0 * self.decode_ms_per_1k_context;

@@ -1,8 +1,51 @@
-//! The emulated backend's text: deterministic, readable, seeded by the prompt.
+//! The emulated backend: deterministic, readable text seeded by the prompt,
+//! and device time from a latency profile.
 //!
-//! Timing lives in the generation loop ([`crate::generate`]), which reads the
-//! latency profile; this module only decides *what* is said and when the
-//! "model" would end on its own.
+//! A prefill batch takes `profile.prefill(total prompt tokens)`; a decode
+//! step takes `profile.decode_step(batch size, total context)`, so batching
+//! gains (step time grows slowly with batch size) and long-context
+//! interference look like a real GPU's.
+
+use std::time::Duration;
+
+use policies::LatencyProfile;
+
+use super::{Backend, BackendKind, Slot, Token};
+use crate::api::GenerateRequest;
+
+/// Profile-timed executor.
+#[derive(Debug)]
+pub struct Emulated {
+    pub profile: LatencyProfile,
+}
+
+impl Backend for Emulated {
+    type Seq = TextSource;
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Emulated
+    }
+
+    fn start(&mut self, req: &GenerateRequest, _prompt_tokens: u32) -> TextSource {
+        TextSource::new(&req.prompt, req.seed)
+    }
+
+    fn prefill(&mut self, batch: &mut [Slot<'_, TextSource>]) -> Duration {
+        let tokens: u32 = batch.iter().map(|s| s.context).sum();
+        for slot in batch.iter_mut() {
+            slot.out = Some(slot.seq.next_token().map_or(Token::End, Token::Text));
+        }
+        self.profile.prefill(tokens)
+    }
+
+    fn decode(&mut self, batch: &mut [Slot<'_, TextSource>]) -> Duration {
+        let context: u32 = batch.iter().map(|s| s.context).sum();
+        for slot in batch.iter_mut() {
+            slot.out = Some(slot.seq.next_token().map_or(Token::End, Token::Text));
+        }
+        self.profile.decode_step(batch.len() as u32, context)
+    }
+}
 
 /// Vocabulary of the emulated model: plain words so output reads as text.
 const WORDS: &[&str] = &[

@@ -1,10 +1,21 @@
 //! Execution backends behind one interface.
 //!
-//! Only `emulated` exists so far: it produces deterministic text and waits
-//! according to a latency profile. `cpu` (real math) and `cuda` come with
-//! later issues and plug in here.
+//! The scheduler owns the batch; a backend only computes. It is generic over
+//! the backend (static dispatch), and each backend keeps whatever per-
+//! sequence model state it needs in its associated [`Backend::Seq`] type.
+//!
+//! - `emulated`: deterministic words, timing from a latency profile; the
+//!   time a step would take on the profiled device is returned for the
+//!   scheduler to wait.
+//! - `cpu` (engine issue, next) and `cuda` (CUDA issue) compute for real and
+//!   return zero: the time has already passed.
 
 pub mod emulated;
+
+use std::time::Duration;
+
+use crate::api::GenerateRequest;
+use crate::kv::PageId;
 
 /// Which backend an engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -19,4 +30,43 @@ impl BackendKind {
             BackendKind::Emulated => "emulated",
         }
     }
+}
+
+/// What a step produced for one sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Token {
+    /// The next token's text.
+    Text(String),
+    /// The model ended the sequence.
+    End,
+}
+
+/// One sequence's slot in a prefill or decode step.
+#[derive(Debug)]
+pub struct Slot<'a, S> {
+    pub seq: &'a mut S,
+    /// KV pages the sequence owns, in order.
+    pub pages: &'a [PageId],
+    /// Tokens of context before this step (prompt + generated so far).
+    pub context: u32,
+    /// Set by the backend.
+    pub out: Option<Token>,
+}
+
+/// A model executor.
+pub trait Backend: Send + 'static {
+    /// Per-sequence model state (sampler, tokenised prompt, ...).
+    type Seq: Send;
+
+    fn kind(&self) -> BackendKind;
+
+    /// Model state for a newly admitted sequence.
+    fn start(&mut self, req: &GenerateRequest, prompt_tokens: u32) -> Self::Seq;
+
+    /// Prefills a batch (each slot's whole context) and produces each
+    /// sequence's next token. Returns the device time still to wait.
+    fn prefill(&mut self, batch: &mut [Slot<'_, Self::Seq>]) -> Duration;
+
+    /// One decode step for every slot. Returns the device time still to wait.
+    fn decode(&mut self, batch: &mut [Slot<'_, Self::Seq>]) -> Duration;
 }
