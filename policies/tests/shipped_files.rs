@@ -28,5 +28,5 @@ fn every_shipped_profile_parses() {
             n += 1;
         }
     }
-    assert!(n >= 2, "expected the default and benchmark profiles");
+    assert!(n >= 3, "expected two GPU classes and the benchmark profile");
 }
