@@ -12,6 +12,7 @@ pub mod backend;
 pub mod body;
 pub mod cli;
 pub mod kv;
+pub mod metrics;
 pub mod scheduler;
 pub mod server;
 pub mod stop;
@@ -162,6 +163,8 @@ pub async fn warm_up(engine: &Engine) -> Result<Duration, StartError> {
     }
     let cold = engine.started.elapsed();
     let _ = engine.cold_start.set(cold);
+    ::metrics::gauge!(metrics::COLD_START).set(cold.as_secs_f64());
+    ::metrics::gauge!(metrics::KV_TOTAL).set(f64::from(engine.kv.snapshot().total));
     engine.ready.store(true, Ordering::SeqCst);
     Ok(cold)
 }
@@ -172,6 +175,7 @@ pub async fn warm_up(engine: &Engine) -> Result<Duration, StartError> {
 /// `engine ready id=<id> listen=<addr> backend=<backend> cold_start_ms=<ms>`;
 /// supervisors parse `listen=` from it.
 pub async fn run(args: EngineArgs) -> Result<(), StartError> {
+    metrics::handle(); // install the recorder before the first metric
     let engine = build(&args)?;
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.map_err(|e| StartError::Bind(args.listen, e))?;

@@ -27,6 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::api::{Event, FinishReason, GenerateRequest, Usage};
 use crate::backend::{Backend, Slot, Token};
 use crate::kv::{KvAllocator, KvRefusal, PageSet};
+use crate::metrics as m;
 use crate::stop::{Step, StopMatcher};
 
 /// Scheduler settings.
@@ -108,6 +109,7 @@ pub struct Scheduler {
 impl Scheduler {
     /// Starts the scheduler task with `backend`.
     pub fn spawn<B: Backend>(backend: B, kv: Arc<KvAllocator>, cfg: SchedulerConfig) -> Self {
+        ::metrics::gauge!(m::BATCH_TARGET).set(f64::from(cfg.limits.max_batch));
         let (tx, rx) = mpsc::unbounded_channel();
         let core = Core {
             backend,
@@ -283,6 +285,8 @@ impl<B: Backend> Core<B> {
             while let Ok(c) = rx.try_recv() {
                 self.command(c);
             }
+            ::metrics::gauge!(m::RUNNING).set(self.running.len() as f64);
+            ::metrics::gauge!(m::QUEUED).set(self.queue.len() as f64);
             // Token boundary: clients that went away free their pages now.
             self.queue.retain(|s| !s.tx.is_closed());
             self.running.retain(|s| !s.tx.is_closed());
@@ -422,6 +426,10 @@ impl<B: Backend> Core<B> {
             return false;
         }
         let started = Instant::now();
+        ::metrics::histogram!(m::PREFILL_BATCH_SIZE).record(batch.len() as f64);
+        for s in batch.iter().filter(|s| s.generated == 0) {
+            ::metrics::histogram!(m::FORMATION).record((started - s.arrived).as_secs_f64());
+        }
         let mut slots: Vec<Slot<'_, B::Seq>> = batch
             .iter_mut()
             .map(|s| Slot {
@@ -437,6 +445,7 @@ impl<B: Backend> Core<B> {
         self.wait(device, rx).await;
         self.stats.prefilling = (0, 0);
         let prefill_ms = started.elapsed().as_secs_f64() * 1e3;
+        ::metrics::histogram!(m::PREFILL).record(prefill_ms / 1e3);
         for (mut seq, out) in batch.into_iter().zip(outs) {
             if seq.generated == 0 {
                 seq.queue_ms = (started - seq.arrived).as_secs_f64() * 1e3;
@@ -472,6 +481,8 @@ impl<B: Backend> Core<B> {
         self.wait(device, rx).await;
         self.stats.decode_step_ms = smooth(self.stats.decode_step_ms, started.elapsed().as_secs_f64() * 1e3);
         self.stats.batch_achieved = smooth(self.stats.batch_achieved, batch as f64);
+        ::metrics::histogram!(m::DECODE_STEP).record(started.elapsed().as_secs_f64());
+        ::metrics::histogram!(m::BATCH_SIZE).record(batch as f64);
         let mut done = vec![false; batch];
         for (i, out) in outs.into_iter().enumerate() {
             done[i] = self.running[i].apply(out);
@@ -502,6 +513,7 @@ impl<B: Backend> Core<B> {
                     seq.preemptions += 1;
                     seq.since_start = 0;
                     self.stats.preemptions += 1;
+                    ::metrics::counter!(m::PREEMPTIONS).increment(1);
                     tracing::debug!(event = "preempted", seq = seq.id, generated = seq.generated);
                     self.queue.push(seq);
                     if v < i {

@@ -64,6 +64,15 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
             tracing::info!(event = "drain_started", engine = %engine.id, why = "api");
             json(StatusCode::OK, &engine.load_report().await)
         }
+        (&Method::GET, "/metrics") => {
+            let kv = engine.kv.snapshot();
+            ::metrics::gauge!(crate::metrics::KV_FREE).set(f64::from(kv.free));
+            let text = crate::metrics::handle().render();
+            Response::builder()
+                .header(header::CONTENT_TYPE, "text/plain; version=0.0.4")
+                .body(Either::Left(Full::new(Bytes::from(text))))
+                .expect("static response parts are valid")
+        }
         (&Method::GET, "/healthz") => json(StatusCode::OK, &serde_json::json!({"status": "alive"})),
         (&Method::GET, "/readyz") => {
             let report = engine.load_report().await;
@@ -78,6 +87,7 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
 async fn generate_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response<EngineBody> {
     if !engine.accepting() {
         let code = if engine.is_draining() { "engine_draining" } else { "engine_not_ready" };
+        ::metrics::counter!(crate::metrics::REFUSALS, "reason" => code).increment(1);
         return error(StatusCode::SERVICE_UNAVAILABLE, code, "engine is not taking new work");
     }
     let bytes = match Limited::new(req.into_body(), MAX_REQUEST_BYTES).collect().await {
@@ -94,6 +104,7 @@ async fn generate_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response
     // sequence's backlog is bounded by its max_tokens.
     let (tx, rx) = mpsc::unbounded_channel();
     if let Err(e) = engine.scheduler.enqueue(gen, prompt_tokens, tx).await {
+        ::metrics::counter!(crate::metrics::REFUSALS, "reason" => e.code()).increment(1);
         return error(StatusCode::SERVICE_UNAVAILABLE, e.code(), &e.to_string());
     }
     tracing::debug!(event = "sequence_admitted", request_id = %request_id, prompt_tokens);

@@ -90,6 +90,22 @@ async fn below_the_low_watermark_new_work_gets_a_typed_refusal() {
     let resp = e.conn.post_json("/engine/v1/generate", None, generate(300, 2)).await.unwrap();
     let body: serde_json::Value = serde_json::from_slice(&body_bytes(resp).await.unwrap()).unwrap();
     assert_eq!(body["code"], "kv_request_too_large");
+
+    let metrics = body_bytes(e.conn.get("/metrics", None).await.unwrap()).await.unwrap();
+    let text = String::from_utf8_lossy(&metrics);
+    for needle in [
+        "engine_refusals_total{reason=\"kv_low_watermark\"} 1",
+        "engine_refusals_total{reason=\"kv_request_too_large\"} 1",
+        "engine_kv_pages_total 16",
+        "engine_batch_target 64",
+        "engine_cold_start_seconds ",
+        "engine_prefill_seconds_count ",
+        "engine_decode_step_seconds_count ",
+        "engine_batch_size_bucket{le=\"1\"}",
+        "engine_batch_formation_seconds_count ",
+    ] {
+        assert!(text.contains(needle), "engine metrics lack {needle:?}:\n{text}");
+    }
 }
 
 #[tokio::test]

@@ -1,0 +1,47 @@
+//! The engine's Prometheus metrics (`GET /metrics` on the engine).
+//!
+//! - `engine_batch_size` (histogram) and `engine_batch_target` (gauge):
+//!   sequences per decode step, achieved against `--max-batch`
+//! - `engine_prefill_batch_size` (histogram): sequences per prefill batch
+//! - `engine_batch_formation_seconds` (histogram): admission to prefill start
+//! - `engine_prefill_seconds`, `engine_decode_step_seconds` (histograms)
+//! - `engine_kv_pages_free`, `engine_kv_pages_total` (gauges)
+//! - `engine_preemptions_total` (counter)
+//! - `engine_refusals_total{reason}` (counter): `kv_low_watermark`,
+//!   `kv_request_too_large`, `engine_draining`, ...
+//! - `engine_cold_start_seconds` (gauge)
+//! - `engine_running_sequences`, `engine_queued_sequences` (gauges)
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub const BATCH_SIZE: &str = "engine_batch_size";
+pub const BATCH_TARGET: &str = "engine_batch_target";
+pub const PREFILL_BATCH_SIZE: &str = "engine_prefill_batch_size";
+pub const FORMATION: &str = "engine_batch_formation_seconds";
+pub const PREFILL: &str = "engine_prefill_seconds";
+pub const DECODE_STEP: &str = "engine_decode_step_seconds";
+pub const KV_FREE: &str = "engine_kv_pages_free";
+pub const KV_TOTAL: &str = "engine_kv_pages_total";
+pub const PREEMPTIONS: &str = "engine_preemptions_total";
+pub const REFUSALS: &str = "engine_refusals_total";
+pub const COLD_START: &str = "engine_cold_start_seconds";
+pub const RUNNING: &str = "engine_running_sequences";
+pub const QUEUED: &str = "engine_queued_sequences";
+
+const SECONDS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
+const SIZES: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
+/// Installs the process-wide recorder once and returns its handle.
+pub fn handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS)
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("batch_size".into()), SIZES))
+            .expect("bucket lists are non-empty")
+            .install_recorder()
+            .expect("the metrics recorder is installed once per process")
+    })
+}
