@@ -122,6 +122,7 @@ impl Scheduler {
             next_id: AtomicU64::new(1),
             origin: Instant::now(),
             stats: Stats::default(),
+            device_free_at: tokio::time::Instant::now(),
         };
         tokio::spawn(core.run(rx));
         Self { tx }
@@ -268,6 +269,10 @@ struct Core<B: Backend> {
     next_id: AtomicU64,
     origin: Instant,
     stats: Stats,
+    /// When the (emulated) device finishes its current step. Steps run back
+    /// to back on the device's own clock, so timer rounding never
+    /// accumulates: the mean cadence is exactly the profile's.
+    device_free_at: tokio::time::Instant,
 }
 
 impl<B: Backend> Core<B> {
@@ -374,7 +379,17 @@ impl<B: Backend> Core<B> {
         if device.is_zero() {
             return;
         }
-        let due = tokio::time::Instant::now() + device;
+        // Waking up to this late after the previous step is timer jitter, not
+        // an idle device: the next step starts when the previous one ended.
+        const TIMER_SLACK: Duration = Duration::from_millis(2);
+        let now = tokio::time::Instant::now();
+        let start = if now.saturating_duration_since(self.device_free_at) <= TIMER_SLACK {
+            self.device_free_at
+        } else {
+            now
+        };
+        let due = start + device;
+        self.device_free_at = due;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(due) => return,
