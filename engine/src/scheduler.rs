@@ -258,6 +258,31 @@ impl<S> Seq<S> {
     }
 }
 
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    Prefill,
+    Decode,
+}
+
+/// Runs one backend step over `seqs`; returns one token per sequence (in
+/// order) and the device time the step takes.
+fn compute<B: Backend>(backend: &mut B, seqs: &mut [Seq<B::Seq>], phase: Phase) -> (Vec<Token>, Duration) {
+    let mut slots: Vec<Slot<'_, B::Seq>> = seqs
+        .iter_mut()
+        .map(|s| Slot {
+            context: s.context(),
+            pages: s.pages.as_ref().map_or(&[][..], |p| p.pages()),
+            seq: &mut s.state,
+            out: None,
+        })
+        .collect();
+    let device = match phase {
+        Phase::Prefill => backend.prefill(&mut slots),
+        Phase::Decode => backend.decode(&mut slots),
+    };
+    (slots.into_iter().map(|s| s.out.unwrap_or(Token::End)).collect(), device)
+}
+
 struct Core<B: Backend> {
     backend: B,
     kv: Arc<KvAllocator>,
@@ -445,17 +470,7 @@ impl<B: Backend> Core<B> {
         for s in batch.iter().filter(|s| s.generated == 0) {
             ::metrics::histogram!(m::FORMATION).record((started - s.arrived).as_secs_f64());
         }
-        let mut slots: Vec<Slot<'_, B::Seq>> = batch
-            .iter_mut()
-            .map(|s| Slot {
-                context: s.prompt_tokens + s.generated,
-                pages: s.pages.as_ref().map_or(&[][..], |p| p.pages()),
-                seq: &mut s.state,
-                out: None,
-            })
-            .collect();
-        let device = self.backend.prefill(&mut slots);
-        let outs: Vec<Token> = slots.into_iter().map(|s| s.out.unwrap_or(Token::End)).collect();
+        let (outs, device) = compute(&mut self.backend, &mut batch, Phase::Prefill);
         self.stats.prefilling = (batch.len() as u32, batch.iter().map(Seq::tokens).sum());
         self.wait(device, rx).await;
         self.stats.prefilling = (0, 0);
@@ -480,18 +495,7 @@ impl<B: Backend> Core<B> {
             return;
         }
         let started = Instant::now();
-        let mut slots: Vec<Slot<'_, B::Seq>> = self
-            .running
-            .iter_mut()
-            .map(|s| Slot {
-                context: s.prompt_tokens + s.generated,
-                pages: s.pages.as_ref().map_or(&[][..], |p| p.pages()),
-                seq: &mut s.state,
-                out: None,
-            })
-            .collect();
-        let device = self.backend.decode(&mut slots);
-        let outs: Vec<Token> = slots.into_iter().map(|s| s.out.unwrap_or(Token::End)).collect();
+        let (outs, device) = compute(&mut self.backend, &mut self.running, Phase::Decode);
         let batch = outs.len();
         self.wait(device, rx).await;
         self.stats.decode_step_ms = smooth(self.stats.decode_step_ms, started.elapsed().as_secs_f64() * 1e3);
