@@ -1,0 +1,89 @@
+//! One admitted sequence as the scheduler holds it, and what happens when
+//! it produces a token (stop sequences, limits, the final event).
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use crate::api::{Event, FinishReason, Usage};
+use crate::backend::Token;
+use crate::kv::PageSet;
+use crate::stop::{Step, StopMatcher};
+
+/// One admitted sequence.
+pub(super) struct Seq<S> {
+    pub(super) id: u64,
+    pub(super) prompt_tokens: u32,
+    pub(super) max_tokens: u32,
+    pub(super) generated: u32,
+    pub(super) key: f64,
+    pub(super) enqueued_at: Duration,
+    pub(super) ttft_budget: Duration,
+    pub(super) pages: Option<PageSet>,
+    pub(super) state: S,
+    pub(super) stops: StopMatcher,
+    pub(super) tx: mpsc::UnboundedSender<Bytes>,
+    pub(super) preemptions: u32,
+    pub(super) since_start: u32,
+    pub(super) arrived: Instant,
+    pub(super) queue_ms: f64,
+    pub(super) prefill_ms: f64,
+}
+
+impl<S> Seq<S> {
+    pub(super) fn context(&self) -> u32 {
+        self.prompt_tokens + self.generated
+    }
+
+    /// Prompt plus output budget: what the sequence may still cost.
+    pub(super) fn tokens(&self) -> u64 {
+        u64::from(self.prompt_tokens) + u64::from(self.max_tokens)
+    }
+
+    pub(super) fn send(&self, event: &Event) {
+        // A closed receiver is noticed at the next boundary and cleaned up.
+        let _ = self.tx.send(event.to_line());
+    }
+
+    /// Applies one produced token; `true` when the sequence is finished
+    /// (and its done event sent).
+    pub(super) fn apply(&mut self, token: Token) -> bool {
+        let Token::Text(text) = token else { return self.finish(FinishReason::Stop) };
+        self.generated += 1;
+        self.since_start += 1;
+        let (emit, stopped) = match self.stops.push(&text) {
+            Step::Emit(t) => (t, false),
+            Step::Stopped(t) => (t, true),
+        };
+        if !emit.is_empty() {
+            self.send(&Event::Token { text: emit });
+        }
+        if stopped {
+            self.finish(FinishReason::Stop)
+        } else if self.generated >= self.max_tokens {
+            self.finish(FinishReason::Length)
+        } else {
+            false
+        }
+    }
+
+    pub(super) fn finish(&mut self, finish_reason: FinishReason) -> bool {
+        let tail = self.stops.finish();
+        if !tail.is_empty() {
+            self.send(&Event::Token { text: tail });
+        }
+        let usage = Usage { prompt_tokens: self.prompt_tokens, completion_tokens: self.generated };
+        self.send(&Event::Done {
+            finish_reason,
+            usage,
+            queue_ms: self.queue_ms,
+            prefill_ms: self.prefill_ms,
+        });
+        true
+    }
+
+    pub(super) fn fail(&self, code: &str, message: &str) {
+        self.send(&Event::Error { code: code.to_string(), message: message.to_string() });
+    }
+}

@@ -1,0 +1,176 @@
+//! Scheduler tests in virtual time (tokio paused clock).
+
+use super::*;
+use crate::api::Event;
+use crate::backend::emulated::Emulated;
+use crate::kv::KvConfig;
+
+/// Prefill `prefill_ms` flat; decode 10 ms at batch 1, 12 ms at batch 2.
+fn profile(prefill_ms: u32) -> LatencyProfile {
+    LatencyProfile::parse(
+        "t",
+        &format!(
+            "model = \"m\"\nengine_class = \"t\"\n[prefill]\npoints = [[0, {prefill_ms}.0]]\n\
+             [decode]\nbatch_points = [[1, 10.0], [2, 12.0], [3, 14.0]]\n"
+        ),
+    )
+    .unwrap()
+}
+
+fn sched(
+    prefill_ms: u32,
+    pages: u32,
+    page_tokens: u32,
+    cfg: impl FnOnce(&mut SchedulerConfig),
+) -> (Scheduler, Arc<KvAllocator>) {
+    let kv = KvAllocator::new(KvConfig {
+        total_pages: pages,
+        page_tokens,
+        low_watermark: 0.0,
+        high_watermark: 0.0,
+    });
+    let mut c = SchedulerConfig {
+        limits: BatchLimits::default(),
+        profile: profile(prefill_ms),
+        output_reserve_tokens: 0,
+        extend_pages: 1,
+        default_ttft: Duration::from_secs(10),
+        max_preemptions: 2,
+        min_quantum_tokens: 2,
+    };
+    cfg(&mut c);
+    (Scheduler::spawn(Emulated { profile: profile(prefill_ms) }, Arc::clone(&kv), c), kv)
+}
+
+fn req(prompt: &str, max_tokens: u32) -> GenerateRequest {
+    GenerateRequest {
+        request_id: prompt.into(),
+        model: "m".into(),
+        prompt: prompt.into(),
+        max_tokens,
+        temperature: None,
+        seed: None,
+        stop: vec![],
+        priority_key: None,
+        ttft_budget_ms: None,
+    }
+}
+
+/// Events of one sequence with their virtual arrival times.
+async fn collect(mut rx: mpsc::UnboundedReceiver<Bytes>, t0: tokio::time::Instant) -> Vec<(Duration, Event)> {
+    let mut out = Vec::new();
+    while let Some(line) = rx.recv().await {
+        out.push((t0.elapsed(), serde_json::from_slice(&line).unwrap()));
+    }
+    out
+}
+
+fn text(events: &[(Duration, Event)]) -> String {
+    events
+        .iter()
+        .filter_map(|(_, e)| if let Event::Token { text } = e { Some(text.as_str()) } else { None })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn tokens_follow_the_profile_and_sequences_join_at_token_boundaries() {
+    let (s, _) = sched(30, 64, 16, |_| {});
+    let t0 = tokio::time::Instant::now();
+    let (tx, rx) = mpsc::unbounded_channel();
+    s.enqueue(req("first", 5), 2, tx).await.unwrap();
+    let first = tokio::spawn(collect(rx, t0));
+    tokio::time::sleep(Duration::from_millis(45)).await; // mid decode step 2
+    let (tx, rx) = mpsc::unbounded_channel();
+    s.enqueue(req("second", 2), 2, tx).await.unwrap();
+    let second = tokio::spawn(collect(rx, t0));
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    let at = |ev: &[(Duration, Event)]| ev.iter().map(|(t, _)| t.as_millis() as u64).collect::<Vec<_>>();
+    // first: prefill 30; decode alone 40, 50; the second's prefill runs
+    // 50..80 (decode waits); both decode at batch 2 (92); the second is
+    // done and leaves, so the first decodes alone again (102).
+    assert_eq!(at(&first), vec![30, 40, 50, 92, 102, 102], "{first:?}");
+    // second: prefill 50..80 gives its first token; one decode at batch 2.
+    assert_eq!(at(&second), vec![80, 92, 92]);
+    assert!(matches!(first.last().unwrap().1, Event::Done { finish_reason: FinishReason::Length, .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_sequence_frees_its_pages_at_the_next_boundary() {
+    let (s, kv) = sched(0, 64, 16, |_| {});
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    s.enqueue(req("cancel me", 1000), 2, tx).await.unwrap();
+    rx.recv().await.unwrap();
+    assert!(kv.snapshot().free < 64);
+    let t = tokio::time::Instant::now();
+    drop(rx);
+    while s.snapshot().await.inflight_sequences > 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // One decode step (10 ms) plus this loop's 1 ms polling.
+    assert!(t.elapsed() <= Duration::from_millis(11), "within one decode step: {:?}", t.elapsed());
+    assert_eq!(kv.snapshot().free, 64);
+}
+
+#[tokio::test(start_paused = true)]
+async fn preemption_reclaims_pages_and_the_victim_resumes_with_identical_text() {
+    // 6 pages of 4 tokens: two sequences growing to 2 + 10 tokens each
+    // (3 pages each) cannot both fit with the extension headroom.
+    let alone = {
+        let (s, _) = sched(0, 64, 4, |_| {});
+        let (tx, rx) = mpsc::unbounded_channel();
+        s.enqueue(req("victim", 10), 2, tx).await.unwrap();
+        text(&collect(rx, tokio::time::Instant::now()).await)
+    };
+    let (s, kv) = sched(0, 5, 4, |c| c.min_quantum_tokens = 1);
+    let t0 = tokio::time::Instant::now();
+    let mut rxs = Vec::new();
+    for (p, key) in [("keeper", 1.0), ("victim", 9.0)] {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut r = req(p, 10);
+        r.priority_key = Some(key);
+        s.enqueue(r, 2, tx).await.unwrap();
+        rxs.push(tokio::spawn(collect(rx, t0)));
+    }
+    let keeper = rxs.remove(0).await.unwrap();
+    let victim = rxs.remove(0).await.unwrap();
+    let snap = s.snapshot().await;
+    assert!(snap.preemptions >= 1, "the cache forced a preemption");
+    assert!(snap.preemptions <= 2, "the cap (2) holds");
+    assert!(matches!(keeper.last().unwrap().1, Event::Done { .. }), "{keeper:?}");
+    assert!(matches!(victim.last().unwrap().1, Event::Done { .. }), "{victim:?}");
+    assert_eq!(text(&victim), alone, "preempted and resumed, the text is unchanged");
+    assert_eq!(kv.snapshot().free, 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_preemptible_victim_the_needy_sequence_fails_cleanly() {
+    let (s, kv) = sched(0, 3, 4, |c| c.max_preemptions = 0);
+    let (tx, rx) = mpsc::unbounded_channel();
+    s.enqueue(req("big", 50), 2, tx).await.unwrap();
+    let events = collect(rx, tokio::time::Instant::now()).await;
+    let Event::Error { code, .. } = &events.last().unwrap().1 else { panic!("{events:?}") };
+    assert_eq!(code, "kv_exhausted");
+    assert_eq!(kv.snapshot().free, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_refuses_new_work_and_resolves_when_in_flight_work_is_done() {
+    let (s, _) = sched(5, 64, 16, |_| {});
+    let (tx, rx) = mpsc::unbounded_channel();
+    s.enqueue(req("running", 4), 2, tx).await.unwrap();
+    let t0 = tokio::time::Instant::now();
+    let events = tokio::spawn(collect(rx, t0));
+    let drained = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            s.drain().await;
+            t0.elapsed()
+        })
+    };
+    tokio::task::yield_now().await;
+    let (tx, _rx) = mpsc::unbounded_channel();
+    assert_eq!(s.enqueue(req("late", 4), 2, tx).await, Err(Refusal::Draining));
+    let events = events.await.unwrap();
+    assert!(matches!(events.last().unwrap().1, Event::Done { .. }));
+    assert_eq!(drained.await.unwrap(), events.last().unwrap().0, "drain ends when the last sequence does");
+}
