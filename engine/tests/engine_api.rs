@@ -9,7 +9,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 struct Engine {
-    _child: Child,
+    child: Child,
     conn: Conn,
     _dir: std::path::PathBuf,
 }
@@ -33,7 +33,7 @@ async fn start(args: &[&str]) -> Engine {
     let line = BufReader::new(child.stdout.take().unwrap()).lines().next_line().await.unwrap().unwrap();
     let addr = line.split_whitespace().find_map(|w| w.strip_prefix("listen=")).unwrap().to_string();
     let conn = Conn::connect(&format!("http://{addr}"), None, Proto::H2).await.unwrap();
-    Engine { _child: child, conn, _dir: dir }
+    Engine { child, conn, _dir: dir }
 }
 
 fn rand_suffix() -> u128 {
@@ -124,4 +124,32 @@ async fn drain_refuses_new_work_and_finishes_what_runs() {
     let last: serde_json::Value = serde_json::from_slice(last).unwrap();
     assert_eq!(last["event"], "done", "in-flight work finished: {last}");
     assert_eq!(last["usage"]["completion_tokens"], 3);
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_work_then_exits() {
+    let mut e = start(&[]).await; // 200 ms decode steps
+    let running = e.conn.post_json("/engine/v1/generate", None, generate(4, 4)).await.unwrap();
+    let pid = e.child.id().unwrap();
+    let ok = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+    assert!(ok.success());
+    // New work is refused while the admitted sequence finishes.
+    let t = std::time::Instant::now();
+    loop {
+        let resp = e.conn.post_json("/engine/v1/generate", None, generate(4, 4)).await.unwrap();
+        if resp.status() == 503 {
+            let body: serde_json::Value = serde_json::from_slice(&body_bytes(resp).await.unwrap()).unwrap();
+            assert_eq!(body["code"], "engine_draining");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(2), "SIGTERM starts a drain");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let out = tokio::time::timeout(Duration::from_secs(5), body_bytes(running)).await.unwrap().unwrap();
+    let last = out.split(|b| *b == b'\n').rev().find(|l| !l.is_empty()).unwrap();
+    let last: serde_json::Value = serde_json::from_slice(last).unwrap();
+    assert_eq!(last["event"], "done", "{last}");
+    assert_eq!(last["usage"]["completion_tokens"], 4);
+    let status = tokio::time::timeout(Duration::from_secs(10), e.child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "exits cleanly after the drain: {status:?}");
 }
