@@ -43,6 +43,11 @@ enum Command {
         /// Gateway config file (listener limits and so on); flags override it.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// A flag for every engine child, repeatable, e.g.
+        /// `--engine-arg=--kv-pages=4096 --engine-arg=--max-batch=32`
+        /// (`gateway engine --help` lists them).
+        #[arg(long = "engine-arg", allow_hyphen_values = true)]
+        engine_args: Vec<String>,
     },
     /// Run the gateway alone, over the engines listed in its config file.
     Serve {
@@ -71,11 +76,11 @@ fn main() -> ExitCode {
     let rt = tokio::runtime::Runtime::new().expect("the tokio runtime starts");
     let result: Result<(), String> = rt.block_on(async {
         match Cli::parse().command {
-            Command::Up { listen, engines, backend, policies, profile, certs, config } => {
+            Command::Up { listen, engines, backend, policies, profile, certs, config, engine_args } => {
                 let mut cfg = GatewayConfig::load(config.as_deref()).map_err(|e| e.to_string())?;
                 cfg.listen = listen;
                 cfg.policies = policies;
-                let launch = EngineLaunch { count: engines, backend, profile };
+                let launch = EngineLaunch { count: engines, backend, profile, extra_args: engine_args };
                 let opts = gateway::UpOptions { launch, certs_dir: certs };
                 gateway::run_up(cfg, opts).await.map_err(|e| e.to_string())
             }

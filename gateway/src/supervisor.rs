@@ -28,6 +28,9 @@ pub struct EngineLaunch {
     pub count: usize,
     pub backend: engine::backend::BackendKind,
     pub profile: Option<PathBuf>,
+    /// Extra engine flags, passed to every child as they are
+    /// (`engine --help` lists them: KV cache, batch limits, preemption).
+    pub extra_args: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +75,7 @@ impl Supervisor {
             if let Some(p) = &launch.profile {
                 cmd.arg("--profile").arg(p);
             }
+            cmd.args(&launch.extra_args);
             let child = cmd.spawn().map_err(|e| SupervisorError::Spawn(id.clone(), e))?;
             match tokio::time::timeout(START_TIMEOUT, ready_url(child, &id)).await {
                 Ok(Ok(c)) => sup.children.push(c),

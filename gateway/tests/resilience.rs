@@ -167,6 +167,39 @@ async fn a_dead_engine_leaves_routing_and_requests_keep_succeeding() {
 }
 
 #[tokio::test]
+async fn engines_at_capacity_give_a_retryable_503_naming_the_reason() {
+    // 8 pages of 16 tokens per engine, 2 kept free (25%). A 60-token prompt
+    // with a 16-token output reserve takes 5 pages: one long-running
+    // sequence per engine leaves 3, too few for another 5 + 2.
+    let args = [
+        "--engine-arg=--kv-pages=8",
+        "--engine-arg=--page-tokens=16",
+        "--engine-arg=--kv-low-watermark=0.25",
+        "--engine-arg=--kv-output-reserve=16",
+    ];
+    let sys = System::start_with(&paced(0, 200), 2, &args).await;
+    let conn = sys.conn(Proto::H2).await;
+    let body = |stream: bool| {
+        serde_json::json!({"model": MODEL, "prompt": "word ".repeat(60), "max_tokens": 60, "stream": stream})
+            .to_string()
+    };
+    // Two streams (60 + 60 tokens fit one engine's cache each) hold both engines.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let resp = conn.post_json("/v1/completions", Some(GOLD), body(true)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        held.push(resp);
+    }
+    let resp = conn.post_json("/v1/completions", Some(GOLD), body(false)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let v = json(&body_bytes(resp).await.unwrap());
+    assert_eq!(v["error"]["code"], "engines_at_capacity", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("kv_low_watermark"), "{v}");
+    drop(held);
+}
+
+#[tokio::test]
 async fn sigterm_stops_the_gateway_and_its_engines() {
     let mut sys = System::start(&paced(0, 0), 2).await;
     let pids: Vec<u32> = sys.engines.iter().map(|e| e.pid).collect();

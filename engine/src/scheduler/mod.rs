@@ -246,8 +246,17 @@ impl<B: Backend> Core<B> {
             // Token boundary: clients that went away free their pages now.
             self.queue.retain(|s| !s.tx.is_closed());
             self.running.retain(|s| !s.tx.is_closed());
-            if !self.prefill_step(&mut rx).await {
-                self.decode_step(&mut rx).await;
+            let progressed = self.prefill_step(&mut rx).await || self.decode_step(&mut rx).await;
+            if !progressed {
+                // Nothing could run (waiting sequences cannot get pages
+                // yet): wait for a command instead of spinning.
+                tokio::select! {
+                    c = rx.recv() => match c {
+                        Some(c) => self.command(c),
+                        None => return,
+                    },
+                    _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                }
             }
         }
     }
@@ -376,10 +385,15 @@ impl<B: Backend> Core<B> {
             let mut seq = self.queue.remove(i);
             if seq.pages.is_none() {
                 // A preempted sequence returns: it was admitted already, so
-                // only real exhaustion keeps it waiting.
-                let tokens = u64::from(seq.context()) + u64::from(self.cfg.output_reserve_tokens);
+                // only real exhaustion keeps it waiting. It needs room for
+                // its context and its next token.
+                let tokens = u64::from(seq.context()) + 1;
                 match self.kv.admit_running(tokens) {
                     Ok(p) => seq.pages = Some(p),
+                    Err(_) if self.kv.pages_for(tokens) > self.kv.snapshot().total => {
+                        seq.fail("kv_exhausted", "the sequence has outgrown the whole KV cache");
+                        continue;
+                    }
                     Err(_) => {
                         self.queue.push(seq);
                         continue;
@@ -414,11 +428,11 @@ impl<B: Backend> Core<B> {
         true
     }
 
-    /// One decode step over every running sequence.
-    async fn decode_step(&mut self, rx: &mut mpsc::UnboundedReceiver<Command>) {
+    /// One decode step over every running sequence; `false` if none runs.
+    async fn decode_step(&mut self, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
         self.make_room();
         if self.running.is_empty() {
-            return;
+            return false;
         }
         let started = Instant::now();
         let (outs, device) = compute(&mut self.backend, &mut self.running, Phase::Decode);
@@ -437,6 +451,7 @@ impl<B: Backend> Core<B> {
             i += 1;
             !done[i - 1]
         });
+        true
     }
 
     /// Gives every running sequence a page for its next token, preempting

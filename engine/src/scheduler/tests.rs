@@ -154,6 +154,20 @@ async fn without_a_preemptible_victim_the_needy_sequence_fails_cleanly() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_lone_sequence_outgrowing_the_cache_ends_and_the_scheduler_stays_responsive() {
+    // 4 pages of 4 tokens; quantum 1 so it may preempt itself.
+    let (s, kv) = sched(0, 4, 4, |c| c.min_quantum_tokens = 1);
+    let (tx, rx) = mpsc::unbounded_channel();
+    s.enqueue(req("grows", 100), 2, tx).await.unwrap();
+    let events = collect(rx, tokio::time::Instant::now()).await;
+    let Event::Error { code, .. } = &events.last().unwrap().1 else { panic!("{events:?}") };
+    assert_eq!(code, "kv_exhausted");
+    assert_eq!(kv.snapshot().free, 4);
+    let snap = tokio::time::timeout(Duration::from_secs(1), s.snapshot()).await.expect("scheduler answers");
+    assert_eq!((snap.queued_sequences, snap.inflight_sequences), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
 async fn drain_refuses_new_work_and_resolves_when_in_flight_work_is_done() {
     let (s, _) = sched(5, 64, 16, |_| {});
     let (tx, rx) = mpsc::unbounded_channel();
