@@ -115,6 +115,11 @@ impl KvAllocator {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Pages in the cache.
+    pub fn total_pages(&self) -> u32 {
+        self.total
+    }
+
     /// Pages needed to hold `tokens` tokens.
     pub fn pages_for(&self, tokens: u64) -> u32 {
         u32::try_from(tokens.div_ceil(u64::from(self.page_tokens))).unwrap_or(u32::MAX)

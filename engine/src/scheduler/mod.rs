@@ -15,7 +15,6 @@
 //! back and returns to the queue; it is prefilled again later (recompute)
 //! and continues exactly where it stopped.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -122,7 +121,7 @@ impl Scheduler {
             running: Vec::new(),
             draining: false,
             drained: Vec::new(),
-            next_id: AtomicU64::new(1),
+            next_id: 0,
             origin: Instant::now(),
             stats: Stats::default(),
             device_free_at: tokio::time::Instant::now(),
@@ -217,7 +216,7 @@ struct Core<B: Backend> {
     running: Vec<Seq<B::Seq>>,
     draining: bool,
     drained: Vec<oneshot::Sender<()>>,
-    next_id: AtomicU64,
+    next_id: u64,
     origin: Instant,
     stats: Stats,
     /// When the (emulated) device finishes its current step. Steps run back
@@ -293,7 +292,10 @@ impl<B: Backend> Core<B> {
         let pages = self.kv.admit(u64::from(prompt_tokens) + u64::from(reserve))?;
         let state = self.backend.start(&req, prompt_tokens);
         let mut seq = Seq {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            id: {
+                self.next_id += 1;
+                self.next_id
+            },
             prompt_tokens,
             max_tokens: req.max_tokens,
             generated: 0,
@@ -308,7 +310,6 @@ impl<B: Backend> Core<B> {
             tx,
             preemptions: 0,
             since_start: 0,
-            arrived: Instant::now(),
             queue_ms: 0.0,
             prefill_ms: 0.0,
         };
@@ -363,6 +364,37 @@ impl<B: Backend> Core<B> {
 
     /// Runs a prefill batch if batch formation picks one; `false` if not.
     async fn prefill_step(&mut self, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
+        let mut batch = self.take_planned();
+        if batch.is_empty() {
+            return false;
+        }
+        let started = self.now();
+        ::metrics::histogram!(m::PREFILL_BATCH_SIZE).record(batch.len() as f64);
+        for s in batch.iter_mut().filter(|s| s.generated == 0) {
+            s.queue_ms = (started - s.enqueued_at).as_secs_f64() * 1e3;
+            ::metrics::histogram!(m::FORMATION).record(s.queue_ms / 1e3);
+        }
+        let (outs, device) = compute(&mut self.backend, &mut batch, Phase::Prefill);
+        self.stats.prefilling = (batch.len() as u32, batch.iter().map(Seq::tokens).sum());
+        self.wait(device, rx).await;
+        self.stats.prefilling = (0, 0);
+        let prefill_ms = (self.now() - started).as_secs_f64() * 1e3;
+        ::metrics::histogram!(m::PREFILL).record(prefill_ms / 1e3);
+        for (mut seq, out) in batch.into_iter().zip(outs) {
+            if seq.generated == 0 {
+                seq.prefill_ms = prefill_ms;
+            }
+            if !seq.apply(out) {
+                self.running.push(seq);
+            }
+        }
+        true
+    }
+
+    /// Takes the sequences batch formation picks out of the queue. A
+    /// preempted one gets pages again first; it stays queued while the cache
+    /// is full, and ends if it has outgrown the whole cache.
+    fn take_planned(&mut self) -> Vec<Seq<B::Seq>> {
         let views: Vec<Queued> = self
             .queue
             .iter()
@@ -376,9 +408,6 @@ impl<B: Backend> Core<B> {
             .collect();
         let plan =
             form_prefill(&views, self.running.len() as u32, &self.cfg.limits, &self.cfg.profile, self.now());
-        if plan.admit.is_empty() {
-            return false;
-        }
         let mut batch = Vec::with_capacity(plan.admit.len());
         for id in &plan.admit {
             let i = self.queue.iter().position(|s| s.id == *id).expect("planned ids come from the queue");
@@ -390,7 +419,7 @@ impl<B: Backend> Core<B> {
                 let tokens = u64::from(seq.context()) + 1;
                 match self.kv.admit_running(tokens) {
                     Ok(p) => seq.pages = Some(p),
-                    Err(_) if self.kv.pages_for(tokens) > self.kv.snapshot().total => {
+                    Err(_) if self.kv.pages_for(tokens) > self.kv.total_pages() => {
                         seq.fail("kv_exhausted", "the sequence has outgrown the whole KV cache");
                         continue;
                     }
@@ -402,30 +431,7 @@ impl<B: Backend> Core<B> {
             }
             batch.push(seq);
         }
-        if batch.is_empty() {
-            return false;
-        }
-        let started = Instant::now();
-        ::metrics::histogram!(m::PREFILL_BATCH_SIZE).record(batch.len() as f64);
-        for s in batch.iter().filter(|s| s.generated == 0) {
-            ::metrics::histogram!(m::FORMATION).record((started - s.arrived).as_secs_f64());
-        }
-        let (outs, device) = compute(&mut self.backend, &mut batch, Phase::Prefill);
-        self.stats.prefilling = (batch.len() as u32, batch.iter().map(Seq::tokens).sum());
-        self.wait(device, rx).await;
-        self.stats.prefilling = (0, 0);
-        let prefill_ms = started.elapsed().as_secs_f64() * 1e3;
-        ::metrics::histogram!(m::PREFILL).record(prefill_ms / 1e3);
-        for (mut seq, out) in batch.into_iter().zip(outs) {
-            if seq.generated == 0 {
-                seq.queue_ms = (started - seq.arrived).as_secs_f64() * 1e3;
-                seq.prefill_ms = prefill_ms;
-            }
-            if !seq.apply(out) {
-                self.running.push(seq);
-            }
-        }
-        true
+        batch
     }
 
     /// One decode step over every running sequence; `false` if none runs.

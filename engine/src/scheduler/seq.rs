@@ -1,7 +1,7 @@
 //! One admitted sequence as the scheduler holds it, and what happens when
 //! it produces a token (stop sequences, limits, the final event).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -26,7 +26,6 @@ pub(super) struct Seq<S> {
     pub(super) tx: mpsc::UnboundedSender<Bytes>,
     pub(super) preemptions: u32,
     pub(super) since_start: u32,
-    pub(super) arrived: Instant,
     pub(super) queue_ms: f64,
     pub(super) prefill_ms: f64,
 }
