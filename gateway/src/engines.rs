@@ -127,20 +127,27 @@ impl EnginePool {
     }
 
     /// Probes every engine once, concurrently, and updates readiness.
-    pub async fn poll_once(&self) {
-        let probes = self.slots.iter().map(|slot| async move {
-            let report = tokio::time::timeout(PROBE_TIMEOUT, self.load_report(&slot.spec.url)).await;
-            let report = report.ok().flatten();
-            let ready = report.as_ref().is_some_and(|r| r.ready);
-            if slot.ready.swap(ready, Ordering::AcqRel) != ready {
-                tracing::info!(event = "engine_readiness", engine = %slot.spec.id, ready);
-            }
-            *slot.last_report.lock().unwrap_or_else(|p| p.into_inner()) = report;
-        });
-        for probe in probes.collect::<Vec<_>>() {
-            probe.await;
+    /// A hung engine costs at most [`PROBE_TIMEOUT`] and never delays the
+    /// others' updates.
+    pub async fn poll_once(self: &Arc<Self>) {
+        let mut probes = tokio::task::JoinSet::new();
+        for idx in 0..self.slots.len() {
+            let pool = Arc::clone(self);
+            probes.spawn(async move { pool.probe(idx).await });
         }
+        while probes.join_next().await.is_some() {}
         metrics::gauge!(crate::metrics::READY_ENGINES).set(self.ready_count() as f64);
+    }
+
+    async fn probe(&self, idx: usize) {
+        let slot = &self.slots[idx];
+        let report =
+            tokio::time::timeout(PROBE_TIMEOUT, self.load_report(&slot.spec.url)).await.ok().flatten();
+        let ready = report.as_ref().is_some_and(|r| r.ready);
+        if slot.ready.swap(ready, Ordering::AcqRel) != ready {
+            tracing::info!(event = "engine_readiness", engine = %slot.spec.id, ready);
+        }
+        *slot.last_report.lock().unwrap_or_else(|p| p.into_inner()) = report;
     }
 
     async fn load_report(&self, base: &Uri) -> Option<LoadReport> {

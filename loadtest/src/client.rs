@@ -54,7 +54,6 @@ enum Sender {
 pub struct Conn {
     sender: Sender,
     base: Uri,
-    proto: Proto,
 }
 
 impl Conn {
@@ -92,11 +91,7 @@ impl Conn {
         } else {
             handshake(TokioIo::new(tcp), proto).await?
         };
-        Ok(Self { sender, base: uri, proto })
-    }
-
-    pub fn proto(&self) -> Proto {
-        self.proto
+        Ok(Self { sender, base: uri })
     }
 
     /// Sends a request for `path` on this connection.

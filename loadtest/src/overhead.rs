@@ -187,10 +187,8 @@ async fn stream_gateway(gw: &Conn, a: &OverheadArgs) -> Result<Vec<f64>, Overhea
         let Ok(data) = frame.map_err(ClientError::from)?.into_data() else { continue };
         let now = Instant::now();
         for ev in parser.push(&data) {
-            let text = serde_json::from_str::<serde_json::Value>(&ev.data)
-                .ok()
-                .and_then(|v| v["choices"][0]["text"].as_str().filter(|t| !t.is_empty()).map(|_| ()));
-            if text.is_some() {
+            let v: serde_json::Value = serde_json::from_str(&ev.data).unwrap_or_default();
+            if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
                 arrivals.push(now);
             }
         }
