@@ -8,6 +8,7 @@ use std::time::Duration;
 use policies::batching::BatchLimits;
 use policies::LatencyProfile;
 
+use crate::backend::cpu::ModelConfig;
 use crate::backend::BackendKind;
 use crate::kv::KvConfig;
 use crate::scheduler::SchedulerConfig;
@@ -25,13 +26,19 @@ pub struct EngineArgs {
     /// Execution backend.
     #[arg(long, value_enum, default_value_t = BackendKind::Emulated)]
     pub backend: BackendKind,
-    /// Latency profile (TOML) for the emulated backend; the bundled
-    /// `emulated-a100-8b` profile when omitted.
+    /// Latency profile (TOML): the emulated backend replays it, batch
+    /// formation predicts prefill time with it. Bundled default:
+    /// `emulated-a100-8b` (emulated) or `cpu-epyc-2core` (cpu).
     #[arg(long)]
     pub profile: Option<PathBuf>,
-    /// KV cache pages.
-    #[arg(long, default_value_t = 16384)]
-    pub kv_pages: u32,
+    /// KV cache pages [default: 16384 for emulated; for cpu, as many as fit
+    /// in --kv-cache-mb].
+    #[arg(long)]
+    pub kv_pages: Option<u32>,
+    /// Host memory for the cpu backend's K/V arena, MiB (sizes the page
+    /// count when --kv-pages is not given).
+    #[arg(long, default_value_t = 512)]
+    pub kv_cache_mb: u32,
     /// Tokens per KV page.
     #[arg(long, default_value_t = 16)]
     pub page_tokens: u32,
@@ -74,6 +81,24 @@ pub struct EngineArgs {
     /// Tokens a sequence produces after (re)starting before it may be preempted.
     #[arg(long, default_value_t = 16)]
     pub min_quantum_tokens: u32,
+    /// cpu model: transformer layers.
+    #[arg(long, default_value_t = 4)]
+    pub model_layers: usize,
+    /// cpu model: hidden size.
+    #[arg(long, default_value_t = 512)]
+    pub model_hidden: usize,
+    /// cpu model: attention heads (must divide the hidden size).
+    #[arg(long, default_value_t = 8)]
+    pub model_heads: usize,
+    /// cpu model: MLP inner width.
+    #[arg(long, default_value_t = 1536)]
+    pub model_ffn: usize,
+    /// cpu model: vocabulary size.
+    #[arg(long, default_value_t = 8192)]
+    pub model_vocab: usize,
+    /// cpu model: seed the weights are generated from.
+    #[arg(long, default_value_t = 0)]
+    pub model_seed: u64,
     /// Exit when standard input closes. A supervising parent holds the other
     /// end of the pipe, so the engine never outlives it, even on SIGKILL.
     #[arg(long)]
@@ -81,9 +106,34 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
+    /// The cpu backend's model shape.
+    pub fn model_config(&self) -> ModelConfig {
+        ModelConfig {
+            layers: self.model_layers,
+            hidden: self.model_hidden,
+            heads: self.model_heads,
+            ffn: self.model_ffn,
+            vocab: self.model_vocab,
+            seed: self.model_seed,
+        }
+    }
+
+    /// KV pages: the flag, or the backend's default.
+    pub fn kv_pages(&self) -> u32 {
+        self.kv_pages.unwrap_or_else(|| match self.backend {
+            BackendKind::Emulated => 16384,
+            BackendKind::Cpu => {
+                let page_bytes =
+                    self.model_config().kv_bytes_per_token() as u64 * u64::from(self.page_tokens.max(1));
+                let budget = u64::from(self.kv_cache_mb) << 20;
+                u32::try_from(budget / page_bytes.max(1)).unwrap_or(u32::MAX).max(1)
+            }
+        })
+    }
+
     pub fn kv_config(&self) -> KvConfig {
         KvConfig {
-            total_pages: self.kv_pages,
+            total_pages: self.kv_pages(),
             page_tokens: self.page_tokens,
             low_watermark: self.kv_low_watermark,
             high_watermark: self.kv_high_watermark,

@@ -13,6 +13,7 @@ pub mod body;
 pub mod cli;
 pub mod kv;
 pub mod metrics;
+pub mod profile;
 pub mod scheduler;
 pub mod server;
 pub mod stop;
@@ -24,14 +25,18 @@ use std::time::{Duration, Instant};
 use policies::LatencyProfile;
 use tokio::io::AsyncReadExt;
 
+use crate::backend::cpu::Cpu;
 use crate::backend::emulated::Emulated;
 use crate::backend::BackendKind;
 use crate::cli::EngineArgs;
 use crate::kv::KvAllocator;
 use crate::scheduler::Scheduler;
 
-/// The bundled default latency profile.
+/// The bundled default latency profile of the emulated backend.
 pub const DEFAULT_PROFILE: &str = include_str!("../../policies/profiles/emulated-a100-8b.toml");
+/// The bundled profile of the cpu backend's default model, measured with
+/// `engine profile --backend cpu` on the development machine.
+pub const CPU_PROFILE: &str = include_str!("../../policies/profiles/cpu-epyc-2core.toml");
 
 /// How long SIGTERM waits for in-flight work before exiting anyway.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
@@ -104,26 +109,44 @@ pub enum StartError {
     Profile(#[from] policies::profile::ProfileError),
     #[error("binding {0}: {1}")]
     Bind(std::net::SocketAddr, std::io::Error),
+    #[error("cpu model: {0}")]
+    Model(String),
     #[error("warm-up failed: {0}")]
     WarmUp(String),
 }
 
-/// Builds the engine (backend, KV cache, scheduler) without serving it.
-pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
+/// The latency profile an engine uses: `--profile`, or its backend's bundled one.
+pub fn load_profile(args: &EngineArgs) -> Result<LatencyProfile, StartError> {
     let (name, text) = match &args.profile {
         Some(p) => {
             let text = std::fs::read_to_string(p)
                 .map_err(|e| StartError::ReadProfile(p.display().to_string(), e))?;
             (p.display().to_string(), text)
         }
-        None => ("bundled emulated-a100-8b.toml".to_string(), DEFAULT_PROFILE.to_string()),
+        None => match args.backend {
+            BackendKind::Emulated => {
+                ("bundled emulated-a100-8b.toml".to_string(), DEFAULT_PROFILE.to_string())
+            }
+            BackendKind::Cpu => ("bundled cpu-epyc-2core.toml".to_string(), CPU_PROFILE.to_string()),
+        },
     };
-    let profile = LatencyProfile::parse(&name, &text)?;
+    Ok(LatencyProfile::parse(&name, &text)?)
+}
+
+/// Builds the engine (backend, KV cache, scheduler) without serving it.
+pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
+    let profile = load_profile(args)?;
     let kv = KvAllocator::new(args.kv_config());
     let cfg = args.scheduler_config(profile.clone());
     let engine_class = profile.engine_class.clone();
     let scheduler = match args.backend {
         BackendKind::Emulated => Scheduler::spawn(Emulated { profile }, Arc::clone(&kv), cfg),
+        BackendKind::Cpu => {
+            let model = args.model_config();
+            model.validate().map_err(StartError::Model)?;
+            let cpu = Cpu::new(model, kv.total_pages(), args.page_tokens);
+            Scheduler::spawn(cpu, Arc::clone(&kv), cfg)
+        }
     };
     Ok(Arc::new(Engine {
         id: args.id.clone(),

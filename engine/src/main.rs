@@ -1,23 +1,59 @@
 //! `engine`: one inference engine process (see the `engine` library docs).
+//!
+//! `engine [FLAGS]` serves; `engine profile --backend <b> --out FILE`
+//! measures the backend and writes a latency profile.
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "engine", version, about = "Inference engine process behind the SLO-aware gateway")]
+#[command(
+    name = "engine",
+    version,
+    about = "Inference engine process behind the SLO-aware gateway",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
     #[command(flatten)]
     args: engine::cli::EngineArgs,
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+#[derive(Subcommand)]
+enum Command {
+    /// Measure prefill and decode timings of a backend and write a latency
+    /// profile that `emulated` replays and the gateway's estimator loads.
+    Profile(engine::profile::ProfileArgs),
+}
+
+fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    match engine::run(Cli::parse().args).await {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Profile(p)) => engine::profile::run(&p).map(|m| {
+            eprintln!(
+                "wrote {} ({} prefill points, {} decode points, {:.4} ms per 1k context)",
+                p.out.display(),
+                m.prefill.len(),
+                m.decode.len(),
+                m.ms_per_1k_context
+            );
+        }),
+        None => match tokio::runtime::Runtime::new() {
+            Ok(rt) => rt.block_on(engine::run(cli.args)).map_err(Into::into),
+            Err(e) => {
+                eprintln!("engine: starting the runtime: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        },
+    };
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("engine: {e}");

@@ -7,9 +7,11 @@
 //! - `emulated`: deterministic words, timing from a latency profile; the
 //!   time a step would take on the profiled device is returned for the
 //!   scheduler to wait.
-//! - `cpu` (engine issue, next) and `cuda` (CUDA issue) compute for real and
-//!   return zero: the time has already passed.
+//! - `cpu`: a synthetic transformer computed on the host (see [`cpu`]);
+//!   `cuda` (CUDA issue) will run the same math on a GPU. Both compute for
+//!   real and return zero: the time has already passed.
 
+pub mod cpu;
 pub mod emulated;
 
 use std::time::Duration;
@@ -22,13 +24,22 @@ use crate::kv::PageId;
 pub enum BackendKind {
     /// Profile-timed, no heavy math; results are labelled "emulated".
     Emulated,
+    /// A synthetic transformer computed on the host's CPU.
+    Cpu,
 }
 
 impl BackendKind {
     pub fn as_str(self) -> &'static str {
         match self {
             BackendKind::Emulated => "emulated",
+            BackendKind::Cpu => "cpu",
         }
+    }
+
+    /// Whether steps compute on the calling thread (and so must not run on
+    /// the async runtime's workers).
+    pub fn computes_on_host(self) -> bool {
+        matches!(self, BackendKind::Cpu)
     }
 }
 

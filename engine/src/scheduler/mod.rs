@@ -126,7 +126,25 @@ impl Scheduler {
             stats: Stats::default(),
             device_free_at: tokio::time::Instant::now(),
         };
-        tokio::spawn(core.run(rx));
+        if core.backend.kind().computes_on_host() {
+            // Real host compute blocks for the length of a step: give the
+            // scheduler its own thread (its own small runtime for timers and
+            // channels) so the engine's network tasks never wait behind it.
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build();
+            match rt {
+                Ok(rt) => {
+                    let spawned = std::thread::Builder::new()
+                        .name("scheduler".into())
+                        .spawn(move || rt.block_on(core.run(rx)));
+                    if let Err(e) = spawned {
+                        tracing::error!(event = "scheduler_thread_failed", error = %e);
+                    }
+                }
+                Err(e) => tracing::error!(event = "scheduler_runtime_failed", error = %e),
+            }
+        } else {
+            tokio::spawn(core.run(rx));
+        }
         Self { tx }
     }
 

@@ -1,0 +1,146 @@
+//! The `cpu` backend: a real (synthetic) transformer computed on the host.
+//!
+//! [`model`] holds the network and the paged K/V arena, [`math`] the
+//! kernels, [`vocab`] the word vocabulary. A prefill step runs every
+//! sequence's whole context as one batch of rows; a decode step runs one
+//! row per sequence, attending over the K/V its pages hold. Sampling is
+//! greedy at temperature 0 and otherwise draws from the softmax with the
+//! sequence's own seeded generator, so a sequence's text does not depend
+//! on what it was batched with, nor on being preempted and recomputed.
+//!
+//! Steps compute for real and return zero device time: the time has passed.
+
+pub mod math;
+pub mod model;
+pub mod vocab;
+
+use std::time::Duration;
+
+use super::{Backend, BackendKind, Slot, Token};
+use crate::api::GenerateRequest;
+use math::{softmax, SplitMix};
+use model::SeqInput;
+pub use model::{KvArena, Model, ModelConfig};
+
+/// Host-computed executor.
+#[derive(Debug)]
+pub struct Cpu {
+    model: Model,
+    kv: KvArena,
+}
+
+impl Cpu {
+    /// Generates the weights and allocates the K/V arena for `pages` pages
+    /// of `page_tokens` tokens (the allocator's sizing).
+    pub fn new(cfg: ModelConfig, pages: u32, page_tokens: u32) -> Self {
+        let kv = KvArena::new(&cfg, pages, page_tokens);
+        Self { model: Model::new(cfg), kv }
+    }
+
+    fn step(&mut self, batch: &mut [Slot<'_, CpuSeq>], decode: bool) {
+        // A slot without pages for its positions cannot run (the scheduler
+        // always provides them); it ends rather than corrupting the cache.
+        let fits: Vec<bool> = batch.iter().map(|s| self.kv.capacity(s.pages) >= s.context as usize).collect();
+        let inputs: Vec<SeqInput<'_>> = batch
+            .iter()
+            .zip(&fits)
+            .filter(|(_, &ok)| ok)
+            .map(|(s, _)| {
+                let ctx = (s.context as usize).min(s.seq.tokens.len());
+                let start = if decode { ctx.saturating_sub(1) } else { 0 };
+                SeqInput { tokens: &s.seq.tokens[start..ctx], start, pages: s.pages }
+            })
+            .collect();
+        let mut logits = self.model.forward(&mut self.kv, &inputs).into_iter();
+        for (slot, ok) in batch.iter_mut().zip(fits) {
+            slot.out = Some(if ok { slot.seq.sample(logits.next().unwrap_or_default()) } else { Token::End });
+        }
+    }
+}
+
+impl Backend for Cpu {
+    type Seq = CpuSeq;
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+
+    fn start(&mut self, req: &GenerateRequest, prompt_tokens: u32) -> CpuSeq {
+        let vocab = self.model.cfg.vocab as u32;
+        let mut tokens = vocab::tokenize(&req.prompt, vocab);
+        // The engine sized the KV reservation by `prompt_tokens`; the
+        // tokenizer counts the same way, this only guards the invariant.
+        tokens.resize(prompt_tokens as usize, 1);
+        let seed = req.seed.unwrap_or_else(|| {
+            req.prompt
+                .bytes()
+                .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+        });
+        CpuSeq {
+            prompt_len: tokens.len(),
+            tokens,
+            rng: SplitMix(seed),
+            // OpenAI's default temperature is 1.
+            temperature: req.temperature.unwrap_or(1.0).max(0.0),
+        }
+    }
+
+    fn prefill(&mut self, batch: &mut [Slot<'_, CpuSeq>]) -> Duration {
+        self.step(batch, false);
+        Duration::ZERO
+    }
+
+    fn decode(&mut self, batch: &mut [Slot<'_, CpuSeq>]) -> Duration {
+        self.step(batch, true);
+        Duration::ZERO
+    }
+}
+
+/// One sequence's tokens (prompt, then output) and sampler.
+#[derive(Debug, Clone)]
+pub struct CpuSeq {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    rng: SplitMix,
+    temperature: f32,
+}
+
+impl CpuSeq {
+    /// Picks the next token from `logits`, appends it and returns its text.
+    fn sample(&mut self, mut logits: Vec<f32>) -> Token {
+        if logits.is_empty() {
+            return Token::End;
+        }
+        let id = if self.temperature <= 1e-6 {
+            // Greedy; ties go to the lowest id.
+            logits.iter().enumerate().fold(0, |best, (i, &v)| if v > logits[best] { i } else { best })
+        } else {
+            logits.iter_mut().for_each(|l| *l /= self.temperature);
+            softmax(&mut logits);
+            let u = self.rng.unit();
+            let mut acc = 0.0;
+            logits
+                .iter()
+                .position(|&p| {
+                    acc += p;
+                    u < acc
+                })
+                .unwrap_or(logits.len() - 1)
+        } as u32;
+        if id == vocab::EOS {
+            return Token::End;
+        }
+        let first = self.tokens.len() == self.prompt_len;
+        self.tokens.push(id);
+        let w = vocab::word(id);
+        Token::Text(if first {
+            let mut c = w.chars();
+            c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default()
+        } else {
+            format!(" {w}")
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

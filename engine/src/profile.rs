@@ -1,0 +1,315 @@
+//! `engine profile`: measures a backend's prefill and decode step times and
+//! writes a latency profile (the TOML format of `policies::profile`) that
+//! the emulated backend replays and batch formation and admission read.
+//!
+//! Prefill is timed per prompt length (one sequence), decode per batch size
+//! at short context, and the context term from the same batch at a short
+//! and a long context. Each point is the median of `--repeats` runs after
+//! one unmeasured run. Device time a backend returns (the emulated one) is
+//! counted as if it had been waited for, so profiling `emulated` reproduces
+//! its own profile.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::api::GenerateRequest;
+use crate::backend::cpu::Cpu;
+use crate::backend::emulated::Emulated;
+use crate::backend::{Backend, BackendKind, Slot, Token};
+use crate::cli::EngineArgs;
+use crate::kv::{KvAllocator, PageSet};
+
+/// Options of `engine profile`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProfileArgs {
+    /// Where to write the profile (TOML).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Engine class recorded in the profile [default: `<backend>-<host cpu>`].
+    #[arg(long)]
+    pub engine_class: Option<String>,
+    /// Model name recorded in the profile.
+    #[arg(long, default_value = "synthetic-small")]
+    pub model: String,
+    /// Prompt lengths to time prefill at.
+    #[arg(long, value_delimiter = ',', default_value = "16,64,256,1024")]
+    pub prompts: Vec<u32>,
+    /// Batch sizes to time decode at.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
+    pub batches: Vec<u32>,
+    /// Context per sequence for the context term of decode.
+    #[arg(long, default_value_t = 512)]
+    pub long_context: u32,
+    /// Timed runs per point (the median is kept).
+    #[arg(long, default_value_t = 5)]
+    pub repeats: u32,
+    /// Backend, model and KV flags, as for serving.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// Errors of `engine profile`.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error(transparent)]
+    Start(#[from] crate::StartError),
+    #[error("the KV cache ({0} pages) is too small for the largest measurement; raise --kv-pages or --kv-cache-mb")]
+    KvTooSmall(u32),
+    #[error("writing {0}: {1}")]
+    Write(String, std::io::Error),
+}
+
+/// Measured points, in milliseconds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measured {
+    pub prefill: Vec<(u32, f64)>,
+    pub decode: Vec<(u32, f64)>,
+    pub ms_per_1k_context: f64,
+}
+
+/// Runs `engine profile` and writes the file.
+pub fn run(args: &ProfileArgs) -> Result<Measured, ProfileError> {
+    let e = &args.engine;
+    let kv = KvAllocator::new(e.kv_config());
+    let m = match e.backend {
+        BackendKind::Emulated => {
+            let profile = crate::load_profile(e)?;
+            measure(&mut Emulated { profile }, &kv, args)?
+        }
+        BackendKind::Cpu => {
+            let model = e.model_config();
+            model.validate().map_err(crate::StartError::Model)?;
+            measure(&mut Cpu::new(model, kv.total_pages(), e.page_tokens), &kv, args)?
+        }
+    };
+    let host = host_cpu();
+    let class =
+        args.engine_class.clone().unwrap_or_else(|| format!("{}-{}", e.backend.as_str(), slug(&host)));
+    let text = render(args, &class, &host, &m);
+    std::fs::write(&args.out, text)
+        .map_err(|err| ProfileError::Write(args.out.display().to_string(), err))?;
+    Ok(m)
+}
+
+fn request(prompt_tokens: u32) -> GenerateRequest {
+    // Four-character words: one token each.
+    let prompt = (0..prompt_tokens).map(|i| format!("w{:03}", i % 1000)).collect::<Vec<_>>().join(" ");
+    GenerateRequest {
+        request_id: "profile".into(),
+        model: "profile".into(),
+        prompt,
+        max_tokens: u32::MAX,
+        temperature: Some(0.0),
+        seed: None,
+        stop: vec![],
+        priority_key: None,
+        ttft_budget_ms: None,
+    }
+}
+
+/// A sequence under measurement.
+struct Probe<S> {
+    seq: S,
+    pages: PageSet,
+    context: u32,
+}
+
+fn step<B: Backend>(backend: &mut B, probes: &mut [Probe<B::Seq>], decode: bool) -> Duration {
+    let t0 = Instant::now();
+    let mut slots: Vec<Slot<'_, B::Seq>> = probes
+        .iter_mut()
+        .map(|p| Slot { context: p.context, pages: p.pages.pages(), seq: &mut p.seq, out: None })
+        .collect();
+    let device = if decode { backend.decode(&mut slots) } else { backend.prefill(&mut slots) };
+    let ended = slots.iter().any(|s| s.out == Some(Token::End));
+    let took = t0.elapsed() + device;
+    if !ended {
+        probes.iter_mut().for_each(|p| p.context += 1);
+    }
+    took
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn measure<B: Backend>(
+    backend: &mut B,
+    kv: &Arc<KvAllocator>,
+    args: &ProfileArgs,
+) -> Result<Measured, ProfileError> {
+    let repeats = args.repeats.max(1) as usize;
+    let steps = args.prompts.len() + 2 * args.batches.len();
+    let mut done = 0;
+    let mut report = |label: String, ms: f64| {
+        done += 1;
+        eprintln!("[{done:2}/{steps}] {label}: {ms:.3} ms");
+    };
+    let new_probe = |backend: &mut B, prompt: u32, room: u32| -> Result<Probe<B::Seq>, ProfileError> {
+        let pages = kv
+            .admit_running(u64::from(prompt + room))
+            .map_err(|_| ProfileError::KvTooSmall(kv.total_pages()))?;
+        Ok(Probe { seq: backend.start(&request(prompt), prompt), pages, context: prompt })
+    };
+    let decode_steps = 4u32;
+    let room = (repeats as u32 + 2) * decode_steps;
+
+    let mut prefill = Vec::new();
+    for &n in &args.prompts {
+        let mut times = Vec::new();
+        for i in 0..=repeats {
+            let mut p = vec![new_probe(backend, n, 1)?];
+            let t = step(backend, &mut p, false).as_secs_f64() * 1e3;
+            if i > 0 {
+                times.push(t);
+            }
+        }
+        let ms = median(times);
+        report(format!("prefill {n:5} tokens"), ms);
+        prefill.push((n, ms));
+    }
+
+    // Decode at a short context (16 tokens) and at --long-context.
+    let mut decode_at =
+        |context: u32, report: &mut dyn FnMut(String, f64)| -> Result<Vec<(u32, f64)>, ProfileError> {
+            let mut out = Vec::new();
+            for &b in &args.batches {
+                let mut probes =
+                    (0..b).map(|_| new_probe(backend, context, room)).collect::<Result<Vec<_>, _>>()?;
+                step(backend, &mut probes, false);
+                let mut times = Vec::new();
+                for i in 0..=repeats {
+                    let t: f64 =
+                        (0..decode_steps).map(|_| step(backend, &mut probes, true).as_secs_f64() * 1e3).sum();
+                    if i > 0 {
+                        times.push(t / f64::from(decode_steps));
+                    }
+                }
+                let ms = median(times);
+                report(format!("decode batch {b:3} context {context:5}"), ms);
+                out.push((b, ms));
+            }
+            Ok(out)
+        };
+    let decode = decode_at(16, &mut report)?;
+    let long = decode_at(args.long_context.max(17), &mut report)?;
+    // Extra time per 1,000 tokens of batch context, averaged over batches.
+    let slopes: Vec<f64> = decode
+        .iter()
+        .zip(&long)
+        .map(|(&(b, short), &(_, long_ms))| {
+            let extra_tokens = f64::from(b) * f64::from(args.long_context.max(17) - 16);
+            ((long_ms - short) / (extra_tokens / 1000.0)).max(0.0)
+        })
+        .collect();
+    Ok(Measured { prefill, decode, ms_per_1k_context: median(slopes) })
+}
+
+fn render(args: &ProfileArgs, class: &str, host: &str, m: &Measured) -> String {
+    let e = &args.engine;
+    let points =
+        |v: &[(u32, f64)]| v.iter().map(|(x, ms)| format!("[{x}, {ms:.3}]")).collect::<Vec<_>>().join(", ");
+    let model = match e.backend {
+        BackendKind::Cpu => format!(
+            "cpu model: {} layers, hidden {}, {} heads, MLP {}, vocab {}, seed {}",
+            e.model_layers, e.model_hidden, e.model_heads, e.model_ffn, e.model_vocab, e.model_seed
+        ),
+        BackendKind::Emulated => "emulated backend (replays its input profile)".to_string(),
+    };
+    format!(
+        "# Latency profile measured by `engine profile --backend {backend}`.\n\
+         # Host: {host}; {threads} hardware threads.\n\
+         # {model}; {page} tokens per KV page.\n\
+         # Each point is the median of {repeats} runs; decode points are per step at\n\
+         # 16 tokens of context per sequence, the context term compares the same\n\
+         # batches at {long} tokens per sequence.\n\
+         model = \"{name}\"\n\
+         engine_class = \"{class}\"\n\
+         source = \"measured: engine profile --backend {backend} on {host}\"\n\n\
+         [prefill]\n\
+         # [prompt tokens, milliseconds]\n\
+         points = [{prefill}]\n\n\
+         [decode]\n\
+         # [batch size, milliseconds per decode step] at short context\n\
+         batch_points = [{decode}]\n\
+         # extra step time per 1,000 tokens of context summed over the batch\n\
+         ms_per_1k_context = {slope:.4}\n",
+        backend = e.backend.as_str(),
+        threads = std::thread::available_parallelism().map_or(1, |n| n.get()),
+        page = e.page_tokens,
+        repeats = args.repeats.max(1),
+        long = args.long_context.max(17),
+        name = args.model,
+        prefill = points(&m.prefill),
+        decode = points(&m.decode),
+        slope = m.ms_per_1k_context,
+    )
+}
+
+/// The host CPU's model name (Linux), for the profile's provenance.
+fn host_cpu() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+fn slug(s: &str) -> String {
+    let s: String =
+        s.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    s.split('-').filter(|p| !p.is_empty()).collect::<Vec<_>>().join("-")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ProfileArgs,
+    }
+
+    #[test]
+    fn profiling_the_emulated_backend_reproduces_its_profile_and_the_file_parses() {
+        let dir = std::env::temp_dir().join(format!("engine-profile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("p.toml");
+        let cli = Cli::parse_from([
+            "x",
+            "--out",
+            out.to_str().unwrap(),
+            "--backend",
+            "emulated",
+            "--prompts",
+            "128,2048",
+            "--batches",
+            "1,8",
+            "--repeats",
+            "1",
+            "--kv-pages",
+            "4096",
+        ]);
+        let m = run(&cli.args).unwrap();
+        let text = std::fs::read_to_string(&out).unwrap();
+        let p = policies::LatencyProfile::parse("p.toml", &text).unwrap();
+        let bundled = policies::LatencyProfile::parse("a100", crate::DEFAULT_PROFILE).unwrap();
+        // Measured = replayed device time + a little host time.
+        for (n, ms) in &m.prefill {
+            let want = bundled.prefill(*n).as_secs_f64() * 1e3;
+            assert!(*ms >= want && *ms < want + 5.0, "prefill {n}: {ms} vs {want}");
+            assert!((p.prefill(*n).as_secs_f64() * 1e3 - ms).abs() < 0.01);
+        }
+        assert!(m.decode[1].1 > m.decode[0].1, "a bigger batch takes longer per step");
+        assert!(text.contains("engine_class = \"emulated-"), "{text}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
