@@ -99,6 +99,10 @@ pub struct EngineArgs {
     /// cpu model: seed the weights are generated from.
     #[arg(long, default_value_t = 0)]
     pub model_seed: u64,
+    /// cpu backend: threads for large matrix products [default: all
+    /// hardware threads].
+    #[arg(long)]
+    pub cpu_threads: Option<usize>,
     /// Exit when standard input closes. A supervising parent holds the other
     /// end of the pipe, so the engine never outlives it, even on SIGKILL.
     #[arg(long)]
@@ -116,6 +120,11 @@ impl EngineArgs {
             vocab: self.model_vocab,
             seed: self.model_seed,
         }
+    }
+
+    /// Compute threads of the cpu backend.
+    pub fn cpu_threads(&self) -> usize {
+        self.cpu_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1)
     }
 
     /// KV pages: the flag, or the backend's default.

@@ -144,7 +144,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
         BackendKind::Cpu => {
             let model = args.model_config();
             model.validate().map_err(StartError::Model)?;
-            let cpu = Cpu::new(model, kv.total_pages(), args.page_tokens);
+            let cpu = Cpu::new(model, args.cpu_threads(), kv.total_pages(), args.page_tokens);
             Scheduler::spawn(cpu, Arc::clone(&kv), cfg)
         }
     };

@@ -80,7 +80,7 @@ pub fn run(args: &ProfileArgs) -> Result<Measured, ProfileError> {
         BackendKind::Cpu => {
             let model = e.model_config();
             model.validate().map_err(crate::StartError::Model)?;
-            measure(&mut Cpu::new(model, kv.total_pages(), e.page_tokens), &kv, args)?
+            measure(&mut Cpu::new(model, e.cpu_threads(), kv.total_pages(), e.page_tokens), &kv, args)?
         }
     };
     let host = host_cpu();
@@ -213,8 +213,14 @@ fn render(args: &ProfileArgs, class: &str, host: &str, m: &Measured) -> String {
         |v: &[(u32, f64)]| v.iter().map(|(x, ms)| format!("[{x}, {ms:.3}]")).collect::<Vec<_>>().join(", ");
     let model = match e.backend {
         BackendKind::Cpu => format!(
-            "cpu model: {} layers, hidden {}, {} heads, MLP {}, vocab {}, seed {}",
-            e.model_layers, e.model_hidden, e.model_heads, e.model_ffn, e.model_vocab, e.model_seed
+            "cpu model: {} layers, hidden {}, {} heads, MLP {}, vocab {}, seed {}; {} compute threads",
+            e.model_layers,
+            e.model_hidden,
+            e.model_heads,
+            e.model_ffn,
+            e.model_vocab,
+            e.model_seed,
+            e.cpu_threads()
         ),
         BackendKind::Emulated => "emulated backend (replays its input profile)".to_string(),
     };

@@ -92,6 +92,42 @@ async fn non_streaming_chat_and_completions_return_one_body_with_usage() {
     assert!(v["choices"][0]["text"].as_str().unwrap().len() > 3);
 }
 
+/// The cpu backend end to end: a real (small) transformer behind the
+/// gateway, deterministic at temperature 0, different for other prompts.
+#[tokio::test]
+async fn cpu_backend_engines_serve_model_text_through_the_gateway() {
+    let model = [
+        "--backend=cpu",
+        "--engine-arg=--model-layers=2",
+        "--engine-arg=--model-hidden=64",
+        "--engine-arg=--model-heads=4",
+        "--engine-arg=--model-ffn=128",
+        "--engine-arg=--model-vocab=512",
+        "--engine-arg=--kv-cache-mb=8",
+    ];
+    let sys = System::start_with(INSTANT, 1, &model).await;
+    assert_eq!(sys.engine_load(&sys.engines[0].id).await.backend, "cpu");
+    let conn = sys.conn(Proto::H2).await;
+    let ask = |prompt: &str| {
+        json!({"model": MODEL, "max_tokens": 12, "temperature": 0,
+               "messages": [{"role": "user", "content": prompt}]})
+        .to_string()
+    };
+    let mut texts = Vec::new();
+    for prompt in ["What is paged attention?", "What is paged attention?", "Write a haiku"] {
+        let resp = conn.post_json("/v1/chat/completions", Some(GOLD), ask(prompt)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let v = json(&body_bytes(resp).await.unwrap());
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        let n = v["usage"]["completion_tokens"].as_u64().unwrap();
+        assert!((1..=12).contains(&n), "{v}");
+        assert_eq!(text.split_whitespace().count() as u64, n, "one word per token: {text:?}");
+        texts.push(text);
+    }
+    assert_eq!(texts[0], texts[1], "greedy decoding is deterministic");
+    assert_ne!(texts[0], texts[2], "the prompt drives the model");
+}
+
 #[tokio::test]
 async fn streaming_completions_end_with_done() {
     let sys = System::start(INSTANT, 1).await;

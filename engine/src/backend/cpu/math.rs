@@ -4,6 +4,9 @@
 //! what makes a sequence's output bit-identical alone or batched, and after
 //! a preemption's recompute.
 
+use std::ops::Range;
+use std::sync::{mpsc, Arc};
+
 /// Lanes of the dot product's partial sums; wide enough for the compiler
 /// to keep several SIMD accumulators busy.
 const LANES: usize = 16;
@@ -85,30 +88,129 @@ impl Packed {
 /// 8 times. On x86-64 with AVX2 and FMA (detected at run time) the same
 /// kernel is compiled for those units and uses fused multiply-adds; results
 /// then differ from the portable path in the last bits, never between rows.
-pub fn matmul(x: &[f32], w: &Packed, out: &mut [f32]) {
+///
+/// With a [`Pool`], large products split their panels (output columns)
+/// across its workers; each element is still computed the same way.
+pub fn matmul(x: &[f32], w: &Arc<Packed>, out: &mut [f32], pool: &Pool) {
+    let (k, n) = (w.k, w.n);
+    let rows = x.len() / k;
+    debug_assert_eq!(out.len(), rows * n);
+    let panels = n.div_ceil(NR);
+    // Below a few rows the product is bound by reading the weights, which
+    // more threads do not speed up; small products are not worth a hand-off.
+    let threads = if rows >= 4 && rows * n * k >= 1 << 20 { (pool.workers.len() + 1).min(panels) } else { 1 };
+    if threads == 1 {
+        panel_range(x, w, 0..panels, out);
+        return;
+    }
+    let per = panels.div_ceil(threads);
+    let ranges: Vec<Range<usize>> =
+        (0..threads).map(|t| t * per..((t + 1) * per).min(panels)).filter(|r| !r.is_empty()).collect();
+    let shared: Arc<[f32]> = Arc::from(x);
+    let (reply, results) = mpsc::channel();
+    for (i, (r, worker)) in ranges[1..].iter().zip(&pool.workers).enumerate() {
+        let job = Job {
+            x: Arc::clone(&shared),
+            w: Arc::clone(w),
+            panels: r.clone(),
+            part: i + 1,
+            reply: reply.clone(),
+        };
+        if let Err(mpsc::SendError(job)) = worker.send(job) {
+            // A worker that is gone: do its share here.
+            job.run();
+        }
+    }
+    drop(reply);
+    let mut first = vec![0.0; rows * cols_of(n, &ranges[0])];
+    panel_range(x, w, ranges[0].clone(), &mut first);
+    place(&first, n, &ranges[0], out);
+    for (part, data) in results {
+        place(&data, n, &ranges[part], out);
+    }
+}
+
+fn place(part: &[f32], n: usize, panels: &Range<usize>, out: &mut [f32]) {
+    let (c0, cols) = (panels.start * NR, cols_of(n, panels));
+    for (row, src) in part.chunks_exact(cols).enumerate() {
+        out[row * n + c0..row * n + c0 + cols].copy_from_slice(src);
+    }
+}
+
+/// One share of a product handed to a worker.
+struct Job {
+    x: Arc<[f32]>,
+    w: Arc<Packed>,
+    panels: Range<usize>,
+    part: usize,
+    reply: mpsc::Sender<(usize, Vec<f32>)>,
+}
+
+impl Job {
+    fn run(self) {
+        let rows = self.x.len() / self.w.k;
+        let mut data = vec![0.0; rows * cols_of(self.w.n, &self.panels)];
+        panel_range(&self.x, &self.w, self.panels.clone(), &mut data);
+        let _ = self.reply.send((self.part, data));
+    }
+}
+
+/// Worker threads for large products: `threads - 1` of them (the caller is
+/// the last). They exit when the pool is dropped.
+#[derive(Debug)]
+pub struct Pool {
+    workers: Vec<mpsc::Sender<Job>>,
+}
+
+impl Pool {
+    pub fn new(threads: usize) -> Self {
+        let workers = (1..threads.max(1))
+            .filter_map(|i| {
+                let (tx, rx) = mpsc::channel::<Job>();
+                std::thread::Builder::new()
+                    .name(format!("cpu-gemm-{i}"))
+                    .spawn(move || rx.into_iter().for_each(Job::run))
+                    .ok()
+                    .map(|_| tx)
+            })
+            .collect();
+        Self { workers }
+    }
+}
+
+/// Output columns covered by a range of panels.
+fn cols_of(n: usize, panels: &Range<usize>) -> usize {
+    (panels.end * NR).min(n) - panels.start * NR
+}
+
+/// Panels `panels` of `x · wᵀ` into `out` (rows × their columns).
+fn panel_range(x: &[f32], w: &Packed, panels: Range<usize>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the function only requires the AVX2 and FMA instruction
         // sets, and both were detected on this CPU on the line above.
-        unsafe { matmul_avx2_fma(x, w, out) };
+        unsafe { kernel_avx2_fma(x, w, panels, out) };
         return;
     }
-    matmul_kernel::<false>(x, w, out);
+    kernel::<false>(x, w, panels, out);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn matmul_avx2_fma(x: &[f32], w: &Packed, out: &mut [f32]) {
-    matmul_kernel::<true>(x, w, out);
+unsafe fn kernel_avx2_fma(x: &[f32], w: &Packed, panels: Range<usize>, out: &mut [f32]) {
+    kernel::<true>(x, w, panels, out);
 }
 
 #[inline(always)]
-fn matmul_kernel<const FMA: bool>(x: &[f32], w: &Packed, out: &mut [f32]) {
-    let (k, n) = (w.k, w.n);
+fn kernel<const FMA: bool>(x: &[f32], w: &Packed, panels: Range<usize>, out: &mut [f32]) {
+    let k = w.k;
     let rows = x.len() / k;
-    debug_assert_eq!(out.len(), rows * n);
-    for (p, panel) in w.panels.chunks_exact(k * NR).enumerate() {
-        let cols = (n - p * NR).min(NR);
+    let stride = cols_of(w.n, &panels);
+    let c0 = panels.start * NR;
+    for p in panels {
+        let panel = &w.panels[p * k * NR..(p + 1) * k * NR];
+        let cols = (w.n - p * NR).min(NR);
+        let at = p * NR - c0;
         let mut r = 0;
         while r < rows {
             let take = (rows - r).min(MR);
@@ -121,7 +223,7 @@ fn matmul_kernel<const FMA: bool>(x: &[f32], w: &Packed, out: &mut [f32]) {
                 _ => res[..1].copy_from_slice(&micro::<1, FMA>(xs, k, panel)),
             }
             for (i, row) in res[..take].iter().enumerate() {
-                out[(r + i) * n + p * NR..(r + i) * n + p * NR + cols].copy_from_slice(&row[..cols]);
+                out[(r + i) * stride + at..(r + i) * stride + at + cols].copy_from_slice(&row[..cols]);
             }
             r += take;
         }
@@ -219,15 +321,19 @@ mod tests {
         let naive: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
         assert!((dot(&a, &b) - naive).abs() < 1e-5);
 
-        let (k, n) = (40, 21);
+        let (k, n) = (72, 245); // big enough to be split across threads, odd sizes
         let w: Vec<f32> = (0..k * n).map(|_| rng.unit() - 0.5).collect();
         let x: Vec<f32> = (0..k * 70).map(|_| rng.unit() - 0.5).collect();
-        let packed = Packed::new(&w, k);
+        let packed = Arc::new(Packed::new(&w, k));
+        let (one_thread, three) = (Pool::new(1), Pool::new(3));
         let mut all = vec![0.0; 70 * n];
-        matmul(&x, &packed, &mut all);
+        matmul(&x, &packed, &mut all, &one_thread);
+        let mut threaded = vec![0.0; 70 * n];
+        matmul(&x, &packed, &mut threaded, &three);
+        assert_eq!(all, threaded, "threads split columns, never change a result");
         for r in [0, 3, 4, 31, 69] {
             let mut one = vec![0.0; n];
-            matmul(&x[r * k..(r + 1) * k], &packed, &mut one);
+            matmul(&x[r * k..(r + 1) * k], &packed, &mut one, &three);
             assert_eq!(one, all[r * n..(r + 1) * n], "row {r} depends on its neighbours");
             for j in 0..n {
                 let want = dot(&x[r * k..(r + 1) * k], &w[j * k..(j + 1) * k]);

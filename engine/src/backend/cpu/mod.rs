@@ -31,10 +31,11 @@ pub struct Cpu {
 
 impl Cpu {
     /// Generates the weights and allocates the K/V arena for `pages` pages
-    /// of `page_tokens` tokens (the allocator's sizing).
-    pub fn new(cfg: ModelConfig, pages: u32, page_tokens: u32) -> Self {
+    /// of `page_tokens` tokens (the allocator's sizing). Large matrix
+    /// products use up to `threads` threads.
+    pub fn new(cfg: ModelConfig, threads: usize, pages: u32, page_tokens: u32) -> Self {
         let kv = KvArena::new(&cfg, pages, page_tokens);
-        Self { model: Model::new(cfg), kv }
+        Self { model: Model::new(cfg, threads), kv }
     }
 
     fn step(&mut self, batch: &mut [Slot<'_, CpuSeq>], decode: bool) {

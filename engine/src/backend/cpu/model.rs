@@ -11,7 +11,9 @@
 //! allocator hands out; position `p` of a sequence is slot `p % page_tokens`
 //! of its `p / page_tokens`-th page.
 
-use super::math::{dot, matmul, rmsnorm, rope, softmax, swiglu, Packed, SplitMix};
+use std::sync::Arc;
+
+use super::math::{dot, matmul, rmsnorm, rope, softmax, swiglu, Packed, Pool, SplitMix};
 use crate::kv::PageId;
 
 /// Shape of the synthetic model.
@@ -65,13 +67,13 @@ impl ModelConfig {
 struct Layer {
     attn_norm: Vec<f32>,
     /// Q, K and V projections stacked: (3·hidden) × hidden.
-    wqkv: Packed,
-    wo: Packed,
+    wqkv: Arc<Packed>,
+    wo: Arc<Packed>,
     mlp_norm: Vec<f32>,
     /// Gate and up projections stacked: (2·ffn) × hidden.
-    w_gate_up: Packed,
+    w_gate_up: Arc<Packed>,
     /// hidden × ffn.
-    w_down: Packed,
+    w_down: Arc<Packed>,
 }
 
 /// The weights, plus the begin-of-sequence token's K/V and logits.
@@ -80,12 +82,14 @@ pub struct Model {
     embed: Vec<f32>,
     layers: Vec<Layer>,
     final_norm: Vec<f32>,
-    lm_head: Packed,
+    lm_head: Arc<Packed>,
     bos_k: Vec<Vec<f32>>,
     bos_v: Vec<Vec<f32>>,
     bos_logits: Vec<f32>,
     /// Rotary frequency of each dimension pair of a head.
     inv_freq: Vec<f32>,
+    /// Workers for large matrix products.
+    pool: Pool,
 }
 
 impl std::fmt::Debug for Model {
@@ -147,7 +151,7 @@ pub struct SeqInput<'a> {
 
 impl Model {
     /// Generates the weights from `cfg.seed`.
-    pub fn new(cfg: ModelConfig) -> Self {
+    pub fn new(cfg: ModelConfig, threads: usize) -> Self {
         let (h, f) = (cfg.hidden, cfg.ffn);
         let mut rng = SplitMix(cfg.seed ^ 0xD1B5_4A32_D192_ED03);
         let residual = 1.0 / (2.0 * cfg.layers as f32).sqrt();
@@ -157,14 +161,14 @@ impl Model {
         let layers = (0..cfg.layers)
             .map(|_| Layer {
                 attn_norm: vec![1.0; h],
-                wqkv: Packed::new(&tensor(&mut rng, 3 * h, h, 1.0), h),
-                wo: Packed::new(&tensor(&mut rng, h, h, residual), h),
+                wqkv: Arc::new(Packed::new(&tensor(&mut rng, 3 * h, h, 1.0), h)),
+                wo: Arc::new(Packed::new(&tensor(&mut rng, h, h, residual), h)),
                 mlp_norm: vec![1.0; h],
-                w_gate_up: Packed::new(&tensor(&mut rng, 2 * f, h, 1.0), h),
-                w_down: Packed::new(&tensor(&mut rng, h, f, residual), f),
+                w_gate_up: Arc::new(Packed::new(&tensor(&mut rng, 2 * f, h, 1.0), h)),
+                w_down: Arc::new(Packed::new(&tensor(&mut rng, h, f, residual), f)),
             })
             .collect();
-        let lm_head = Packed::new(&tensor(&mut rng, cfg.vocab, h, 3.0), h);
+        let lm_head = Arc::new(Packed::new(&tensor(&mut rng, cfg.vocab, h, 3.0), h));
         let mut model = Self {
             cfg,
             embed,
@@ -174,6 +178,7 @@ impl Model {
             bos_k: Vec::new(),
             bos_v: Vec::new(),
             bos_logits: Vec::new(),
+            pool: Pool::new(threads),
             inv_freq: (0..cfg.head_dim() / 2)
                 .map(|i| 10000f32.powf(-((2 * i) as f32) / cfg.head_dim() as f32))
                 .collect(),
@@ -191,22 +196,22 @@ impl Model {
         let (mut gu, mut act) = (vec![0.0; 2 * f], vec![0.0; f]);
         for layer in &self.layers {
             rmsnorm(&x, &layer.attn_norm, &mut xn);
-            matmul(&xn, &layer.wqkv, &mut qkv);
+            matmul(&xn, &layer.wqkv, &mut qkv, &self.pool);
             // Rotation at position 0 is the identity; softmax over one
             // score is 1, so the attention output is V itself.
             self.bos_k.push(qkv[h..2 * h].to_vec());
             self.bos_v.push(qkv[2 * h..].to_vec());
-            matmul(&qkv[2 * h..], &layer.wo, &mut tmp);
+            matmul(&qkv[2 * h..], &layer.wo, &mut tmp, &self.pool);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
             rmsnorm(&x, &layer.mlp_norm, &mut xn);
-            matmul(&xn, &layer.w_gate_up, &mut gu);
+            matmul(&xn, &layer.w_gate_up, &mut gu, &self.pool);
             swiglu(&gu[..f], &gu[f..], &mut act);
-            matmul(&act, &layer.w_down, &mut tmp);
+            matmul(&act, &layer.w_down, &mut tmp, &self.pool);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
         }
         rmsnorm(&x, &self.final_norm, &mut xn);
         self.bos_logits = vec![0.0; self.cfg.vocab];
-        matmul(&xn, &self.lm_head, &mut self.bos_logits);
+        matmul(&xn, &self.lm_head, &mut self.bos_logits, &self.pool);
     }
 
     /// Runs every sequence's tokens through the network as one batch,
@@ -245,7 +250,7 @@ impl Model {
         }
         for (l, layer) in self.layers.iter().enumerate() {
             rmsnorm(&x, &layer.attn_norm, &mut xn);
-            matmul(&xn, &layer.wqkv, &mut qkv);
+            matmul(&xn, &layer.wqkv, &mut qkv, &self.pool);
             // Rotate Q and K, then store every row's K/V before any row
             // attends, so a prompt's rows see each other (causally).
             for (r, &(s, pos)) in rows.iter().enumerate() {
@@ -304,14 +309,14 @@ impl Model {
                     }
                 }
             }
-            matmul(&att, &layer.wo, &mut tmp);
+            matmul(&att, &layer.wo, &mut tmp, &self.pool);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
             rmsnorm(&x, &layer.mlp_norm, &mut xn);
-            matmul(&xn, &layer.w_gate_up, &mut gu);
+            matmul(&xn, &layer.w_gate_up, &mut gu, &self.pool);
             for (gr, ar) in gu.chunks_exact(2 * f).zip(act.chunks_exact_mut(f)) {
                 swiglu(&gr[..f], &gr[f..], ar);
             }
-            matmul(&act, &layer.w_down, &mut tmp);
+            matmul(&act, &layer.w_down, &mut tmp, &self.pool);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
         }
         // Logits only for each sequence's last row.
@@ -327,7 +332,7 @@ impl Model {
         rmsnorm(&last, &self.final_norm, &mut normed);
         let v = self.cfg.vocab;
         let mut logits = vec![0.0; normed.len() / h * v];
-        matmul(&normed, &self.lm_head, &mut logits);
+        matmul(&normed, &self.lm_head, &mut logits, &self.pool);
         let mut chunks = logits.chunks_exact(v);
         seqs.iter()
             .map(|inp| {

@@ -60,7 +60,7 @@ fn step(cpu: &mut Cpu, mut ds: Vec<&mut Driven>, decode: bool) {
 }
 
 fn alone(prompt: &str, temperature: Option<f32>, steps: usize) -> String {
-    let mut cpu = Cpu::new(tiny(), 64, PAGE_TOKENS);
+    let mut cpu = Cpu::new(tiny(), 2, 64, PAGE_TOKENS);
     let mut d = start(&mut cpu, prompt, temperature, (0..16).collect());
     step(&mut cpu, vec![&mut d], false);
     for _ in 0..steps {
@@ -87,7 +87,7 @@ fn output_is_identical_alone_and_batched_with_staggered_joins() {
 
     // Batched: interleaved, non-contiguous pages; sequences 2 and 3 join
     // the running batch later (continuous batching), prefilled together.
-    let mut cpu = Cpu::new(tiny(), 64, PAGE_TOKENS);
+    let mut cpu = Cpu::new(tiny(), 2, 64, PAGE_TOKENS);
     let pages = |k: u32| (0..16).map(|i| i * 4 + k).rev().collect::<Vec<_>>();
     let mut ds: Vec<Driven> =
         PROMPTS.iter().zip(0..).map(|((p, t), k)| start(&mut cpu, p, *t, pages(k))).collect();
@@ -113,7 +113,7 @@ fn output_is_identical_alone_and_batched_with_staggered_joins() {
 fn recompute_after_preemption_continues_the_same_text() {
     let (prompt, temp) = PROMPTS[3];
     let want = alone(prompt, temp, 12);
-    let mut cpu = Cpu::new(tiny(), 64, PAGE_TOKENS);
+    let mut cpu = Cpu::new(tiny(), 2, 64, PAGE_TOKENS);
     let mut d = start(&mut cpu, prompt, temp, (0..16).collect());
     step(&mut cpu, vec![&mut d], false);
     for _ in 0..5 {
@@ -133,7 +133,7 @@ fn recompute_after_preemption_continues_the_same_text() {
 fn greedy_and_seeded_sampling_are_reproducible_and_seeds_matter() {
     assert_eq!(alone("hello there", Some(0.0), 10), alone("hello there", Some(0.0), 10));
     let seeded = |seed| {
-        let mut cpu = Cpu::new(tiny(), 64, PAGE_TOKENS);
+        let mut cpu = Cpu::new(tiny(), 2, 64, PAGE_TOKENS);
         let mut r = req("hello there", Some(1.0));
         r.seed = Some(seed);
         let seq = cpu.start(&r, policies::tokens::count(&r.prompt));
@@ -153,7 +153,7 @@ fn greedy_and_seeded_sampling_are_reproducible_and_seeds_matter() {
 
 #[test]
 fn a_slot_without_pages_for_its_context_ends_instead_of_writing_elsewhere() {
-    let mut cpu = Cpu::new(tiny(), 64, PAGE_TOKENS);
+    let mut cpu = Cpu::new(tiny(), 2, 64, PAGE_TOKENS);
     let mut d = start(&mut cpu, "one two three four five six seven eight nine", None, vec![0]);
     step(&mut cpu, vec![&mut d], false);
     assert!(d.ended);
