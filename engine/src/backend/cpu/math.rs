@@ -73,10 +73,6 @@ impl Packed {
         }
         Self { n, k, panels }
     }
-
-    pub fn rows(&self) -> usize {
-        self.n
-    }
 }
 
 /// `out[r][j] = x[r] · w[j]` for `x`: rows × k; `out`: rows × n.

@@ -72,11 +72,7 @@ impl Backend for Cpu {
         // The engine sized the KV reservation by `prompt_tokens`; the
         // tokenizer counts the same way, this only guards the invariant.
         tokens.resize(prompt_tokens as usize, 1);
-        let seed = req.seed.unwrap_or_else(|| {
-            req.prompt
-                .bytes()
-                .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
-        });
+        let seed = req.seed.unwrap_or_else(|| super::emulated::fnv1a(req.prompt.as_bytes()));
         CpuSeq {
             prompt_len: tokens.len(),
             tokens,

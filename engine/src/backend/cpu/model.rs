@@ -190,10 +190,9 @@ impl Model {
     /// Runs the begin-of-sequence token (id 0, position 0) through the
     /// network once; it attends only to itself.
     fn init_bos(&mut self) {
-        let (h, f) = (self.cfg.hidden, self.cfg.ffn);
+        let h = self.cfg.hidden;
         let mut x = self.embed[..h].to_vec();
         let (mut xn, mut qkv, mut tmp) = (vec![0.0; h], vec![0.0; 3 * h], vec![0.0; h]);
-        let (mut gu, mut act) = (vec![0.0; 2 * f], vec![0.0; f]);
         for layer in &self.layers {
             rmsnorm(&x, &layer.attn_norm, &mut xn);
             matmul(&xn, &layer.wqkv, &mut qkv, &self.pool);
@@ -203,15 +202,33 @@ impl Model {
             self.bos_v.push(qkv[2 * h..].to_vec());
             matmul(&qkv[2 * h..], &layer.wo, &mut tmp, &self.pool);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
-            rmsnorm(&x, &layer.mlp_norm, &mut xn);
-            matmul(&xn, &layer.w_gate_up, &mut gu, &self.pool);
-            swiglu(&gu[..f], &gu[f..], &mut act);
-            matmul(&act, &layer.w_down, &mut tmp, &self.pool);
-            x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
+            self.mlp(layer, &mut x);
         }
-        rmsnorm(&x, &self.final_norm, &mut xn);
-        self.bos_logits = vec![0.0; self.cfg.vocab];
-        matmul(&xn, &self.lm_head, &mut self.bos_logits, &self.pool);
+        self.bos_logits = self.head(&x);
+    }
+
+    /// The residual SwiGLU block, in place on every row of `x`.
+    fn mlp(&self, layer: &Layer, x: &mut [f32]) {
+        let (h, f) = (self.cfg.hidden, self.cfg.ffn);
+        let n = x.len() / h;
+        let (mut xn, mut gu, mut act, mut tmp) =
+            (vec![0.0; n * h], vec![0.0; n * 2 * f], vec![0.0; n * f], vec![0.0; n * h]);
+        rmsnorm(x, &layer.mlp_norm, &mut xn);
+        matmul(&xn, &layer.w_gate_up, &mut gu, &self.pool);
+        for (gr, ar) in gu.chunks_exact(2 * f).zip(act.chunks_exact_mut(f)) {
+            swiglu(&gr[..f], &gr[f..], ar);
+        }
+        matmul(&act, &layer.w_down, &mut tmp, &self.pool);
+        x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
+    }
+
+    /// Final norm and output head over rows of `x`: vocab logits per row.
+    fn head(&self, x: &[f32]) -> Vec<f32> {
+        let mut normed = vec![0.0; x.len()];
+        rmsnorm(x, &self.final_norm, &mut normed);
+        let mut logits = vec![0.0; x.len() / self.cfg.hidden * self.cfg.vocab];
+        matmul(&normed, &self.lm_head, &mut logits, &self.pool);
+        logits
     }
 
     /// Runs every sequence's tokens through the network as one batch,
@@ -219,7 +236,7 @@ impl Model {
     /// the token after its last one. Sequences must own pages for every
     /// position they process (the caller checks [`KvArena::capacity`]).
     pub fn forward(&self, kv: &mut KvArena, seqs: &[SeqInput<'_>]) -> Vec<Vec<f32>> {
-        let (h, f, hd) = (self.cfg.hidden, self.cfg.ffn, self.cfg.head_dim());
+        let (h, hd) = (self.cfg.hidden, self.cfg.head_dim());
         // Row r of the batch: (sequence, position).
         let rows: Vec<(usize, usize)> = seqs
             .iter()
@@ -236,8 +253,6 @@ impl Model {
         }
         let (mut xn, mut qkv, mut att, mut tmp) =
             (vec![0.0; n * h], vec![0.0; n * 3 * h], vec![0.0; n * h], vec![0.0; n * h]);
-        let (mut gu, mut act) = (vec![0.0; n * 2 * f], vec![0.0; n * f]);
-        let scale = 1.0 / (hd as f32).sqrt();
         let mut scores = Vec::new();
         // Rotation (cos, sin pairs) of each row's position, shared by every
         // layer and head; the sink takes position 0, so token p is at p + 1.
@@ -264,60 +279,13 @@ impl Model {
                 kv.k[at..at + h].copy_from_slice(&row[h..2 * h]);
                 kv.v[at..at + h].copy_from_slice(&row[2 * h..]);
             }
-            let heads = self.cfg.heads;
             for (r, &(s, pos)) in rows.iter().enumerate() {
                 let q = &qkv[r * 3 * h..r * 3 * h + h];
-                let out = &mut att[r * h..(r + 1) * h];
-                let pages = seqs[s].pages;
-                // Scores of every head against the sink and each position,
-                // walking the cache position by position (each position's K
-                // row is contiguous): scores[head * ctx + 1 + p].
-                let ctx = pos + 2;
-                scores.clear();
-                scores.resize(heads * ctx, 0.0);
-                for head in 0..heads {
-                    let hs = head * hd..(head + 1) * hd;
-                    scores[head * ctx] = dot(&q[hs.clone()], &self.bos_k[l][hs]) * scale;
-                }
-                for p in 0..=pos {
-                    let at = kv.at(l, pages, p);
-                    let krow = &kv.k[at..at + h];
-                    for head in 0..heads {
-                        let hs = head * hd..(head + 1) * hd;
-                        scores[head * ctx + 1 + p] = dot(&q[hs.clone()], &krow[hs]) * scale;
-                    }
-                }
-                for head_scores in scores.chunks_exact_mut(ctx) {
-                    softmax(head_scores);
-                }
-                for head in 0..heads {
-                    let hs = head * hd..(head + 1) * hd;
-                    let w = scores[head * ctx];
-                    for (o, v) in out[hs.clone()].iter_mut().zip(&self.bos_v[l][hs]) {
-                        *o = w * v;
-                    }
-                }
-                for p in 0..=pos {
-                    let at = kv.at(l, pages, p);
-                    let vrow = &kv.v[at..at + h];
-                    for head in 0..heads {
-                        let hs = head * hd..(head + 1) * hd;
-                        let w = scores[head * ctx + 1 + p];
-                        for (o, v) in out[hs.clone()].iter_mut().zip(&vrow[hs]) {
-                            *o += w * v;
-                        }
-                    }
-                }
+                self.attend(kv, l, seqs[s].pages, pos, q, &mut scores, &mut att[r * h..(r + 1) * h]);
             }
             matmul(&att, &layer.wo, &mut tmp, &self.pool);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
-            rmsnorm(&x, &layer.mlp_norm, &mut xn);
-            matmul(&xn, &layer.w_gate_up, &mut gu, &self.pool);
-            for (gr, ar) in gu.chunks_exact(2 * f).zip(act.chunks_exact_mut(f)) {
-                swiglu(&gr[..f], &gr[f..], ar);
-            }
-            matmul(&act, &layer.w_down, &mut tmp, &self.pool);
-            x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
+            self.mlp(layer, &mut x);
         }
         // Logits only for each sequence's last row.
         let mut last = Vec::new();
@@ -328,11 +296,8 @@ impl Model {
                 last.extend_from_slice(&x[(row - 1) * h..row * h]);
             }
         }
-        let mut normed = vec![0.0; last.len()];
-        rmsnorm(&last, &self.final_norm, &mut normed);
         let v = self.cfg.vocab;
-        let mut logits = vec![0.0; normed.len() / h * v];
-        matmul(&normed, &self.lm_head, &mut logits, &self.pool);
+        let logits = self.head(&last);
         let mut chunks = logits.chunks_exact(v);
         seqs.iter()
             .map(|inp| {
@@ -343,5 +308,60 @@ impl Model {
                 }
             })
             .collect()
+    }
+
+    /// One row's attention at position `pos` of layer `l`: every head
+    /// against the sink and positions `0..=pos`, walking the cache position
+    /// by position (each position's K/V row is contiguous). `scores` is
+    /// scratch laid out as `[head * ctx + 1 + p]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        kv: &KvArena,
+        l: usize,
+        pages: &[PageId],
+        pos: usize,
+        q: &[f32],
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        let (h, hd, heads) = (self.cfg.hidden, self.cfg.head_dim(), self.cfg.heads);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let ctx = pos + 2;
+        scores.clear();
+        scores.resize(heads * ctx, 0.0);
+        for head in 0..heads {
+            let hs = head * hd..(head + 1) * hd;
+            scores[head * ctx] = dot(&q[hs.clone()], &self.bos_k[l][hs]) * scale;
+        }
+        for p in 0..=pos {
+            let at = kv.at(l, pages, p);
+            let krow = &kv.k[at..at + h];
+            for head in 0..heads {
+                let hs = head * hd..(head + 1) * hd;
+                scores[head * ctx + 1 + p] = dot(&q[hs.clone()], &krow[hs]) * scale;
+            }
+        }
+        for head_scores in scores.chunks_exact_mut(ctx) {
+            softmax(head_scores);
+        }
+        for head in 0..heads {
+            let hs = head * hd..(head + 1) * hd;
+            let w = scores[head * ctx];
+            for (o, v) in out[hs.clone()].iter_mut().zip(&self.bos_v[l][hs]) {
+                *o = w * v;
+            }
+        }
+        for p in 0..=pos {
+            let at = kv.at(l, pages, p);
+            let vrow = &kv.v[at..at + h];
+            for head in 0..heads {
+                let hs = head * hd..(head + 1) * hd;
+                let w = scores[head * ctx + 1 + p];
+                for (o, v) in out[hs.clone()].iter_mut().zip(&vrow[hs]) {
+                    *o += w * v;
+                }
+            }
+        }
     }
 }
