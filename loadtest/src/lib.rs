@@ -1,15 +1,35 @@
-//! Load generation and measurement against the gateway.
+//! Load generation and measurement against the gateway (and, for
+//! baselines, against engines and other proxies).
 //!
-//! - [`client`]: HTTP/2 (or HTTP/1.1) over TLS to the gateway, and HTTP/2
-//!   cleartext to engines; one multiplexed connection serves many requests.
+//! - [`workload`]: workload files (prompt/output sizes, tenant mix) and
+//!   prompt synthesis.
+//! - [`arrival`]: open-loop schedules (Poisson, constant, bursts, trace
+//!   replay) and the per-run request plan.
+//! - [`client`]: HTTP/2 (or HTTP/1.1) over TLS, or HTTP/2 cleartext.
 //! - [`sse`]: a Server-Sent Events parser.
-//! - [`stats`]: percentiles over recorded samples.
-//! - [`overhead`]: the gateway-overhead benchmark (gateway vs engine direct).
-//!
-//! The open-loop load generator, workloads and reports come with the
-//! load-test issue; the pieces here are what it will build on.
+//! - [`runner`]: sends the plan on time and records each request.
+//! - [`record`], [`summary`], [`results`]: per-request records, the summary
+//!   math, and the results file with its stable schema.
+//! - [`report`], [`svg`], [`text`]: the HTML report with plots, and the
+//!   text summary and comparison.
+//! - [`progress`]: progress bar or periodic lines.
+//! - [`sink`]: a trivial endpoint for measuring the harness itself.
+//! - [`overhead`]: the interleaved gateway-vs-engine latency benchmark.
+//! - [`stats`]: percentiles.
 
+pub mod arrival;
 pub mod client;
 pub mod overhead;
+pub mod progress;
+pub mod record;
+pub mod report;
+pub mod results;
+pub mod run;
+pub mod runner;
+pub mod sink;
 pub mod sse;
 pub mod stats;
+pub mod summary;
+pub mod svg;
+pub mod text;
+pub mod workload;

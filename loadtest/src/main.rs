@@ -1,6 +1,10 @@
 //! `loadtest`: measure the gateway. See `loadtest --help`.
 
+use std::path::PathBuf;
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
+use loadtest::results::Results;
 
 #[derive(Parser)]
 #[command(name = "loadtest", version, about = "Load and latency measurements for the SLO-aware gateway")]
@@ -11,35 +15,80 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Open-loop load: send a workload at a schedule (Poisson, bursts or a
+    /// replayed trace), record every request, and write results.json and
+    /// report.html to --out.
+    Run(loadtest::run::RunArgs),
+    /// Print the key figures of two results files side by side with ratios.
+    Compare {
+        /// Baseline results.json (A).
+        a: PathBuf,
+        /// Results to compare with it (B); ratios are B/A.
+        b: PathBuf,
+    },
+    /// Re-render report.html from a results.json.
+    Report {
+        results: PathBuf,
+        /// Where to write the HTML (default: beside the results file).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// A trivial streaming endpoint that answers at once, for measuring the
+    /// harness itself.
+    Sink(loadtest::sink::SinkArgs),
     /// Gateway overhead: the same requests through the gateway and straight
     /// to the engine, interleaved; prints added latency and TBT difference.
     Overhead(loadtest::overhead::OverheadArgs),
 }
 
 #[tokio::main]
-async fn main() -> std::process::ExitCode {
-    match Cli::parse().command {
-        Command::Overhead(args) => match loadtest::overhead::run(&args).await {
-            Ok(report) => {
-                print_overhead(&report);
-                if let Some(path) = &args.out {
-                    let json = serde_json::to_string_pretty(&report).expect("reports serialise");
-                    if let Err(e) = std::fs::write(path, json) {
-                        eprintln!("loadtest: writing {}: {e}", path.display());
-                        return std::process::ExitCode::FAILURE;
-                    }
-                }
-                std::process::ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("loadtest: {e}");
-                std::process::ExitCode::FAILURE
-            }
-        },
+async fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Run(args) => run(&args).await,
+        Command::Compare { a, b } => compare(&a, &b),
+        Command::Report { results, out } => report(&results, out),
+        Command::Sink(args) => loadtest::sink::serve(args).await,
+        Command::Overhead(args) => overhead(&args).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("loadtest: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
-fn print_overhead(r: &loadtest::overhead::OverheadReport) {
+async fn run(args: &loadtest::run::RunArgs) -> Result<(), String> {
+    let r = loadtest::run::run(args).await.map_err(|e| e.to_string())?;
+    if !args.quiet {
+        print!("{}", loadtest::text::summary(&r));
+    }
+    eprintln!(
+        "wrote {} and {}",
+        args.out.join("results.json").display(),
+        args.out.join("report.html").display()
+    );
+    Ok(())
+}
+
+fn compare(a: &std::path::Path, b: &std::path::Path) -> Result<(), String> {
+    let (a, b) = (Results::load(a).map_err(|e| e.to_string())?, Results::load(b).map_err(|e| e.to_string())?);
+    print!("{}", loadtest::text::compare(&a, &b));
+    Ok(())
+}
+
+fn report(path: &std::path::Path, out: Option<PathBuf>) -> Result<(), String> {
+    let r = Results::load(path).map_err(|e| e.to_string())?;
+    let out = out.unwrap_or_else(|| path.with_file_name("report.html"));
+    std::fs::write(&out, loadtest::report::html(&r))
+        .map_err(|e| format!("writing {}: {e}", out.display()))?;
+    eprintln!("wrote {}", out.display());
+    Ok(())
+}
+
+async fn overhead(args: &loadtest::overhead::OverheadArgs) -> Result<(), String> {
+    let r = loadtest::overhead::run(args).await.map_err(|e| e.to_string())?;
     let row = |name: &str, s: &loadtest::stats::Summary| {
         println!("{name:<28} {:>5} {:>9.3} {:>9.3} {:>9.3} {:>9.3}", s.count, s.p50, s.p90, s.p99, s.max)
     };
@@ -50,4 +99,9 @@ fn print_overhead(r: &loadtest::overhead::OverheadReport) {
     row("TBT direct", &r.tbt_direct_ms);
     println!("added latency: p50 {:+.3} ms, p99 {:+.3} ms", r.added_p50_ms, r.added_p99_ms);
     println!("TBT difference: p50 {:+.3} ms, p99 {:+.3} ms", r.tbt_diff_p50_ms, r.tbt_diff_p99_ms);
+    if let Some(path) = &args.out {
+        let json = serde_json::to_string_pretty(&r).expect("reports serialise");
+        std::fs::write(path, json).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    Ok(())
 }

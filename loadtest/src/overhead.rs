@@ -12,7 +12,6 @@
 //! engine itself adds no noise to the non-streaming numbers; see
 //! docs/benchmarks.md.
 
-use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -21,6 +20,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::client::{ClientError, Conn, Proto};
+use crate::progress::Progress;
 use crate::sse::SseParser;
 use crate::stats::Summary;
 
@@ -212,35 +212,4 @@ async fn stream_direct(engine: &Conn, a: &OverheadArgs) -> Result<Vec<f64>, Over
 
 fn gaps(arrivals: &[Instant]) -> Vec<f64> {
     arrivals.windows(2).map(|w| (w[1] - w[0]).as_secs_f64() * 1e3).collect()
-}
-
-/// A progress bar on a terminal, plain lines every 10% otherwise.
-struct Progress {
-    total: usize,
-    done: usize,
-    tty: bool,
-}
-
-impl Progress {
-    fn new(total: usize) -> Self {
-        Self { total: total.max(1), done: 0, tty: std::io::stderr().is_terminal() }
-    }
-
-    fn tick(&mut self) {
-        self.done += 1;
-        let pct = self.done * 100 / self.total;
-        if self.tty {
-            let bar = "#".repeat(pct / 4) + &" ".repeat(25 - pct / 4);
-            eprint!("\r[{bar}] {pct:3}% {}/{}", self.done, self.total);
-            let _ = std::io::stderr().flush();
-        } else if (self.done - 1) * 10 / self.total != self.done * 10 / self.total {
-            eprintln!("progress: {pct}% ({}/{})", self.done, self.total);
-        }
-    }
-
-    fn done(&self) {
-        if self.tty {
-            eprintln!();
-        }
-    }
 }

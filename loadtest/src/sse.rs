@@ -95,4 +95,20 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn bare_cr_line_ends_fields_without_space_and_unknown_fields() {
+        let mut p = SseParser::new();
+        let mut events = p.push(b"data:one\rdata:  two\r\r");
+        // A trailing CR might be half of CRLF: the event completes on the next byte.
+        events.extend(p.push(b"id: 7\nretry: 10\ndata\n\n:only a comment\n\n"));
+        assert_eq!(
+            events,
+            vec![
+                SseEvent { event: None, data: "one\n two".into() },
+                SseEvent { event: None, data: "".into() }
+            ]
+        );
+        assert!(p.push(b"data: unterminated").is_empty(), "no event before its blank line");
+    }
 }

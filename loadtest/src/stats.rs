@@ -2,33 +2,46 @@
 
 /// Nearest-rank percentile (`q` in 0..=100) of `samples`; `None` if empty.
 pub fn percentile(samples: &[f64], q: f64) -> Option<f64> {
-    if samples.is_empty() {
-        return None;
-    }
     let mut v = samples.to_vec();
     v.sort_by(f64::total_cmp);
-    let rank = ((q / 100.0) * v.len() as f64).ceil() as usize;
-    Some(v[rank.clamp(1, v.len()) - 1])
+    sorted_percentile(&v, q)
 }
 
-/// p50, p90, p99 and max of `samples`, for reports.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+/// [`percentile`] of samples already sorted ascending.
+pub fn sorted_percentile(v: &[f64], q: f64) -> Option<f64> {
+    let rank = ((q / 100.0) * v.len() as f64).ceil() as usize;
+    (!v.is_empty()).then(|| v[rank.clamp(1, v.len()) - 1])
+}
+
+/// Count, p50, p90, p95, p99 and max of a sample set, for reports.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Summary {
     pub count: usize,
     pub p50: f64,
     pub p90: f64,
+    pub p95: f64,
     pub p99: f64,
     pub max: f64,
 }
 
 impl Summary {
+    /// `None` for an empty set.
     pub fn of(samples: &[f64]) -> Option<Self> {
+        let mut v = samples.to_vec();
+        v.sort_by(f64::total_cmp);
+        Self::of_sorted(&v)
+    }
+
+    /// Like [`Summary::of`] for samples already sorted ascending.
+    pub fn of_sorted(v: &[f64]) -> Option<Self> {
+        let at = |q| sorted_percentile(v, q);
         Some(Self {
-            count: samples.len(),
-            p50: percentile(samples, 50.0)?,
-            p90: percentile(samples, 90.0)?,
-            p99: percentile(samples, 99.0)?,
-            max: percentile(samples, 100.0)?,
+            count: v.len(),
+            p50: at(50.0)?,
+            p90: at(90.0)?,
+            p95: at(95.0)?,
+            p99: at(99.0)?,
+            max: at(100.0)?,
         })
     }
 }

@@ -11,10 +11,12 @@
 //! - [`tokens`]: the shared token-count estimate for text.
 //! - [`routing`]: engine choice for a request.
 //! - [`batching`]: micro-batch formation for the engine scheduler.
+//! - [`rng`]: the seeded generator behind every reproducible random choice.
 
 pub mod batching;
 pub mod config;
 pub mod profile;
+pub mod rng;
 pub mod routing;
 pub mod tokens;
 

@@ -18,9 +18,10 @@ use std::time::Duration;
 
 use super::{Backend, BackendKind, Slot, Token};
 use crate::api::GenerateRequest;
-use math::{softmax, SplitMix};
+use math::softmax;
 use model::SeqInput;
 pub use model::{KvArena, Model, ModelConfig};
+use policies::rng::SplitMix;
 
 /// Host-computed executor.
 #[derive(Debug)]

@@ -13,8 +13,9 @@
 
 use std::sync::Arc;
 
-use super::math::{dot, matmul, rmsnorm, rope, softmax, swiglu, Packed, Pool, SplitMix};
+use super::math::{dot, matmul, rmsnorm, rope, softmax, swiglu, Packed, Pool};
 use crate::kv::PageId;
+use policies::rng::SplitMix;
 
 /// Shape of the synthetic model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

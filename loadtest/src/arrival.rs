@@ -1,0 +1,333 @@
+//! When requests are sent: open-loop arrival schedules, fixed before the run
+//! starts so a slow target cannot push them back (no coordinated omission).
+//!
+//! - Poisson arrivals at a rate, or evenly spaced ("constant") arrivals.
+//! - Bursts on top of either: the rate multiplies by `factor` over a linear
+//!   ramp, holds, and ramps back down.
+//! - Replay of a CSV trace with an arrival timestamp, input tokens and output
+//!   tokens, in the column layout of the public Azure LLM inference traces
+//!   (`TIMESTAMP,ContextTokens,GeneratedTokens`).
+//!
+//! Both rate-driven kinds use time rescaling: arrival k happens when the
+//! integrated rate Λ(t) reaches x_k, where x_k are the partial sums of
+//! unit exponentials (Poisson) or 1, 2, 3, ... (constant). That gives an
+//! exact non-homogeneous process for any rate shape.
+
+use policies::rng::SplitMix;
+use serde::Serialize;
+
+use crate::workload::Workload;
+
+/// Spacing of rate-driven arrivals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Process {
+    /// Exponential gaps: independent arrivals, the usual open-loop model.
+    Poisson,
+    /// Equal gaps: 1/rate apart (useful to measure the harness itself).
+    Constant,
+}
+
+/// A burst: the rate ramps linearly from 1x to `factor`x over `ramp_s`
+/// starting at `at_s`, holds for `hold_s`, and ramps back over `ramp_s`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Burst {
+    pub factor: f64,
+    pub at_s: f64,
+    pub ramp_s: f64,
+    pub hold_s: f64,
+}
+
+impl Burst {
+    /// Rate multiplier at `t`.
+    pub fn multiplier(&self, t: f64) -> f64 {
+        let k = self.factor - 1.0;
+        let u = t - self.at_s;
+        let (r, h) = (self.ramp_s, self.hold_s);
+        if u <= 0.0 || u >= 2.0 * r + h {
+            1.0
+        } else if u < r {
+            1.0 + k * u / r
+        } else if u <= r + h {
+            self.factor
+        } else {
+            1.0 + k * (2.0 * r + h - u) / r
+        }
+    }
+
+    /// ∫₀ᵗ multiplier, in closed form.
+    fn integral(&self, t: f64) -> f64 {
+        let k = self.factor - 1.0;
+        let (r, h) = (self.ramp_s, self.hold_s);
+        let u = (t - self.at_s).clamp(0.0, 2.0 * r + h);
+        // Extra area above 1x within the burst, piece by piece.
+        let up = u.min(r);
+        let mut extra = if r > 0.0 { k * up * up / (2.0 * r) } else { 0.0 };
+        extra += k * (u - r).clamp(0.0, h);
+        let down = (u - r - h).max(0.0);
+        if r > 0.0 {
+            extra += k * (down - down * down / (2.0 * r));
+        }
+        t + extra
+    }
+}
+
+/// A rate-driven schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RateSpec {
+    /// Base rate, requests per second.
+    pub rate: f64,
+    pub duration_s: f64,
+    pub process: Process,
+    pub burst: Option<Burst>,
+}
+
+impl RateSpec {
+    /// Offered rate at `t`.
+    pub fn rate_at(&self, t: f64) -> f64 {
+        self.rate * self.burst.map_or(1.0, |b| b.multiplier(t))
+    }
+
+    /// Λ(t): expected arrivals by `t`.
+    fn cumulative(&self, t: f64) -> f64 {
+        self.rate * self.burst.map_or(t, |b| b.integral(t))
+    }
+
+    /// Arrival times in seconds from the start, sorted, all `< duration_s`.
+    pub fn times(&self, rng: &mut SplitMix) -> Vec<f64> {
+        let mut out = Vec::new();
+        if self.rate <= 0.0 {
+            return out;
+        }
+        let end = self.cumulative(self.duration_s);
+        let (mut x, mut t) = (0.0, 0.0);
+        loop {
+            x += match self.process {
+                Process::Poisson => rng.exponential(1.0),
+                Process::Constant => 1.0,
+            };
+            if x >= end {
+                return out;
+            }
+            t = self.invert(x, t);
+            out.push(t);
+        }
+    }
+
+    /// The `t >= from` with Λ(t) = x (Λ is increasing; bisection).
+    fn invert(&self, x: f64, from: f64) -> f64 {
+        let (mut lo, mut hi) = (from, self.duration_s);
+        for _ in 0..64 {
+            let mid = 0.5 * (lo + hi);
+            if self.cumulative(mid) < x {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+            if hi - lo < 1e-9 {
+                break;
+            }
+        }
+        hi
+    }
+}
+
+/// One row of a replayed trace.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TraceRow {
+    /// Seconds since the trace's first arrival.
+    pub at_s: f64,
+    pub input_tokens: u32,
+    pub output_tokens: u32,
+}
+
+/// Parses a trace CSV. The first column is a timestamp, either
+/// `YYYY-MM-DD HH:MM:SS[.fraction]` (as in the Azure traces) or plain
+/// seconds; the next two are input and output tokens. A header row is
+/// skipped. Times are made relative to the earliest row and sorted.
+pub fn parse_trace(text: &str) -> Result<Vec<TraceRow>, String> {
+    let mut rows = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || (n == 0 && line.chars().next().is_some_and(|c| c.is_ascii_alphabetic())) {
+            continue;
+        }
+        let cols: Vec<&str> = line.split(',').map(str::trim).collect();
+        let bad = |what: &str| format!("line {}: {what}: {line:?}", n + 1);
+        if cols.len() < 3 {
+            return Err(bad("need timestamp, input tokens, output tokens"));
+        }
+        let at = timestamp(cols[0]).ok_or_else(|| bad("bad timestamp"))?;
+        let input = cols[1].parse().map_err(|_| bad("bad input token count"))?;
+        let output = cols[2].parse().map_err(|_| bad("bad output token count"))?;
+        rows.push(TraceRow { at_s: at, input_tokens: input, output_tokens: output });
+    }
+    rows.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    let first = rows.first().map_or(0.0, |r| r.at_s);
+    for r in &mut rows {
+        r.at_s -= first;
+    }
+    Ok(rows)
+}
+
+/// Seconds since 1970 of `YYYY-MM-DD HH:MM:SS[.f]`, or a plain number.
+fn timestamp(s: &str) -> Option<f64> {
+    if let Ok(x) = s.parse::<f64>() {
+        return x.is_finite().then_some(x);
+    }
+    let (date, time) = s.split_once([' ', 'T'])?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let mut t = time.trim_end_matches('Z').split(':');
+    let (hh, mm): (f64, f64) = (t.next()?.parse().ok()?, t.next()?.parse().ok()?);
+    let ss: f64 = t.next()?.parse().ok()?;
+    Some(days_from_civil(y, m, day) as f64 * 86_400.0 + hh * 3600.0 + mm * 60.0 + ss)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
+/// algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Where arrival times (and, for traces, sizes) come from.
+#[derive(Debug, Clone)]
+pub enum Schedule {
+    Rate(RateSpec),
+    /// Trace rows, replayed `speed` times faster, cut at `duration_s`.
+    Trace {
+        rows: Vec<TraceRow>,
+        speed: f64,
+        duration_s: f64,
+    },
+}
+
+/// One request of the plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    pub id: u64,
+    /// Scheduled send time, seconds from the run's start.
+    pub at_s: f64,
+    /// Index into the workload's mix.
+    pub mix: usize,
+    pub input_tokens: u32,
+    pub max_tokens: u32,
+}
+
+/// The whole run's requests, in send order. Deterministic in `seed`:
+/// arrivals, tenants and sizes come from separate streams, so changing the
+/// rate does not change which sizes are drawn.
+pub fn plan(workload: &Workload, schedule: &Schedule, seed: u64) -> Vec<Planned> {
+    let mut arrivals = SplitMix(seed ^ 0xA5A5_0001);
+    let mut tenants = SplitMix(seed ^ 0xA5A5_0002);
+    let mut sizes = SplitMix(seed ^ 0xA5A5_0003);
+    let timed: Vec<(f64, Option<TraceRow>)> = match schedule {
+        Schedule::Rate(spec) => spec.times(&mut arrivals).into_iter().map(|t| (t, None)).collect(),
+        Schedule::Trace { rows, speed, duration_s } => {
+            rows.iter().map(|r| (r.at_s / speed, Some(*r))).take_while(|(t, _)| t < duration_s).collect()
+        }
+    };
+    timed
+        .into_iter()
+        .enumerate()
+        .map(|(i, (at_s, row))| {
+            let mix = workload.pick(&mut tenants);
+            let (input, wanted) = match row {
+                Some(r) => (r.input_tokens.max(1), r.output_tokens.max(1)),
+                None => (workload.input_tokens.sample(&mut sizes), workload.output_tokens.sample(&mut sizes)),
+            };
+            let max_tokens = workload.capped_output(&workload.mix[mix].tier, wanted);
+            Planned { id: i as u64, at_s, mix, input_tokens: input, max_tokens }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(rate: f64, duration_s: f64, process: Process, burst: Option<Burst>) -> RateSpec {
+        RateSpec { rate, duration_s, process, burst }
+    }
+
+    #[test]
+    fn poisson_has_the_mean_rate_and_exponential_gaps() {
+        let times = spec(500.0, 100.0, Process::Poisson, None).times(&mut SplitMix(1));
+        let n = times.len() as f64;
+        assert!((n - 50_000.0).abs() < 3.0 * 50_000f64.sqrt(), "{n} arrivals");
+        let gaps: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
+        // Exponential: standard deviation equals the mean.
+        assert!((var.sqrt() / mean - 1.0).abs() < 0.03, "cv {}", var.sqrt() / mean);
+        assert!(times.windows(2).all(|w| w[0] <= w[1]) && times.iter().all(|&t| (0.0..100.0).contains(&t)));
+    }
+
+    #[test]
+    fn constant_arrivals_are_evenly_spaced() {
+        let times = spec(1000.0, 2.0, Process::Constant, None).times(&mut SplitMix(1));
+        assert_eq!(times.len(), 1999);
+        assert!(times.windows(2).all(|w| ((w[1] - w[0]) - 0.001).abs() < 1e-7));
+    }
+
+    #[test]
+    fn bursts_follow_their_shape() {
+        let b = Burst { factor: 4.0, at_s: 10.0, ramp_s: 5.0, hold_s: 10.0 };
+        for (t, m) in [(5.0, 1.0), (12.5, 2.5), (15.0, 4.0), (20.0, 4.0), (27.5, 2.5), (31.0, 1.0)] {
+            assert!((b.multiplier(t) - m).abs() < 1e-12, "t {t}");
+        }
+        // The closed-form integral agrees with a numeric one.
+        let numeric: f64 =
+            (0..40_000).map(|i| b.multiplier((f64::from(i) + 0.5) * 0.001)).sum::<f64>() * 0.001;
+        assert!((b.integral(40.0) - numeric).abs() < 1e-6);
+        // Counts per phase match the shape: base 200/s for 40 s plus the burst's extra area.
+        let s = spec(200.0, 40.0, Process::Poisson, Some(b));
+        let times = s.times(&mut SplitMix(9));
+        let count = |a: f64, z: f64| times.iter().filter(|&&t| t >= a && t < z).count() as f64;
+        let within = |got: f64, want: f64| (got - want).abs() < 4.0 * want.sqrt();
+        assert!(within(count(0.0, 10.0), 2000.0), "before {}", count(0.0, 10.0));
+        assert!(within(count(15.0, 25.0), 8000.0), "hold {}", count(15.0, 25.0));
+        assert!(within(count(10.0, 15.0), 200.0 * 5.0 * 2.5), "ramp {}", count(10.0, 15.0));
+        assert!(within(count(30.0, 40.0), 2000.0), "after {}", count(30.0, 40.0));
+    }
+
+    #[test]
+    fn azure_trace_rows_replay_at_their_offsets() {
+        let csv = "TIMESTAMP,ContextTokens,GeneratedTokens\n\
+                   2023-11-16 18:15:46.6805900,374,44\n\
+                   2023-11-16 18:15:50.9951690,396,109\n\
+                   2023-11-16 18:16:01.0000000,879,7\n";
+        let rows = parse_trace(csv).unwrap();
+        assert_eq!(rows.len(), 3);
+        assert!((rows[1].at_s - 4.314579).abs() < 1e-6 && (rows[2].at_s - 14.31941).abs() < 1e-6);
+        assert_eq!((rows[0].input_tokens, rows[0].output_tokens), (374, 44));
+        // Across midnight and a month boundary, and plain seconds.
+        let rows = parse_trace("2024-02-29 23:59:59.5,1,1\n2024-03-01 00:00:00.5,2,2\n").unwrap();
+        assert!((rows[1].at_s - 1.0).abs() < 1e-9);
+        assert_eq!(parse_trace("0.5,1,2\n0.25,3,4\n").unwrap()[0].input_tokens, 3);
+        let err = parse_trace("TIMESTAMP,a,b\n2023-11-16 xx,1,2\n").unwrap_err();
+        assert!(err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn plans_are_deterministic_in_the_seed_and_respect_caps() {
+        let w = crate::workload::Workload::load(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads/chat.toml"))
+            .unwrap();
+        let s = Schedule::Rate(spec(50.0, 20.0, Process::Poisson, None));
+        let (a, b, c) = (plan(&w, &s, 7), plan(&w, &s, 7), plan(&w, &s, 8));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert!(a.iter().all(|p| p.max_tokens <= w.output_cap[&w.mix[p.mix].tier]));
+        let bronze = a.iter().filter(|p| w.mix[p.mix].tier == "bronze").count() as f64 / a.len() as f64;
+        assert!((bronze - 0.5).abs() < 0.06, "bronze share {bronze}");
+        let rows = parse_trace("0,10,2000\n1.0,20,30\n3.0,5,5\n").unwrap();
+        let t = plan(&w, &Schedule::Trace { rows, speed: 2.0, duration_s: 1.4 }, 1);
+        assert_eq!(t.iter().map(|p| p.at_s).collect::<Vec<_>>(), vec![0.0, 0.5]);
+        assert_eq!(t[1].input_tokens, 20);
+    }
+}

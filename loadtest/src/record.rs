@@ -1,0 +1,79 @@
+//! What is recorded about each request. These structs are the `records`
+//! array of the results file; their field names are part of its stable
+//! schema (docs/loadtest.md). Times are milliseconds; "at" fields count from
+//! the run's start, latencies from the request's *scheduled* send time.
+
+use serde::{Deserialize, Serialize};
+
+/// How a request ended, from the client's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// 200 and the stream finished normally.
+    Ok,
+    /// Refused with an HTTP error status before any token (admission,
+    /// limits, validation); `reason` says why.
+    Rejected,
+    /// Anything else: connection or protocol failure, an error event in the
+    /// stream, a stream cut short, or the client's timeout.
+    Failed,
+}
+
+/// The gateway's admission headers, when present.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Admission {
+    /// `x-admission`: admitted, degraded or rejected.
+    pub decision: Option<String>,
+    /// `x-admission-reason`.
+    pub reason: Option<String>,
+    /// `x-predicted-ttft-ms`.
+    pub predicted_ttft_ms: Option<f64>,
+    /// `x-policy-version`.
+    pub policy_version: Option<String>,
+    /// `retry-after`, seconds.
+    pub retry_after_s: Option<f64>,
+}
+
+/// One request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub id: u64,
+    pub tier: String,
+    pub key_index: usize,
+    /// Scheduled send time.
+    pub scheduled_at_ms: f64,
+    /// When the request was actually handed to the connection.
+    pub sent_at_ms: f64,
+    pub outcome: Outcome,
+    /// HTTP status; 0 when no response arrived.
+    pub status: u16,
+    /// Why it was rejected or failed: the admission reason header, else the
+    /// error body's `code` (or `type`), else `http_<status>`, or a transport
+    /// label (`connect`, `timeout`, `stream_error:<code>`, ...).
+    pub reason: Option<String>,
+    pub admission: Admission,
+    /// Scheduled send to the first token.
+    pub ttft_ms: Option<f64>,
+    /// Gaps between successive tokens.
+    pub tbt_ms: Vec<f64>,
+    /// Scheduled send to the last token (time to last emitted token).
+    pub tlet_ms: Option<f64>,
+    /// Scheduled send to the end of the response.
+    pub done_ms: Option<f64>,
+    pub tokens_in: u32,
+    /// Tokens received (the usage count when the server sent one).
+    pub tokens_out: u32,
+    pub max_tokens: u32,
+}
+
+impl Record {
+    /// Send time minus scheduled time: the harness's own lateness.
+    pub fn schedule_error_ms(&self) -> f64 {
+        self.sent_at_ms - self.scheduled_at_ms
+    }
+
+    /// Whether the gateway said it degraded this request.
+    pub fn degraded(&self) -> bool {
+        self.admission.decision.as_deref() == Some("degraded")
+    }
+}

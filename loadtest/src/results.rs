@@ -1,0 +1,74 @@
+//! The results file (`results.json`): one JSON object with a versioned,
+//! documented schema (docs/loadtest.md). Fields are only ever added within a
+//! schema version; readers ignore fields they do not know.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::record::Record;
+use crate::summary::{RunSummary, Slo, TimeSeries};
+
+/// Value of the `schema` field for this layout.
+pub const SCHEMA: &str = "slo-gateway.loadtest.results/v1";
+
+/// Everything a run produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Results {
+    pub schema: String,
+    pub run: RunInfo,
+    /// The SLO each tier was judged against.
+    pub slos: BTreeMap<String, Slo>,
+    pub summary: RunSummary,
+    pub timeseries: TimeSeries,
+    pub records: Vec<Record>,
+}
+
+/// How the run was configured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// Free-form name for reports and comparisons (`--label`).
+    pub label: String,
+    pub target: String,
+    /// `openai` or `engine`.
+    pub api: String,
+    /// `h2` or `http1`.
+    pub proto: String,
+    pub connections: usize,
+    pub workload: String,
+    /// The arrival schedule in words (process, rate, burst or trace).
+    pub schedule: String,
+    pub duration_s: f64,
+    pub seed: u64,
+    pub planned: usize,
+    /// Wall-clock start, seconds since 1970.
+    pub started_unix_s: f64,
+    pub harness_version: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResultsError {
+    #[error("reading {0}: {1}")]
+    Read(String, std::io::Error),
+    #[error("{0} is not a results file: {1}")]
+    Parse(String, serde_json::Error),
+    #[error("{0} has schema {1:?}; this loadtest reads {SCHEMA:?}")]
+    Schema(String, String),
+}
+
+impl Results {
+    pub fn load(path: &Path) -> Result<Self, ResultsError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read(path).map_err(|e| ResultsError::Read(shown.clone(), e))?;
+        let r: Results = serde_json::from_slice(&text).map_err(|e| ResultsError::Parse(shown.clone(), e))?;
+        if r.schema != SCHEMA {
+            return Err(ResultsError::Schema(shown, r.schema));
+        }
+        Ok(r)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("results serialise")
+    }
+}

@@ -1,0 +1,437 @@
+//! Executes a plan against a target: each request is spawned at its
+//! scheduled time whatever the target is doing (open loop), streamed, and
+//! turned into a [`Record`]. Latencies count from the scheduled time, so
+//! queueing anywhere — target or harness — shows up in them.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use crate::arrival::Planned;
+use crate::client::{ClientError, Conn, Proto};
+use crate::record::{Admission, Outcome, Record};
+use crate::sse::SseParser;
+use crate::workload::{synth_prompt, Workload};
+
+/// Which API the target speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Api {
+    /// The gateway's OpenAI `/v1/completions`, streamed as SSE.
+    Openai,
+    /// An engine's `/engine/v1/generate`, streamed as NDJSON (for measuring
+    /// an engine directly, or a plain proxy in front of one).
+    Engine,
+}
+
+/// Where and how to send.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub url: String,
+    pub ca: Option<std::path::PathBuf>,
+    pub proto: Proto,
+    pub api: Api,
+    /// HTTP/2: connections to multiplex over. HTTP/1.1: the pool grows to
+    /// one connection per request in flight; this many are opened up front.
+    pub connections: usize,
+    /// Give up on a request this long after its scheduled time.
+    pub timeout: Duration,
+    /// Overrides every mix entry's key.
+    pub key: Option<String>,
+}
+
+/// Counters the progress display reads while the run goes on.
+#[derive(Debug, Default)]
+pub struct Live {
+    pub sent: AtomicU64,
+    pub done: AtomicU64,
+    pub ok: AtomicU64,
+    pub rejected: AtomicU64,
+    pub failed: AtomicU64,
+    pub inflight: AtomicUsize,
+    /// TTFTs since the progress display last took them.
+    pub recent_ttft_ms: Mutex<Vec<f64>>,
+}
+
+/// Open connections to the target.
+enum Pool {
+    H2 { conns: Vec<Conn>, next: AtomicUsize },
+    H1 { idle: Mutex<Vec<Conn>>, url: String, ca: Option<std::path::PathBuf> },
+}
+
+impl Pool {
+    async fn open(t: &Target) -> Result<Self, ClientError> {
+        let mut conns = Vec::with_capacity(t.connections.max(1));
+        for _ in 0..t.connections.max(1) {
+            conns.push(Conn::connect(&t.url, t.ca.as_deref(), t.proto).await?);
+        }
+        Ok(match t.proto {
+            Proto::H2 => Pool::H2 { conns, next: AtomicUsize::new(0) },
+            Proto::Http1 => Pool::H1 { idle: Mutex::new(conns), url: t.url.clone(), ca: t.ca.clone() },
+        })
+    }
+
+    /// A connection for one request, and whether to return it afterwards.
+    async fn take(&self) -> Result<(Conn, bool), ClientError> {
+        match self {
+            Pool::H2 { conns, next } => {
+                Ok((conns[next.fetch_add(1, Ordering::Relaxed) % conns.len()].clone(), false))
+            }
+            Pool::H1 { idle, url, ca } => {
+                let reuse = idle.lock().expect("pool lock").pop();
+                match reuse {
+                    Some(c) => Ok((c, true)),
+                    None => Ok((Conn::connect(url, ca.as_deref(), Proto::Http1).await?, true)),
+                }
+            }
+        }
+    }
+
+    fn give_back(&self, conn: Conn) {
+        if let Pool::H1 { idle, .. } = self {
+            idle.lock().expect("pool lock").push(conn);
+        }
+    }
+}
+
+/// Runs `plan` against `target`; `start` is the instant scheduled times
+/// count from. Returns records in plan order.
+pub async fn execute(
+    target: &Target,
+    workload: &Workload,
+    plan: &[Planned],
+    seed: u64,
+    live: Arc<Live>,
+) -> Result<Vec<Record>, ClientError> {
+    let pool = Arc::new(Pool::open(target).await?);
+    let shared = Arc::new((target.clone(), workload.clone()));
+    // A short lead so the first arrivals are not late because of set-up.
+    let start = Instant::now() + Duration::from_millis(20);
+    let mut tasks = Vec::with_capacity(plan.len());
+    for p in plan {
+        let at = start + Duration::from_secs_f64(p.at_s);
+        if at > Instant::now() {
+            tokio::time::sleep_until(at).await;
+        }
+        let (pool, shared, live, p) = (pool.clone(), shared.clone(), live.clone(), p.clone());
+        tasks.push(tokio::spawn(async move {
+            let (target, workload) = &*shared;
+            one(&pool, target, workload, &p, seed, start, &live).await
+        }));
+    }
+    let mut records = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        records.push(t.await.expect("request tasks do not panic"));
+    }
+    Ok(records)
+}
+
+/// Sends one request and records what happened.
+async fn one(
+    pool: &Pool,
+    t: &Target,
+    w: &Workload,
+    p: &Planned,
+    seed: u64,
+    start: Instant,
+    live: &Live,
+) -> Record {
+    let mix = &w.mix[p.mix];
+    let scheduled = start + Duration::from_secs_f64(p.at_s);
+    let ms = |i: Instant| i.saturating_duration_since(start).as_secs_f64() * 1e3;
+    let mut rec = Record {
+        id: p.id,
+        tier: mix.tier.clone(),
+        key_index: p.mix,
+        scheduled_at_ms: p.at_s * 1e3,
+        sent_at_ms: p.at_s * 1e3,
+        outcome: Outcome::Failed,
+        status: 0,
+        reason: None,
+        admission: Admission::default(),
+        ttft_ms: None,
+        tbt_ms: Vec::new(),
+        tlet_ms: None,
+        done_ms: None,
+        tokens_in: p.input_tokens,
+        tokens_out: 0,
+        max_tokens: p.max_tokens,
+    };
+    live.inflight.fetch_add(1, Ordering::Relaxed);
+    let key = t.key.as_deref().unwrap_or(&mix.key);
+    let body = request_body(t.api, &w.model, p, seed);
+    let deadline = scheduled + t.timeout;
+    let result = tokio::time::timeout_at(deadline, async {
+        let (conn, reusable) = pool.take().await?;
+        let sent = Instant::now();
+        rec.sent_at_ms = ms(sent);
+        live.sent.fetch_add(1, Ordering::Relaxed);
+        let path = match t.api {
+            Api::Openai => "/v1/completions",
+            Api::Engine => "/engine/v1/generate",
+        };
+        let resp = conn.post_json(path, (t.api == Api::Openai).then_some(key), body).await?;
+        let r = read_response(resp, t.api, scheduled, &mut rec).await;
+        if reusable && r.is_ok() {
+            pool.give_back(conn);
+        }
+        r
+    })
+    .await;
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => fail(&mut rec, transport_label(&e)),
+        Err(_) => fail(&mut rec, "timeout".into()),
+    }
+    live.inflight.fetch_sub(1, Ordering::Relaxed);
+    live.done.fetch_add(1, Ordering::Relaxed);
+    let counter = match rec.outcome {
+        Outcome::Ok => &live.ok,
+        Outcome::Rejected => &live.rejected,
+        Outcome::Failed => &live.failed,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    if let Some(t) = rec.ttft_ms {
+        live.recent_ttft_ms.lock().expect("ttft lock").push(t);
+    }
+    rec
+}
+
+fn fail(rec: &mut Record, reason: String) {
+    rec.outcome = Outcome::Failed;
+    rec.reason.get_or_insert(reason);
+}
+
+fn transport_label(e: &ClientError) -> String {
+    match e {
+        ClientError::Connect(..) => "connect".into(),
+        ClientError::Tls(..) | ClientError::Alpn(..) => "tls".into(),
+        ClientError::Http(_) => "transport".into(),
+        ClientError::Url(..) | ClientError::Ca(..) => "config".into(),
+    }
+}
+
+fn request_body(api: Api, model: &str, p: &Planned, seed: u64) -> Bytes {
+    let prompt = synth_prompt(p.input_tokens, seed.wrapping_mul(0x9E37_79B9).wrapping_add(p.id));
+    let v = match api {
+        Api::Openai => json!({
+            "model": model, "prompt": prompt, "max_tokens": p.max_tokens,
+            "stream": true, "stream_options": {"include_usage": true},
+        }),
+        Api::Engine => json!({
+            "request_id": format!("lt-{}", p.id), "model": model, "prompt": prompt, "max_tokens": p.max_tokens,
+        }),
+    };
+    Bytes::from(serde_json::to_vec(&v).expect("JSON values serialise"))
+}
+
+/// Reads status, headers and the streamed body into `rec`.
+async fn read_response(
+    resp: http::Response<Incoming>,
+    api: Api,
+    scheduled: Instant,
+    rec: &mut Record,
+) -> Result<(), ClientError> {
+    rec.status = resp.status().as_u16();
+    rec.admission = admission(resp.headers());
+    if !resp.status().is_success() {
+        let body = crate::client::body_bytes(resp).await?;
+        rec.outcome = Outcome::Rejected;
+        rec.reason = Some(rejection_reason(rec, &body));
+        return Ok(());
+    }
+    let since = |i: Instant| i.saturating_duration_since(scheduled).as_secs_f64() * 1e3;
+    let mut stream = TokenStream::new(api);
+    let mut body = resp.into_body();
+    let mut last: Option<Instant> = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else { continue };
+        let now = Instant::now();
+        for _ in 0..stream.push(&data) {
+            match last {
+                None => rec.ttft_ms = Some(since(now)),
+                Some(prev) => rec.tbt_ms.push((now - prev).as_secs_f64() * 1e3),
+            }
+            last = Some(now);
+        }
+    }
+    rec.done_ms = Some(since(Instant::now()));
+    rec.tlet_ms = last.map(since);
+    rec.tokens_out = stream.usage.unwrap_or(stream.tokens);
+    match (stream.error, stream.finished) {
+        (Some(code), _) => fail(rec, format!("stream_error:{code}")),
+        (None, true) => rec.outcome = Outcome::Ok,
+        (None, false) => fail(rec, "stream_truncated".into()),
+    }
+    Ok(())
+}
+
+fn admission(h: &http::HeaderMap) -> Admission {
+    let s = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let f = |name: &str| s(name).and_then(|v| v.trim().parse::<f64>().ok());
+    Admission {
+        decision: s("x-admission"),
+        reason: s("x-admission-reason"),
+        predicted_ttft_ms: f("x-predicted-ttft-ms"),
+        policy_version: s("x-policy-version"),
+        retry_after_s: f("retry-after"),
+    }
+}
+
+/// The admission reason header, else the OpenAI error body's `code` (or
+/// `type`), else the status.
+fn rejection_reason(rec: &Record, body: &[u8]) -> String {
+    if let Some(r) = &rec.admission.reason {
+        return r.clone();
+    }
+    let v: Value = serde_json::from_slice(body).unwrap_or_default();
+    let e = if v["error"].is_object() { &v["error"] } else { &v };
+    e["code"]
+        .as_str()
+        .or_else(|| e["type"].as_str())
+        .map_or_else(|| format!("http_{}", rec.status), str::to_string)
+}
+
+/// Counts tokens in a streamed body as it arrives, in either wire format.
+struct TokenStream {
+    api: Api,
+    sse: SseParser,
+    /// Partial NDJSON line.
+    line: Vec<u8>,
+    tokens: u32,
+    usage: Option<u32>,
+    finished: bool,
+    error: Option<String>,
+}
+
+impl TokenStream {
+    fn new(api: Api) -> Self {
+        Self {
+            api,
+            sse: SseParser::new(),
+            line: Vec::new(),
+            tokens: 0,
+            usage: None,
+            finished: false,
+            error: None,
+        }
+    }
+
+    /// Feeds body bytes; returns how many token events they completed.
+    fn push(&mut self, data: &[u8]) -> u32 {
+        let before = self.tokens;
+        match self.api {
+            Api::Openai => {
+                for ev in self.sse.push(data) {
+                    self.openai_event(&ev.data);
+                }
+            }
+            Api::Engine => {
+                self.line.extend_from_slice(data);
+                while let Some(i) = self.line.iter().position(|&b| b == b'\n') {
+                    let line: Vec<u8> = self.line.drain(..=i).collect();
+                    self.engine_line(&line);
+                }
+            }
+        }
+        self.tokens - before
+    }
+
+    fn openai_event(&mut self, data: &str) {
+        if data == "[DONE]" {
+            self.finished = true;
+            return;
+        }
+        let v: Value = serde_json::from_str(data).unwrap_or_default();
+        if let Some(e) = v.get("error") {
+            self.error = Some(e["code"].as_str().or(e["type"].as_str()).unwrap_or("unknown").to_string());
+            return;
+        }
+        let choice = &v["choices"][0];
+        let text = choice["text"].as_str().or(choice["delta"]["content"].as_str());
+        if text.is_some_and(|t| !t.is_empty()) {
+            self.tokens += 1;
+        }
+        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+            self.usage = Some(u32::try_from(n).unwrap_or(u32::MAX));
+        }
+    }
+
+    fn engine_line(&mut self, line: &[u8]) {
+        let v: Value = serde_json::from_slice(line).unwrap_or_default();
+        match v["event"].as_str() {
+            Some("token") => self.tokens += 1,
+            Some("done") => {
+                self.finished = true;
+                self.usage = v["usage"]["completion_tokens"].as_u64().map(|n| n as u32);
+            }
+            Some("error") => self.error = Some(v["code"].as_str().unwrap_or("unknown").to_string()),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_stream_counts_sse_tokens_usage_and_errors() {
+        let mut s = TokenStream::new(Api::Openai);
+        let chunk = |t: &str| format!("data: {{\"choices\":[{{\"text\":\"{t}\"}}]}}\n\n");
+        let wire = format!("{}{}{}", chunk("a"), chunk(""), chunk("b"));
+        // Split mid-event: the token counts when its event completes.
+        assert_eq!(s.push(&wire.as_bytes()[..10]), 0);
+        assert_eq!(s.push(&wire.as_bytes()[10..]), 2);
+        assert_eq!(
+            s.push(b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":7}}\n\ndata: [DONE]\n\n"),
+            0
+        );
+        assert_eq!((s.tokens, s.usage, s.finished), (2, Some(7), true));
+        let mut e = TokenStream::new(Api::Openai);
+        e.push(b"data: {\"error\":{\"code\":\"engine_failed\",\"message\":\"x\"}}\n\n");
+        assert_eq!(e.error.as_deref(), Some("engine_failed"));
+    }
+
+    #[test]
+    fn token_stream_reads_engine_ndjson_split_across_frames() {
+        let mut s = TokenStream::new(Api::Engine);
+        let wire = b"{\"event\":\"token\",\"text\":\"a\"}\n{\"event\":\"token\",\"text\":\"b\"}\n{\"event\":\"done\",\"finish_reason\":\"length\",\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2},\"queue_ms\":0,\"prefill_ms\":0}\n";
+        let got: u32 = wire.chunks(7).map(|c| s.push(c)).sum();
+        assert_eq!((got, s.usage, s.finished), (2, Some(2), true));
+    }
+
+    #[test]
+    fn rejection_reason_prefers_the_header_then_the_body() {
+        let mut rec = Record {
+            id: 0,
+            tier: "gold".into(),
+            key_index: 0,
+            scheduled_at_ms: 0.0,
+            sent_at_ms: 0.0,
+            outcome: Outcome::Rejected,
+            status: 429,
+            reason: None,
+            admission: Admission::default(),
+            ttft_ms: None,
+            tbt_ms: vec![],
+            tlet_ms: None,
+            done_ms: None,
+            tokens_in: 1,
+            tokens_out: 0,
+            max_tokens: 1,
+        };
+        let body = br#"{"error":{"message":"m","type":"rate_limit_error","code":"tenant_concurrency"}}"#;
+        assert_eq!(rejection_reason(&rec, body), "tenant_concurrency");
+        assert_eq!(rejection_reason(&rec, b"{\"error\":{\"type\":\"server_error\"}}"), "server_error");
+        assert_eq!(rejection_reason(&rec, b"<html>"), "http_429");
+        rec.admission.reason = Some("capacity".into());
+        assert_eq!(rejection_reason(&rec, body), "capacity");
+    }
+}

@@ -1,0 +1,120 @@
+//! Plain-text output: the summary `loadtest run` prints, and `loadtest
+//! compare`'s side-by-side table with ratios.
+
+use std::fmt::Write;
+
+use crate::results::Results;
+use crate::stats::Summary;
+
+/// The summary table of one run.
+pub fn summary(r: &Results) -> String {
+    let s = &r.summary;
+    let mut out = format!(
+        "{} — {}: offered {:.1} req/s, sent {:.1}, achieved {:.1}, goodput {:.1} req/s ({:.0} tok/s)\n",
+        r.run.label,
+        r.run.schedule,
+        s.offered_rps,
+        s.sent_rps,
+        s.achieved_rps,
+        s.goodput_rps,
+        s.goodput_tokens_per_s
+    );
+    if let Some(e) = s.schedule_error_ms {
+        let _ = writeln!(
+            out,
+            "harness scheduling error: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+            e.p50, e.p99, e.max
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{:<8} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9} {:>8} {:>9}",
+        "tier",
+        "reqs",
+        "ok",
+        "rej",
+        "fail",
+        "degr",
+        "miss%",
+        "ttft p50",
+        "ttft p99",
+        "tlet p99",
+        "tbt p99",
+        "met SLO"
+    );
+    let rows = s.tiers.iter().map(|(t, g)| (t.as_str(), g)).chain([("all", &s.overall)]);
+    for (tier, g) in rows {
+        let p =
+            |x: Option<Summary>, f: fn(&Summary) -> f64| x.map_or("-".into(), |x| format!("{:.1}", f(&x)));
+        let _ = writeln!(
+            out,
+            "{tier:<8} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9} {:>8} {:>9}",
+            g.requests,
+            g.ok,
+            g.rejected,
+            g.failed,
+            g.degraded,
+            g.deadline_miss_rate.map_or("-".into(), |m| format!("{:.1}", m * 100.0)),
+            p(g.ttft_ms, |x| x.p50),
+            p(g.ttft_ms, |x| x.p99),
+            p(g.tlet_ms, |x| x.p99),
+            p(g.tbt_ms, |x| x.p99),
+            g.met_slo
+        );
+    }
+    for (kind, map) in [
+        ("rejected", &s.overall.rejections),
+        ("degraded", &s.overall.degradations),
+        ("failed", &s.overall.failures),
+    ] {
+        if !map.is_empty() {
+            let list: Vec<String> = map.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let _ = writeln!(out, "{kind}: {}", list.join(", "));
+        }
+    }
+    out
+}
+
+/// The figures `compare` shows, in order, with how to read each.
+fn figures(r: &Results) -> Vec<(&'static str, Option<f64>)> {
+    let s = &r.summary;
+    let o = &s.overall;
+    let q = |x: Option<Summary>, f: fn(&Summary) -> f64| x.map(|x| f(&x));
+    vec![
+        ("offered req/s", Some(s.offered_rps)),
+        ("achieved req/s", Some(s.achieved_rps)),
+        ("goodput req/s", Some(s.goodput_rps)),
+        ("goodput tokens/s", Some(s.goodput_tokens_per_s)),
+        ("met SLO share", (o.requests > 0).then(|| o.met_slo as f64 / o.requests as f64)),
+        ("deadline-miss rate", o.deadline_miss_rate),
+        ("rejected", Some(o.rejected as f64)),
+        ("failed", Some(o.failed as f64)),
+        ("TTFT p50 ms", q(o.ttft_ms, |x| x.p50)),
+        ("TTFT p95 ms", q(o.ttft_ms, |x| x.p95)),
+        ("TTFT p99 ms", q(o.ttft_ms, |x| x.p99)),
+        ("TBT p50 ms", q(o.tbt_ms, |x| x.p50)),
+        ("TBT p99 ms", q(o.tbt_ms, |x| x.p99)),
+        ("TLET p50 ms", q(o.tlet_ms, |x| x.p50)),
+        ("TLET p99 ms", q(o.tlet_ms, |x| x.p99)),
+        ("sched error p99 ms", q(s.schedule_error_ms, |x| x.p99)),
+    ]
+}
+
+/// Key figures of `a` and `b` side by side, with b/a.
+pub fn compare(a: &Results, b: &Results) -> String {
+    let mut out =
+        format!("{:<22} {:>14} {:>14} {:>8}\n", "", trunc(&a.run.label), trunc(&b.run.label), "B/A");
+    for ((name, x), (_, y)) in figures(a).into_iter().zip(figures(b)) {
+        let show = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}"));
+        let ratio = match (x, y) {
+            (Some(x), Some(y)) if x != 0.0 => format!("{:.3}", y / x),
+            _ => "-".into(),
+        };
+        let _ = writeln!(out, "{name:<22} {:>14} {:>14} {ratio:>8}", show(x), show(y));
+    }
+    out
+}
+
+fn trunc(s: &str) -> String {
+    s.chars().take(14).collect()
+}
