@@ -15,7 +15,7 @@
 //! - [`progress`]: progress bar or periodic lines.
 //! - [`sink`]: a trivial endpoint for measuring the harness itself.
 //! - [`overhead`]: the interleaved gateway-vs-engine latency benchmark.
-//! - [`stats`]: percentiles.
+//! - [`stats`]: percentiles over samples.
 
 pub mod arrival;
 pub mod client;

@@ -162,17 +162,24 @@ fn rate_chart(r: &Results) -> Chart {
 
 fn ttft_chart(r: &Results) -> Chart {
     let ts = &r.timeseries;
-    let points = ts.ttft_p95_ms.iter().enumerate().map(|(i, &y)| ((i as f64 + 0.5) * ts.bin_s, y)).collect();
+    let line =
+        |v: &[Option<f64>]| v.iter().enumerate().map(|(i, &y)| ((i as f64 + 0.5) * ts.bin_s, y)).collect();
+    let tiers: Vec<(&String, &Vec<Option<f64>>)> = ts.ttft_p95_ms_by_tier.iter().collect();
+    // Each tier's budget is drawn dashed in the tier's colour.
+    let references = tiers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (t, _))| {
+            let slo = r.slos.get(*t)?;
+            Some(Reference { name: format!("{t} budget"), y: slo.ttft_ms, like_series: Some(i) })
+        })
+        .collect();
     Chart {
         title: "TTFT p95 over time".into(),
         x_label: "seconds (scheduled send time)".into(),
         y_label: "milliseconds".into(),
-        series: vec![Series { name: "TTFT p95".into(), points }],
-        references: r
-            .slos
-            .iter()
-            .map(|(t, s)| Reference { name: format!("{t} budget"), y: s.ttft_ms })
-            .collect(),
+        series: tiers.iter().map(|(t, v)| Series { name: t.to_string(), points: line(v) }).collect(),
+        references,
         ..Chart::default()
     }
 }

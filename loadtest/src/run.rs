@@ -145,16 +145,17 @@ fn schedule(a: &RunArgs) -> Result<(Schedule, String), RunError> {
         let text =
             std::fs::read_to_string(path).map_err(|e| RunError::Trace(shown.clone(), e.to_string()))?;
         let rows = parse_trace(&text).map_err(|e| RunError::Trace(shown.clone(), e))?;
-        if !(a.trace_speed > 0.0) {
+        if a.trace_speed.is_nan() || a.trace_speed <= 0.0 {
             return Err(RunError::Args("--trace-speed must be > 0".into()));
         }
         let words = format!("trace {shown} at {}x", a.trace_speed);
         return Ok((Schedule::Trace { rows, speed: a.trace_speed, duration_s }, words));
     }
-    if !(a.rate > 0.0 && a.rate.is_finite()) || !(a.burst_factor > 0.0) {
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(a.rate) || !positive(a.burst_factor) {
         return Err(RunError::Args("--rate and --burst-factor must be positive".into()));
     }
-    let burst = (a.burst_factor != 1.0).then(|| Burst {
+    let burst = (a.burst_factor != 1.0).then_some(Burst {
         factor: a.burst_factor,
         at_s: a.burst_at.as_secs_f64(),
         ramp_s: a.burst_ramp.as_secs_f64(),

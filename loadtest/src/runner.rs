@@ -110,21 +110,38 @@ pub async fn execute(
     live: Arc<Live>,
 ) -> Result<Vec<Record>, ClientError> {
     let pool = Arc::new(Pool::open(target).await?);
-    let shared = Arc::new((target.clone(), workload.clone()));
+    let shared = Arc::new((target.clone(), workload.clone(), plan.to_vec()));
     // A short lead so the first arrivals are not late because of set-up.
     let start = Instant::now() + Duration::from_millis(20);
-    let mut tasks = Vec::with_capacity(plan.len());
-    for p in plan {
-        let at = start + Duration::from_secs_f64(p.at_s);
-        if at > Instant::now() {
-            tokio::time::sleep_until(at).await;
-        }
-        let (pool, shared, live, p) = (pool.clone(), shared.clone(), live.clone(), p.clone());
-        tasks.push(tokio::spawn(async move {
-            let (target, workload) = &*shared;
-            one(&pool, target, workload, &p, seed, start, &live).await
-        }));
-    }
+    // The dispatcher is its own OS thread: `thread::sleep` wakes within tens
+    // of microseconds, where tokio's timer rounds up to whole milliseconds,
+    // and request tasks never compete with it for a runtime worker.
+    let handle = tokio::runtime::Handle::current();
+    let (dispatch_shared, dispatch_live) = (shared.clone(), live.clone());
+    let dispatcher = std::thread::Builder::new()
+        .name("loadtest-dispatch".into())
+        .spawn(move || {
+            let plan = &dispatch_shared.2;
+            let mut tasks = Vec::with_capacity(plan.len());
+            for (i, p) in plan.iter().enumerate() {
+                let at = start + Duration::from_secs_f64(p.at_s);
+                let wait = at.saturating_duration_since(Instant::now());
+                if !wait.is_zero() {
+                    std::thread::sleep(wait);
+                }
+                let (pool, shared, live) = (pool.clone(), dispatch_shared.clone(), dispatch_live.clone());
+                tasks.push(handle.spawn(async move {
+                    let (target, workload, plan) = &*shared;
+                    one(&pool, target, workload, &plan[i], seed, start, &live).await
+                }));
+            }
+            tasks
+        })
+        .expect("spawning the dispatcher thread");
+    let tasks =
+        tokio::task::spawn_blocking(move || dispatcher.join().expect("the dispatcher does not panic"))
+            .await
+            .expect("joining the dispatcher");
     let mut records = Vec::with_capacity(tasks.len());
     for t in tasks {
         records.push(t.await.expect("request tasks do not panic"));

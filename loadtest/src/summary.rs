@@ -162,6 +162,9 @@ pub struct TimeSeries {
     pub failed_rps: Vec<f64>,
     /// TTFT p95 of the OK requests scheduled in each bin (null if none).
     pub ttft_p95_ms: Vec<Option<f64>>,
+    /// The same per tier.
+    #[serde(default)]
+    pub ttft_p95_ms_by_tier: BTreeMap<String, Vec<Option<f64>>>,
 }
 
 /// Bins `records` over `duration_s` (bins of 1 s, wider for runs over 5
@@ -179,8 +182,10 @@ pub fn time_series(records: &[Record], duration_s: f64) -> TimeSeries {
         rejected_rps: vec![0.0; n],
         failed_rps: vec![0.0; n],
         ttft_p95_ms: vec![None; n],
+        ttft_p95_ms_by_tier: BTreeMap::new(),
     };
     let mut ttfts = vec![Vec::new(); n];
+    let mut by_tier: BTreeMap<&str, Vec<Vec<f64>>> = BTreeMap::new();
     let w = 1.0 / bin_s;
     for r in records {
         let b = bin(r.scheduled_at_ms);
@@ -192,12 +197,15 @@ pub fn time_series(records: &[Record], duration_s: f64) -> TimeSeries {
             Outcome::Ok => {
                 s.achieved_rps[bin(r.scheduled_at_ms + r.done_ms.unwrap_or(0.0))] += w;
                 ttfts[b].extend(r.ttft_ms);
+                by_tier.entry(&r.tier).or_insert_with(|| vec![Vec::new(); n])[b].extend(r.ttft_ms);
             }
             Outcome::Rejected => s.rejected_rps[b] += w,
             Outcome::Failed => s.failed_rps[b] += w,
         }
     }
-    s.ttft_p95_ms = ttfts.iter().map(|v| crate::stats::percentile(v, 95.0)).collect();
+    let p95 = |bins: &[Vec<f64>]| bins.iter().map(|v| crate::stats::percentile(v, 95.0)).collect();
+    s.ttft_p95_ms = p95(&ttfts);
+    s.ttft_p95_ms_by_tier = by_tier.into_iter().map(|(t, bins)| (t.to_string(), p95(&bins))).collect();
     s
 }
 
@@ -282,6 +290,7 @@ mod tests {
         assert_eq!(ts.achieved_rps, vec![1.0, 1.0, 0.0]);
         assert_eq!(ts.rejected_rps, vec![0.0, 1.0, 0.0]);
         assert_eq!(ts.ttft_p95_ms, vec![Some(80.0), None, None]);
+        assert_eq!(ts.ttft_p95_ms_by_tier["gold"], vec![Some(80.0), None, None]);
         assert_eq!(time_series(&records, 900.0).bin_s, 3.0);
     }
 }

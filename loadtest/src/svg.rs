@@ -17,6 +17,9 @@ pub struct Series {
 pub struct Reference {
     pub name: String,
     pub y: f64,
+    /// Draw it in the colour of this series (e.g. a tier's budget in the
+    /// tier's colour); grey otherwise.
+    pub like_series: Option<usize>,
 }
 
 /// A chart's content.
@@ -115,12 +118,13 @@ impl Chart {
         }
         for (j, r) in self.references.iter().enumerate() {
             let y = py(r.y);
+            let colour = r.like_series.map_or("#888", |i| COLOURS[i % COLOURS.len()]);
             let _ = write!(
                 svg,
-                r##"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#888" stroke-dasharray="4 3"/>"##,
+                r##"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="{colour}" stroke-dasharray="4 3"/>"##,
                 W - RIGHT
             );
-            legend(&mut svg, self.series.len() + j, "#888", &r.name, r#" stroke-dasharray="4 3""#);
+            legend(&mut svg, self.series.len() + j, colour, &r.name, r#" stroke-dasharray="4 3""#);
         }
         svg.push_str("</svg>");
         svg

@@ -1,0 +1,86 @@
+//! `loadtest run` end to end against a real `gateway up` (TLS, HTTP/2 and
+//! HTTP/1.1, real engine processes): the run completes, and its results file
+//! and HTML report are valid and agree with what was sent.
+
+mod common;
+
+use clap::Parser;
+use common::{paced, System};
+use loadtest::record::Outcome;
+use loadtest::results::{Results, SCHEMA};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    run: loadtest::run::RunArgs,
+}
+
+fn args(sys: &System, out: &std::path::Path, extra: &[&str]) -> loadtest::run::RunArgs {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let mut argv = vec![
+        "loadtest".to_string(),
+        format!("--target={}", sys.base),
+        format!("--ca={}", sys.ca.display()),
+        format!("--workload={root}/loadtest/workloads/chat.toml"),
+        format!("--policies={root}/policies/default.toml"),
+        format!("--out={}", out.display()),
+        "--seed=3".into(),
+    ];
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    Cli::parse_from(argv).run
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_run_writes_valid_results_and_report() {
+    let sys = System::start(&paced(2, 1), 1).await;
+    let out = sys.dir.join("run-h2");
+    let r = loadtest::run::run(&args(&sys, &out, &["--rate=25", "--duration=3s"])).await.expect("run");
+
+    // The file on disk is the documented schema and round-trips.
+    let on_disk = Results::load(&out.join("results.json")).expect("valid results.json");
+    let ids = |r: &Results| r.records.iter().map(|x| (x.id, x.outcome, x.tokens_out)).collect::<Vec<_>>();
+    assert_eq!(ids(&on_disk), ids(&r));
+    assert_eq!(on_disk.summary.overall.requests, r.summary.overall.requests);
+    assert_eq!(r.schema, SCHEMA);
+    assert_eq!(r.records.len(), r.run.planned);
+    assert!((40..=110).contains(&r.run.planned), "~75 arrivals expected, got {}", r.run.planned);
+    assert!(r.records.iter().all(|x| x.outcome == Outcome::Ok && x.status == 200), "every request served");
+    for x in &r.records {
+        assert!(x.tokens_out >= 1 && x.tokens_out <= x.max_tokens, "usage within max_tokens");
+        assert_eq!(x.tbt_ms.len() + 1, x.tokens_out as usize, "one gap between each pair of tokens");
+        assert!(x.ttft_ms.unwrap() <= x.tlet_ms.unwrap() && x.tlet_ms.unwrap() <= x.done_ms.unwrap());
+        assert!(x.sent_at_ms >= x.scheduled_at_ms);
+    }
+    let s = &r.summary;
+    assert_eq!(s.overall.requests as usize, r.run.planned);
+    assert_eq!(s.tiers.keys().collect::<Vec<_>>(), ["bronze", "gold", "silver"]);
+    assert!((s.offered_rps - s.sent_rps).abs() < 1e-9 && s.offered_rps > 10.0);
+    assert!(s.schedule_error_ms.unwrap().p50 < 5.0, "the harness sends on time: {:?}", s.schedule_error_ms);
+    assert_eq!(s.overall.deadline_miss_rate, Some(0.0), "an idle gateway meets every SLO");
+
+    let html = std::fs::read_to_string(out.join("report.html")).expect("report.html");
+    assert!(html.starts_with("<!doctype html>") && html.trim_end().ends_with("</html>"));
+    assert!(!html.contains("<script") && !html.contains("src=\"http"), "self-contained");
+    for title in
+        ["TTFT CDF per tier", "offered vs achieved rate", "TTFT p95 over time", "rejections and failures"]
+    {
+        assert!(html.contains(title), "missing plot {title}");
+    }
+    assert_eq!(html.matches("<svg").count(), 6);
+    assert_eq!(html.matches("no data").count(), 0, "every plot has data");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_runs_and_refusals_are_counted_by_reason() {
+    let sys = System::start(&paced(0, 0), 1).await;
+    let out = sys.dir.join("run-http1");
+    // A key the gateway does not know: every request is refused with 401.
+    let a = args(&sys, &out, &["--rate=30", "--duration=1s", "--proto=http1", "--key=sk-unknown"]);
+    let r = loadtest::run::run(&a).await.expect("run");
+    assert_eq!(r.run.proto, "http1");
+    assert!(!r.records.is_empty());
+    assert!(r.records.iter().all(|x| x.outcome == Outcome::Rejected && x.status == 401));
+    let reasons = &r.summary.overall.rejections;
+    assert_eq!(reasons.keys().collect::<Vec<_>>(), ["invalid_api_key"], "{reasons:?}");
+    assert_eq!(r.summary.goodput_rps, 0.0);
+}
