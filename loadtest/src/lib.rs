@@ -14,6 +14,7 @@
 //!   text summary and comparison.
 //! - [`progress`]: progress bar or periodic lines.
 //! - [`sink`]: a trivial endpoint for measuring the harness itself.
+//! - [`sweep`]: several targets at stepped rates (proxy overhead, capacity).
 //! - [`overhead`]: the interleaved gateway-vs-engine latency benchmark.
 //! - [`stats`]: percentiles over samples.
 
@@ -31,5 +32,6 @@ pub mod sse;
 pub mod stats;
 pub mod summary;
 pub mod svg;
+pub mod sweep;
 pub mod text;
 pub mod workload;

@@ -33,6 +33,10 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// The same workload against several targets at stepped rates,
+    /// interleaved: added latency over the first target and the highest
+    /// sustainable rate of each (the proxy-overhead benchmark).
+    Sweep(loadtest::sweep::SweepArgs),
     /// A trivial streaming endpoint that answers at once, for measuring the
     /// harness itself.
     Sink(loadtest::sink::SinkArgs),
@@ -47,6 +51,7 @@ async fn main() -> ExitCode {
         Command::Run(args) => run(&args).await,
         Command::Compare { a, b } => compare(&a, &b),
         Command::Report { results, out } => report(&results, out),
+        Command::Sweep(args) => sweep(&args).await,
         Command::Sink(args) => loadtest::sink::serve(args).await,
         Command::Overhead(args) => overhead(&args).await,
     };
@@ -69,6 +74,13 @@ async fn run(args: &loadtest::run::RunArgs) -> Result<(), String> {
         args.out.join("results.json").display(),
         args.out.join("report.html").display()
     );
+    Ok(())
+}
+
+async fn sweep(args: &loadtest::sweep::SweepArgs) -> Result<(), String> {
+    let r = loadtest::sweep::sweep(args).await.map_err(|e| e.to_string())?;
+    print!("{}", loadtest::sweep::text(&r));
+    eprintln!("wrote {}", args.run.out.join("sweep.json").display());
     Ok(())
 }
 
