@@ -94,6 +94,15 @@ impl Conn {
         Ok(Self { sender, base: uri })
     }
 
+    /// Whether the connection can take no more requests (closed, or the
+    /// server sent GOAWAY).
+    pub fn is_closed(&self) -> bool {
+        match &self.sender {
+            Sender::H2(s) => s.is_closed(),
+            Sender::H1(s) => s.try_lock().is_ok_and(|s| s.is_closed()),
+        }
+    }
+
     /// Sends a request for `path` on this connection.
     pub async fn send(&self, mut req: Request<Full<Bytes>>) -> Result<Response<Incoming>, ClientError> {
         let path = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();

@@ -61,7 +61,16 @@ pub struct Live {
 
 /// Open connections to the target.
 enum Pool {
-    H2 { conns: Vec<Conn>, next: AtomicUsize },
+    /// Fixed slots, used round-robin; a slot whose connection closed (the
+    /// server's GOAWAY after its per-connection request limit, say) is
+    /// reconnected by the first request that finds it so.
+    H2 {
+        slots: Vec<tokio::sync::Mutex<Conn>>,
+        next: AtomicUsize,
+        url: String,
+        ca: Option<std::path::PathBuf>,
+    },
+    /// Idle connections; one per request in flight, opened on demand.
     H1 { idle: Mutex<Vec<Conn>>, url: String, ca: Option<std::path::PathBuf> },
 }
 
@@ -71,17 +80,34 @@ impl Pool {
         for _ in 0..t.connections.max(1) {
             conns.push(Conn::connect(&t.url, t.ca.as_deref(), t.proto).await?);
         }
+        let (url, ca) = (t.url.clone(), t.ca.clone());
         Ok(match t.proto {
-            Proto::H2 => Pool::H2 { conns, next: AtomicUsize::new(0) },
-            Proto::Http1 => Pool::H1 { idle: Mutex::new(conns), url: t.url.clone(), ca: t.ca.clone() },
+            Proto::H2 => {
+                let slots = conns.into_iter().map(tokio::sync::Mutex::new).collect();
+                Pool::H2 { slots, next: AtomicUsize::new(0), url, ca }
+            }
+            Proto::Http1 => Pool::H1 { idle: Mutex::new(conns), url, ca },
         })
     }
 
-    /// A connection for one request, and whether to return it afterwards.
-    async fn take(&self) -> Result<(Conn, bool), ClientError> {
+    /// Which HTTP/2 connection a request uses (round robin).
+    fn pick(&self) -> usize {
         match self {
-            Pool::H2 { conns, next } => {
-                Ok((conns[next.fetch_add(1, Ordering::Relaxed) % conns.len()].clone(), false))
+            Pool::H2 { slots, next, .. } => next.fetch_add(1, Ordering::Relaxed) % slots.len(),
+            Pool::H1 { .. } => 0,
+        }
+    }
+
+    /// A connection for one request (HTTP/2: slot `pick`), and whether to
+    /// return it afterwards.
+    async fn take(&self, pick: usize) -> Result<(Conn, bool), ClientError> {
+        match self {
+            Pool::H2 { slots, url, ca, .. } => {
+                let mut slot = slots[pick].lock().await;
+                if slot.is_closed() {
+                    *slot = Conn::connect(url, ca.as_deref(), Proto::H2).await?;
+                }
+                Ok((slot.clone(), false))
             }
             Pool::H1 { idle, url, ca } => {
                 let reuse = idle.lock().expect("pool lock").pop();
@@ -95,7 +121,9 @@ impl Pool {
 
     fn give_back(&self, conn: Conn) {
         if let Pool::H1 { idle, .. } = self {
-            idle.lock().expect("pool lock").push(conn);
+            if !conn.is_closed() {
+                idle.lock().expect("pool lock").push(conn);
+            }
         }
     }
 }
@@ -185,15 +213,27 @@ async fn one(
     let body = request_body(t.api, &w.model, p, seed);
     let deadline = scheduled + t.timeout;
     let result = tokio::time::timeout_at(deadline, async {
-        let (conn, reusable) = pool.take().await?;
-        let sent = Instant::now();
-        rec.sent_at_ms = ms(sent);
-        live.sent.fetch_add(1, Ordering::Relaxed);
         let path = match t.api {
             Api::Openai => "/v1/completions",
             Api::Engine => "/engine/v1/generate",
         };
-        let resp = conn.post_json(path, (t.api == Api::Openai).then_some(key), body).await?;
+        let auth = (t.api == Api::Openai).then_some(key);
+        let pick = pool.pick();
+        let (mut conn, mut reusable) = pool.take(pick).await?;
+        rec.sent_at_ms = ms(Instant::now());
+        live.sent.fetch_add(1, Ordering::Relaxed);
+        let resp = match conn.post_json(path, auth, body.clone()).await {
+            Ok(resp) => resp,
+            // The connection closed under the request before it was
+            // answered (a GOAWAY racing the send): the server did not
+            // process it, so send it once more on a fresh connection, as
+            // HTTP clients do. Latency still counts from the scheduled time.
+            Err(_) if conn.is_closed() => {
+                (conn, reusable) = pool.take(pick).await?;
+                conn.post_json(path, auth, body).await?
+            }
+            Err(e) => return Err(e),
+        };
         let r = read_response(resp, t.api, scheduled, &mut rec).await;
         if reusable && r.is_ok() {
             pool.give_back(conn);

@@ -163,8 +163,17 @@ pub async fn sweep(a: &SweepArgs) -> Result<SweepReport, RunError> {
 /// every arm to the second (the first non-baseline arm).
 pub fn text(r: &SweepReport) -> String {
     let mut out = format!(
-        "{:<10} {:>8} {:>10} {:>7} {:>9} {:>9} {:>9} {:>9} {:>6}\n",
-        "arm", "rate", "achieved", "ok%", "ttft p50", "ttft p99", "tlet p50", "tlet p99", "sust."
+        "{:<10} {:>8} {:>10} {:>7} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6}\n",
+        "arm",
+        "rate",
+        "achieved",
+        "ok%",
+        "ttft p50",
+        "ttft p99",
+        "tlet p50",
+        "tlet p99",
+        "sched p99",
+        "sust."
     );
     for a in &r.arms {
         for s in &a.steps {
@@ -173,7 +182,7 @@ pub fn text(r: &SweepReport) -> String {
             };
             let _ = writeln!(
                 out,
-                "{:<10} {:>8.0} {:>10.1} {:>7.2} {:>9} {:>9} {:>9} {:>9} {:>6}",
+                "{:<10} {:>8.0} {:>10.1} {:>7.2} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6}",
                 a.arm.label,
                 s.rate,
                 s.achieved_rps,
@@ -182,6 +191,7 @@ pub fn text(r: &SweepReport) -> String {
                 q(s.ttft_ms, |t| t.p99),
                 q(s.tlet_ms, |t| t.p50),
                 q(s.tlet_ms, |t| t.p99),
+                s.schedule_error_p99_ms.map_or("-".into(), |e| format!("{e:.3}")),
                 if s.sustainable { "yes" } else { "no" }
             );
         }
