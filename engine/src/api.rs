@@ -68,6 +68,12 @@ pub struct Usage {
     pub completion_tokens: u32,
 }
 
+/// Whether an NDJSON line of the generate stream is its last: a `done` or
+/// `error` event (the tag is always the first field [`Event::to_line`] writes).
+pub fn is_terminal_line(line: &[u8]) -> bool {
+    line.starts_with(b"{\"event\":\"done\"") || line.starts_with(b"{\"event\":\"error\"")
+}
+
 impl Event {
     /// The event as one NDJSON line.
     pub fn to_line(&self) -> bytes::Bytes {

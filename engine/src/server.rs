@@ -111,7 +111,7 @@ async fn generate_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, api::NDJSON)
-        .body(Either::Right(ChannelBody::new(rx)))
+        .body(Either::Right(ChannelBody::new(rx, api::is_terminal_line)))
         .expect("static response parts are valid")
 }
 

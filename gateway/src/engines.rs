@@ -26,6 +26,8 @@ pub type EngineClient = Client<HttpConnector, Full<Bytes>>;
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// A load report slower than this counts as a failed probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Recently cancelled engine streams remembered per connection.
+const MAX_RESET_STREAMS: usize = 4096;
 
 /// Where an engine is.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
@@ -67,7 +69,15 @@ impl EnginePool {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(1)));
-        let client = Client::builder(TokioExecutor::new()).http2_only(true).build(connector);
+        let client = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            // A client that goes away cancels its engine stream (RST_STREAM)
+            // while the engine may still have frames in flight for it. h2
+            // remembers only 10 such streams by default and treats frames
+            // for forgotten ones as errors, counted towards closing the
+            // whole connection; remember as many as can be in flight.
+            .http2_max_concurrent_reset_streams(MAX_RESET_STREAMS)
+            .build(connector);
         let slots = specs
             .into_iter()
             .map(|spec| EngineSlot {

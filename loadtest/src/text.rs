@@ -118,3 +118,78 @@ pub fn compare(a: &Results, b: &Results) -> String {
 fn trunc(s: &str) -> String {
     s.chars().take(14).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::results::{RunInfo, SCHEMA};
+    use crate::summary::{Group, RunSummary, TimeSeries};
+
+    fn results(label: &str, achieved: f64, ttft_p99: f64) -> Results {
+        let q = |v: f64| Summary { count: 10, p50: v / 2.0, p90: v, p95: v, p99: v, max: v };
+        let overall =
+            Group { requests: 10, ok: 10, met_slo: 5, ttft_ms: Some(q(ttft_p99)), ..Group::default() };
+        Results {
+            schema: SCHEMA.into(),
+            run: RunInfo {
+                label: label.into(),
+                target: "t".into(),
+                api: "openai".into(),
+                proto: "h2".into(),
+                connections: 1,
+                workload: "chat".into(),
+                schedule: "s".into(),
+                duration_s: 1.0,
+                seed: 1,
+                planned: 10,
+                started_unix_s: 0.0,
+                harness_version: "0".into(),
+            },
+            slos: BTreeMap::new(),
+            summary: RunSummary {
+                duration_s: 1.0,
+                offered_rps: 10.0,
+                sent_rps: 10.0,
+                achieved_rps: achieved,
+                goodput_rps: 5.0,
+                goodput_tokens_per_s: 0.0,
+                schedule_error_ms: None,
+                overall,
+                tiers: BTreeMap::new(),
+            },
+            timeseries: TimeSeries {
+                bin_s: 1.0,
+                offered_rps: vec![],
+                sent_rps: vec![],
+                achieved_rps: vec![],
+                rejected_rps: vec![],
+                failed_rps: vec![],
+                ttft_p95_ms: vec![],
+                ttft_p95_ms_by_tier: BTreeMap::new(),
+            },
+            records: vec![],
+        }
+    }
+
+    #[test]
+    fn compare_shows_both_values_and_b_over_a() {
+        let out = compare(&results("before", 8.0, 100.0), &results("after", 10.0, 250.0));
+        let line = |name: &str| {
+            out.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap()
+                .split_whitespace()
+                .rev()
+                .take(3)
+                .collect::<Vec<_>>()
+        };
+        assert!(out.lines().next().unwrap().contains("before") && out.contains("after"));
+        assert_eq!(line("achieved req/s"), ["1.250", "10.000", "8.000"]);
+        assert_eq!(line("TTFT p99 ms"), ["2.500", "250.000", "100.000"]);
+        // No ratio where the baseline is zero or missing.
+        assert_eq!(line("rejected"), ["-", "0.000", "0.000"]);
+        assert_eq!(line("sched error p99 ms"), ["-", "-", "-"]);
+    }
+}
