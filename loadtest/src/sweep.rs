@@ -71,7 +71,9 @@ pub struct Step {
 pub struct ArmResult {
     pub arm: Arm,
     pub steps: Vec<Step>,
-    /// Highest rate whose step, and every step below it, was sustainable.
+    /// Highest rate whose step was sustainable. (Capacity is monotone in the
+    /// rate; on a shared machine noise makes a step fail spuriously, never
+    /// pass, so a failed step below a passing one is taken as noise.)
     pub max_sustainable_rps: Option<f64>,
     /// TTFT and TLET percentiles minus the baseline's, at the lowest rate.
     pub added_ttft_p50_ms: Option<f64>,
@@ -133,7 +135,7 @@ pub async fn sweep(a: &SweepArgs) -> Result<SweepReport, RunError> {
         .iter()
         .zip(steps)
         .map(|(arm, steps)| {
-            let max_sustainable_rps = steps.iter().take_while(|s| s.sustainable).last().map(|s| s.rate);
+            let max_sustainable_rps = steps.iter().filter(|s| s.sustainable).map(|s| s.rate).last();
             let low = steps.first();
             let diff = |f: fn(&Step) -> Option<f64>| Some(f(low?)? - f(base.as_ref()?)?);
             ArmResult {
