@@ -135,7 +135,7 @@ pub async fn sweep(a: &SweepArgs) -> Result<SweepReport, RunError> {
         .iter()
         .zip(steps)
         .map(|(arm, steps)| {
-            let max_sustainable_rps = steps.iter().filter(|s| s.sustainable).map(|s| s.rate).last();
+            let max_sustainable_rps = steps.iter().rev().find(|s| s.sustainable).map(|s| s.rate);
             let low = steps.first();
             let diff = |f: fn(&Step) -> Option<f64>| Some(f(low?)? - f(base.as_ref()?)?);
             ArmResult {
