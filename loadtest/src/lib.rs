@@ -6,7 +6,8 @@
 //! - [`arrival`]: open-loop schedules (Poisson, constant, bursts, trace
 //!   replay) and the per-run request plan.
 //! - [`client`]: HTTP/2 (or HTTP/1.1) over TLS, or HTTP/2 cleartext.
-//! - [`sse`]: a Server-Sent Events parser.
+//! - [`sse`]: a Server-Sent Events parser; [`stream`]: token events in a
+//!   streamed body (SSE or NDJSON).
 //! - [`runner`]: sends the plan on time and records each request.
 //! - [`record`], [`summary`], [`results`]: per-request records, the summary
 //!   math, and the results file with its stable schema.
@@ -30,6 +31,7 @@ pub mod runner;
 pub mod sink;
 pub mod sse;
 pub mod stats;
+pub mod stream;
 pub mod summary;
 pub mod svg;
 pub mod sweep;

@@ -67,6 +67,36 @@ pub struct Record {
 }
 
 impl Record {
+    /// A record for a request not sent yet: failed until shown otherwise,
+    /// sent at its scheduled time until it actually is.
+    pub fn planned(
+        id: u64,
+        tier: &str,
+        key_index: usize,
+        scheduled_at_ms: f64,
+        tokens_in: u32,
+        max_tokens: u32,
+    ) -> Self {
+        Record {
+            id,
+            tier: tier.to_string(),
+            key_index,
+            scheduled_at_ms,
+            sent_at_ms: scheduled_at_ms,
+            outcome: Outcome::Failed,
+            status: 0,
+            reason: None,
+            admission: Admission::default(),
+            ttft_ms: None,
+            tbt_ms: Vec::new(),
+            tlet_ms: None,
+            done_ms: None,
+            tokens_in,
+            tokens_out: 0,
+            max_tokens,
+        }
+    }
+
     /// Send time minus scheduled time: the harness's own lateness.
     pub fn schedule_error_ms(&self) -> f64 {
         self.sent_at_ms - self.scheduled_at_ms

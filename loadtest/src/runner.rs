@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::arrival::Planned;
 use crate::client::{ClientError, Conn, Proto};
 use crate::record::{Admission, Outcome, Record};
-use crate::sse::SseParser;
+use crate::stream::TokenStream;
 use crate::workload::{synth_prompt, Workload};
 
 /// Which API the target speaks.
@@ -188,60 +188,17 @@ async fn one(
     live: &Live,
 ) -> Record {
     let mix = &w.mix[p.mix];
-    let scheduled = start + Duration::from_secs_f64(p.at_s);
-    let ms = |i: Instant| i.saturating_duration_since(start).as_secs_f64() * 1e3;
-    let mut rec = Record {
-        id: p.id,
-        tier: mix.tier.clone(),
-        key_index: p.mix,
-        scheduled_at_ms: p.at_s * 1e3,
-        sent_at_ms: p.at_s * 1e3,
-        outcome: Outcome::Failed,
-        status: 0,
-        reason: None,
-        admission: Admission::default(),
-        ttft_ms: None,
-        tbt_ms: Vec::new(),
-        tlet_ms: None,
-        done_ms: None,
-        tokens_in: p.input_tokens,
-        tokens_out: 0,
-        max_tokens: p.max_tokens,
-    };
+    let mut rec = Record::planned(p.id, &mix.tier, p.mix, p.at_s * 1e3, p.input_tokens, p.max_tokens);
     live.inflight.fetch_add(1, Ordering::Relaxed);
-    let key = t.key.as_deref().unwrap_or(&mix.key);
-    let body = request_body(t.api, &w.model, p, seed);
-    let deadline = scheduled + t.timeout;
-    let result = tokio::time::timeout_at(deadline, async {
-        let path = match t.api {
-            Api::Openai => "/v1/completions",
-            Api::Engine => "/engine/v1/generate",
-        };
-        let auth = (t.api == Api::Openai).then_some(key);
-        let pick = pool.pick();
-        let (mut conn, mut reusable) = pool.take(pick).await?;
-        rec.sent_at_ms = ms(Instant::now());
-        live.sent.fetch_add(1, Ordering::Relaxed);
-        let resp = match conn.post_json(path, auth, body.clone()).await {
-            Ok(resp) => resp,
-            // The connection closed under the request before it was
-            // answered (a GOAWAY racing the send): the server did not
-            // process it, so send it once more on a fresh connection, as
-            // HTTP clients do. Latency still counts from the scheduled time.
-            Err(_) if conn.is_closed() => {
-                (conn, reusable) = pool.take(pick).await?;
-                conn.post_json(path, auth, body).await?
-            }
-            Err(e) => return Err(e),
-        };
-        let r = read_response(resp, t.api, scheduled, &mut rec).await;
-        if reusable && r.is_ok() {
-            pool.give_back(conn);
-        }
-        r
-    })
-    .await;
-    match result {
+    let scheduled = start + Duration::from_secs_f64(p.at_s);
+    let req = Exchange {
+        api: t.api,
+        key: t.key.as_deref().unwrap_or(&mix.key),
+        body: request_body(t.api, &w.model, p, seed),
+        scheduled,
+        start,
+    };
+    match tokio::time::timeout_at(scheduled + t.timeout, req.run(pool, &mut rec, live)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => fail(&mut rec, transport_label(&e)),
         Err(_) => fail(&mut rec, "timeout".into()),
@@ -258,6 +215,46 @@ async fn one(
         live.recent_ttft_ms.lock().expect("ttft lock").push(t);
     }
     rec
+}
+
+/// One request on the wire.
+struct Exchange<'a> {
+    api: Api,
+    key: &'a str,
+    body: Bytes,
+    scheduled: Instant,
+    start: Instant,
+}
+
+impl Exchange<'_> {
+    async fn run(self, pool: &Pool, rec: &mut Record, live: &Live) -> Result<(), ClientError> {
+        let path = match self.api {
+            Api::Openai => "/v1/completions",
+            Api::Engine => "/engine/v1/generate",
+        };
+        let auth = (self.api == Api::Openai).then_some(self.key);
+        let pick = pool.pick();
+        let (mut conn, mut reusable) = pool.take(pick).await?;
+        rec.sent_at_ms = Instant::now().saturating_duration_since(self.start).as_secs_f64() * 1e3;
+        live.sent.fetch_add(1, Ordering::Relaxed);
+        let resp = match conn.post_json(path, auth, self.body.clone()).await {
+            Ok(resp) => resp,
+            // The connection closed under the request before it was
+            // answered (a GOAWAY racing the send): the server did not
+            // process it, so send it once more on a fresh connection, as
+            // HTTP clients do. Latency still counts from the scheduled time.
+            Err(_) if conn.is_closed() => {
+                (conn, reusable) = pool.take(pick).await?;
+                conn.post_json(path, auth, self.body).await?
+            }
+            Err(e) => return Err(e),
+        };
+        let r = read_response(resp, self.api, self.scheduled, rec).await;
+        if reusable && r.is_ok() {
+            pool.give_back(conn);
+        }
+        r
+    }
 }
 
 fn fail(rec: &mut Record, reason: String) {
@@ -355,135 +352,15 @@ fn rejection_reason(rec: &Record, body: &[u8]) -> String {
         .map_or_else(|| format!("http_{}", rec.status), str::to_string)
 }
 
-/// Counts tokens in a streamed body as it arrives, in either wire format.
-struct TokenStream {
-    api: Api,
-    sse: SseParser,
-    /// Partial NDJSON line.
-    line: Vec<u8>,
-    tokens: u32,
-    usage: Option<u32>,
-    finished: bool,
-    error: Option<String>,
-}
-
-impl TokenStream {
-    fn new(api: Api) -> Self {
-        Self {
-            api,
-            sse: SseParser::new(),
-            line: Vec::new(),
-            tokens: 0,
-            usage: None,
-            finished: false,
-            error: None,
-        }
-    }
-
-    /// Feeds body bytes; returns how many token events they completed.
-    fn push(&mut self, data: &[u8]) -> u32 {
-        let before = self.tokens;
-        match self.api {
-            Api::Openai => {
-                for ev in self.sse.push(data) {
-                    self.openai_event(&ev.data);
-                }
-            }
-            Api::Engine => {
-                self.line.extend_from_slice(data);
-                while let Some(i) = self.line.iter().position(|&b| b == b'\n') {
-                    let line: Vec<u8> = self.line.drain(..=i).collect();
-                    self.engine_line(&line);
-                }
-            }
-        }
-        self.tokens - before
-    }
-
-    fn openai_event(&mut self, data: &str) {
-        if data == "[DONE]" {
-            self.finished = true;
-            return;
-        }
-        let v: Value = serde_json::from_str(data).unwrap_or_default();
-        if let Some(e) = v.get("error") {
-            self.error = Some(e["code"].as_str().or(e["type"].as_str()).unwrap_or("unknown").to_string());
-            return;
-        }
-        let choice = &v["choices"][0];
-        let text = choice["text"].as_str().or(choice["delta"]["content"].as_str());
-        if text.is_some_and(|t| !t.is_empty()) {
-            self.tokens += 1;
-        }
-        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
-            self.usage = Some(u32::try_from(n).unwrap_or(u32::MAX));
-        }
-    }
-
-    fn engine_line(&mut self, line: &[u8]) {
-        let v: Value = serde_json::from_slice(line).unwrap_or_default();
-        match v["event"].as_str() {
-            Some("token") => self.tokens += 1,
-            Some("done") => {
-                self.finished = true;
-                self.usage = v["usage"]["completion_tokens"].as_u64().map(|n| n as u32);
-            }
-            Some("error") => self.error = Some(v["code"].as_str().unwrap_or("unknown").to_string()),
-            _ => {}
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn token_stream_counts_sse_tokens_usage_and_errors() {
-        let mut s = TokenStream::new(Api::Openai);
-        let chunk = |t: &str| format!("data: {{\"choices\":[{{\"text\":\"{t}\"}}]}}\n\n");
-        let wire = format!("{}{}{}", chunk("a"), chunk(""), chunk("b"));
-        // Split mid-event: the token counts when its event completes.
-        assert_eq!(s.push(&wire.as_bytes()[..10]), 0);
-        assert_eq!(s.push(&wire.as_bytes()[10..]), 2);
-        assert_eq!(
-            s.push(b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":7}}\n\ndata: [DONE]\n\n"),
-            0
-        );
-        assert_eq!((s.tokens, s.usage, s.finished), (2, Some(7), true));
-        let mut e = TokenStream::new(Api::Openai);
-        e.push(b"data: {\"error\":{\"code\":\"engine_failed\",\"message\":\"x\"}}\n\n");
-        assert_eq!(e.error.as_deref(), Some("engine_failed"));
-    }
-
-    #[test]
-    fn token_stream_reads_engine_ndjson_split_across_frames() {
-        let mut s = TokenStream::new(Api::Engine);
-        let wire = b"{\"event\":\"token\",\"text\":\"a\"}\n{\"event\":\"token\",\"text\":\"b\"}\n{\"event\":\"done\",\"finish_reason\":\"length\",\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2},\"queue_ms\":0,\"prefill_ms\":0}\n";
-        let got: u32 = wire.chunks(7).map(|c| s.push(c)).sum();
-        assert_eq!((got, s.usage, s.finished), (2, Some(2), true));
-    }
-
-    #[test]
     fn rejection_reason_prefers_the_header_then_the_body() {
-        let mut rec = Record {
-            id: 0,
-            tier: "gold".into(),
-            key_index: 0,
-            scheduled_at_ms: 0.0,
-            sent_at_ms: 0.0,
-            outcome: Outcome::Rejected,
-            status: 429,
-            reason: None,
-            admission: Admission::default(),
-            ttft_ms: None,
-            tbt_ms: vec![],
-            tlet_ms: None,
-            done_ms: None,
-            tokens_in: 1,
-            tokens_out: 0,
-            max_tokens: 1,
-        };
+        let mut rec = Record::planned(0, "gold", 0, 0.0, 1, 1);
+        rec.outcome = Outcome::Rejected;
+        rec.status = 429;
         let body = br#"{"error":{"message":"m","type":"rate_limit_error","code":"tenant_concurrency"}}"#;
         assert_eq!(rejection_reason(&rec, body), "tenant_concurrency");
         assert_eq!(rejection_reason(&rec, b"{\"error\":{\"type\":\"server_error\"}}"), "server_error");

@@ -212,7 +212,6 @@ pub fn time_series(records: &[Record], duration_s: f64) -> TimeSeries {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::Admission;
 
     fn rec(id: u64, tier: &str, outcome: Outcome, ttft: Option<f64>, tlet: Option<f64>) -> Record {
         let status = match outcome {
@@ -220,24 +219,17 @@ mod tests {
             Outcome::Rejected => 503,
             Outcome::Failed => 200,
         };
-        Record {
-            id,
-            tier: tier.into(),
-            key_index: 0,
-            scheduled_at_ms: id as f64 * 100.0,
-            sent_at_ms: id as f64 * 100.0 + 0.5,
-            outcome,
-            status,
-            reason: (outcome != Outcome::Ok).then(|| "capacity".into()),
-            admission: Admission::default(),
-            ttft_ms: ttft,
-            tbt_ms: if ttft.is_some() { vec![10.0, 20.0] } else { vec![] },
-            tlet_ms: tlet,
-            done_ms: tlet.map(|t| t + 1.0),
-            tokens_in: 10,
-            tokens_out: if ttft.is_some() { 3 } else { 0 },
-            max_tokens: 3,
-        }
+        let mut r = Record::planned(id, tier, 0, id as f64 * 100.0, 10, 3);
+        r.sent_at_ms += 0.5;
+        r.outcome = outcome;
+        r.status = status;
+        r.reason = (outcome != Outcome::Ok).then(|| "capacity".into());
+        r.ttft_ms = ttft;
+        r.tbt_ms = if ttft.is_some() { vec![10.0, 20.0] } else { vec![] };
+        r.tlet_ms = tlet;
+        r.done_ms = tlet.map(|t| t + 1.0);
+        r.tokens_out = if ttft.is_some() { 3 } else { 0 };
+        r
     }
 
     #[test]
