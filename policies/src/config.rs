@@ -2,8 +2,10 @@
 //!
 //! Parsed from TOML into types that cannot hold invalid values. Unknown keys
 //! are errors. Errors name the file, the line where TOML points at one, and
-//! the key path. Later issues add admission, brownout, routing and video
-//! sections to the same document.
+//! the key path. Besides tiers, tenants and models the document holds the
+//! `[admission]`, `[estimator]`, `[brownout]` and `[routing]` sections, each
+//! owned by its module and defaulted when absent. Every knob is listed in
+//! docs/policies.md.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -11,6 +13,11 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use crate::admission::{AdmissionConfig, Degradation};
+use crate::brownout::BrownoutConfig;
+use crate::estimate::EstimatorConfig;
+use crate::routing::RoutingConfig;
 
 /// A policy document that failed to load.
 #[derive(Debug, thiserror::Error)]
@@ -53,8 +60,17 @@ pub struct Tier {
     pub max_output_tokens: NonZeroU32,
     /// Prompt tokens a request may carry; more is a 400.
     pub max_context_tokens: NonZeroU32,
-    /// Relative share under contention (used by later scheduling policies).
+    /// Relative share under contention: the engine's ordering key divides
+    /// estimated work by it, and it is the tenant's deficit round-robin weight.
     pub priority_weight: NonZeroU32,
+    /// The degradation ladder never lowers `max_tokens` below this.
+    pub output_floor_tokens: u32,
+    /// Requests one tenant of this tier may have open at once (429 beyond).
+    pub max_concurrency: Option<NonZeroU32>,
+    /// Allowed degradations, in the order they are tried.
+    pub degradations: Vec<Degradation>,
+    /// Engine class the `faster_class` degradation moves requests to.
+    pub overflow_class: Option<String>,
 }
 
 /// A tenant: who is calling, and on which tier.
@@ -84,6 +100,13 @@ pub struct PolicyDocument {
     pub models: Vec<Model>,
     pub tiers: Vec<Tier>,
     pub tenants: Vec<Tenant>,
+    pub admission: AdmissionConfig,
+    pub estimator: EstimatorConfig,
+    pub brownout: BrownoutConfig,
+    pub routing: RoutingConfig,
+    /// Content hash of the document text (12 hex digits): the version in
+    /// response headers and metrics.
+    pub version: String,
     keys: HashMap<ApiKey, usize>,
 }
 
@@ -94,6 +117,15 @@ struct RawDocument {
     tiers: BTreeMap<String, RawTier>,
     #[serde(default)]
     tenants: Vec<RawTenant>,
+    #[serde(default)]
+    admission: AdmissionConfig,
+    #[serde(default)]
+    estimator: EstimatorConfig,
+    /// `None` when absent: the shipped levels apply to whichever of their
+    /// tiers exist; levels written out must name only existing tiers.
+    brownout: Option<BrownoutConfig>,
+    #[serde(default)]
+    routing: RoutingConfig,
 }
 
 #[derive(Deserialize)]
@@ -105,6 +137,15 @@ struct RawTier {
     max_context_tokens: NonZeroU32,
     #[serde(default = "one")]
     priority_weight: NonZeroU32,
+    output_floor_tokens: Option<u32>,
+    max_concurrency: Option<NonZeroU32>,
+    #[serde(default = "all_degradations")]
+    degradations: Vec<Degradation>,
+    overflow_class: Option<String>,
+}
+
+fn all_degradations() -> Vec<Degradation> {
+    vec![Degradation::ReduceOutput, Degradation::Greedy, Degradation::FasterClass]
 }
 
 fn one() -> NonZeroU32 {
@@ -136,6 +177,20 @@ impl PolicyDocument {
                     format!("must be >= ttft_ms ({})", t.ttft_ms),
                 ));
             }
+            let floor = t.output_floor_tokens.unwrap_or(32).min(t.max_output_tokens.get());
+            if t.output_floor_tokens.is_some_and(|f| f == 0 || f > t.max_output_tokens.get()) {
+                return Err(invalid(
+                    format!("tiers.{name}.output_floor_tokens"),
+                    format!("must be in [1, max_output_tokens ({})]", t.max_output_tokens),
+                ));
+            }
+            let mut seen = Vec::new();
+            for (i, d) in t.degradations.iter().enumerate() {
+                if seen.contains(d) {
+                    return Err(invalid(format!("tiers.{name}.degradations[{i}]"), "listed twice".into()));
+                }
+                seen.push(*d);
+            }
             tiers.push(Tier {
                 name,
                 ttft: Duration::from_millis(t.ttft_ms.get().into()),
@@ -143,6 +198,10 @@ impl PolicyDocument {
                 max_output_tokens: t.max_output_tokens,
                 max_context_tokens: t.max_context_tokens,
                 priority_weight: t.priority_weight,
+                output_floor_tokens: floor,
+                max_concurrency: t.max_concurrency,
+                degradations: t.degradations,
+                overflow_class: t.overflow_class,
             });
         }
         if tiers.is_empty() {
@@ -166,7 +225,34 @@ impl PolicyDocument {
             }
             tenants.push(Tenant { name: t.name, tier });
         }
-        Ok(Self { models: raw.models, tiers, tenants, keys })
+        let section = |(key, message): (&str, String)| invalid(key.to_string(), message);
+        raw.admission.validate().map_err(section)?;
+        raw.estimator.validate().map_err(section)?;
+        raw.routing.validate().map_err(section)?;
+        let explicit = raw.brownout.is_some();
+        let brownout = raw.brownout.unwrap_or_default();
+        brownout.validate().map_err(|(key, message)| invalid(key, message))?;
+        for (i, level) in brownout.levels.iter().enumerate().filter(|_| explicit) {
+            if let Some(t) = level.tiers.keys().find(|t| !tiers.iter().any(|x| &x.name == *t)) {
+                return Err(invalid(format!("brownout.levels[{i}].tiers.{t}"), "unknown tier".into()));
+            }
+        }
+        Ok(Self {
+            models: raw.models,
+            tiers,
+            tenants,
+            admission: raw.admission,
+            estimator: raw.estimator,
+            brownout,
+            routing: raw.routing,
+            version: version_of(text),
+            keys,
+        })
+    }
+
+    /// The tier with this name.
+    pub fn tier(&self, name: &str) -> Option<&Tier> {
+        self.tiers.iter().find(|t| t.name == name)
     }
 
     /// The tenant owning `key`, with its tier.
@@ -180,6 +266,16 @@ impl PolicyDocument {
     pub fn model(&self, id: &str) -> Option<&Model> {
         self.models.iter().find(|m| m.id == id)
     }
+}
+
+/// FNV-1a 64 of the text, as 12 hex digits.
+fn version_of(text: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{:012x}", h >> 16)
 }
 
 fn parse_error(file: &str, text: &str, e: &toml::de::Error) -> PolicyError {

@@ -9,12 +9,21 @@
 //! - [`config`]: the policy document (tiers, tenants and their API keys, models).
 //! - [`profile`]: latency profiles (prefill and decode timing curves).
 //! - [`tokens`]: the shared token-count estimate for text.
-//! - [`routing`]: engine choice for a request.
+//! - [`estimate`]: expected output, prefill and decode time per engine class.
+//! - [`admission`]: feasibility against the tier's SLO, the degradation
+//!   ladder, rejections with Retry-After, predicted-finish routing.
+//! - [`brownout`]: overload levels with hysteresis and their per-tier caps.
+//! - [`fairness`]: deficit round-robin across tenants, in tokens.
+//! - [`routing`]: the `[routing]` knobs and the baseline routing policies.
 //! - [`batching`]: micro-batch formation for the engine scheduler.
 //! - [`rng`]: the seeded generator behind every reproducible random choice.
 
+pub mod admission;
 pub mod batching;
+pub mod brownout;
 pub mod config;
+pub mod estimate;
+pub mod fairness;
 pub mod profile;
 pub mod rng;
 pub mod routing;

@@ -1,9 +1,81 @@
-//! Engine choice for one request.
+//! Engine choice for one request, and the `[routing]` knobs.
 //!
-//! The foundation policy is "fewest in-flight tokens among ready engines":
-//! tokens, not request counts, because one long generation costs an engine
-//! as much as many short ones. Later policies (predicted finish time, KV
-//! headroom, lanes, affinity) extend [`EngineView`] and keep this signature.
+//! The product's policy (`predicted_finish`) lives in [`crate::admission`]:
+//! the engine with the lowest predicted finish time among those that keep
+//! KV headroom above their low watermark, long prompts in their own lane.
+//! The simple policies here serve the FCFS baselines of the admission
+//! benchmark and the fallback when admission is off: fewest in-flight
+//! tokens, fewest in-flight requests (length-oblivious "least loaded"), and
+//! round robin.
+
+use serde::Deserialize;
+
+/// `[routing] policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoutePolicy {
+    /// Lowest predicted finish time with KV headroom and lanes (admission).
+    PredictedFinish,
+    /// Fewest in-flight requests, blind to their length.
+    LeastLoaded,
+    /// Each engine in turn.
+    RoundRobin,
+}
+
+/// `[routing] order`: the ordering key sent with each request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueOrder {
+    /// Weighted shortest remaining processing time, as a virtual finish
+    /// time (arrival + estimated service / weight, so waiting requests age);
+    /// requests with an explicit `x-slo-ttft-ms` use their deadline (EDF).
+    Wsrpt,
+    /// Arrival order.
+    Fcfs,
+}
+
+/// `[routing]` in the policy document.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingConfig {
+    pub policy: RoutePolicy,
+    pub order: QueueOrder,
+    /// Prompts of at least this many tokens use the long lane.
+    pub long_prompt_tokens: u32,
+    /// Engines (of each class, counted from the first) in the long lane,
+    /// when the class has more engines than this.
+    pub long_lane_engines: u32,
+    /// Deficit round-robin credit per turn per unit of tier weight, tokens.
+    pub drr_quantum_tokens: u64,
+    /// Longest a request may wait at the gateway for a slot, milliseconds
+    /// (besides its own TTFT budget).
+    pub max_queue_ms: u32,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self {
+            policy: RoutePolicy::PredictedFinish,
+            order: QueueOrder::Wsrpt,
+            long_prompt_tokens: 1024,
+            long_lane_engines: 1,
+            drr_quantum_tokens: 512,
+            max_queue_ms: 30_000,
+        }
+    }
+}
+
+impl RoutingConfig {
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.drr_quantum_tokens == 0 {
+            return Err(("routing.drr_quantum_tokens", "must be > 0".into()));
+        }
+        if self.long_prompt_tokens == 0 {
+            return Err(("routing.long_prompt_tokens", "must be > 0".into()));
+        }
+        Ok(())
+    }
+}
 
 /// What routing may know about one engine at decision time.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,6 +87,8 @@ pub struct EngineView {
     /// Tokens the gateway has dispatched to it and not yet seen finish
     /// (prompt tokens plus the remaining output budget).
     pub inflight_tokens: u64,
+    /// Requests the gateway has dispatched to it and not yet seen finish.
+    pub inflight_requests: u32,
 }
 
 /// Picks the index of the ready engine with the fewest in-flight tokens,
@@ -30,12 +104,39 @@ pub fn least_inflight_tokens(engines: &[EngineView], exclude: &[usize]) -> Optio
         .map(|(i, _)| i)
 }
 
+/// Fewest in-flight requests among ready engines (length-oblivious).
+pub fn least_inflight_requests(engines: &[EngineView], exclude: &[usize]) -> Option<usize> {
+    engines
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| e.ready && !exclude.contains(i))
+        .min_by_key(|(i, e)| (e.inflight_requests, *i))
+        .map(|(i, _)| i)
+}
+
+/// The `turn`-th ready engine in order, skipping `exclude`.
+pub fn round_robin(engines: &[EngineView], exclude: &[usize], turn: u64) -> Option<usize> {
+    let ready: Vec<usize> =
+        (0..engines.len()).filter(|i| engines[*i].ready && !exclude.contains(i)).collect();
+    (!ready.is_empty()).then(|| ready[(turn % ready.len() as u64) as usize])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn view(id: &str, ready: bool, tokens: u64) -> EngineView {
-        EngineView { id: id.into(), ready, inflight_tokens: tokens }
+        EngineView { id: id.into(), ready, inflight_tokens: tokens, inflight_requests: (tokens / 10) as u32 }
+    }
+
+    #[test]
+    fn baselines_round_robin_and_least_requests() {
+        let es = [view("a", true, 500), view("b", false, 0), view("c", true, 20)];
+        let turns: Vec<_> = (0..4).map(|t| round_robin(&es, &[], t)).collect();
+        assert_eq!(turns, vec![Some(0), Some(2), Some(0), Some(2)]);
+        assert_eq!(round_robin(&es, &[0, 2], 0), None);
+        assert_eq!(least_inflight_requests(&es, &[]), Some(2));
+        assert_eq!(least_inflight_requests(&es, &[2]), Some(0));
     }
 
     #[test]

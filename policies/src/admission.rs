@@ -1,0 +1,391 @@
+//! Admission: admit, degrade or reject one request against its tier's SLO.
+//!
+//! The prediction for a request on an engine class:
+//! - **wait**: on an engine with a free decode slot, the prefill backlog
+//!   already dispatched there plus one decode step (the batch-fill time: a
+//!   new sequence joins the running batch at the next token boundary). When
+//!   every slot is busy the request waits at the gateway, and its wait is
+//!   the output work served before it (its deficit round-robin position, see
+//!   [`crate::fairness`]) plus half a mean output (the residual time to the
+//!   first slot release), over the class's decode throughput
+//!   `μ = Σ slots / step(slots)`.
+//! - **TTFT** = wait + prefill(n_in); **E2E** = TTFT + decode(n_out), with
+//!   the estimator's high-quantile × γ predictions ([`crate::estimate`]).
+//!
+//! A request is feasible when TTFT ≤ D_TTFT and E2E ≤ D_E2E. If not, the
+//! tier's degradation ladder is walked in its configured order, each step
+//! applied only when it helps: `reduce_output` lowers `max_tokens` to what
+//! fits D_E2E, never below the tier's floor; `greedy` switches sampling off
+//! (it saves the sampling pass); `faster_class` moves the request to the
+//! tier's overflow engine class. When nothing works it is rejected with the
+//! reason and a Retry-After equal to the predicted time for the excess wait
+//! to drain. Every decision carries its prediction and reason.
+
+use serde::Deserialize;
+
+use crate::estimate::{EstimatorConfig, ServiceModel, ServiceTime};
+
+/// `[admission] mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdmissionMode {
+    /// Predict, degrade, reject (the product).
+    Slo,
+    /// Admit everything at once (the FCFS baselines of the benchmark).
+    Off,
+}
+
+/// `[admission]` in the policy document.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdmissionConfig {
+    pub mode: AdmissionMode,
+    /// Retry-After bounds, seconds.
+    pub retry_after_min_s: u32,
+    pub retry_after_max_s: u32,
+    /// Decode cost factor of temperature sampling over greedy decoding.
+    pub sampling_cost: f64,
+    /// Smallest accepted `x-slo-*-ms` hint.
+    pub min_hint_ms: u32,
+    /// A request waiting at the gateway is re-checked when a slot frees; it
+    /// is refused instead of started when its predicted TTFT by then exceeds
+    /// its budget times this factor.
+    pub recheck_factor: f64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            mode: AdmissionMode::Slo,
+            retry_after_min_s: 1,
+            retry_after_max_s: 30,
+            sampling_cost: 1.05,
+            min_hint_ms: 50,
+            recheck_factor: 1.0,
+        }
+    }
+}
+
+impl AdmissionConfig {
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.retry_after_min_s == 0 || self.retry_after_max_s < self.retry_after_min_s {
+            return Err((
+                "admission.retry_after_max_s",
+                "need 1 <= retry_after_min_s <= retry_after_max_s".into(),
+            ));
+        }
+        if !(self.sampling_cost.is_finite() && (1.0..=4.0).contains(&self.sampling_cost)) {
+            return Err(("admission.sampling_cost", "must be in [1, 4]".into()));
+        }
+        if !(self.recheck_factor.is_finite() && self.recheck_factor >= 1.0) {
+            return Err(("admission.recheck_factor", "must be >= 1".into()));
+        }
+        Ok(())
+    }
+}
+
+/// One rung of the degradation ladder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Degradation {
+    /// Lower `max_tokens` to what fits the end-to-end budget (not below the
+    /// tier's floor).
+    ReduceOutput,
+    /// Switch temperature sampling off.
+    Greedy,
+    /// Move to the tier's overflow engine class.
+    FasterClass,
+}
+
+impl Degradation {
+    pub fn label(self) -> &'static str {
+        match self {
+            Degradation::ReduceOutput => "reduce_output",
+            Degradation::Greedy => "greedy",
+            Degradation::FasterClass => "faster_class",
+        }
+    }
+}
+
+/// One engine as admission sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// Index of the engine in the caller's list.
+    pub idx: usize,
+    /// Index of its class in the `models` slice.
+    pub class: usize,
+    /// Decode slots (its maximum batch).
+    pub slots: u32,
+    /// Sequences the gateway has running or prefilling there.
+    pub active: u32,
+    /// Expected output tokens of those sequences, summed.
+    pub active_out_tokens: u64,
+    /// Prompt tokens dispatched there that have not produced a first token.
+    pub prefill_backlog_tokens: u64,
+    /// KV capacity left above its low watermark, in tokens.
+    pub kv_headroom_tokens: u64,
+    /// Part of the long-prompt lane.
+    pub long_lane: bool,
+}
+
+/// The request, as admission sees it (tier limits and brownout caps
+/// already applied by the caller).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ask<'a> {
+    pub n_in: u32,
+    pub max_tokens: u32,
+    /// Expected output ([`crate::estimate::OutputHistory::expected`]).
+    pub expected_out: u32,
+    /// `reduce_output` never goes below this.
+    pub output_floor: u32,
+    pub ttft_budget_ms: f64,
+    pub e2e_budget_ms: f64,
+    /// Temperature sampling requested.
+    pub sampling: bool,
+    pub degradations: &'a [Degradation],
+    /// Primary class and the overflow class (`faster_class`).
+    pub class: usize,
+    pub overflow_class: Option<usize>,
+    /// A long prompt (long lane).
+    pub long: bool,
+    /// Output tokens of the requests waiting at the gateway that would be
+    /// served before this one (0 when nothing waits).
+    pub queue_ahead_out_tokens: f64,
+}
+
+/// Where and how an admitted request runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The engine to start on now; `None`: wait at the gateway for a slot
+    /// of `class`.
+    pub engine: Option<usize>,
+    pub class: usize,
+    pub max_tokens: u32,
+    pub sampling: bool,
+    pub ttft_ms: f64,
+    pub e2e_ms: f64,
+    /// The ladder steps taken, in order (empty: admitted as asked).
+    pub steps: Vec<Degradation>,
+}
+
+/// Why a request is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    /// The first token cannot arrive within D_TTFT.
+    TtftInfeasible,
+    /// The last token cannot arrive within D_E2E, even degraded.
+    E2eInfeasible,
+    /// Every engine would drop below its KV low watermark.
+    KvHeadroom,
+    /// No ready engine of the class.
+    NoEngine,
+}
+
+impl RejectReason {
+    pub fn label(self) -> &'static str {
+        match self {
+            RejectReason::TtftInfeasible => "ttft_infeasible",
+            RejectReason::E2eInfeasible => "e2e_infeasible",
+            RejectReason::KvHeadroom => "kv_headroom",
+            RejectReason::NoEngine => "no_ready_engine",
+        }
+    }
+}
+
+/// A refusal with its prediction and when to come back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejection {
+    pub reason: RejectReason,
+    pub retry_after_s: u32,
+    pub predicted_ttft_ms: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Admitted, degraded when `plan.steps` is not empty.
+    Admit(Plan),
+    Reject(Rejection),
+}
+
+/// Prediction of one request on one class with its current options.
+#[derive(Debug, Clone, PartialEq)]
+struct Fit {
+    engine: Option<usize>,
+    ttft_ms: f64,
+    e2e_ms: f64,
+    /// Decode time per output token, for `reduce_output`.
+    per_token_ms: f64,
+}
+
+/// What every prediction of one decision reads.
+#[derive(Clone, Copy)]
+struct Cx<'a> {
+    engines: &'a [Candidate],
+    models: &'a [ServiceModel],
+    est: &'a EstimatorConfig,
+    cfg: &'a AdmissionConfig,
+}
+
+/// Predicts `ask` with `max_tokens`/`sampling` on `class`; `None` when the
+/// class has no candidate with KV headroom for it.
+fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit> {
+    let Cx { engines, models, est, cfg } = *cx;
+    let model = models.get(class)?;
+    // Requests waiting at the gateway wait for the primary class.
+    let ahead = if class == ask.class { ask.queue_ahead_out_tokens } else { 0.0 };
+    let need = u64::from(ask.n_in) + u64::from(out);
+    let of_class: Vec<&Candidate> =
+        engines.iter().filter(|e| e.class == class && e.kv_headroom_tokens >= need).collect();
+    if of_class.is_empty() {
+        return None;
+    }
+    let sample = if sampling { cfg.sampling_cost } else { 1.0 };
+    let predict = |e: &Candidate| {
+        let batch = f64::from((e.active + 1).min(e.slots.max(1)));
+        model.predict(ask.n_in, out, batch, est)
+    };
+    let finish = |e: &Candidate, s: &ServiceTime, wait: f64| -> Fit {
+        let ttft = wait + s.prefill_ms;
+        let decode = s.decode_ms * sample;
+        Fit {
+            engine: (e.active < e.slots).then_some(e.idx),
+            ttft_ms: ttft,
+            e2e_ms: ttft + decode,
+            per_token_ms: decode / f64::from(out.max(1)),
+        }
+    };
+    // Engines with a free slot now: backlog prefill + batch fill.
+    let lane_ok = |e: &&&Candidate| !ask.long || e.long_lane || !of_class.iter().any(|c| c.long_lane);
+    let free = of_class
+        .iter()
+        .filter(|e| e.active < e.slots)
+        .filter(lane_ok)
+        .map(|e| {
+            let s = predict(e);
+            let backlog = if e.prefill_backlog_tokens > 0 {
+                model.prefill_raw_ms(e.prefill_backlog_tokens.min(u64::from(u32::MAX)) as u32)
+                    * model.prefill_ratio.high(est.ratio_z)
+                    * est.guard_factor
+            } else {
+                0.0
+            };
+            finish(e, &s, backlog + s.step_ms)
+        })
+        .min_by(|a, b| a.e2e_ms.total_cmp(&b.e2e_ms));
+    if let Some(f) = free {
+        if ahead <= 0.0 {
+            return Some(f);
+        }
+    }
+    // Every slot busy (or others already waiting): wait at the gateway.
+    let mu: f64 = of_class
+        .iter()
+        .map(|e| {
+            let full = model.predict(ask.n_in, 1, f64::from(e.slots.max(1)), est).step_ms;
+            f64::from(e.slots.max(1)) / full.max(1e-3)
+        })
+        .sum();
+    let (active, out_tokens) =
+        of_class.iter().fold((0u64, 0u64), |(a, o), e| (a + u64::from(e.active), o + e.active_out_tokens));
+    let mean_out = if active > 0 { out_tokens as f64 / active as f64 } else { 0.0 };
+    let wait = (ahead + mean_out / 2.0) / mu;
+    let e = of_class.iter().min_by_key(|e| e.active).expect("non-empty");
+    let s = predict(e);
+    let mut f = finish(e, &s, wait + s.step_ms);
+    f.engine = None;
+    Some(f)
+}
+
+/// Decides admit / degrade / reject for `ask` over `engines` (ready ones).
+pub fn decide(
+    ask: &Ask,
+    engines: &[Candidate],
+    models: &[ServiceModel],
+    est: &EstimatorConfig,
+    cfg: &AdmissionConfig,
+) -> Decision {
+    let cx = Cx { engines, models, est, cfg };
+    let mut out = ask.expected_out.min(ask.max_tokens).max(1);
+    let mut max_tokens = ask.max_tokens;
+    let mut sampling = ask.sampling;
+    let mut class = ask.class;
+    let mut steps = Vec::new();
+    let fits = |f: &Fit| f.ttft_ms <= ask.ttft_budget_ms && f.e2e_ms <= ask.e2e_budget_ms;
+    let first = fit(&cx, ask, out, sampling, class);
+    let Some(mut best) = first else {
+        let any = engines.iter().any(|e| e.class == class);
+        let reason = if any { RejectReason::KvHeadroom } else { RejectReason::NoEngine };
+        return Decision::Reject(Rejection {
+            reason,
+            retry_after_s: cfg.retry_after_min_s,
+            predicted_ttft_ms: f64::INFINITY,
+        });
+    };
+    for step in ask.degradations {
+        if fits(&best) {
+            break;
+        }
+        let better = match step {
+            Degradation::ReduceOutput if best.ttft_ms <= ask.ttft_budget_ms => {
+                let room = (ask.e2e_budget_ms - best.ttft_ms) / best.per_token_ms.max(1e-6);
+                let n = (room.floor().max(0.0) as u32).max(ask.output_floor).min(max_tokens);
+                if n < max_tokens {
+                    max_tokens = n;
+                    out = out.min(n).max(1);
+                    fit(&cx, ask, out, sampling, class)
+                } else {
+                    None
+                }
+            }
+            Degradation::Greedy if sampling => {
+                sampling = false;
+                fit(&cx, ask, out, sampling, class)
+            }
+            Degradation::FasterClass => ask
+                .overflow_class
+                .filter(|c| *c != class)
+                .and_then(|c| fit(&cx, ask, out, sampling, c).map(|f| (c, f)))
+                .filter(|(_, f)| f.e2e_ms < best.e2e_ms)
+                .map(|(c, f)| {
+                    class = c;
+                    f
+                }),
+            _ => None,
+        };
+        if let Some(f) = better {
+            best = f;
+            steps.push(*step);
+        }
+    }
+    if fits(&best) {
+        return Decision::Admit(Plan {
+            engine: best.engine,
+            class,
+            max_tokens,
+            sampling,
+            ttft_ms: best.ttft_ms,
+            e2e_ms: best.e2e_ms,
+            steps,
+        });
+    }
+    let (reason, excess) = if best.ttft_ms > ask.ttft_budget_ms {
+        (RejectReason::TtftInfeasible, best.ttft_ms - ask.ttft_budget_ms)
+    } else {
+        (RejectReason::E2eInfeasible, best.e2e_ms - ask.e2e_budget_ms)
+    };
+    Decision::Reject(Rejection {
+        reason,
+        retry_after_s: retry_after(excess, cfg),
+        predicted_ttft_ms: best.ttft_ms,
+    })
+}
+
+/// Queued work drains at one millisecond of wait per millisecond when no
+/// new work arrives, so the excess wait is the time to come back.
+pub fn retry_after(excess_ms: f64, cfg: &AdmissionConfig) -> u32 {
+    let s = (excess_ms.max(0.0) / 1000.0).ceil();
+    (s.min(f64::from(cfg.retry_after_max_s)) as u32).clamp(cfg.retry_after_min_s, cfg.retry_after_max_s)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,198 @@
+//! Feasibility math on hand-computed cases, and the ladder's order.
+//!
+//! The test profile makes the arithmetic easy: prefill 0.1 ms per prompt
+//! token (fitted exactly as a = 0.1, w = 1), decode step 10 ms at batch 1
+//! plus 1 ms per extra sequence, no context term; γ = 1.
+
+use super::*;
+use crate::profile::LatencyProfile;
+
+fn model(class: &str, step_at_1: f64) -> ServiceModel {
+    let text = format!(
+        r#"
+        model = "m"
+        engine_class = "{class}"
+        [prefill]
+        points = [[0, 0.0], [1000, 100.0], [8192, 819.2]]
+        [decode]
+        batch_points = [[1, {step_at_1}], [9, {}]]
+        "#,
+        step_at_1 + 8.0
+    );
+    ServiceModel::from_profile(&LatencyProfile::parse("t.toml", &text).unwrap())
+}
+
+fn est() -> EstimatorConfig {
+    EstimatorConfig { guard_factor: 1.0, ..Default::default() }
+}
+
+fn engine(idx: usize, slots: u32, active: u32) -> Candidate {
+    Candidate {
+        idx,
+        class: 0,
+        slots,
+        active,
+        active_out_tokens: u64::from(active) * 100,
+        prefill_backlog_tokens: 0,
+        kv_headroom_tokens: 1 << 20,
+        long_lane: false,
+    }
+}
+
+fn ask(ttft: f64, e2e: f64) -> Ask<'static> {
+    Ask {
+        n_in: 400,
+        max_tokens: 100,
+        expected_out: 100,
+        output_floor: 32,
+        ttft_budget_ms: ttft,
+        e2e_budget_ms: e2e,
+        sampling: false,
+        degradations: &[Degradation::ReduceOutput, Degradation::Greedy, Degradation::FasterClass],
+        class: 0,
+        overflow_class: None,
+        long: false,
+        queue_ahead_out_tokens: 0.0,
+    }
+}
+
+fn admitted(d: Decision) -> Plan {
+    match d {
+        Decision::Admit(p) => p,
+        Decision::Reject(r) => panic!("rejected: {r:?}"),
+    }
+}
+
+fn rejected(d: Decision) -> Rejection {
+    match d {
+        Decision::Reject(r) => r,
+        Decision::Admit(p) => panic!("admitted: {p:?}"),
+    }
+}
+
+fn close(a: f64, b: f64) {
+    assert!((a - b).abs() < 1e-6, "{a} != {b}");
+}
+
+#[test]
+fn free_slot_wait_is_batch_fill_plus_backlog() {
+    let models = [model("c", 10.0)];
+    let cfg = AdmissionConfig::default();
+    // 3 running + this one = batch 4: step 13 ms. TTFT = 13 (join at the
+    // next token boundary) + 40 (prefill 400 tokens); E2E = 53 + 100 × 13.
+    let p = admitted(decide(&ask(500.0, 2000.0), &[engine(0, 8, 3)], &models, &est(), &cfg));
+    assert_eq!(p.engine, Some(0));
+    close(p.ttft_ms, 53.0);
+    close(p.e2e_ms, 1353.0);
+    assert!(p.steps.is_empty());
+    // 600 prompt tokens already waiting for prefill there add 60 ms.
+    let mut e = engine(0, 8, 3);
+    e.prefill_backlog_tokens = 600;
+    close(admitted(decide(&ask(500.0, 2000.0), &[e], &models, &est(), &cfg)).ttft_ms, 113.0);
+}
+
+#[test]
+fn busy_slots_wait_at_the_gateway_for_throughput() {
+    let models = [model("c", 10.0)];
+    let cfg = AdmissionConfig::default();
+    let engines = [engine(0, 4, 4), engine(1, 4, 4)];
+    let mut a = ask(1000.0, 5000.0);
+    a.queue_ahead_out_tokens = 300.0;
+    // μ = 2 engines × 4 slots / 13 ms. Wait = (300 ahead + 100/2) / μ =
+    // 568.75 ms, + batch fill 13 + prefill 40 = 621.75 ms.
+    let p = admitted(decide(&a, &engines, &models, &est(), &cfg));
+    assert_eq!(p.engine, None, "waits for a slot");
+    close(p.ttft_ms, 621.75);
+    // With a 500 ms budget: rejected, back once the 121.75 ms excess drained.
+    a.ttft_budget_ms = 500.0;
+    let r = rejected(decide(&a, &engines, &models, &est(), &cfg));
+    assert_eq!(r.reason, RejectReason::TtftInfeasible);
+    assert_eq!(r.retry_after_s, 1);
+    close(r.predicted_ttft_ms, 621.75);
+    a.queue_ahead_out_tokens = 30_000.0; // ~49 s of work ahead
+    let r = rejected(decide(&a, &engines, &models, &est(), &cfg));
+    assert_eq!(r.retry_after_s, cfg.retry_after_max_s, "clamped");
+    let r = rejected(decide(&ask(1.0, 5000.0), &[engine(0, 4, 0)], &models, &est(), &cfg));
+    assert_eq!(r.retry_after_s, 1, "never below the floor");
+}
+
+#[test]
+fn reduce_output_fits_the_e2e_budget_down_to_the_floor() {
+    let models = [model("c", 10.0)];
+    let cfg = AdmissionConfig::default();
+    // E2E 1353 > 1000: (1000 - 53) / 13 = 72.8 -> max_tokens 72.
+    let p = admitted(decide(&ask(500.0, 1000.0), &[engine(0, 8, 3)], &models, &est(), &cfg));
+    assert_eq!(p.steps, vec![Degradation::ReduceOutput]);
+    assert_eq!(p.max_tokens, 72);
+    close(p.e2e_ms, 53.0 + 72.0 * 13.0);
+    // 300 ms would need 19 tokens, under the floor of 32: rejected.
+    let r = rejected(decide(&ask(500.0, 300.0), &[engine(0, 8, 3)], &models, &est(), &cfg));
+    assert_eq!(r.reason, RejectReason::E2eInfeasible);
+}
+
+#[test]
+fn the_ladder_runs_in_the_configured_order() {
+    let models = [model("c", 10.0)];
+    let cfg = AdmissionConfig::default(); // sampling costs 1.05
+    let mut a = ask(500.0, 1300.0);
+    a.sampling = true;
+    // Sampling: E2E = 53 + 1300 × 1.05 = 1418 > 1300.
+    // greedy first: 1353, still over; then reduce to (1300-53)/13 = 95.
+    a.degradations = &[Degradation::Greedy, Degradation::ReduceOutput];
+    let p = admitted(decide(&a, &[engine(0, 8, 3)], &models, &est(), &cfg));
+    assert_eq!(p.steps, vec![Degradation::Greedy, Degradation::ReduceOutput]);
+    assert!(!p.sampling);
+    assert_eq!(p.max_tokens, 95);
+    // reduce first: (1300-53)/13.65 = 91 tokens is enough; sampling stays.
+    a.degradations = &[Degradation::ReduceOutput, Degradation::Greedy];
+    let p = admitted(decide(&a, &[engine(0, 8, 3)], &models, &est(), &cfg));
+    assert_eq!(p.steps, vec![Degradation::ReduceOutput]);
+    assert!(p.sampling);
+    assert_eq!(p.max_tokens, 91);
+    // A tier that allows no degradation is refused.
+    a.degradations = &[];
+    let r = rejected(decide(&a, &[engine(0, 8, 3)], &models, &est(), &cfg));
+    assert_eq!(r.reason, RejectReason::E2eInfeasible);
+}
+
+#[test]
+fn faster_class_takes_the_overflow_engines() {
+    let models = [model("slow", 10.0), model("fast", 2.0)];
+    let cfg = AdmissionConfig::default();
+    let mut overflow = engine(1, 8, 0);
+    overflow.class = 1;
+    let engines = [engine(0, 4, 4), overflow];
+    let mut a = ask(300.0, 5000.0);
+    a.queue_ahead_out_tokens = 300.0;
+    a.overflow_class = Some(1);
+    let p = admitted(decide(&a, &engines, &models, &est(), &cfg));
+    assert_eq!(p.steps, vec![Degradation::FasterClass]);
+    assert_eq!((p.engine, p.class), (Some(1), 1));
+    // Without an overflow class the same request is refused.
+    a.overflow_class = None;
+    assert_eq!(rejected(decide(&a, &engines, &models, &est(), &cfg)).reason, RejectReason::TtftInfeasible);
+}
+
+#[test]
+fn kv_headroom_and_lanes_steer_the_choice() {
+    let models = [model("c", 10.0)];
+    let cfg = AdmissionConfig::default();
+    let mut full = engine(0, 8, 0);
+    full.kv_headroom_tokens = 100; // less than 400 + 100
+    let p = admitted(decide(&ask(500.0, 5000.0), &[full.clone(), engine(1, 8, 5)], &models, &est(), &cfg));
+    assert_eq!(p.engine, Some(1), "never below the low watermark");
+    let r = rejected(decide(&ask(500.0, 5000.0), &[full], &models, &est(), &cfg));
+    assert_eq!(r.reason, RejectReason::KvHeadroom);
+    // Long prompts go to the long lane even when it is busier.
+    let mut lane = engine(0, 8, 4);
+    lane.long_lane = true;
+    let engines = [lane, engine(1, 8, 0)];
+    let mut long = ask(5000.0, 60000.0);
+    long.long = true;
+    assert_eq!(admitted(decide(&long, &engines, &models, &est(), &cfg)).engine, Some(0));
+    assert_eq!(admitted(decide(&ask(5000.0, 60000.0), &engines, &models, &est(), &cfg)).engine, Some(1));
+    assert_eq!(
+        rejected(decide(&ask(500.0, 5000.0), &[], &models, &est(), &cfg)).reason,
+        RejectReason::NoEngine
+    );
+}

@@ -1,0 +1,294 @@
+//! Brownout: graceful degradation under overload, before anything is refused.
+//!
+//! A level state machine (0 = normal) driven by one signal: the larger of
+//! the window p95 of queue latency and of TTFT, each relative to the tier's
+//! TTFT budget (1.0 = at the budget). Queue latency is sampled at admission
+//! for every arriving request (its predicted wait, so refused requests count
+//! too); TTFT when the first token arrives. Each level lists, per tier, how
+//! far the output cap and the context ceiling shrink; the shipped levels
+//! tighten bronze first, then silver, and leave gold alone.
+//!
+//! Hysteresis: a level is entered when the signal stays above its
+//! `enter_above` for `up_dwell_s`, and left when it stays below its
+//! `exit_below` (lower) for `down_dwell_s` (longer), one level per step, so
+//! a noisy signal near a threshold does not flap.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::Deserialize;
+
+/// How one brownout level shrinks one tier's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TierCaps {
+    /// Multiplies the tier's output cap (max_tokens), floored at its
+    /// `output_floor_tokens`.
+    pub output_scale: f64,
+    /// Multiplies the tier's context ceiling (prompt tokens).
+    pub context_scale: f64,
+}
+
+impl Default for TierCaps {
+    fn default() -> Self {
+        Self { output_scale: 1.0, context_scale: 1.0 }
+    }
+}
+
+/// One brownout level.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LevelConfig {
+    /// Enter this level when the signal stays above this.
+    pub enter_above: f64,
+    /// Leave it when the signal stays below this (must be < enter_above).
+    pub exit_below: f64,
+    /// Caps by tier name; tiers not named keep their limits.
+    #[serde(default)]
+    pub tiers: BTreeMap<String, TierCaps>,
+}
+
+/// `[brownout]` in the policy document.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BrownoutConfig {
+    pub enabled: bool,
+    /// Length of the sliding window the p95s are taken over, seconds.
+    pub window_s: f64,
+    /// Samples needed in the window before it says anything.
+    pub min_samples: usize,
+    /// How long the signal must stay above the next level's threshold.
+    pub up_dwell_s: f64,
+    /// How long it must stay below the current level's exit threshold.
+    pub down_dwell_s: f64,
+    /// Levels 1, 2, ... in order of severity.
+    pub levels: Vec<LevelConfig>,
+}
+
+fn caps(pairs: &[(&str, f64, f64)]) -> BTreeMap<String, TierCaps> {
+    pairs.iter().map(|&(t, o, c)| (t.to_string(), TierCaps { output_scale: o, context_scale: c })).collect()
+}
+
+impl Default for BrownoutConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            window_s: 10.0,
+            min_samples: 20,
+            up_dwell_s: 1.0,
+            down_dwell_s: 10.0,
+            levels: vec![
+                LevelConfig { enter_above: 0.6, exit_below: 0.3, tiers: caps(&[("bronze", 0.5, 1.0)]) },
+                LevelConfig {
+                    enter_above: 0.8,
+                    exit_below: 0.45,
+                    tiers: caps(&[("bronze", 0.25, 0.5), ("silver", 0.5, 1.0)]),
+                },
+                LevelConfig {
+                    enter_above: 1.0,
+                    exit_below: 0.6,
+                    tiers: caps(&[("bronze", 0.125, 0.25), ("silver", 0.25, 0.5)]),
+                },
+            ],
+        }
+    }
+}
+
+impl BrownoutConfig {
+    /// Cross-field checks; the error names the key.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let pos = |x: f64| x.is_finite() && x > 0.0;
+        if !pos(self.window_s) || !pos(self.up_dwell_s) || !pos(self.down_dwell_s) {
+            return Err(("brownout".into(), "window_s, up_dwell_s and down_dwell_s must be > 0".into()));
+        }
+        let mut last = 0.0;
+        for (i, l) in self.levels.iter().enumerate() {
+            let key = |k: &str| format!("brownout.levels[{i}].{k}");
+            if !(pos(l.enter_above) && l.exit_below.is_finite() && l.exit_below >= 0.0) {
+                return Err((key("enter_above"), "thresholds must be finite, enter_above > 0".into()));
+            }
+            if l.exit_below >= l.enter_above {
+                return Err((key("exit_below"), format!("must be < enter_above ({})", l.enter_above)));
+            }
+            if l.enter_above <= last {
+                return Err((key("enter_above"), "must increase from level to level".into()));
+            }
+            last = l.enter_above;
+            for (t, c) in &l.tiers {
+                let ok = |x: f64| x.is_finite() && x > 0.0 && x <= 1.0;
+                if !ok(c.output_scale) || !ok(c.context_scale) {
+                    return Err((
+                        format!("brownout.levels[{i}].tiers.{t}"),
+                        "scales must be in (0, 1]".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The caps level `level` (0 = normal) puts on `tier`.
+    pub fn caps(&self, level: usize, tier: &str) -> TierCaps {
+        match level.checked_sub(1).and_then(|i| self.levels.get(i)) {
+            Some(l) => l.tiers.get(tier).copied().unwrap_or_default(),
+            None => TierCaps::default(),
+        }
+    }
+}
+
+/// Time-stamped samples over a sliding window; time in seconds from any
+/// fixed origin (a parameter, never a clock read).
+#[derive(Debug, Clone, Default)]
+pub struct Window {
+    samples: VecDeque<(f64, f64)>,
+}
+
+impl Window {
+    /// At most this many samples are kept (oldest dropped first).
+    const MAX: usize = 8192;
+
+    pub fn push(&mut self, now: f64, value: f64) {
+        if !value.is_finite() {
+            return;
+        }
+        if self.samples.len() >= Self::MAX {
+            self.samples.pop_front();
+        }
+        self.samples.push_back((now, value));
+    }
+
+    /// The 95th percentile of the samples of the last `span` seconds, when
+    /// there are at least `min` of them.
+    pub fn p95(&mut self, now: f64, span: f64, min: usize) -> Option<f64> {
+        while self.samples.front().is_some_and(|&(t, _)| t < now - span) {
+            self.samples.pop_front();
+        }
+        if self.samples.len() < min.max(1) {
+            return None;
+        }
+        let mut v: Vec<f64> = self.samples.iter().map(|&(_, x)| x).collect();
+        let rank = ((v.len() as f64 * 0.95).ceil() as usize).clamp(1, v.len()) - 1;
+        let (_, q, _) = v.select_nth_unstable_by(rank, f64::total_cmp);
+        Some(*q)
+    }
+}
+
+/// The brownout level and its hysteresis timers.
+#[derive(Debug, Clone, Default)]
+pub struct Brownout {
+    level: usize,
+    above_since: Option<f64>,
+    below_since: Option<f64>,
+}
+
+impl Brownout {
+    pub fn level(&self) -> usize {
+        self.level
+    }
+
+    /// Feeds the current signal (`None`: too few samples, counts as quiet)
+    /// at time `now` (seconds); returns the new level when it changed.
+    pub fn update(&mut self, now: f64, signal: Option<f64>, cfg: &BrownoutConfig) -> Option<usize> {
+        if !cfg.enabled {
+            let changed = self.level != 0;
+            *self = Self::default();
+            return changed.then_some(0);
+        }
+        let s = signal.unwrap_or(0.0);
+        let up = cfg.levels.get(self.level).is_some_and(|next| s > next.enter_above);
+        let down = self.level > 0 && s < cfg.levels[self.level - 1].exit_below;
+        self.above_since = if up { self.above_since.or(Some(now)) } else { None };
+        self.below_since = if down { self.below_since.or(Some(now)) } else { None };
+        if self.above_since.is_some_and(|t| now - t >= cfg.up_dwell_s) {
+            self.level += 1;
+        } else if self.below_since.is_some_and(|t| now - t >= cfg.down_dwell_s) {
+            self.level -= 1;
+        } else {
+            return None;
+        }
+        self.above_since = None;
+        self.below_since = None;
+        Some(self.level)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::SplitMix;
+
+    #[test]
+    fn shipped_levels_are_valid_and_tighten_bronze_first() {
+        let cfg = BrownoutConfig::default();
+        cfg.validate().unwrap();
+        assert!(cfg.caps(1, "bronze").output_scale < 1.0);
+        assert_eq!(cfg.caps(1, "silver"), TierCaps::default());
+        assert!(cfg.caps(2, "silver").output_scale < 1.0);
+        assert_eq!(cfg.caps(3, "gold"), TierCaps::default());
+        assert_eq!(cfg.caps(0, "bronze"), TierCaps::default());
+    }
+
+    #[test]
+    fn window_p95_forgets_old_samples() {
+        let mut w = Window::default();
+        for i in 0..100 {
+            w.push(f64::from(i) * 0.01, f64::from(i));
+        }
+        assert_eq!(w.p95(1.0, 10.0, 20), Some(94.0));
+        assert_eq!(w.p95(20.0, 10.0, 20), None, "all samples older than the window");
+    }
+
+    /// A signal oscillating ±0.15 around an enter threshold (0.6) never
+    /// flaps: it climbs once it is clearly above, and only comes down after
+    /// staying below the lower exit threshold for the down dwell.
+    #[test]
+    fn hysteresis_on_a_noisy_signal_does_not_flap() {
+        let cfg = BrownoutConfig::default();
+        let mut b = Brownout::default();
+        let mut rng = SplitMix(7);
+        let mut changes = Vec::new();
+        let mut t = 0.0;
+        let mut run =
+            |b: &mut Brownout, mean: f64, secs: f64, t: &mut f64, changes: &mut Vec<(f64, usize)>| {
+                let end = *t + secs;
+                while *t < end {
+                    let noise = (rng.unit_f64() - 0.5) * 0.3;
+                    if let Some(l) = b.update(*t, Some(mean + noise), &cfg) {
+                        changes.push((*t, l));
+                    }
+                    *t += 0.25;
+                }
+            };
+        // Noise straddling level 1's exit threshold (0.3) at level 0: quiet.
+        run(&mut b, 0.3, 30.0, &mut t, &mut changes);
+        assert!(changes.is_empty(), "{changes:?}");
+        // Overload: straight to level 1, then 2 (0.9 ± 0.15 > 0.8 mostly,
+        // but not always for a whole dwell: allow 1 or 2, never back).
+        run(&mut b, 0.95, 20.0, &mut t, &mut changes);
+        assert!(b.level() >= 2, "{changes:?}");
+        let peak = b.level();
+        let n = changes.len();
+        assert!(changes.windows(2).all(|w| w[1].1 > w[0].1), "only rises under overload: {changes:?}");
+        // Back around 0.5: between level 2's exit (0.45) and level 1's enter:
+        // holds (no flapping) even though the signal crosses 0.45 often.
+        run(&mut b, 0.55, 30.0, &mut t, &mut changes);
+        assert_eq!(b.level(), peak, "{changes:?}");
+        assert_eq!(changes.len(), n);
+        // Quiet: steps down one level per dwell, each >= down_dwell apart.
+        run(&mut b, 0.05, 60.0, &mut t, &mut changes);
+        assert_eq!(b.level(), 0, "{changes:?}");
+        let downs: Vec<f64> = changes[n..].iter().map(|c| c.0).collect();
+        assert_eq!(downs.len(), peak);
+        assert!(downs.windows(2).all(|w| w[1] - w[0] >= cfg.down_dwell_s), "{downs:?}");
+    }
+
+    #[test]
+    fn invalid_levels_name_the_key() {
+        let mut cfg = BrownoutConfig::default();
+        cfg.levels[1].exit_below = 0.9;
+        let (key, _) = cfg.validate().unwrap_err();
+        assert_eq!(key, "brownout.levels[1].exit_below");
+        let mut cfg = BrownoutConfig::default();
+        cfg.levels[0].tiers.get_mut("bronze").unwrap().output_scale = 0.0;
+        assert!(cfg.validate().unwrap_err().0.contains("tiers.bronze"));
+    }
+}

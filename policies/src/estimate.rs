@@ -1,0 +1,342 @@
+//! Work and service-time estimates for one request.
+//!
+//! - **Input tokens** come from [`crate::tokens::count`] on the rendered
+//!   prompt. It is exact for the bundled synthetic models (their tokenizer
+//!   uses the same rule); for a real BPE vocabulary it is OpenAI's "four
+//!   characters a token" rule of thumb, typically within ±25% on English
+//!   text (docs/policies.md).
+//! - **Expected output tokens** are a running quantile (default p90) of the
+//!   outputs this tenant and model actually produced ([`OutputHistory`]),
+//!   bounded by the request's `max_tokens`; before `min_samples`
+//!   observations the estimate is `max_tokens` itself (conservative).
+//! - **Service time** per engine class ([`ServiceModel`]): prefill
+//!   `a · n_in^w` (a power law fitted to the class's latency profile) and
+//!   decode `b · n_out · f(ctx)` with `b` the profile's step time at the
+//!   engine's batch size and `f(ctx) = 1 + k · B · ctx / b` its context term.
+//!   Both parts carry a learned correction ratio (observed / predicted,
+//!   exponentially weighted mean and variance) refitted online from engine
+//!   timings; predictions use its high quantile (mean + z·sd) times the
+//!   guard factor γ.
+//!
+//! Pure: observations and predictions are plain function calls.
+
+use std::collections::VecDeque;
+
+use serde::Deserialize;
+
+use crate::profile::LatencyProfile;
+
+/// Estimator knobs (`[estimator]` in the policy document).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EstimatorConfig {
+    /// γ: every prediction is multiplied by this (> 1 leaves headroom).
+    pub guard_factor: f64,
+    /// Quantile of a tenant's observed outputs used as its expected output.
+    pub output_quantile: f64,
+    /// Observed outputs remembered per tenant and model.
+    pub output_window: usize,
+    /// Observations needed before the history replaces `max_tokens`.
+    pub min_samples: usize,
+    /// Weight of one new timing in the learned correction ratios.
+    pub learning_rate: f64,
+    /// z of the high quantile of the correction ratio (1.645: p95).
+    pub ratio_z: f64,
+}
+
+impl Default for EstimatorConfig {
+    fn default() -> Self {
+        Self {
+            guard_factor: 1.25,
+            output_quantile: 0.9,
+            output_window: 256,
+            min_samples: 16,
+            learning_rate: 0.05,
+            ratio_z: 1.645,
+        }
+    }
+}
+
+impl EstimatorConfig {
+    /// Cross-field checks; the error names the key.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if !(self.guard_factor.is_finite() && (1.0..=10.0).contains(&self.guard_factor)) {
+            return Err(("estimator.guard_factor", "must be in [1, 10]".into()));
+        }
+        if !(self.output_quantile > 0.0 && self.output_quantile <= 1.0) {
+            return Err(("estimator.output_quantile", "must be in (0, 1]".into()));
+        }
+        if self.output_window == 0 || self.min_samples > self.output_window {
+            return Err(("estimator.min_samples", "must be <= output_window, which must be > 0".into()));
+        }
+        if !(self.learning_rate > 0.0 && self.learning_rate <= 1.0) {
+            return Err(("estimator.learning_rate", "must be in (0, 1]".into()));
+        }
+        if !(self.ratio_z.is_finite() && (0.0..=5.0).contains(&self.ratio_z)) {
+            return Err(("estimator.ratio_z", "must be in [0, 5]".into()));
+        }
+        Ok(())
+    }
+}
+
+/// The most recent output lengths of one tenant and model.
+#[derive(Debug, Clone, Default)]
+pub struct OutputHistory {
+    recent: VecDeque<u32>,
+}
+
+impl OutputHistory {
+    /// Remembers one finished request's output length.
+    pub fn observe(&mut self, tokens: u32, cfg: &EstimatorConfig) {
+        if self.recent.len() >= cfg.output_window {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(tokens);
+    }
+
+    /// Expected output tokens of a request asking for `max_tokens`.
+    pub fn expected(&self, max_tokens: u32, cfg: &EstimatorConfig) -> u32 {
+        if self.recent.len() < cfg.min_samples.max(1) {
+            return max_tokens;
+        }
+        let mut v: Vec<u32> = self.recent.iter().copied().collect();
+        let rank = ((v.len() as f64 * cfg.output_quantile).ceil() as usize).clamp(1, v.len()) - 1;
+        let (_, q, _) = v.select_nth_unstable(rank);
+        (*q).clamp(1, max_tokens.max(1))
+    }
+
+    pub fn samples(&self) -> usize {
+        self.recent.len()
+    }
+}
+
+/// A learned correction: observed / predicted, as an exponentially weighted
+/// mean and variance.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ratio {
+    pub mean: f64,
+    pub var: f64,
+    pub samples: u64,
+}
+
+impl Default for Ratio {
+    fn default() -> Self {
+        Self { mean: 1.0, var: 0.0, samples: 0 }
+    }
+}
+
+impl Ratio {
+    /// Folds in one ratio; outliers are clamped to [0.05, 20] so one
+    /// pathological timing cannot wreck the model.
+    pub fn observe(&mut self, ratio: f64, rate: f64) {
+        if !ratio.is_finite() {
+            return;
+        }
+        let r = ratio.clamp(0.05, 20.0);
+        let d = r - self.mean;
+        self.mean += rate * d;
+        self.var = (1.0 - rate) * (self.var + rate * d * d);
+        self.samples += 1;
+    }
+
+    /// mean + z·sd, never below the mean.
+    pub fn high(&self, z: f64) -> f64 {
+        self.mean + z * self.var.max(0.0).sqrt()
+    }
+}
+
+/// Predicted service time of one request on one engine class, in
+/// milliseconds, already at the high quantile and times γ.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ServiceTime {
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
+    /// One decode step at the assumed batch: a token boundary, the time a
+    /// new sequence waits to join the running batch.
+    pub step_ms: f64,
+}
+
+/// Service-time model of one engine class, seeded from its profile.
+#[derive(Debug, Clone)]
+pub struct ServiceModel {
+    pub class: String,
+    profile: LatencyProfile,
+    /// Prefill power law `a · n^w` (milliseconds).
+    pub a: f64,
+    pub w: f64,
+    pub prefill_ratio: Ratio,
+    pub decode_ratio: Ratio,
+}
+
+impl ServiceModel {
+    pub fn from_profile(profile: &LatencyProfile) -> Self {
+        let (a, w) = fit_power_law(profile);
+        Self {
+            class: profile.engine_class.clone(),
+            profile: profile.clone(),
+            a,
+            w,
+            prefill_ratio: Ratio::default(),
+            decode_ratio: Ratio::default(),
+        }
+    }
+
+    /// Raw (uncorrected) prefill time of `n_in` tokens.
+    pub fn prefill_raw_ms(&self, n_in: u32) -> f64 {
+        self.a * f64::from(n_in.max(1)).powf(self.w)
+    }
+
+    /// Raw decode step time `b` at `batch` and the context factor.
+    fn step_raw_ms(&self, batch: f64, ctx_per_seq: f64) -> f64 {
+        let b = ms(self.profile.decode_step(batch.max(1.0).round() as u32, 0));
+        let ctx_total = (batch.max(1.0) * ctx_per_seq).min(f64::from(u32::MAX));
+        let with_ctx = ms(self.profile.decode_step(batch.max(1.0).round() as u32, ctx_total as u32));
+        // f(ctx) = with_ctx / b, kept as the product b·f(ctx).
+        with_ctx.max(b)
+    }
+
+    /// Raw decode time of `n_out` tokens after an `n_in` prompt at `batch`.
+    pub fn decode_raw_ms(&self, n_in: u32, n_out: u32, batch: f64) -> f64 {
+        let mean_ctx = f64::from(n_in) + f64::from(n_out) / 2.0;
+        f64::from(n_out) * self.step_raw_ms(batch, mean_ctx)
+    }
+
+    /// The prediction used by admission (high quantile × γ).
+    pub fn predict(&self, n_in: u32, n_out: u32, batch: f64, cfg: &EstimatorConfig) -> ServiceTime {
+        let g = cfg.guard_factor;
+        let d = self.decode_ratio.high(cfg.ratio_z) * g;
+        ServiceTime {
+            prefill_ms: self.prefill_raw_ms(n_in) * self.prefill_ratio.high(cfg.ratio_z) * g,
+            decode_ms: self.decode_raw_ms(n_in, n_out, batch) * d,
+            step_ms: self.step_raw_ms(batch, f64::from(n_in)) * d,
+        }
+    }
+
+    /// Learns from one finished request: its measured prefill time and its
+    /// decode time (first to last token) for `n_out` tokens at `batch`.
+    pub fn observe(
+        &mut self,
+        n_in: u32,
+        prefill_ms: f64,
+        n_out: u32,
+        decode_ms: f64,
+        batch: f64,
+        cfg: &EstimatorConfig,
+    ) {
+        if prefill_ms > 0.0 {
+            self.prefill_ratio.observe(prefill_ms / self.prefill_raw_ms(n_in), cfg.learning_rate);
+        }
+        // The first token comes out of prefill; decode covers the rest.
+        if n_out >= 2 && decode_ms > 0.0 {
+            let raw = self.decode_raw_ms(n_in, n_out - 1, batch);
+            self.decode_ratio.observe(decode_ms / raw, cfg.learning_rate);
+        }
+    }
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Least-squares fit of `ms = a · n^w` in log-log space over the profile's
+/// prefill curve sampled at powers of two from 16 to 8,192 tokens (the range
+/// requests use); `w` is kept in [0.5, 2].
+pub fn fit_power_law(profile: &LatencyProfile) -> (f64, f64) {
+    let pts: Vec<(f64, f64)> = (4..=13)
+        .map(|e| {
+            let n = 1u32 << e;
+            (f64::from(n).ln(), ms(profile.prefill(n)).max(1e-3).ln())
+        })
+        .collect();
+    let k = pts.len() as f64;
+    let (sx, sy) = pts.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let (mx, my) = (sx / k, sy / k);
+    let sxx: f64 = pts.iter().map(|(x, _)| (x - mx).powi(2)).sum();
+    let sxy: f64 = pts.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+    let w = if sxx > 0.0 { (sxy / sxx).clamp(0.5, 2.0) } else { 1.0 };
+    let a = (my - w * mx).exp();
+    (a, w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile() -> LatencyProfile {
+        LatencyProfile::parse(
+            "t.toml",
+            r#"
+            model = "m"
+            engine_class = "c"
+            [prefill]
+            points = [[0, 0.0], [1000, 100.0], [8192, 819.2]]
+            [decode]
+            batch_points = [[1, 10.0], [9, 18.0]]
+            ms_per_1k_context = 1.0
+            "#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn power_law_fit_recovers_a_linear_profile() {
+        let (a, w) = fit_power_law(&profile());
+        assert!((w - 1.0).abs() < 1e-6, "w = {w}");
+        assert!((a - 0.1).abs() < 1e-6, "a = {a}");
+    }
+
+    #[test]
+    fn prediction_on_a_hand_computed_case() {
+        let m = ServiceModel::from_profile(&profile());
+        let cfg = EstimatorConfig { guard_factor: 1.25, ..Default::default() };
+        // 400-token prompt, 100 output tokens at batch 5:
+        // prefill = 0.1 × 400 = 40 ms, × γ = 50 ms.
+        // step at batch 5 = 14 ms; mean context 400 + 50 = 450 per sequence,
+        // 5 × 450 = 2,250 tokens × 1 ms/1k = 2.25 ms → 16.25 ms per token.
+        // decode = 100 × 16.25 × 1.25 = 2,031.25 ms.
+        let p = m.predict(400, 100, 5.0, &cfg);
+        assert!((p.prefill_ms - 50.0).abs() < 1e-6, "{p:?}");
+        assert!((p.decode_ms - 2031.25).abs() < 1e-3, "{p:?}");
+    }
+
+    #[test]
+    fn learns_a_slower_engine_and_keeps_a_high_quantile() {
+        let mut m = ServiceModel::from_profile(&profile());
+        let cfg = EstimatorConfig::default();
+        // The real engine is twice as slow as its profile, with ±10% noise.
+        for i in 0..400u32 {
+            let noise = 1.0 + 0.1 * if i % 2 == 0 { 1.0 } else { -1.0 };
+            let pre = m.prefill_raw_ms(200) * 2.0 * noise;
+            let dec = m.decode_raw_ms(200, 49, 4.0) * 2.0 * noise;
+            m.observe(200, pre, 50, dec, 4.0, &cfg);
+        }
+        assert!((m.decode_ratio.mean - 2.0).abs() < 0.05, "{:?}", m.decode_ratio);
+        let high = m.decode_ratio.high(cfg.ratio_z);
+        assert!(high > 2.1 && high < 2.6, "p95 of the ratio covers the noise: {high}");
+    }
+
+    #[test]
+    fn output_history_is_a_bounded_quantile_capped_by_max_tokens() {
+        let cfg = EstimatorConfig { min_samples: 4, output_window: 10, ..Default::default() };
+        let mut h = OutputHistory::default();
+        assert_eq!(h.expected(300, &cfg), 300, "no history: max_tokens");
+        for n in 1..=10 {
+            h.observe(n * 10, &cfg);
+        }
+        assert_eq!(h.expected(300, &cfg), 90, "p90 of 10..100");
+        assert_eq!(h.expected(50, &cfg), 50, "never above max_tokens");
+        for _ in 0..10 {
+            h.observe(5, &cfg);
+        }
+        assert_eq!(h.samples(), 10);
+        assert_eq!(h.expected(300, &cfg), 5, "old samples fall out of the window");
+    }
+
+    #[test]
+    fn ratios_ignore_nonsense() {
+        let mut r = Ratio::default();
+        r.observe(f64::NAN, 0.5);
+        r.observe(1e9, 0.5);
+        assert!(r.mean <= 20.0 && r.mean.is_finite());
+    }
+}
