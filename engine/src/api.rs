@@ -5,6 +5,7 @@
 //!   newline-delimited [`Event`]s out (`application/x-ndjson`).
 //! - `GET /engine/v1/load`: a [`LoadReport`].
 //! - `POST /engine/v1/drain`: stop taking new work, finish what runs.
+//! - `GET /engine/v1/profile`: the latency profile in use (TOML text).
 //! - `GET /healthz` (alive), `GET /readyz` (ready to take work).
 //!
 //! Video session operations (create, next chunks, suspend, resume, export,
@@ -18,6 +19,9 @@ use serde::{Deserialize, Serialize};
 pub const GENERATE_PATH: &str = "/engine/v1/generate";
 /// Path of the load report endpoint.
 pub const LOAD_PATH: &str = "/engine/v1/load";
+/// Path of the latency profile endpoint (the profile's TOML text): the
+/// gateway's estimator starts from it.
+pub const PROFILE_PATH: &str = "/engine/v1/profile";
 /// Path of the drain endpoint.
 pub const DRAIN_PATH: &str = "/engine/v1/drain";
 /// Content type of the generate event stream.
@@ -148,4 +152,10 @@ pub struct LoadReport {
     /// Start to ready: weights resident, kernels built, warm-up batch run.
     #[serde(default)]
     pub cold_start_ms: f64,
+    /// Tokens per KV page.
+    #[serde(default)]
+    pub kv_page_tokens: u32,
+    /// Free pages below which new work is refused (the low watermark).
+    #[serde(default)]
+    pub kv_low_watermark_pages: u32,
 }

@@ -5,13 +5,20 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use policies::batching::BatchLimits;
+use policies::batching::{BatchLimits, BatchMode};
 use policies::LatencyProfile;
 
 use crate::backend::cpu::ModelConfig;
 use crate::backend::BackendKind;
 use crate::kv::KvConfig;
 use crate::scheduler::SchedulerConfig;
+
+/// `--batching`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Batching {
+    Continuous,
+    Static,
+}
 
 /// Options of one engine process.
 #[derive(Debug, Clone, clap::Args)]
@@ -54,6 +61,11 @@ pub struct EngineArgs {
     /// KV pages added at a time when a sequence outgrows its reservation.
     #[arg(long, default_value_t = 2)]
     pub kv_extend_pages: u32,
+    /// Batch formation: `continuous` (sequences join and leave at token
+    /// boundaries) or `static` (a batch runs to completion before the next;
+    /// the naive baseline of the admission benchmark).
+    #[arg(long, value_enum, default_value_t = Batching::Continuous)]
+    pub batching: Batching,
     /// Most sequences decoding at once (continuous batching slots).
     #[arg(long, default_value_t = 64)]
     pub max_batch: u32,
@@ -153,6 +165,10 @@ impl EngineArgs {
     pub fn scheduler_config(&self, profile: LatencyProfile) -> SchedulerConfig {
         SchedulerConfig {
             limits: BatchLimits {
+                mode: match self.batching {
+                    Batching::Continuous => BatchMode::Continuous,
+                    Batching::Static => BatchMode::Static,
+                },
                 max_batch: self.max_batch.max(1),
                 max_prefill_tokens: self.max_prefill_tokens,
                 long_prompt_tokens: self.long_prompt_tokens,

@@ -91,6 +91,9 @@ pub struct KvSnapshot {
     pub admitting: bool,
     /// Pages per second consumed (smoothed; negative while freeing).
     pub slope: f64,
+    pub page_tokens: u32,
+    /// The low watermark, in pages.
+    pub low_pages: u32,
 }
 
 impl KvAllocator {
@@ -196,6 +199,8 @@ impl KvAllocator {
             total: self.total,
             admitting: inner.admitting,
             slope: inner.slope,
+            page_tokens: self.page_tokens,
+            low_pages: self.low,
         }
     }
 }

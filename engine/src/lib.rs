@@ -47,6 +47,8 @@ pub struct Engine {
     pub id: String,
     pub backend: BackendKind,
     pub engine_class: String,
+    /// The latency profile's TOML text, served at `GET /engine/v1/profile`.
+    pub profile_toml: String,
     pub scheduler: Scheduler,
     pub kv: Arc<KvAllocator>,
     ready: AtomicBool,
@@ -96,6 +98,8 @@ impl Engine {
             batch_target: s.batch_target,
             preemptions: s.preemptions,
             cold_start_ms: self.cold_start.get().map_or(0.0, |d| d.as_secs_f64() * 1e3),
+            kv_page_tokens: kv.page_tokens,
+            kv_low_watermark_pages: kv.low_pages,
         }
     }
 }
@@ -117,6 +121,12 @@ pub enum StartError {
 
 /// The latency profile an engine uses: `--profile`, or its backend's bundled one.
 pub fn load_profile(args: &EngineArgs) -> Result<LatencyProfile, StartError> {
+    let (name, text) = profile_source(args)?;
+    Ok(LatencyProfile::parse(&name, &text)?)
+}
+
+/// The profile's name (for errors) and TOML text.
+fn profile_source(args: &EngineArgs) -> Result<(String, String), StartError> {
     let (name, text) = match &args.profile {
         Some(p) => {
             let text = std::fs::read_to_string(p)
@@ -130,12 +140,13 @@ pub fn load_profile(args: &EngineArgs) -> Result<LatencyProfile, StartError> {
             BackendKind::Cpu => ("bundled cpu-epyc-2core.toml".to_string(), CPU_PROFILE.to_string()),
         },
     };
-    Ok(LatencyProfile::parse(&name, &text)?)
+    Ok((name, text))
 }
 
 /// Builds the engine (backend, KV cache, scheduler) without serving it.
 pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
-    let profile = load_profile(args)?;
+    let (name, profile_toml) = profile_source(args)?;
+    let profile = LatencyProfile::parse(&name, &profile_toml)?;
     let kv = KvAllocator::new(args.kv_config());
     let cfg = args.scheduler_config(profile.clone());
     let engine_class = profile.engine_class.clone();
@@ -152,6 +163,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
         id: args.id.clone(),
         backend: args.backend,
         engine_class,
+        profile_toml,
         scheduler,
         kv,
         ready: AtomicBool::new(false),

@@ -59,6 +59,10 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
     let resp = match (req.method(), req.uri().path()) {
         (&Method::POST, api::GENERATE_PATH) => generate_route(engine, req).await,
         (&Method::GET, api::LOAD_PATH) => json(StatusCode::OK, &engine.load_report().await),
+        (&Method::GET, api::PROFILE_PATH) => Response::builder()
+            .header(header::CONTENT_TYPE, "application/toml")
+            .body(Either::Left(Full::new(Bytes::from(engine.profile_toml.clone()))))
+            .expect("static response parts are valid"),
         (&Method::POST, api::DRAIN_PATH) => {
             engine.start_drain();
             tracing::info!(event = "drain_started", engine = %engine.id, why = "api");

@@ -21,7 +21,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
-use crate::engines::{join, EnginePool, InflightTokens};
+use crate::engines::{join, EngineLease, EnginePool, Work};
 use crate::error::ApiError;
 
 /// At most this many engines are tried for one request.
@@ -83,7 +83,7 @@ pub struct Started {
     pub first: Event,
     pub events: EventStream,
     /// Keeps the request's tokens counted against its engine.
-    pub inflight: InflightTokens,
+    pub inflight: EngineLease,
 }
 
 /// Engines already tried for one request, and why the last one failed.
@@ -119,24 +119,34 @@ impl Attempts {
     }
 }
 
-/// Starts `req` on the best ready engine, moving on to the next one while
-/// attempts remain. `tokens` is what the request counts against its engine;
-/// `first_event_timeout` bounds the wait for the first token.
+/// Starts `req` on the engine admission chose (`first`, already counted
+/// against it), then, while attempts remain, on the ready engine with the
+/// fewest in-flight tokens among those not tried yet. `work` is what the
+/// request counts against an engine; `first_event_timeout` bounds the wait
+/// for the first token.
 pub async fn start(
     pool: &Arc<EnginePool>,
     req: &GenerateRequest,
-    tokens: u64,
+    mut first: Option<EngineLease>,
+    work: Work,
     first_event_timeout: Duration,
     attempts: &mut Attempts,
 ) -> Result<Started, ApiError> {
     let body = Bytes::from(serde_json::to_vec(req).expect("generate requests always serialise"));
     while !attempts.exhausted(pool) {
-        let Some(idx) = policies::routing::least_inflight_tokens(&pool.views(), &attempts.tried) else {
-            break;
+        let mut inflight = match first.take().filter(|l| !attempts.tried.contains(&l.engine_idx())) {
+            Some(lease) => lease,
+            None => match policies::routing::least_inflight_tokens(&pool.views(), &attempts.tried) {
+                Some(idx) => pool.lease(idx, work),
+                None => break,
+            },
         };
-        let inflight = pool.reserve(idx, tokens);
+        let idx = inflight.engine_idx();
         match tokio::time::timeout(first_event_timeout, try_engine(pool, idx, body.clone())).await {
-            Ok(Ok((first, events))) => return Ok(Started { first, events, inflight }),
+            Ok(Ok((first, events))) => {
+                inflight.first_token();
+                return Ok(Started { first, events, inflight });
+            }
             Ok(Err(e)) => {
                 if matches!(e, EngineError::Unreachable { .. }) {
                     pool.mark_unreachable(idx);

@@ -1,13 +1,18 @@
-//! The engines this gateway routes to: addresses, readiness, in-flight tokens.
+//! The engines this gateway routes to: addresses, readiness, profiles, and
+//! the work the gateway has on each.
 //!
 //! One HTTP/2 client (prior knowledge, cleartext) multiplexes all requests
 //! to an engine over one connection. A poller reads each engine's load
-//! report to track readiness; a dispatch that cannot reach an engine marks
-//! it not ready at once, and the poller brings it back when it answers.
-//! In-flight tokens are counted here, by the gateway that dispatched them,
-//! through [`InflightTokens`] guards: exact and immediate, unlike polling.
+//! report to track readiness (and fetches its latency profile once, the
+//! estimator's prior); a dispatch that cannot reach an engine marks it not
+//! ready at once, and the poller brings it back when it answers. The work
+//! on each engine (sequences, expected output tokens, prompt tokens still
+//! waiting for their first token, in-flight tokens) is counted here, by the
+//! gateway that dispatched it, through [`EngineLease`] guards: exact and
+//! immediate, unlike polling. Dropping a lease wakes whoever waits for a
+//! free slot ([`EnginePool::slot_freed`]).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +23,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use policies::routing::EngineView;
+use policies::LatencyProfile;
+use tokio::sync::Notify;
 
 /// The HTTP/2 client used for engine traffic.
 pub type EngineClient = Client<HttpConnector, Full<Bytes>>;
@@ -54,7 +61,66 @@ pub struct EngineSlot {
     pub spec: EngineSpec,
     ready: AtomicBool,
     inflight_tokens: AtomicU64,
+    /// Sequences dispatched and not finished.
+    active: AtomicU32,
+    /// Their expected output tokens.
+    active_out: AtomicU64,
+    /// Prompt tokens dispatched that have not produced a first token.
+    prefill_backlog: AtomicU64,
+    /// Prompt + expected output tokens of every lease ever taken here, and
+    /// its value when the last load report was requested: the difference
+    /// is work the report cannot reflect yet.
+    leased_total: AtomicU64,
+    leased_at_report: AtomicU64,
     last_report: Mutex<Option<LoadReport>>,
+    /// The engine's latency profile, fetched once it first answers.
+    profile: Mutex<Option<LatencyProfile>>,
+}
+
+impl EngineSlot {
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// The gateway's count of sequences on this engine.
+    pub fn active(&self) -> u32 {
+        self.active.load(Ordering::Acquire)
+    }
+
+    pub fn active_out_tokens(&self) -> u64 {
+        self.active_out.load(Ordering::Acquire)
+    }
+
+    pub fn prefill_backlog_tokens(&self) -> u64 {
+        self.prefill_backlog.load(Ordering::Acquire)
+    }
+
+    /// KV tokens this gateway has sent since the last load report was asked
+    /// for (the report's free pages do not include them yet).
+    pub fn leased_since_report(&self) -> u64 {
+        self.leased_total
+            .load(Ordering::Acquire)
+            .saturating_sub(self.leased_at_report.load(Ordering::Acquire))
+    }
+
+    /// The latest load report, if the last probe got one.
+    pub fn report(&self) -> Option<LoadReport> {
+        self.last_report.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn profile(&self) -> Option<LatencyProfile> {
+        self.profile.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// What one request counts against the engine running it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Work {
+    /// Prompt plus output budget (routing by in-flight tokens).
+    pub tokens: u64,
+    pub prompt_tokens: u64,
+    /// Expected output tokens.
+    pub out_tokens: u64,
 }
 
 /// All engines plus the client that reaches them.
@@ -62,6 +128,8 @@ pub struct EngineSlot {
 pub struct EnginePool {
     slots: Vec<EngineSlot>,
     client: EngineClient,
+    /// Notified whenever a lease ends (a slot frees).
+    pub slot_freed: Notify,
 }
 
 impl EnginePool {
@@ -84,10 +152,16 @@ impl EnginePool {
                 spec,
                 ready: AtomicBool::new(false),
                 inflight_tokens: AtomicU64::new(0),
+                active: AtomicU32::new(0),
+                active_out: AtomicU64::new(0),
+                prefill_backlog: AtomicU64::new(0),
+                leased_total: AtomicU64::new(0),
+                leased_at_report: AtomicU64::new(0),
                 last_report: Mutex::new(None),
+                profile: Mutex::new(None),
             })
             .collect();
-        Arc::new(Self { slots, client })
+        Arc::new(Self { slots, client, slot_freed: Notify::new() })
     }
 
     pub fn client(&self) -> &EngineClient {
@@ -114,6 +188,7 @@ impl EnginePool {
                 id: s.spec.id.clone(),
                 ready: s.ready.load(Ordering::Acquire),
                 inflight_tokens: s.inflight_tokens.load(Ordering::Acquire),
+                inflight_requests: s.active.load(Ordering::Acquire),
             })
             .collect()
     }
@@ -122,10 +197,15 @@ impl EnginePool {
         self.slots.iter().filter(|s| s.ready.load(Ordering::Acquire)).count()
     }
 
-    /// Counts `tokens` against engine `idx` until the guard drops.
-    pub fn reserve(self: &Arc<Self>, idx: usize, tokens: u64) -> InflightTokens {
-        self.slots[idx].inflight_tokens.fetch_add(tokens, Ordering::AcqRel);
-        InflightTokens { pool: Arc::clone(self), idx, tokens }
+    /// Counts `work` against engine `idx` until the lease drops.
+    pub fn lease(self: &Arc<Self>, idx: usize, work: Work) -> EngineLease {
+        let s = &self.slots[idx];
+        s.inflight_tokens.fetch_add(work.tokens, Ordering::AcqRel);
+        s.active.fetch_add(1, Ordering::AcqRel);
+        s.active_out.fetch_add(work.out_tokens, Ordering::AcqRel);
+        s.prefill_backlog.fetch_add(work.prompt_tokens, Ordering::AcqRel);
+        s.leased_total.fetch_add(work.prompt_tokens + work.out_tokens, Ordering::AcqRel);
+        EngineLease { pool: Arc::clone(self), idx, work, prefilling: true }
     }
 
     /// Takes an engine out of routing until its next good load report.
@@ -151,13 +231,42 @@ impl EnginePool {
 
     async fn probe(&self, idx: usize) {
         let slot = &self.slots[idx];
+        let leased = slot.leased_total.load(Ordering::Acquire);
         let report =
             tokio::time::timeout(PROBE_TIMEOUT, self.load_report(&slot.spec.url)).await.ok().flatten();
         let ready = report.as_ref().is_some_and(|r| r.ready);
+        if report.is_some() && slot.profile().is_none() {
+            let fetched = tokio::time::timeout(PROBE_TIMEOUT, self.fetch_profile(&slot.spec)).await;
+            if let Ok(Some(p)) = fetched {
+                tracing::info!(event = "engine_profile", engine = %slot.spec.id, class = %p.engine_class);
+                *slot.profile.lock().unwrap_or_else(|p| p.into_inner()) = Some(p);
+            }
+        }
         if slot.ready.swap(ready, Ordering::AcqRel) != ready {
             tracing::info!(event = "engine_readiness", engine = %slot.spec.id, ready);
         }
+        if report.is_some() {
+            slot.leased_at_report.store(leased, Ordering::Release);
+        }
         *slot.last_report.lock().unwrap_or_else(|p| p.into_inner()) = report;
+    }
+
+    async fn fetch_profile(&self, spec: &EngineSpec) -> Option<LatencyProfile> {
+        let uri = join(&spec.url, engine::api::PROFILE_PATH)?;
+        let req = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
+        let resp = self.client.request(req).await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let bytes = resp.into_body().collect().await.ok()?.to_bytes();
+        let text = std::str::from_utf8(&bytes).ok()?;
+        match LatencyProfile::parse(&format!("engine {} profile", spec.id), text) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(event = "engine_profile_invalid", engine = %spec.id, error = %e);
+                None
+            }
+        }
     }
 
     async fn load_report(&self, base: &Uri) -> Option<LoadReport> {
@@ -189,6 +298,9 @@ impl EnginePool {
                     "url": s.spec.url.to_string(),
                     "ready": s.ready.load(Ordering::Acquire),
                     "gateway_inflight_tokens": s.inflight_tokens.load(Ordering::Acquire),
+                    "gateway_active_sequences": s.active.load(Ordering::Acquire),
+                    "gateway_prefill_backlog_tokens": s.prefill_backlog.load(Ordering::Acquire),
+                    "engine_class": s.profile().map(|p| p.engine_class),
                     "load": *s.last_report.lock().unwrap_or_else(|p| p.into_inner()),
                 })
             })
@@ -204,15 +316,24 @@ pub fn join(base: &Uri, path: &str) -> Option<Uri> {
     Uri::from_parts(parts).ok()
 }
 
-/// Tokens counted against one engine while a request runs there.
+/// One request's work counted against one engine while it runs there.
 #[derive(Debug)]
-pub struct InflightTokens {
+pub struct EngineLease {
     pool: Arc<EnginePool>,
     idx: usize,
-    tokens: u64,
+    work: Work,
+    /// Its prompt still counts as prefill backlog.
+    prefilling: bool,
 }
 
-impl InflightTokens {
+impl EngineLease {
+    /// The first token arrived: the prompt is no longer prefill backlog.
+    pub fn first_token(&mut self) {
+        if std::mem::take(&mut self.prefilling) {
+            self.pool.slots[self.idx].prefill_backlog.fetch_sub(self.work.prompt_tokens, Ordering::AcqRel);
+        }
+    }
+
     pub fn engine_id(&self) -> &str {
         &self.pool.slots[self.idx].spec.id
     }
@@ -222,8 +343,13 @@ impl InflightTokens {
     }
 }
 
-impl Drop for InflightTokens {
+impl Drop for EngineLease {
     fn drop(&mut self) {
-        self.pool.slots[self.idx].inflight_tokens.fetch_sub(self.tokens, Ordering::AcqRel);
+        self.first_token();
+        let s = &self.pool.slots[self.idx];
+        s.inflight_tokens.fetch_sub(self.work.tokens, Ordering::AcqRel);
+        s.active_out.fetch_sub(self.work.out_tokens, Ordering::AcqRel);
+        s.active.fetch_sub(1, Ordering::AcqRel);
+        self.pool.slot_freed.notify_one();
     }
 }

@@ -52,6 +52,15 @@ pub enum ApiError {
     EngineFailed(String),
     #[error("every engine tried is at capacity: {0}")]
     EnginesAtCapacity(String),
+    #[error("invalid header `{header}`: {message}")]
+    InvalidHeader { header: &'static str, message: String },
+    #[error("your organization already has {limit} requests in flight, the most its tier allows; retry when one finishes")]
+    TenantConcurrency { limit: u32 },
+    /// Admission refused the request for capacity; `reason` is the stable
+    /// label (`ttft_infeasible`, `e2e_infeasible`, `kv_headroom`,
+    /// `deadline_unreachable`, `brownout_context`).
+    #[error("{message}")]
+    Overloaded { reason: &'static str, message: String, retry_after_s: u32 },
 }
 
 impl ApiError {
@@ -73,6 +82,9 @@ impl ApiError {
             ApiError::NoReadyEngine => "no_ready_engine",
             ApiError::EngineFailed(_) => "engine_failed",
             ApiError::EnginesAtCapacity(_) => "engines_at_capacity",
+            ApiError::InvalidHeader { .. } => "invalid_header",
+            ApiError::TenantConcurrency { .. } => "tenant_concurrency",
+            ApiError::Overloaded { reason, .. } => reason,
         }
     }
 
@@ -84,7 +96,10 @@ impl ApiError {
             | ApiError::UnknownParameters(_)
             | ApiError::UnsupportedParameter { .. }
             | ApiError::ContextLengthExceeded { .. }
-            | ApiError::BodyRead(_) => StatusCode::BAD_REQUEST,
+            | ApiError::BodyRead(_)
+            | ApiError::InvalidHeader { .. } => StatusCode::BAD_REQUEST,
+            ApiError::TenantConcurrency { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::ModelNotFound(_) | ApiError::UnknownUrl(_) => StatusCode::NOT_FOUND,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
@@ -98,6 +113,7 @@ impl ApiError {
         match self.fault() {
             Fault::Client if self.status() == StatusCode::UNAUTHORIZED => "authentication_error",
             Fault::Client if self.status() == StatusCode::NOT_FOUND => "not_found_error",
+            Fault::Client if self.status() == StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
             Fault::Client => "invalid_request_error",
             Fault::Upstream | Fault::Gateway => "server_error",
         }
@@ -108,13 +124,29 @@ impl ApiError {
             ApiError::NoReadyEngine | ApiError::EngineFailed(_) | ApiError::EnginesAtCapacity(_) => {
                 Fault::Upstream
             }
+            // Capacity refusals: nobody failed, the fleet is full; they are
+            // the gateway's decision, so counted as its own.
+            ApiError::Overloaded { .. } => Fault::Gateway,
             _ => Fault::Client,
         }
     }
 
     /// Whether sending the same request again may succeed.
     pub fn retryable(&self) -> bool {
-        matches!(self, ApiError::NoReadyEngine | ApiError::EngineFailed(_) | ApiError::EnginesAtCapacity(_))
+        self.retry_after_s().is_some()
+    }
+
+    /// Seconds a client should wait before retrying (`Retry-After`), for
+    /// errors a retry may fix.
+    pub fn retry_after_s(&self) -> Option<u32> {
+        match self {
+            ApiError::NoReadyEngine
+            | ApiError::EngineFailed(_)
+            | ApiError::EnginesAtCapacity(_)
+            | ApiError::TenantConcurrency { .. } => Some(1),
+            ApiError::Overloaded { retry_after_s, .. } => Some(*retry_after_s),
+            _ => None,
+        }
     }
 
     /// The request field the error is about, if any.
@@ -126,6 +158,7 @@ impl ApiError {
             ApiError::UnknownParameters(p) => p.first().map(String::as_str),
             ApiError::ModelNotFound(_) => Some("model"),
             ApiError::ContextLengthExceeded { .. } => Some("messages"),
+            ApiError::InvalidHeader { header, .. } => Some(header),
             _ => None,
         }
     }
@@ -145,8 +178,8 @@ impl ApiError {
         *resp.status_mut() = self.status();
         let h = resp.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if self.retryable() {
-            h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        if let Some(s) = self.retry_after_s() {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         if self.status() == StatusCode::UNAUTHORIZED {
             h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

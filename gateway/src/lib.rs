@@ -2,11 +2,13 @@
 //!
 //! Owns the public listener ([`server`], [`tls`]), the request path
 //! ([`service`]: auth, schema, dispatch, relay), the error taxonomy
-//! ([`error`]), engine discovery and routing ([`engines`], [`dispatch`]),
+//! ([`error`]), admission, brownout and the gate ([`admission`]), engine
+//! discovery and routing ([`engines`], [`dispatch`]),
 //! the NDJSON-to-SSE relay ([`relay`]), metrics ([`metrics`]), the dev PKI
 //! ([`certs`]) and the embedded mode's engine children ([`supervisor`]).
 //! Decisions come from the pure `policies` crate.
 
+pub mod admission;
 pub mod body;
 pub mod certs;
 pub mod config;
@@ -41,6 +43,7 @@ pub struct App {
     pub config: GatewayConfig,
     pub policy: Arc<PolicyDocument>,
     pub engines: Arc<EnginePool>,
+    pub admission: Arc<admission::Admission>,
     id_prefix: u32,
     next_id: AtomicU64,
 }
@@ -50,7 +53,8 @@ impl App {
         // Request ids are unique per process start without coordination.
         let id_prefix =
             SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() ^ d.as_secs() as u32);
-        Self { config, policy: Arc::new(policy), engines, id_prefix, next_id: AtomicU64::new(0) }
+        let admission = admission::Admission::new(Arc::clone(&engines));
+        Self { config, policy: Arc::new(policy), engines, admission, id_prefix, next_id: AtomicU64::new(0) }
     }
 }
 
@@ -160,6 +164,7 @@ async fn serve_until_signal(
     let ready = pool.ready_count();
     let total = pool.len();
     let app = Arc::new(App::new(config, policy, pool));
+    tokio::spawn(Arc::clone(&app.admission).run(Arc::clone(&app.policy)));
     println!("gateway listening on https://{addr} (HTTP/2 and HTTP/1.1 over TLS)");
     println!("ready: {ready}/{total} engines");
     if let Some(ca) = ca {

@@ -8,11 +8,21 @@
 //! - `gateway_inflight_requests`: requests whose response is still open
 //! - `gateway_ready_engines`: engines passing their readiness probe
 //! - `gateway_engine_retries_total`: engine attempts that failed and moved on
+//! - `gateway_admission_decisions_total{tier,decision,reason}`: admitted,
+//!   degraded and rejected requests by why
+//! - `gateway_brownout_level`, `gateway_brownout_signal`: the level and the
+//!   p95 signal (1.0 = at the TTFT budget) driving it
+//! - `gateway_queue_waiting`: requests waiting at the gate for a slot
+//! - `gateway_ttft_prediction_ratio{tier}`: observed / predicted TTFT
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use engine::api::Usage;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use policies::PolicyDocument;
+
+use crate::admission::Ticket;
 
 pub const REQUESTS: &str = "gateway_requests_total";
 pub const ERRORS: &str = "gateway_errors_total";
@@ -21,6 +31,11 @@ pub const TLET: &str = "gateway_tlet_seconds";
 pub const INFLIGHT: &str = "gateway_inflight_requests";
 pub const READY_ENGINES: &str = "gateway_ready_engines";
 pub const ENGINE_RETRIES: &str = "gateway_engine_retries_total";
+pub const ADMISSION: &str = "gateway_admission_decisions_total";
+pub const BROWNOUT_LEVEL: &str = "gateway_brownout_level";
+pub const BROWNOUT_SIGNAL: &str = "gateway_brownout_signal";
+pub const QUEUE_WAITING: &str = "gateway_queue_waiting";
+pub const TTFT_PREDICTION: &str = "gateway_ttft_prediction_ratio";
 
 const LATENCY_BUCKETS: &[f64] =
     &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
@@ -39,29 +54,48 @@ pub fn handle() -> &'static PrometheusHandle {
 
 /// Follows one generation: TTFT at its first token, TLET at its end, and
 /// the in-flight gauge for as long as it lives.
+/// It also carries the request's admission [`Ticket`] (released with it)
+/// and feeds it what learning needs.
 #[derive(Debug)]
 pub struct RequestObserver {
     arrived: Instant,
     tier: String,
     first_seen: bool,
+    admitted: Option<(Ticket, Arc<PolicyDocument>, Option<f64>)>,
 }
 
 impl RequestObserver {
     pub fn new(arrived: Instant, tier: &str) -> Self {
         metrics::gauge!(INFLIGHT).increment(1.0);
-        Self { arrived, tier: tier.to_string(), first_seen: false }
+        Self { arrived, tier: tier.to_string(), first_seen: false, admitted: None }
+    }
+
+    /// Attaches the admission ticket and the prediction it was admitted on.
+    pub fn admitted(&mut self, ticket: Ticket, policy: Arc<PolicyDocument>, predicted_ttft_ms: Option<f64>) {
+        self.admitted = Some((ticket, policy, predicted_ttft_ms));
     }
 
     pub fn first_token(&mut self) {
         if !self.first_seen {
             self.first_seen = true;
-            metrics::histogram!(TTFT, "tier" => self.tier.clone())
-                .record(self.arrived.elapsed().as_secs_f64());
+            let ttft = self.arrived.elapsed();
+            metrics::histogram!(TTFT, "tier" => self.tier.clone()).record(ttft.as_secs_f64());
+            if let Some((ticket, _, predicted)) = &mut self.admitted {
+                ticket.first_token(ttft);
+                if let Some(p) = predicted.filter(|p| *p > 0.0) {
+                    metrics::histogram!(TTFT_PREDICTION, "tier" => self.tier.clone())
+                        .record(ttft.as_secs_f64() * 1e3 / p);
+                }
+            }
         }
     }
 
-    pub fn finished(&self) {
+    /// The generation ended normally on engine `engine`.
+    pub fn finished(&mut self, engine: usize, usage: Usage, prefill_ms: f64) {
         metrics::histogram!(TLET, "tier" => self.tier.clone()).record(self.arrived.elapsed().as_secs_f64());
+        if let Some((ticket, policy, _)) = &mut self.admitted {
+            ticket.finished(policy, engine, usage.completion_tokens, prefill_ms);
+        }
     }
 }
 

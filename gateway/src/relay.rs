@@ -17,7 +17,7 @@ use http_body::{Body, Frame};
 use serde_json::{json, Value};
 
 use crate::dispatch::{self, Attempts, EventStream, Started};
-use crate::engines::{EnginePool, InflightTokens};
+use crate::engines::{EngineLease, EnginePool, Work};
 use crate::error::ApiError;
 use crate::metrics::RequestObserver;
 use crate::openai::Kind;
@@ -131,7 +131,7 @@ pub struct SseRelay {
     /// Ends (in-flight gauge down) with the generation, like `inflight`.
     observer: Option<RequestObserver>,
     /// Released as soon as the generation ends, not when hyper drops us.
-    inflight: Option<InflightTokens>,
+    inflight: Option<EngineLease>,
     done: bool,
 }
 
@@ -155,10 +155,10 @@ impl SseRelay {
     fn on_event(&mut self, event: Result<Event, String>) {
         match event {
             Ok(Event::Token { text }) => self.encoder.token(&mut self.pending, &text),
-            Ok(Event::Done { finish_reason, usage, .. }) => {
+            Ok(Event::Done { finish_reason, usage, prefill_ms, .. }) => {
                 self.encoder.finish(&mut self.pending, finish_reason, usage);
-                if let Some(o) = &self.observer {
-                    o.finished();
+                if let (Some(o), Some(l)) = (&mut self.observer, &self.inflight) {
+                    o.finished(l.engine_idx(), usage, prefill_ms);
                 }
                 self.end();
             }
@@ -229,21 +229,22 @@ pub struct Collected {
 pub async fn collect(
     pool: &Arc<EnginePool>,
     req: &GenerateRequest,
-    tokens: u64,
+    mut first: Option<EngineLease>,
+    work: Work,
     timeout: Duration,
     observer: &mut RequestObserver,
 ) -> Result<Collected, ApiError> {
     let mut attempts = Attempts::default();
     loop {
-        let mut started = dispatch::start(pool, req, tokens, timeout, &mut attempts).await?;
+        let mut started = dispatch::start(pool, req, first.take(), work, timeout, &mut attempts).await?;
         observer.first_token();
         let mut text = String::new();
         let mut next = Some(Ok(started.first.clone()));
         let failure = loop {
             match next {
                 Some(Ok(Event::Token { text: t })) => text.push_str(&t),
-                Some(Ok(Event::Done { finish_reason, usage, .. })) => {
-                    observer.finished();
+                Some(Ok(Event::Done { finish_reason, usage, prefill_ms, .. })) => {
+                    observer.finished(started.inflight.engine_idx(), usage, prefill_ms);
                     let engine_id = started.inflight.engine_id().to_string();
                     return Ok(Collected { text, finish_reason, usage, engine_id });
                 }

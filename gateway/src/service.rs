@@ -1,10 +1,12 @@
 //! The public request path, top to bottom, in one place.
 //!
 //! `handle` stamps the request id, routes, runs the route, maps any error to
-//! its response (in `error.rs`), and counts the result. `completions` is the
-//! generation path: auth -> bounded body read -> schema -> model -> plan
-//! (context ceiling, output cap) -> dispatch (retries before the first byte)
-//! -> SSE relay or collected JSON.
+//! its response (in `error.rs`), adds the admission headers, and counts the
+//! result. `completions` is the generation path: auth -> SLO hints ->
+//! bounded body read -> schema -> model -> plan (context ceiling, output
+//! cap) -> admission (brownout caps, estimate, admit / degrade / reject, the
+//! gate) -> dispatch (retries before the first byte) -> SSE relay or
+//! collected JSON.
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
@@ -19,6 +21,7 @@ use hyper::body::Incoming;
 use policies::{Tenant, Tier};
 use serde_json::json;
 
+use crate::admission::{AdmitRequest, Start, Verdict};
 use crate::body::{full, GatewayBody};
 use crate::dispatch::{self, Attempts};
 use crate::error::ApiError;
@@ -79,8 +82,9 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Ga
     let arrived = Instant::now();
     let request_id = request_id(&app, req.headers()); // correlates client reports, logs, engines
     let route = Route::of(req.method(), req.uri().path());
+    let mut verdict = None;
     let result = match &route {
-        Route::Completions(kind) => completions(&app, req, *kind, &request_id, arrived).await,
+        Route::Completions(kind) => completions(&app, req, *kind, &request_id, arrived, &mut verdict).await,
         Route::Models => authenticate(&app, req.headers()).map(|_| models(&app, None)),
         Route::Model(id) => authenticate(&app, req.headers()).map(|_| models(&app, Some(id))),
         Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "alive"}))),
@@ -97,9 +101,29 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Ga
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         resp.headers_mut().insert("x-request-id", v);
     }
+    decision_headers(resp.headers_mut(), &app.policy.version, verdict.as_ref());
     let status = resp.status().as_u16().to_string();
     ::metrics::counter!(metrics::REQUESTS, "route" => route.label(), "status" => status).increment(1);
     Ok(resp)
+}
+
+/// `x-admission`, `x-admission-reason`, `x-predicted-ttft-ms` and
+/// `x-brownout-level` once admission has decided; `x-policy-version` always.
+fn decision_headers(h: &mut HeaderMap, version: &str, verdict: Option<&Verdict>) {
+    if let Ok(v) = HeaderValue::from_str(version) {
+        h.insert("x-policy-version", v);
+    }
+    let Some(v) = verdict else { return };
+    h.insert("x-admission", HeaderValue::from_static(v.decision));
+    if let Ok(r) = HeaderValue::from_str(&v.reason) {
+        h.insert("x-admission-reason", r);
+    }
+    if let Some(p) = v.predicted_ttft_ms {
+        if let Ok(p) = HeaderValue::from_str(&format!("{p:.1}")) {
+            h.insert("x-predicted-ttft-ms", p);
+        }
+    }
+    h.insert("x-brownout-level", HeaderValue::from(v.brownout_level));
 }
 
 async fn completions(
@@ -108,18 +132,75 @@ async fn completions(
     kind: Kind,
     request_id: &str,
     arrived: Instant,
+    verdict: &mut Option<Verdict>,
 ) -> Result<Response<GatewayBody>, ApiError> {
     let (tenant, tier) = authenticate(app, req.headers())?; // who is calling, on which tier
+    let min_hint = app.policy.admission.min_hint_ms;
+    let ttft_hint = slo_hint(req.headers(), "x-slo-ttft-ms", tier.ttft, min_hint)?; // per-request SLO, clamped to the tier
+    let e2e_hint = slo_hint(req.headers(), "x-slo-e2e-ms", tier.e2e, min_hint)?;
     let body = read_body(req, app.config.max_body_bytes).await?; // bounded memory per request
     let parsed = openai::parse(kind, &body)?; // typed and validated; unknown parameters named
     if app.policy.model(&parsed.model).is_none() {
         return Err(ApiError::ModelNotFound(parsed.model));
     }
-    let (encoder, gen, tokens) = plan(parsed, tier, request_id)?; // tier ceiling and cap
-    tracing::debug!(event = "request_planned", request_id, tenant = %tenant.name, tier = %tier.name, tokens);
+    let (encoder, mut gen, prompt_tokens) = plan(parsed, tier, request_id)?; // tier ceiling and cap
+                                                                             // Admission: admit, degrade or refuse against the tier's SLO, fast.
+    let ask = AdmitRequest {
+        tenant,
+        tier,
+        model: &gen.model,
+        prompt_tokens,
+        max_tokens: gen.max_tokens,
+        sampling: gen.temperature.is_some_and(|t| t > 0.0),
+        ttft_hint,
+        e2e_hint,
+    };
+    let admitted = app.admission.admit(&app.policy, &ask).map_err(|r| {
+        *verdict = Some(r.verdict);
+        r.error
+    })?;
+    *verdict = Some(admitted.verdict.clone());
+    gen.max_tokens = admitted.max_tokens;
+    if !admitted.sampling {
+        gen.temperature = None;
+    }
+    gen.priority_key = Some(admitted.key);
+    gen.ttft_budget_ms = u32::try_from(admitted.ttft_budget.as_millis()).ok();
+    let work = admitted.work;
+    tracing::debug!(event = "request_admitted", request_id, tenant = %tenant.name, tier = %tier.name,
+        decision = admitted.verdict.decision, reason = %admitted.verdict.reason);
     let mut observer = RequestObserver::new(arrived, &tier.name);
+    observer.admitted(admitted.ticket, Arc::clone(&app.policy), admitted.verdict.predicted_ttft_ms);
+    // The gate: wait (with a deadline) for an engine slot when all are busy.
+    let first = match admitted.start {
+        Start::Now(lease) => Some(lease),
+        Start::Anywhere => None,
+        Start::Wait(rx, deadline, mut v) => match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(Ok(lease))) => Some(lease),
+            Ok(Ok(Err(refused))) => {
+                *verdict = Some(refused.verdict);
+                return Err(refused.error);
+            }
+            Ok(Err(_)) => return Err(ApiError::NoReadyEngine),
+            Err(_) => {
+                v.decision = "rejected";
+                v.reason = "queue_timeout".into();
+                *verdict = Some(v);
+                return Err(ApiError::Overloaded {
+                    reason: "queue_timeout",
+                    message: format!(
+                        "no engine slot freed within the {} ms TTFT budget; retry shortly",
+                        admitted.ttft_budget.as_millis()
+                    ),
+                    retry_after_s: app.policy.admission.retry_after_min_s,
+                });
+            }
+        },
+    };
+    let timeout = admitted.e2e_budget.max(tier.e2e);
     if encoder.stream {
-        let started = dispatch::start(&app.engines, &gen, tokens, tier.e2e, &mut Attempts::default()).await?;
+        let started =
+            dispatch::start(&app.engines, &gen, first, work, timeout, &mut Attempts::default()).await?;
         let engine_id = started.inflight.engine_id().to_string();
         let mut resp = Response::new(SseRelay::new(encoder, started, observer).boxed_unsync());
         let h = resp.headers_mut();
@@ -128,7 +209,7 @@ async fn completions(
         insert_engine(h, &engine_id);
         Ok(resp)
     } else {
-        let done = relay::collect(&app.engines, &gen, tokens, tier.e2e, &mut observer).await?;
+        let done = relay::collect(&app.engines, &gen, first, work, timeout, &mut observer).await?;
         let mut resp =
             json_response(StatusCode::OK, &encoder.complete(&done.text, done.finish_reason, done.usage));
         insert_engine(resp.headers_mut(), &done.engine_id);
@@ -136,15 +217,34 @@ async fn completions(
     }
 }
 
+/// `x-slo-ttft-ms` / `x-slo-e2e-ms`: a tighter target than the tier's for
+/// this request (milliseconds), clamped to [min_hint_ms, the tier's budget].
+fn slo_hint(
+    headers: &HeaderMap,
+    name: &'static str,
+    tier_budget: std::time::Duration,
+    min_ms: u32,
+) -> Result<Option<std::time::Duration>, ApiError> {
+    let Some(v) = headers.get(name) else { return Ok(None) };
+    let ms: u64 =
+        v.to_str().ok().and_then(|s| s.trim().parse().ok()).filter(|ms| *ms > 0).ok_or_else(|| {
+            ApiError::InvalidHeader {
+                header: name,
+                message: "must be a positive whole number of milliseconds".into(),
+            }
+        })?;
+    let ms = std::time::Duration::from_millis(ms.max(u64::from(min_ms)));
+    Ok(Some(ms.min(tier_budget)))
+}
+
 /// Applies the tier to a parsed request: the prompt must fit the context
 /// ceiling (else 400); `max_tokens` is clamped to the output cap. Returns
-/// the response encoder, the engine request, and the tokens it counts
-/// against its engine (prompt + output budget).
+/// the response encoder, the engine request, and its prompt tokens.
 fn plan(
     parsed: openai::CompletionRequest,
     tier: &Tier,
     request_id: &str,
-) -> Result<(Encoder, GenerateRequest, u64), ApiError> {
+) -> Result<(Encoder, GenerateRequest, u32), ApiError> {
     let prompt_tokens = policies::tokens::count(&parsed.prompt);
     let limit = tier.max_context_tokens.get();
     if prompt_tokens > limit {
@@ -169,13 +269,11 @@ fn plan(
         temperature: parsed.temperature,
         seed: parsed.seed,
         stop: parsed.stop,
-        // Weighted shortest job first: estimated work over the tier's weight.
-        priority_key: Some(
-            (f64::from(prompt_tokens) + f64::from(max_tokens)) / f64::from(tier.priority_weight.get()),
-        ),
-        ttft_budget_ms: u32::try_from(tier.ttft.as_millis()).ok(),
+        // Set by admission: the ordering key and the TTFT budget.
+        priority_key: None,
+        ttft_budget_ms: None,
     };
-    Ok((encoder, gen, u64::from(prompt_tokens) + u64::from(max_tokens)))
+    Ok((encoder, gen, prompt_tokens))
 }
 
 fn insert_engine(h: &mut HeaderMap, engine_id: &str) {

@@ -168,9 +168,11 @@ async fn a_dead_engine_leaves_routing_and_requests_keep_succeeding() {
 
 #[tokio::test]
 async fn engines_at_capacity_give_a_retryable_503_naming_the_reason() {
-    // 8 pages of 16 tokens per engine, 2 kept free (25%). A 60-token prompt
-    // with a 16-token output reserve takes 5 pages: one long-running
-    // sequence per engine leaves 3, too few for another 5 + 2.
+    // 8 pages of 16 tokens per engine, 2 kept free (25%): 96 tokens of
+    // headroom. A 60-token prompt with 20 output tokens needs 80: one
+    // running sequence per engine leaves too little for another, and the
+    // gateway refuses it itself rather than push an engine below its low
+    // watermark.
     let args = [
         "--engine-arg=--kv-pages=8",
         "--engine-arg=--page-tokens=16",
@@ -180,10 +182,10 @@ async fn engines_at_capacity_give_a_retryable_503_naming_the_reason() {
     let sys = System::start_with(&paced(0, 200), 2, &args).await;
     let conn = sys.conn(Proto::H2).await;
     let body = |stream: bool| {
-        serde_json::json!({"model": MODEL, "prompt": "word ".repeat(60), "max_tokens": 60, "stream": stream})
+        serde_json::json!({"model": MODEL, "prompt": "word ".repeat(60), "max_tokens": 20, "stream": stream})
             .to_string()
     };
-    // Two streams (60 + 60 tokens fit one engine's cache each) hold both engines.
+    // Two streams (60 + 20 tokens fit one engine's headroom each) hold both engines.
     let mut held = Vec::new();
     for _ in 0..2 {
         let resp = conn.post_json("/v1/completions", Some(GOLD), body(true)).await.unwrap();
@@ -193,9 +195,11 @@ async fn engines_at_capacity_give_a_retryable_503_naming_the_reason() {
     let resp = conn.post_json("/v1/completions", Some(GOLD), body(false)).await.unwrap();
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(resp.headers()["retry-after"], "1");
+    assert_eq!(resp.headers()["x-admission"], "rejected");
+    assert_eq!(resp.headers()["x-admission-reason"], "kv_headroom");
     let v = json(&body_bytes(resp).await.unwrap());
-    assert_eq!(v["error"]["code"], "engines_at_capacity", "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains("kv_low_watermark"), "{v}");
+    assert_eq!(v["error"]["code"], "kv_headroom", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("low watermark"), "{v}");
     drop(held);
 }
 

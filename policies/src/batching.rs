@@ -22,6 +22,10 @@
 //! 6. **TTFT.** Time already waited plus the batch's predicted prefill must
 //!    stay within `ttft_fraction` (40%) of every member's TTFT budget.
 //!
+//! `BatchMode::Static` is the naive baseline of the admission benchmark:
+//! no joining, a new batch of up to `max_batch` sequences (key order) only
+//! once the running batch has finished completely.
+//!
 //! The first candidate in key order that fits the slot and lane rules is
 //! always admitted, even alone over a budget: progress beats purity, and a
 //! request that can no longer meet its budget is the admission layer's to
@@ -45,9 +49,20 @@ pub struct Queued {
     pub ttft_budget: Duration,
 }
 
+/// Continuous batching (the product) or static batches (a baseline).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BatchMode {
+    /// Sequences join and leave the running batch at token boundaries.
+    #[default]
+    Continuous,
+    /// A batch runs to completion before the next one is formed.
+    Static,
+}
+
 /// Limits of batch formation (engine config; defaults are a sensible start).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchLimits {
+    pub mode: BatchMode,
     pub max_batch: u32,
     pub max_prefill_tokens: u32,
     /// Prompts of at least this many tokens are in the long lane.
@@ -62,6 +77,7 @@ pub struct BatchLimits {
 impl Default for BatchLimits {
     fn default() -> Self {
         Self {
+            mode: BatchMode::Continuous,
             max_batch: 64,
             max_prefill_tokens: 8192,
             long_prompt_tokens: 1024,
@@ -103,6 +119,16 @@ pub fn form_prefill(
     order.sort_by(|a, b| {
         a.key.total_cmp(&b.key).then(a.enqueued_at.cmp(&b.enqueued_at)).then(a.id.cmp(&b.id))
     });
+    if limits.mode == BatchMode::Static {
+        let take = if running == 0 { limits.max_batch as usize } else { 0 };
+        let chosen: Vec<&Queued> = order.into_iter().take(take).collect();
+        let tokens = chosen.iter().map(|q| q.prompt_tokens).fold(0u32, u32::saturating_add);
+        return PrefillPlan {
+            admit: chosen.iter().map(|q| q.id).collect(),
+            prompt_tokens: tokens,
+            prefill: profile.prefill(tokens),
+        };
+    }
     let long_waiting = order.iter().filter(|q| limits.is_long(q)).count() as u32;
     let short_cap = free - limits.reserved_long_slots.min(long_waiting).min(free);
     if limits.reserved_long_slots > 0 {
@@ -197,6 +223,15 @@ mod tests {
     }
 
     #[test]
+    fn static_batches_wait_for_the_whole_batch_to_finish() {
+        let queue = [q(1, 100, 3.0), q(2, 5000, 1.0), q(3, 100, 2.0)];
+        let limits = BatchLimits { mode: BatchMode::Static, max_batch: 2, ..limits() };
+        assert!(form_prefill(&queue, 1, &limits, &profile(), Duration::ZERO).admit.is_empty());
+        let plan = form_prefill(&queue, 0, &limits, &profile(), Duration::ZERO);
+        assert_eq!(plan.admit, vec![2, 3], "key order, no length rules");
+    }
+
+    #[test]
     fn ttft_budget_bounds_the_batch_at_40_percent() {
         // Budget 100 ms -> 40 ms for waiting + prefill = 400 tokens at 0 wait.
         let mut queue: Vec<Queued> = (0..10).map(|i| q(i, 100, i as f64)).collect();
@@ -264,6 +299,7 @@ mod tests {
         let p = profile();
         for _ in 0..2000 {
             let l = BatchLimits {
+                mode: BatchMode::Continuous,
                 max_batch: 1 + rnd(16) as u32,
                 max_prefill_tokens: 500 + rnd(8000) as u32,
                 long_prompt_tokens: 1024,

@@ -1,0 +1,623 @@
+//! Admission as the gateway runs it: the state the pure decisions in
+//! `policies` read (estimator models, output histories, brownout windows,
+//! tenant counts, the gate queues), and the permits requests hold.
+//!
+//! Per request, in order: tenant concurrency (429) -> brownout caps
+//! (context ceiling and output cap of the current level) -> estimate ->
+//! `policies::admission::decide` over the ready engines -> a [`Ticket`]
+//! (concurrency lease, learning hooks) and where to start: an engine lease
+//! now, or a place in the gate's deficit round-robin queue of the class.
+//! The gate hands out engine slots as they free ([`Admission::pump`]); a
+//! waiter is re-checked when its turn comes (late binding: it is bound to
+//! whichever engine frees first, so it is never stuck behind an engine that
+//! got slower) and refused if it can no longer meet its TTFT budget.
+//! Waits have deadlines; refusals are fast and typed.
+//!
+//! Time in every decision is `now` since this controller's origin,
+//! passed to the pure functions.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use policies::admission::{self as adm, Ask, Candidate, Decision, RejectReason};
+use policies::brownout::{Brownout, Window};
+use policies::estimate::{OutputHistory, ServiceModel};
+use policies::fairness::Drr;
+use policies::routing::{QueueOrder, RoutePolicy};
+use policies::{PolicyDocument, Tenant, Tier};
+use tokio::sync::oneshot;
+
+use crate::engines::{EngineLease, EnginePool, Work};
+use crate::metrics as m;
+
+/// What the response headers say about the decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    /// `admitted`, `degraded` or `rejected`.
+    pub decision: &'static str,
+    /// Why: `slo_feasible`, the degradation steps joined by `+`, or the
+    /// rejection's label.
+    pub reason: String,
+    pub predicted_ttft_ms: Option<f64>,
+    pub brownout_level: usize,
+}
+
+/// A refusal: the error to answer with and the verdict for its headers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refused {
+    pub error: crate::error::ApiError,
+    pub verdict: Verdict,
+}
+
+/// What admission needs to know about one request.
+#[derive(Debug, Clone)]
+pub struct AdmitRequest<'a> {
+    pub tenant: &'a Tenant,
+    pub tier: &'a Tier,
+    pub model: &'a str,
+    pub prompt_tokens: u32,
+    /// After the tier's output cap.
+    pub max_tokens: u32,
+    pub sampling: bool,
+    /// `x-slo-ttft-ms` / `x-slo-e2e-ms`, already clamped to the tier.
+    pub ttft_hint: Option<Duration>,
+    pub e2e_hint: Option<Duration>,
+}
+
+/// Where an admitted request starts.
+#[derive(Debug)]
+pub enum Start {
+    /// On this engine, now.
+    Now(EngineLease),
+    /// When the gate hands it a slot, or refuses it at its deadline.
+    Wait(oneshot::Receiver<Result<EngineLease, Refused>>, tokio::time::Instant, Verdict),
+    /// Anywhere (admission off and no routing choice possible yet).
+    Anywhere,
+}
+
+/// An admitted request.
+#[derive(Debug)]
+pub struct Admitted {
+    pub verdict: Verdict,
+    pub max_tokens: u32,
+    pub sampling: bool,
+    /// Ordering key for the engine queue (lower first).
+    pub key: f64,
+    pub ttft_budget: Duration,
+    pub e2e_budget: Duration,
+    pub work: Work,
+    pub start: Start,
+    pub ticket: Ticket,
+}
+
+/// One request waiting at the gate.
+#[derive(Debug)]
+struct Waiter {
+    tx: oneshot::Sender<Result<EngineLease, Refused>>,
+    work: Work,
+    n_in: u32,
+    arrived: f64,
+    ttft_budget_ms: f64,
+    verdict: Verdict,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    models: Vec<ServiceModel>,
+    outputs: HashMap<(String, String), OutputHistory>,
+    queue_signal: Window,
+    ttft_signal: Window,
+    brownout: Brownout,
+    open: HashMap<String, u32>,
+    /// Gate queues by engine class.
+    gates: HashMap<usize, Drr<Waiter>>,
+    rr_turn: u64,
+}
+
+impl State {
+    /// The class index of `profile`'s engine class, registering its model.
+    fn class_of(&mut self, profile: &policies::LatencyProfile) -> usize {
+        match self.models.iter().position(|m| m.class == profile.engine_class) {
+            Some(i) => i,
+            None => {
+                self.models.push(ServiceModel::from_profile(profile));
+                self.models.len() - 1
+            }
+        }
+    }
+}
+
+/// The gateway's admission controller; one per process.
+#[derive(Debug)]
+pub struct Admission {
+    state: Mutex<State>,
+    origin: Instant,
+    pool: Arc<EnginePool>,
+}
+
+impl Admission {
+    pub fn new(pool: Arc<EnginePool>) -> Arc<Self> {
+        Arc::new(Self { state: Mutex::new(State::default()), origin: Instant::now(), pool })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Seconds since this controller started: the `now` of every decision.
+    pub fn now(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64()
+    }
+
+    pub fn brownout_level(&self) -> usize {
+        self.lock().brownout.level()
+    }
+
+    /// Requests waiting at the gate.
+    pub fn waiting(&self) -> usize {
+        self.lock().gates.values().map(Drr::len).sum()
+    }
+
+    /// Candidates for admission: ready engines whose profile is known.
+    fn candidates(&self, st: &mut State, policy: &PolicyDocument) -> Vec<Candidate> {
+        let mut out = Vec::new();
+        let mut per_class: HashMap<usize, u32> = HashMap::new();
+        for idx in 0..self.pool.len() {
+            let slot = self.pool.slot(idx);
+            let Some(profile) = slot.profile() else { continue };
+            let class = st.class_of(&profile);
+            if !slot.is_ready() {
+                continue;
+            }
+            let report = slot.report().unwrap_or_default();
+            let backlog = slot.prefill_backlog_tokens();
+            // Free KV above the low watermark per the last report, less
+            // what this gateway sent since (not in the report yet).
+            let headroom = if report.kv_page_tokens == 0 {
+                u64::MAX
+            } else {
+                let pages = u64::from(report.kv_pages_free.saturating_sub(report.kv_low_watermark_pages));
+                (pages * u64::from(report.kv_page_tokens)).saturating_sub(slot.leased_since_report())
+            };
+            let nth = per_class.entry(class).or_default();
+            *nth += 1;
+            out.push(Candidate {
+                idx,
+                class,
+                slots: report.batch_target.max(1),
+                active: slot.active(),
+                active_out_tokens: slot.active_out_tokens(),
+                prefill_backlog_tokens: backlog,
+                kv_headroom_tokens: headroom,
+                long_lane: *nth <= policy.routing.long_lane_engines,
+            });
+        }
+        // A lane exists only in a class with more engines than the lane.
+        for c in &mut out {
+            if per_class[&c.class] <= policy.routing.long_lane_engines {
+                c.long_lane = false;
+            }
+        }
+        out
+    }
+
+    /// Decides admit / degrade / reject for one request.
+    pub fn admit(self: &Arc<Self>, policy: &PolicyDocument, r: &AdmitRequest) -> Result<Admitted, Refused> {
+        let now = self.now();
+        let tier = r.tier;
+        let mut st = self.lock();
+        let level = st.brownout.level();
+        let verdict = |decision, reason: String, ttft: Option<f64>| Verdict {
+            decision,
+            reason,
+            predicted_ttft_ms: ttft,
+            brownout_level: level,
+        };
+        let ttft_budget = r.ttft_hint.unwrap_or(tier.ttft);
+        let e2e_budget = r.e2e_hint.unwrap_or(tier.e2e).max(ttft_budget);
+        if policy.admission.mode == adm::AdmissionMode::Off {
+            return Ok(self.admit_off(&mut st, policy, r, verdict("admitted", "admission_off".into(), None)));
+        }
+        let open = st.open.get(&r.tenant.name).copied().unwrap_or(0);
+        if let Some(limit) = tier.max_concurrency.filter(|l| open >= l.get()) {
+            let v = verdict("rejected", "tenant_concurrency".into(), None);
+            return Err(self.refuse(
+                tier,
+                v,
+                crate::error::ApiError::TenantConcurrency { limit: limit.get() },
+            ));
+        }
+        // Brownout caps of the current level.
+        let caps = policy.brownout.caps(level, &tier.name);
+        let ceiling = (f64::from(tier.max_context_tokens.get()) * caps.context_scale).floor() as u32;
+        if r.prompt_tokens > ceiling.max(1) {
+            let v = verdict("rejected", "brownout_context".into(), None);
+            let err = crate::error::ApiError::Overloaded {
+                reason: "brownout_context",
+                message: format!(
+                    "the system is in brownout level {level}: prompts of tier {} are limited to {ceiling} tokens for now (this one has {})",
+                    tier.name, r.prompt_tokens
+                ),
+                retry_after_s: policy.brownout.down_dwell_s.ceil() as u32,
+            };
+            return Err(self.refuse(tier, v, err));
+        }
+        let cap = ((f64::from(tier.max_output_tokens.get()) * caps.output_scale).floor() as u32)
+            .max(tier.output_floor_tokens);
+        let mut steps: Vec<&'static str> = Vec::new();
+        let mut max_tokens = r.max_tokens;
+        if max_tokens > cap {
+            max_tokens = cap;
+            steps.push("brownout_output_cap");
+        }
+        let hist_key = (r.tenant.name.clone(), r.model.to_string());
+        let expected =
+            st.outputs.get(&hist_key).map_or(max_tokens, |h| h.expected(max_tokens, &policy.estimator));
+        let engines = self.candidates(&mut st, policy);
+        let overflow =
+            tier.overflow_class.as_ref().and_then(|name| st.models.iter().position(|m| &m.class == name));
+        // The primary class: the first ready engine's outside the overflow class.
+        let class =
+            engines.iter().find(|e| Some(e.class) != overflow).or(engines.first()).map_or(0, |e| e.class);
+        let weight = tier.priority_weight.get();
+        let n_hat = u64::from(r.prompt_tokens) + u64::from(expected);
+        let key = self.key(policy, r, now, expected, &st);
+        let ahead_tokens = st.gates.get(&class).map_or(0, |g| {
+            if g.is_empty() {
+                0
+            } else {
+                g.tokens_ahead(&r.tenant.name, weight, n_hat, key)
+            }
+        });
+        // The gate's tokens are prompt + expected output; admission wants
+        // the output part (decode work), in the same proportion.
+        let ahead_out = ahead_tokens as f64 * f64::from(expected) / n_hat.max(1) as f64;
+        let ask = Ask {
+            n_in: r.prompt_tokens,
+            max_tokens,
+            expected_out: expected,
+            output_floor: tier.output_floor_tokens.min(max_tokens),
+            ttft_budget_ms: ms(ttft_budget),
+            e2e_budget_ms: ms(e2e_budget),
+            sampling: r.sampling,
+            degradations: &tier.degradations,
+            class,
+            overflow_class: overflow,
+            long: r.prompt_tokens >= policy.routing.long_prompt_tokens,
+            queue_ahead_out_tokens: ahead_out,
+        };
+        let decision = adm::decide(&ask, &engines, &st.models, &policy.estimator, &policy.admission);
+        match decision {
+            Decision::Reject(rej) => {
+                // Refused requests feed brownout with what they would have waited.
+                let ratio = rej.predicted_ttft_ms / ask.ttft_budget_ms;
+                st.queue_signal.push(now, if ratio.is_finite() { ratio } else { 10.0 });
+                let v = verdict(
+                    "rejected",
+                    rej.reason.label().into(),
+                    Some(rej.predicted_ttft_ms).filter(|x| x.is_finite()),
+                );
+                let err = match rej.reason {
+                    RejectReason::NoEngine => crate::error::ApiError::NoReadyEngine,
+                    reason => crate::error::ApiError::Overloaded {
+                        reason: reason.label(),
+                        message: reject_message(reason, &tier.name, &rej, &ask),
+                        retry_after_s: rej.retry_after_s,
+                    },
+                };
+                drop(st);
+                Err(self.refuse(tier, v, err))
+            }
+            Decision::Admit(plan) => {
+                steps.extend(plan.steps.iter().map(|d| d.label()));
+                let (decision, reason) = if steps.is_empty() {
+                    ("admitted", "slo_feasible".to_string())
+                } else {
+                    ("degraded", steps.join("+"))
+                };
+                let v = verdict(decision, reason, Some(plan.ttft_ms));
+                st.queue_signal.push(now, plan.ttft_ms / ask.ttft_budget_ms);
+                let expected_out = u64::from(expected.min(plan.max_tokens));
+                let work = Work {
+                    tokens: u64::from(r.prompt_tokens) + u64::from(plan.max_tokens),
+                    prompt_tokens: u64::from(r.prompt_tokens),
+                    out_tokens: expected_out,
+                };
+                *st.open.entry(r.tenant.name.clone()).or_default() += 1;
+                let start = match plan.engine {
+                    Some(idx) => Start::Now(self.pool.lease(idx, work)),
+                    None => {
+                        let (tx, rx) = oneshot::channel();
+                        let quantum = policy.routing.drr_quantum_tokens;
+                        let w = Waiter {
+                            tx,
+                            work,
+                            n_in: r.prompt_tokens,
+                            arrived: now,
+                            ttft_budget_ms: ask.ttft_budget_ms * policy.admission.recheck_factor,
+                            verdict: v.clone(),
+                        };
+                        st.gates.entry(plan.class).or_insert_with(|| Drr::new(quantum)).push(
+                            &r.tenant.name,
+                            weight,
+                            n_hat,
+                            key,
+                            w,
+                        );
+                        let budget =
+                            ttft_budget.min(Duration::from_millis(policy.routing.max_queue_ms.into()));
+                        Start::Wait(rx, tokio::time::Instant::now() + budget, v.clone())
+                    }
+                };
+                ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => decision, "reason" => v.reason.clone())
+                    .increment(1);
+                let ticket = Ticket::new(self, &r.tenant.name, hist_key, r.prompt_tokens, ask.ttft_budget_ms);
+                drop(st);
+                if matches!(start, Start::Wait(..)) {
+                    self.pump(policy);
+                }
+                Ok(Admitted {
+                    verdict: v,
+                    max_tokens: plan.max_tokens,
+                    sampling: plan.sampling,
+                    key,
+                    ttft_budget,
+                    e2e_budget,
+                    work,
+                    start,
+                    ticket,
+                })
+            }
+        }
+    }
+
+    /// Admission off (the FCFS baselines): route by the configured simple
+    /// policy, admit everything.
+    fn admit_off(
+        self: &Arc<Self>,
+        st: &mut State,
+        policy: &PolicyDocument,
+        r: &AdmitRequest,
+        v: Verdict,
+    ) -> Admitted {
+        let now = self.now();
+        let work = Work {
+            tokens: u64::from(r.prompt_tokens) + u64::from(r.max_tokens),
+            prompt_tokens: u64::from(r.prompt_tokens),
+            out_tokens: u64::from(r.max_tokens),
+        };
+        let views = self.pool.views();
+        let pick = match policy.routing.policy {
+            RoutePolicy::RoundRobin => {
+                st.rr_turn += 1;
+                policies::routing::round_robin(&views, &[], st.rr_turn - 1)
+            }
+            RoutePolicy::LeastLoaded => policies::routing::least_inflight_requests(&views, &[]),
+            RoutePolicy::PredictedFinish => policies::routing::least_inflight_tokens(&views, &[]),
+        };
+        let start = pick.map_or(Start::Anywhere, |idx| Start::Now(self.pool.lease(idx, work)));
+        let expected = u32::try_from(work.out_tokens).unwrap_or(u32::MAX);
+        let key = self.key(policy, r, now, expected, st);
+        ::metrics::counter!(m::ADMISSION, "tier" => r.tier.name.clone(), "decision" => "admitted", "reason" => "admission_off")
+            .increment(1);
+        *st.open.entry(r.tenant.name.clone()).or_default() += 1;
+        let hist_key = (r.tenant.name.clone(), r.model.to_string());
+        let ticket = Ticket::new(self, &r.tenant.name, hist_key, r.prompt_tokens, ms(r.tier.ttft));
+        Admitted {
+            verdict: v,
+            max_tokens: r.max_tokens,
+            sampling: r.sampling,
+            key,
+            ttft_budget: r.ttft_hint.unwrap_or(r.tier.ttft),
+            e2e_budget: r.e2e_hint.unwrap_or(r.tier.e2e),
+            work,
+            start,
+            ticket,
+        }
+    }
+
+    /// The engine-queue ordering key: milliseconds on this controller's
+    /// clock, so deadlines (EDF) and virtual finish times (WSRPT) compare.
+    fn key(&self, policy: &PolicyDocument, r: &AdmitRequest, now: f64, expected: u32, st: &State) -> f64 {
+        let arrival = now * 1e3;
+        match policy.routing.order {
+            QueueOrder::Fcfs => arrival,
+            QueueOrder::Wsrpt => match r.ttft_hint {
+                Some(d) => arrival + ms(d),
+                None => {
+                    let service = st.models.first().map_or(f64::from(expected), |m| {
+                        m.prefill_raw_ms(r.prompt_tokens) + m.decode_raw_ms(r.prompt_tokens, expected, 1.0)
+                    });
+                    arrival + service / f64::from(r.tier.priority_weight.get())
+                }
+            },
+        }
+    }
+
+    fn refuse(&self, tier: &Tier, verdict: Verdict, error: crate::error::ApiError) -> Refused {
+        ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => "rejected", "reason" => verdict.reason.clone())
+            .increment(1);
+        Refused { error, verdict }
+    }
+
+    /// Hands free engine slots to waiters, in deficit round-robin order per
+    /// class; re-checks each waiter's TTFT prediction when its turn comes.
+    pub fn pump(&self, policy: &PolicyDocument) {
+        let now = self.now();
+        let mut st = self.lock();
+        if st.gates.values().all(Drr::is_empty) {
+            return;
+        }
+        let engines = self.candidates(&mut st, policy);
+        let st = &mut *st;
+        for (class, gate) in st.gates.iter_mut() {
+            gate.retain(|w| !w.tx.is_closed());
+            let Some(model) = st.models.get(*class) else { continue };
+            loop {
+                if gate.is_empty() {
+                    break;
+                }
+                // The free engine with the least prefill backlog.
+                let free = engines
+                    .iter()
+                    .filter(|e| e.class == *class && self.pool.slot(e.idx).active() < e.slots)
+                    .min_by_key(|e| self.pool.slot(e.idx).prefill_backlog_tokens());
+                let Some(e) = free else { break };
+                let Some((_, w)) = gate.pop() else { break };
+                let waited_ms = (now - w.arrived) * 1e3;
+                let prefill = model.predict(w.n_in, 1, 1.0, &policy.estimator).prefill_ms;
+                if waited_ms + prefill > w.ttft_budget_ms {
+                    let mut v = w.verdict.clone();
+                    v.decision = "rejected";
+                    v.reason = "deadline_unreachable".into();
+                    let err = crate::error::ApiError::Overloaded {
+                        reason: "deadline_unreachable",
+                        message: format!(
+                            "waited {waited_ms:.0} ms for an engine slot; with {prefill:.0} ms of prefill the first token would miss its {:.0} ms budget",
+                            w.ttft_budget_ms
+                        ),
+                        retry_after_s: adm::retry_after(waited_ms + prefill - w.ttft_budget_ms, &policy.admission),
+                    };
+                    let _ = w.tx.send(Err(Refused { error: err, verdict: v }));
+                    continue;
+                }
+                let lease = self.pool.lease(e.idx, w.work);
+                let _ = w.tx.send(Ok(lease)); // a waiter gone drops the lease: slot freed again
+            }
+        }
+    }
+
+    /// Runs the gate and brownout: wakes on freed slots and every tick.
+    pub async fn run(self: Arc<Self>, policy: Arc<PolicyDocument>) {
+        const TICK: Duration = Duration::from_millis(250);
+        let mut next_tick = tokio::time::Instant::now() + TICK;
+        loop {
+            tokio::select! {
+                () = self.pool.slot_freed.notified() => {}
+                () = tokio::time::sleep_until(next_tick) => {
+                    next_tick += TICK;
+                    self.tick(&policy);
+                }
+            }
+            self.pump(&policy);
+        }
+    }
+
+    /// One brownout step and the gauges.
+    pub fn tick(&self, policy: &PolicyDocument) {
+        let now = self.now();
+        let cfg = &policy.brownout;
+        let mut st = self.lock();
+        let q = st.queue_signal.p95(now, cfg.window_s, cfg.min_samples);
+        let t = st.ttft_signal.p95(now, cfg.window_s, cfg.min_samples);
+        let signal = match (q, t) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(level) = st.brownout.update(now, signal, cfg) {
+            tracing::warn!(event = "brownout_level", level, signal = signal.unwrap_or(0.0));
+        }
+        ::metrics::gauge!(m::BROWNOUT_LEVEL).set(st.brownout.level() as f64);
+        ::metrics::gauge!(m::BROWNOUT_SIGNAL).set(signal.unwrap_or(0.0));
+        ::metrics::gauge!(m::QUEUE_WAITING).set(st.gates.values().map(Drr::len).sum::<usize>() as f64);
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn reject_message(reason: RejectReason, tier: &str, rej: &adm::Rejection, ask: &Ask) -> String {
+    match reason {
+        RejectReason::TtftInfeasible => format!(
+            "the system is overloaded: the first token is predicted in {:.0} ms, over tier {tier}'s {:.0} ms budget; retry after {} s",
+            rej.predicted_ttft_ms, ask.ttft_budget_ms, rej.retry_after_s
+        ),
+        RejectReason::E2eInfeasible => format!(
+            "the system is overloaded: the answer cannot finish within tier {tier}'s {:.0} ms end-to-end budget even at {} output tokens; retry after {} s",
+            ask.e2e_budget_ms, ask.output_floor, rej.retry_after_s
+        ),
+        RejectReason::KvHeadroom => {
+            "every engine's KV cache is at its low watermark; retry shortly".to_string()
+        }
+        RejectReason::NoEngine => "no engine is ready to serve this request".to_string(),
+    }
+}
+
+/// An admitted request's hold on its tenant's concurrency and its hooks
+/// into learning; released on drop (the response stream ended).
+#[derive(Debug)]
+pub struct Ticket {
+    admission: Arc<Admission>,
+    tenant: String,
+    hist_key: (String, String),
+    prompt_tokens: u32,
+    ttft_budget_ms: f64,
+    first_at: Option<f64>,
+}
+
+impl Ticket {
+    fn new(
+        a: &Arc<Admission>,
+        tenant: &str,
+        hist_key: (String, String),
+        prompt_tokens: u32,
+        ttft_budget_ms: f64,
+    ) -> Self {
+        Self {
+            admission: Arc::clone(a),
+            tenant: tenant.to_string(),
+            hist_key,
+            prompt_tokens,
+            ttft_budget_ms,
+            first_at: None,
+        }
+    }
+
+    /// The first token reached the gateway `ttft` after arrival.
+    pub fn first_token(&mut self, ttft: Duration) {
+        let now = self.admission.now();
+        self.first_at = Some(now);
+        let mut st = self.admission.lock();
+        st.ttft_signal.push(now, ms(ttft) / self.ttft_budget_ms.max(1.0));
+    }
+
+    /// The request finished on engine `engine`: learn its output length and
+    /// its prefill and decode times.
+    pub fn finished(
+        &mut self,
+        policy: &PolicyDocument,
+        engine: usize,
+        completion_tokens: u32,
+        prefill_ms: f64,
+    ) {
+        let now = self.admission.now();
+        let slot = self.admission.pool.slot(engine);
+        let batch = slot.report().map_or(1.0, |r| r.batch_achieved.max(1.0));
+        let profile = slot.profile();
+        let mut st = self.admission.lock();
+        st.outputs.entry(self.hist_key.clone()).or_default().observe(completion_tokens, &policy.estimator);
+        if let (Some(p), Some(first)) = (profile, self.first_at) {
+            let class = st.class_of(&p);
+            let decode_ms = (now - first) * 1e3;
+            st.models[class].observe(
+                self.prompt_tokens,
+                prefill_ms,
+                completion_tokens,
+                decode_ms,
+                batch,
+                &policy.estimator,
+            );
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut st = self.admission.lock();
+        if let Some(n) = st.open.get_mut(&self.tenant) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
