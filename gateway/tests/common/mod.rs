@@ -9,7 +9,9 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
 use engine::api::LoadReport;
+use http_body_util::Full;
 use loadtest::client::{body_bytes, Conn, Proto};
 use loadtest::sse::{SseEvent, SseParser};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -17,7 +19,13 @@ use tokio::process::{Child, Command};
 
 pub const MODEL: &str = "synthetic-small";
 pub const GOLD: &str = "sk-demo-gold";
+pub const SILVER: &str = "sk-demo-silver";
 pub const BRONZE: &str = "sk-demo-bronze";
+
+/// The shipped policy document's text.
+pub fn default_policy() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/default.toml")).unwrap()
+}
 
 /// A profile where everything is instant: protocol tests run fast.
 pub const INSTANT: &str = "model = \"synthetic-small\"\nengine_class = \"test-instant\"\n\
@@ -67,10 +75,28 @@ impl System {
     }
 
     pub async fn start_with(profile: &str, engines: usize, extra: &[&str]) -> Self {
+        Self::start_with_policy(profile, engines, extra, None).await
+    }
+
+    /// As [`System::start_with`], with this policy document instead of the
+    /// shipped one.
+    pub async fn start_with_policy(
+        profile: &str,
+        engines: usize,
+        extra: &[&str],
+        policy: Option<&str>,
+    ) -> Self {
         let dir = scratch_dir();
         let profile_path = dir.join("profile.toml");
         std::fs::write(&profile_path, profile).unwrap();
-        let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/default.toml");
+        let policies = match policy {
+            Some(text) => {
+                let p = dir.join("policies.toml");
+                std::fs::write(&p, text).unwrap();
+                p
+            }
+            None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/default.toml"),
+        };
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
         cmd.arg("up")
             .args(["--listen", "127.0.0.1:0", "--engines", &engines.to_string()])
@@ -176,6 +202,22 @@ pub async fn sse_events(resp: http::Response<hyper::body::Incoming>) -> Vec<SseE
 pub fn json(bytes: &[u8]) -> serde_json::Value {
     serde_json::from_slice(bytes)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(bytes)))
+}
+
+/// A request to `path` with a key, a JSON body and extra headers.
+pub fn request(path: &str, key: &str, body: String, headers: &[(&str, &str)]) -> http::Request<Full<Bytes>> {
+    let mut req = http::Request::post(path)
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {key}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.body(Full::new(Bytes::from(body))).unwrap()
+}
+
+/// The value of the first Prometheus sample whose line starts with `prefix`.
+pub fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines().find(|l| l.starts_with(prefix))?.rsplit(' ').next()?.parse().ok()
 }
 
 pub fn chat_body(content: &str, max_tokens: u32, stream: bool) -> String {

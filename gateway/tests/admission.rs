@@ -1,0 +1,287 @@
+//! SLO admission end to end against a real `gateway up`: overload is
+//! refused within milliseconds with a reason and a Retry-After (never a
+//! timeout), degradations are visible in headers and in what is served,
+//! waiters at the gate are served when a slot frees, tenant limits give
+//! 429, SLO hints are validated, and brownout engages and recovers.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use engine::backend::emulated::TextSource;
+use http::StatusCode;
+use loadtest::client::{body_bytes, Proto};
+use serde_json::json;
+
+/// A prompt the emulated model answers with at least `min` tokens before
+/// ending by itself, so a stream holds its slot for a known time.
+fn long_prompt(min: u32) -> String {
+    (0..)
+        .map(|i| format!("tell me a long story number {i}"))
+        .find(|p| {
+            let mut s = TextSource::new(p, None);
+            (0..min).all(|_| s.next_token().is_some())
+        })
+        .unwrap()
+}
+
+/// A prompt the emulated model ends by itself within `max` tokens.
+fn short_prompt(max: u32) -> String {
+    (0..)
+        .map(|i| format!("a short answer please {i}"))
+        .find(|p| {
+            let mut s = TextSource::new(p, None);
+            (0..=max).any(|_| s.next_token().is_none())
+        })
+        .unwrap()
+}
+
+fn completion(prompt: &str, max_tokens: u32, stream: bool) -> String {
+    json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}).to_string()
+}
+
+fn header<'a>(resp: &'a http::Response<hyper::body::Incoming>, name: &str) -> &'a str {
+    resp.headers().get(name).map_or("", |v| v.to_str().unwrap())
+}
+
+#[tokio::test]
+async fn overload_is_refused_in_milliseconds_with_retry_after_and_reason() {
+    // One engine, two decode slots, 50 ms per token.
+    let sys = System::start_with(&paced(0, 50), 1, &["--engine-arg=--max-batch=2"]).await;
+    let conn = sys.conn(Proto::H2).await;
+    let prompt = long_prompt(120);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let resp =
+            conn.post_json("/v1/completions", Some(GOLD), completion(&prompt, 100, true)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(header(&resp, "x-admission"), "admitted");
+        assert_eq!(header(&resp, "x-admission-reason"), "slo_feasible");
+        let predicted: f64 = header(&resp, "x-predicted-ttft-ms").parse().unwrap();
+        assert!(predicted > 0.0 && predicted < 500.0, "{predicted}");
+        assert_eq!(header(&resp, "x-policy-version").len(), 12);
+        held.push(resp);
+    }
+    // Both slots are busy for ~5 s: gold's 500 ms TTFT cannot be met. Twenty
+    // such requests at once are all refused at once, none waits it out.
+    let started = Instant::now();
+    let tries =
+        (0..20).map(|_| conn.post_json("/v1/completions", Some(GOLD), completion(&prompt, 100, false)));
+    let answers = futures_join(tries).await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(1000), "20 refusals took {took:?}");
+    for resp in answers {
+        let resp = resp.unwrap();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(header(&resp, "x-admission"), "rejected");
+        assert_eq!(header(&resp, "x-admission-reason"), "ttft_infeasible");
+        let retry: u32 = header(&resp, "retry-after").parse().unwrap();
+        assert!((1..=30).contains(&retry), "{retry}");
+        let predicted: f64 = header(&resp, "x-predicted-ttft-ms").parse().unwrap();
+        assert!(predicted > 500.0, "{predicted}");
+        let v = json(&body_bytes(resp).await.unwrap());
+        assert_eq!(v["error"]["code"], "ttft_infeasible", "{v}");
+        assert_eq!(v["error"]["type"], "server_error");
+        assert!(v["error"]["message"].as_str().unwrap().contains("500 ms budget"), "{v}");
+    }
+    let one = Instant::now();
+    let resp = conn.post_json("/v1/completions", Some(GOLD), completion(&prompt, 100, false)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(one.elapsed() < Duration::from_millis(250), "one refusal took {:?}", one.elapsed());
+    let text =
+        String::from_utf8(body_bytes(conn.get("/metrics", None).await.unwrap()).await.unwrap().to_vec())
+            .unwrap();
+    let rejected = metric(
+        &text,
+        "gateway_admission_decisions_total{tier=\"gold\",decision=\"rejected\",reason=\"ttft_infeasible\"}",
+    );
+    assert!(rejected.is_some_and(|n| n >= 21.0), "{rejected:?}");
+    drop(held);
+}
+
+/// Awaits all futures concurrently (no extra dependency for join_all).
+async fn futures_join<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let handles: Vec<_> = futs.map(|f| Box::pin(f)).collect();
+    let mut out = Vec::new();
+    let mut pending: Vec<_> = handles.into_iter().map(Some).collect();
+    let mut results: Vec<Option<F::Output>> = (0..pending.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut left = false;
+        for (i, slot) in pending.iter_mut().enumerate() {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        results[i] = Some(v);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => left = true,
+                }
+            }
+        }
+        if left {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.extend(results.into_iter().map(Option::unwrap));
+    out
+}
+
+#[tokio::test]
+async fn a_waiter_at_the_gate_gets_the_slot_that_frees() {
+    // One slot, 50 ms per token; a 20-token answer holds it for ~1 s.
+    let sys = System::start_with(&paced(0, 50), 1, &["--engine-arg=--max-batch=1"]).await;
+    let conn = sys.conn(Proto::H2).await;
+    let first = conn
+        .post_json("/v1/completions", Some(BRONZE), completion(&long_prompt(40), 20, true))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let t0 = Instant::now();
+    // Bronze's 3 s TTFT budget covers the wait: admitted to wait at the gate.
+    let second = conn
+        .post_json("/v1/completions", Some(BRONZE), completion(&long_prompt(40), 20, false))
+        .await
+        .unwrap();
+    let waited = t0.elapsed();
+    assert_eq!(second.status(), StatusCode::OK, "{:?}", second.headers());
+    assert_eq!(header(&second, "x-admission"), "admitted");
+    assert!(waited > Duration::from_millis(500), "served only after the first freed its slot: {waited:?}");
+    let v = json(&body_bytes(second).await.unwrap());
+    assert_eq!(v["usage"]["completion_tokens"], 20);
+    let events = sse_events(first).await;
+    assert_eq!(events.last().unwrap().data, "[DONE]");
+}
+
+#[tokio::test]
+async fn degradation_lowers_max_tokens_to_fit_the_e2e_hint() {
+    let sys = System::start(&paced(0, 20), 1).await;
+    let conn = sys.conn(Proto::H2).await;
+    // 200 tokens at 20 ms (x1.25) would take 5 s; the hint allows 3 s, so
+    // silver's ladder lowers max_tokens to what fits (about 118).
+    let req = request(
+        "/v1/completions",
+        SILVER,
+        completion(&long_prompt(250), 200, false),
+        &[("x-slo-e2e-ms", "3000")],
+    );
+    let resp = conn.send(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "x-admission"), "degraded");
+    assert_eq!(header(&resp, "x-admission-reason"), "reduce_output");
+    let v = json(&body_bytes(resp).await.unwrap());
+    let served = v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!((100..=120).contains(&served), "served {served} tokens");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    // A hint under the floor's cost (64 tokens x 25 ms) cannot be met: 503.
+    let req = request(
+        "/v1/completions",
+        SILVER,
+        completion(&long_prompt(250), 200, false),
+        &[("x-slo-e2e-ms", "1000")],
+    );
+    let resp = conn.send(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&resp, "x-admission-reason"), "e2e_infeasible");
+    // Hints are validated.
+    let req = request("/v1/completions", SILVER, completion("hi", 5, false), &[("x-slo-ttft-ms", "soon")]);
+    let resp = conn.send(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let v = json(&body_bytes(resp).await.unwrap());
+    assert_eq!(v["error"]["code"], "invalid_header");
+    assert_eq!(v["error"]["param"], "x-slo-ttft-ms");
+}
+
+#[tokio::test]
+async fn tenant_concurrency_limit_answers_429_and_frees_with_the_stream() {
+    let policy = default_policy().replacen("max_concurrency = 256", "max_concurrency = 1", 3);
+    let sys = System::start_with_policy(&paced(0, 20), 1, &[], Some(&policy)).await;
+    let conn = sys.conn(Proto::H2).await;
+    let held = conn
+        .post_json("/v1/completions", Some(BRONZE), completion(&long_prompt(30), 30, true))
+        .await
+        .unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    let resp = conn.post_json("/v1/completions", Some(BRONZE), completion("hi", 5, false)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&resp, "retry-after"), "1");
+    assert_eq!(header(&resp, "x-admission-reason"), "tenant_concurrency");
+    let v = json(&body_bytes(resp).await.unwrap());
+    assert_eq!(v["error"]["code"], "tenant_concurrency");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    // Another tenant is not limited by bronze's count.
+    let resp = conn.post_json("/v1/completions", Some(GOLD), completion("hi", 5, false)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    // The permit lives as long as the stream: once it ends, bronze may send.
+    sse_events(held).await;
+    let resp = conn.post_json("/v1/completions", Some(BRONZE), completion("hi", 5, false)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn brownout_caps_bronze_under_overload_and_recovers() {
+    // Fast brownout for the test: 5 samples, 0.25 s up, 1 s down.
+    let policy = default_policy()
+        .replace("min_samples = 20", "min_samples = 5")
+        .replace("up_dwell_s = 1.0", "up_dwell_s = 0.25")
+        .replace("down_dwell_s = 10.0", "down_dwell_s = 1.0")
+        .replace("window_s = 10.0", "window_s = 2.0");
+    let sys =
+        System::start_with_policy(&paced(0, 50), 1, &["--engine-arg=--max-batch=1"], Some(&policy)).await;
+    let conn = sys.conn(Proto::H2).await;
+    let held = conn
+        .post_json("/v1/completions", Some(GOLD), completion(&long_prompt(120), 100, true))
+        .await
+        .unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    // Refused gold requests report waits far over budget: the signal rises.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut level = 0;
+    while level == 0 && Instant::now() < deadline {
+        let resp = conn.post_json("/v1/completions", Some(GOLD), completion("hi", 50, false)).await.unwrap();
+        level = header(&resp, "x-brownout-level").parse().unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(level >= 1, "brownout engaged");
+    let text =
+        String::from_utf8(body_bytes(conn.get("/metrics", None).await.unwrap()).await.unwrap().to_vec())
+            .unwrap();
+    assert!(metric(&text, "gateway_brownout_level").is_some_and(|l| l >= 1.0), "{text}");
+    // The slot frees (client gone: the engine cancels at the next token),
+    // the level holds: bronze's output cap shrinks (256 -> 128 at level 1,
+    // less above) and a bronze request is admitted degraded, visibly.
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let resp = conn
+        .post_json("/v1/completions", Some(BRONZE), completion(&long_prompt(200), 256, false))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{:?}", resp.headers());
+    assert_eq!(header(&resp, "x-admission"), "degraded");
+    assert_eq!(header(&resp, "x-admission-reason").split('+').next(), Some("brownout_output_cap"));
+    assert!(header(&resp, "x-brownout-level").parse::<u32>().unwrap() >= 1);
+    let v = json(&body_bytes(resp).await.unwrap());
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 128, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    // Load gone: one level down per quiet second, back to 0.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let text =
+            String::from_utf8(body_bytes(conn.get("/metrics", None).await.unwrap()).await.unwrap().to_vec())
+                .unwrap();
+        if metric(&text, "gateway_brownout_level") == Some(0.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "brownout did not recover");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let resp = conn
+        .post_json("/v1/completions", Some(BRONZE), completion(&short_prompt(200), 256, false))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "x-brownout-level"), "0");
+}
