@@ -26,6 +26,17 @@ enum Command {
         /// Results to compare with it (B); ratios are B/A.
         b: PathBuf,
     },
+    /// Per-tier figures of several runs in one Markdown table (TTFT, TLET,
+    /// deadline misses, goodput, rejections, degradations, met-SLO share).
+    Table {
+        /// results.json files, one row per run within each tier.
+        #[arg(required = true)]
+        results: Vec<PathBuf>,
+        /// Also TTFT p99 of requests scheduled in this window, seconds from
+        /// the start: `FROM,TO` (e.g. the burst).
+        #[arg(long, value_parser = parse_window)]
+        window: Option<(f64, f64)>,
+    },
     /// Re-render report.html from a results.json.
     Report {
         results: PathBuf,
@@ -50,6 +61,7 @@ async fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Run(args) => run(&args).await,
         Command::Compare { a, b } => compare(&a, &b),
+        Command::Table { results, window } => table(&results, window),
         Command::Report { results, out } => report(&results, out),
         Command::Sweep(args) => sweep(&args).await,
         Command::Sink(args) => loadtest::sink::serve(args).await,
@@ -81,6 +93,23 @@ async fn sweep(args: &loadtest::sweep::SweepArgs) -> Result<(), String> {
     let r = loadtest::sweep::sweep(args).await.map_err(|e| e.to_string())?;
     print!("{}", loadtest::sweep::text(&r));
     eprintln!("wrote {}", args.run.out.join("sweep.json").display());
+    Ok(())
+}
+
+fn parse_window(s: &str) -> Result<(f64, f64), String> {
+    let (a, b) = s.split_once(',').ok_or("expected FROM,TO in seconds")?;
+    let p = |x: &str| x.trim().parse::<f64>().map_err(|e| format!("{x:?}: {e}"));
+    let (a, b) = (p(a)?, p(b)?);
+    if a < b {
+        Ok((a, b))
+    } else {
+        Err("FROM must be before TO".into())
+    }
+}
+
+fn table(paths: &[PathBuf], window: Option<(f64, f64)>) -> Result<(), String> {
+    let runs = paths.iter().map(|p| Results::load(p).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
+    print!("{}", loadtest::text::tiers_table(&runs, window));
     Ok(())
 }
 

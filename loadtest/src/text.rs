@@ -1,5 +1,6 @@
-//! Plain-text output: the summary `loadtest run` prints, and `loadtest
-//! compare`'s side-by-side table with ratios.
+//! Plain-text output: the summary `loadtest run` prints, `loadtest
+//! compare`'s side-by-side table with ratios, and `loadtest table`'s
+//! per-tier Markdown table over several runs (the admission benchmark).
 
 use std::fmt::Write;
 
@@ -111,6 +112,68 @@ pub fn compare(a: &Results, b: &Results) -> String {
             _ => "-".into(),
         };
         let _ = writeln!(out, "{name:<22} {:>14} {:>14} {ratio:>8}", show(x), show(y));
+    }
+    out
+}
+
+/// Per tier, one row per run (Markdown): requests, share that met the SLO,
+/// deadline-miss rate of accepted requests, TTFT p95/p99 (and p99 inside
+/// `window`, seconds from the start, when given), TLET p95, goodput tokens
+/// per second, rejections, degradations, and the tier's share of the work
+/// served (prompt + output tokens of requests that finished, inside the
+/// window when given): what deficit round-robin apportions.
+pub fn tiers_table(runs: &[Results], window: Option<(f64, f64)>) -> String {
+    let mut out = String::from(
+        "| tier | run | reqs | met SLO | miss (accepted) | TTFT p95 | TTFT p99 | TTFT p99 in window | TLET p95 | goodput tok/s | rejected | degraded | work share |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let mut tiers: Vec<&String> = runs.iter().flat_map(|r| r.summary.tiers.keys()).collect();
+    tiers.sort();
+    tiers.dedup();
+    let ms = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.0}"));
+    for tier in tiers {
+        for r in runs {
+            let Some(g) = r.summary.tiers.get(tier) else { continue };
+            let in_window = window.and_then(|(from, to)| {
+                let v: Vec<f64> = r
+                    .records
+                    .iter()
+                    .filter(|x| &x.tier == tier && (from * 1e3..to * 1e3).contains(&x.scheduled_at_ms))
+                    .filter_map(|x| x.ttft_ms)
+                    .collect();
+                Summary::of(&v).map(|s| s.p99)
+            });
+            let share = |n: u64| if g.requests > 0 { n as f64 / g.requests as f64 * 100.0 } else { 0.0 };
+            let inside = |x: &crate::record::Record| {
+                x.outcome == crate::record::Outcome::Ok
+                    && window.is_none_or(|(from, to)| (from * 1e3..to * 1e3).contains(&x.scheduled_at_ms))
+            };
+            let work = |only: Option<&str>| -> u64 {
+                r.records
+                    .iter()
+                    .filter(|x| inside(x) && only.is_none_or(|t| x.tier == t))
+                    .map(|x| u64::from(x.tokens_in) + u64::from(x.tokens_out))
+                    .sum()
+            };
+            let work_share = work(Some(tier)) as f64 / work(None).max(1) as f64 * 100.0;
+            let _ = writeln!(
+                out,
+                "| {tier} | {} | {} | {:.1}% | {} | {} | {} | {} | {} | {:.0} | {} ({:.1}%) | {} | {:.1}% |",
+                r.run.label,
+                g.requests,
+                share(g.met_slo),
+                g.deadline_miss_rate.map_or("-".into(), |m| format!("{:.1}%", m * 100.0)),
+                ms(g.ttft_ms.map(|s| s.p95)),
+                ms(g.ttft_ms.map(|s| s.p99)),
+                ms(in_window),
+                ms(g.tlet_ms.map(|s| s.p95)),
+                g.goodput_tokens as f64 / r.run.duration_s.max(1e-9),
+                g.rejected,
+                share(g.rejected),
+                g.degraded,
+                work_share,
+            );
+        }
     }
     out
 }

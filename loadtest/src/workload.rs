@@ -63,6 +63,9 @@ pub enum Length {
         #[serde(default = "big")]
         max: u32,
     },
+    /// One of several distributions, picked by weight per request: a mixed
+    /// workload such as chat plus RAG (`weights` and `parts` pair up).
+    Mixture { weights: Vec<f64>, parts: Vec<Length> },
 }
 
 fn one() -> u32 {
@@ -78,18 +81,37 @@ const Z95: f64 = 1.644_853_626_951_472;
 impl Length {
     /// Draws one length.
     pub fn sample(&self, rng: &mut SplitMix) -> u32 {
-        match *self {
-            Length::Fixed { tokens } => tokens,
-            Length::Lognormal { p50, p95, min, max } => {
+        match self {
+            Length::Fixed { tokens } => *tokens,
+            &Length::Lognormal { p50, p95, min, max } => {
                 let sigma = (p95 / p50).ln() / Z95;
                 let x = (p50.ln() + sigma * rng.normal()).exp().round();
                 (x.clamp(0.0, f64::from(u32::MAX)) as u32).clamp(min, max)
+            }
+            Length::Mixture { weights, parts } => {
+                let mut x = rng.unit_f64() * weights.iter().sum::<f64>();
+                let i = weights.iter().position(|w| {
+                    let hit = x < *w;
+                    x -= w;
+                    hit
+                });
+                parts[i.unwrap_or(parts.len() - 1)].sample(rng)
             }
         }
     }
 
     fn check(&self, what: &str) -> Result<(), String> {
+        if let Length::Mixture { weights, parts } = self {
+            if parts.is_empty() || weights.len() != parts.len() {
+                return Err(format!("{what}: a mixture needs as many weights as parts, at least one"));
+            }
+            if weights.iter().any(|w| !(w.is_finite() && *w > 0.0)) {
+                return Err(format!("{what}: mixture weights must be > 0"));
+            }
+            return parts.iter().enumerate().try_for_each(|(i, p)| p.check(&format!("{what}.parts[{i}]")));
+        }
         match *self {
+            Length::Mixture { .. } => Ok(()),
             Length::Fixed { tokens: 0 } => Err(format!("{what}: tokens must be at least 1")),
             Length::Fixed { .. } => Ok(()),
             Length::Lognormal { p50, p95, min, max } => {
@@ -216,6 +238,19 @@ mod tests {
             assert_eq!(w.capped_output("bronze", 5000), 256);
             assert_eq!(w.capped_output("bronze", 10), 10);
         }
+    }
+
+    #[test]
+    fn the_mixed_workload_draws_each_part_by_weight() {
+        let w = shipped("chat-rag");
+        let mut rng = SplitMix(5);
+        let n = 20_000;
+        let long = (0..n).filter(|_| w.input_tokens.sample(&mut rng) >= 700).count() as f64 / n as f64;
+        // 30% RAG x P(RAG >= 700) = 0.3 x 0.80, plus chat's tail above 700
+        // tokens, 0.7 x 0.018: 0.253 in all (closed form of both log-normals).
+        assert!((0.235..0.27).contains(&long), "share of long prompts {long}");
+        let bad = Length::Mixture { weights: vec![1.0], parts: vec![] };
+        assert!(bad.check("x").is_err());
     }
 
     #[test]
