@@ -48,6 +48,15 @@ enum Command {
         /// (`gateway engine --help` lists them).
         #[arg(long = "engine-arg", allow_hyphen_values = true)]
         engine_args: Vec<String>,
+        /// Also start this many engines of a second, faster class (ids o0,
+        /// o1, …) with --overflow-profile: the class a tier's
+        /// `overflow_class` names for the `faster_class` degradation.
+        #[arg(long, default_value_t = 0, requires = "overflow_profile")]
+        overflow_engines: usize,
+        /// Latency profile of the overflow engines (its engine_class is the
+        /// class name).
+        #[arg(long)]
+        overflow_profile: Option<PathBuf>,
     },
     /// Run the gateway alone, over the engines listed in its config file.
     Serve {
@@ -76,11 +85,25 @@ fn main() -> ExitCode {
     let rt = tokio::runtime::Runtime::new().expect("the tokio runtime starts");
     let result: Result<(), String> = rt.block_on(async {
         match Cli::parse().command {
-            Command::Up { listen, engines, backend, policies, profile, certs, config, engine_args } => {
+            Command::Up {
+                listen,
+                engines,
+                backend,
+                policies,
+                profile,
+                certs,
+                config,
+                engine_args,
+                overflow_engines,
+                overflow_profile,
+            } => {
                 let mut cfg = GatewayConfig::load(config.as_deref()).map_err(|e| e.to_string())?;
                 cfg.listen = listen;
                 cfg.policies = policies;
-                let launch = EngineLaunch { count: engines, backend, profile, extra_args: engine_args };
+                let overflow =
+                    overflow_profile.filter(|_| overflow_engines > 0).map(|p| (overflow_engines, p));
+                let launch =
+                    EngineLaunch { count: engines, backend, profile, extra_args: engine_args, overflow };
                 let opts = gateway::UpOptions { launch, certs_dir: certs };
                 gateway::run_up(cfg, opts).await.map_err(|e| e.to_string())
             }

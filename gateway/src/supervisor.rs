@@ -31,6 +31,9 @@ pub struct EngineLaunch {
     /// Extra engine flags, passed to every child as they are
     /// (`engine --help` lists them: KV cache, batch limits, preemption).
     pub extra_args: Vec<String>,
+    /// Engines of a second class (`o0`, `o1`, …) with their own profile:
+    /// the overflow class a tier's `faster_class` degradation moves to.
+    pub overflow: Option<(usize, PathBuf)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -59,12 +62,15 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// Starts `launch.count` engines and waits for each one's ready line.
+    /// Starts `launch.count` engines (and the overflow engines) and waits
+    /// for each one's ready line.
     pub async fn start(launch: &EngineLaunch) -> Result<Self, SupervisorError> {
         let exe = std::env::current_exe().map_err(SupervisorError::Exe)?;
         let mut sup = Supervisor::default();
-        for i in 0..launch.count {
-            let id = format!("e{i}");
+        let primary = (0..launch.count).map(|i| (format!("e{i}"), launch.profile.as_ref()));
+        let overflow =
+            launch.overflow.iter().flat_map(|(n, p)| (0..*n).map(move |i| (format!("o{i}"), Some(p))));
+        for (id, profile) in primary.chain(overflow) {
             let mut cmd = Command::new(&exe);
             cmd.args(["engine", "--listen", "127.0.0.1:0", "--id", &id, "--exit-on-stdin-eof"])
                 .args(["--backend", launch.backend.as_str()])
@@ -72,7 +78,7 @@ impl Supervisor {
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
                 .kill_on_drop(true);
-            if let Some(p) = &launch.profile {
+            if let Some(p) = profile {
                 cmd.arg("--profile").arg(p);
             }
             cmd.args(&launch.extra_args);

@@ -285,3 +285,43 @@ async fn brownout_caps_bronze_under_overload_and_recovers() {
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(header(&resp, "x-brownout-level"), "0");
 }
+
+#[tokio::test]
+async fn faster_class_moves_gold_to_the_overflow_engines() {
+    // The primary engine (one slot, 50 ms a token) is busy; a faster
+    // overflow class exists for gold: gold is degraded to it, not refused.
+    let fast = std::env::temp_dir().join(format!("overflow-profile-{}.toml", std::process::id()));
+    std::fs::write(
+        &fast,
+        "model = \"synthetic-small\"\nengine_class = \"test-fast\"\n[prefill]\npoints = [[0, 0.0]]\n\
+         [decode]\nbatch_points = [[1, 2.0]]\n",
+    )
+    .unwrap();
+    let policy = default_policy().replacen(
+        "degradations = [\"faster_class\", \"greedy\", \"reduce_output\"]",
+        "degradations = [\"faster_class\", \"greedy\", \"reduce_output\"]\noverflow_class = \"test-fast\"",
+        1,
+    );
+    assert!(policy.contains("overflow_class = \"test-fast\""));
+    let overflow = format!("--overflow-profile={}", fast.display());
+    let args = ["--engine-arg=--max-batch=1", "--overflow-engines=1", overflow.as_str()];
+    let sys = System::start_with_policy(&paced(0, 50), 1, &args, Some(&policy)).await;
+    let conn = sys.conn(Proto::H2).await;
+    let held = conn
+        .post_json("/v1/completions", Some(BRONZE), completion(&long_prompt(120), 100, true))
+        .await
+        .unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    assert_eq!(header(&held, "x-engine"), "e0", "bronze has no overflow class: the primary engine");
+    let resp = conn.post_json("/v1/completions", Some(GOLD), completion("hi", 20, false)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{:?}", resp.headers());
+    assert_eq!(header(&resp, "x-admission"), "degraded");
+    assert_eq!(header(&resp, "x-admission-reason"), "faster_class");
+    assert_eq!(header(&resp, "x-engine"), "o0");
+    // Bronze, without an overflow class, is refused (its wait is too long
+    // for even its 3 s budget), never sent to gold's overflow engines.
+    let resp = conn.post_json("/v1/completions", Some(BRONZE), completion("hi", 20, false)).await.unwrap();
+    assert_ne!(header(&resp, "x-engine"), "o0");
+    drop(held);
+    let _ = std::fs::remove_file(fast);
+}

@@ -108,7 +108,8 @@ fn parse_window(s: &str) -> Result<(f64, f64), String> {
 }
 
 fn table(paths: &[PathBuf], window: Option<(f64, f64)>) -> Result<(), String> {
-    let runs = paths.iter().map(|p| Results::load(p).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
+    let runs =
+        paths.iter().map(|p| Results::load(p).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
     print!("{}", loadtest::text::tiers_table(&runs, window));
     Ok(())
 }

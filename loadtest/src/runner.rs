@@ -338,10 +338,14 @@ fn admission(h: &http::HeaderMap) -> Admission {
     }
 }
 
-/// The admission reason header, else the OpenAI error body's `code` (or
-/// `type`), else the status.
+/// The admission reason header when admission refused the request, else the
+/// OpenAI error body's `code` (or `type`), else the status. (A request that
+/// admission let through and that failed later, e.g. engines at capacity,
+/// is explained by its body, not by why it was admitted.)
 fn rejection_reason(rec: &Record, body: &[u8]) -> String {
-    if let Some(r) = &rec.admission.reason {
+    if let Some(r) =
+        rec.admission.reason.as_ref().filter(|_| rec.admission.decision.as_deref() == Some("rejected"))
+    {
         return r.clone();
     }
     let v: Value = serde_json::from_slice(body).unwrap_or_default();
@@ -366,6 +370,13 @@ mod tests {
         assert_eq!(rejection_reason(&rec, b"{\"error\":{\"type\":\"server_error\"}}"), "server_error");
         assert_eq!(rejection_reason(&rec, b"<html>"), "http_429");
         rec.admission.reason = Some("capacity".into());
+        rec.admission.decision = Some("admitted".into());
+        assert_eq!(
+            rejection_reason(&rec, body),
+            "tenant_concurrency",
+            "admitted, then failed: the body says why"
+        );
+        rec.admission.decision = Some("rejected".into());
         assert_eq!(rejection_reason(&rec, body), "capacity");
     }
 }

@@ -30,3 +30,52 @@ fn every_shipped_profile_parses() {
     }
     assert!(n >= 3, "expected two GPU classes and the benchmark profile");
 }
+
+fn leaf_keys(v: &toml::Value, out: &mut Vec<String>) {
+    match v {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                match v {
+                    toml::Value::Table(_) | toml::Value::Array(_) if !is_leaf_array(v) => leaf_keys(v, out),
+                    _ => out.push(k.clone()),
+                }
+            }
+        }
+        toml::Value::Array(a) => a.iter().for_each(|x| leaf_keys(x, out)),
+        _ => {}
+    }
+}
+
+fn is_leaf_array(v: &toml::Value) -> bool {
+    matches!(v, toml::Value::Array(a) if a.iter().all(|x| !x.is_table()))
+}
+
+/// Every key of the shipped document is documented in docs/policies.md.
+#[test]
+fn every_shipped_knob_is_documented() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("default.toml")).unwrap();
+    let docs = std::fs::read_to_string(root.join("../docs/policies.md")).unwrap();
+    let mut keys = Vec::new();
+    leaf_keys(&toml::Value::Table(toml::from_str::<toml::Table>(&text).unwrap()), &mut keys);
+    keys.sort();
+    keys.dedup();
+    assert!(keys.len() > 30, "{keys:?}");
+    let missing: Vec<&String> = keys
+        .iter()
+        .filter(|k| !docs.contains(&format!("`{k}`")) && !docs.contains(&format!(".{k}`")))
+        .collect();
+    assert!(missing.is_empty(), "knobs missing from docs/policies.md: {missing:?}");
+}
+
+/// The shipped document spells out the code's defaults, so reading it tells
+/// an SRE what a section left out would mean.
+#[test]
+fn shipped_sections_equal_the_code_defaults() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("default.toml");
+    let doc = PolicyDocument::parse("default.toml", &std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(doc.admission, policies::admission::AdmissionConfig::default());
+    assert_eq!(doc.estimator, policies::estimate::EstimatorConfig::default());
+    assert_eq!(doc.routing, policies::routing::RoutingConfig::default());
+    assert_eq!(doc.brownout, policies::brownout::BrownoutConfig::default());
+}
