@@ -58,7 +58,8 @@ pub struct Record {
     pub tbt_ms: Vec<f64>,
     /// Scheduled send to the last token (time to last emitted token).
     pub tlet_ms: Option<f64>,
-    /// Scheduled send to the end of the response.
+    /// Scheduled send to the end of the response (for a rejection: to the
+    /// end of the error body, i.e. how long the refusal took).
     pub done_ms: Option<f64>,
     pub tokens_in: u32,
     /// Tokens received (the usage count when the server sent one).

@@ -294,13 +294,14 @@ async fn read_response(
 ) -> Result<(), ClientError> {
     rec.status = resp.status().as_u16();
     rec.admission = admission(resp.headers());
+    let since = |i: Instant| i.saturating_duration_since(scheduled).as_secs_f64() * 1e3;
     if !resp.status().is_success() {
         let body = crate::client::body_bytes(resp).await?;
         rec.outcome = Outcome::Rejected;
         rec.reason = Some(rejection_reason(rec, &body));
+        rec.done_ms = Some(since(Instant::now())); // how long the refusal took
         return Ok(());
     }
-    let since = |i: Instant| i.saturating_duration_since(scheduled).as_secs_f64() * 1e3;
     let mut stream = TokenStream::new(api);
     let mut body = resp.into_body();
     let mut last: Option<Instant> = None;

@@ -121,11 +121,12 @@ pub fn compare(a: &Results, b: &Results) -> String {
 /// `window`, seconds from the start, when given), TLET p95, goodput tokens
 /// per second, rejections, degradations, and the tier's share of the work
 /// served (prompt + output tokens of requests that finished, inside the
-/// window when given): what deficit round-robin apportions.
+/// window when given): what deficit round-robin apportions; and the p99 of
+/// how long refusals took (scheduled send to the end of the error body).
 pub fn tiers_table(runs: &[Results], window: Option<(f64, f64)>) -> String {
     let mut out = String::from(
-        "| tier | run | reqs | met SLO | miss (accepted) | TTFT p95 | TTFT p99 | TTFT p99 in window | TLET p95 | goodput tok/s | rejected | degraded | work share |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| tier | run | reqs | met SLO | miss (accepted) | TTFT p95 | TTFT p99 | TTFT p99 in window | TLET p95 | goodput tok/s | rejected | refusal p99 | degraded | work share |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut tiers: Vec<&String> = runs.iter().flat_map(|r| r.summary.tiers.keys()).collect();
     tiers.sort();
@@ -156,9 +157,16 @@ pub fn tiers_table(runs: &[Results], window: Option<(f64, f64)>) -> String {
                     .sum()
             };
             let work_share = work(Some(tier)) as f64 / work(None).max(1) as f64 * 100.0;
+            let refusals: Vec<f64> = r
+                .records
+                .iter()
+                .filter(|x| &x.tier == tier && x.outcome == crate::record::Outcome::Rejected)
+                .filter_map(|x| x.done_ms)
+                .collect();
+            let refusal_p99 = Summary::of(&refusals).map(|s| s.p99);
             let _ = writeln!(
                 out,
-                "| {tier} | {} | {} | {:.1}% | {} | {} | {} | {} | {} | {:.0} | {} ({:.1}%) | {} | {:.1}% |",
+                "| {tier} | {} | {} | {:.1}% | {} | {} | {} | {} | {} | {:.0} | {} ({:.1}%) | {} | {} | {:.1}% |",
                 r.run.label,
                 g.requests,
                 share(g.met_slo),
@@ -170,6 +178,7 @@ pub fn tiers_table(runs: &[Results], window: Option<(f64, f64)>) -> String {
                 g.goodput_tokens as f64 / r.run.duration_s.max(1e-9),
                 g.rejected,
                 share(g.rejected),
+                refusal_p99.map_or("-".to_string(), |v| format!("{v:.1} ms")),
                 g.degraded,
                 work_share,
             );
