@@ -29,6 +29,7 @@ use policies::{PolicyDocument, Tenant, Tier};
 use tokio::sync::oneshot;
 
 use crate::engines::{EngineLease, EnginePool, Work};
+use crate::error::ApiError;
 use crate::metrics as m;
 
 /// What the response headers say about the decision.
@@ -43,10 +44,21 @@ pub struct Verdict {
     pub brownout_level: usize,
 }
 
+impl Verdict {
+    fn new(
+        decision: &'static str,
+        reason: String,
+        predicted_ttft_ms: Option<f64>,
+        brownout_level: usize,
+    ) -> Self {
+        Self { decision, reason, predicted_ttft_ms, brownout_level }
+    }
+}
+
 /// A refusal: the error to answer with and the verdict for its headers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refused {
-    pub error: crate::error::ApiError,
+    pub error: ApiError,
     pub verdict: Verdict,
 }
 
@@ -202,55 +214,21 @@ impl Admission {
         out
     }
 
-    /// Decides admit / degrade / reject for one request.
+    /// Decides admit / degrade / reject for one request, in the order of
+    /// the module docs.
     pub fn admit(self: &Arc<Self>, policy: &PolicyDocument, r: &AdmitRequest) -> Result<Admitted, Refused> {
         let now = self.now();
         let tier = r.tier;
         let mut st = self.lock();
         let level = st.brownout.level();
-        let verdict = |decision, reason: String, ttft: Option<f64>| Verdict {
-            decision,
-            reason,
-            predicted_ttft_ms: ttft,
-            brownout_level: level,
-        };
+        if policy.admission.mode == adm::AdmissionMode::Off {
+            let v = Verdict::new("admitted", "admission_off".into(), None, level);
+            return Ok(self.admit_off(&mut st, policy, r, v));
+        }
+        self.tenant_limit(&st, r, level)?; // 429 beyond max_concurrency
+        let (max_tokens, mut steps) = self.brownout_caps(policy, r, level)?; // this level's caps
         let ttft_budget = r.ttft_hint.unwrap_or(tier.ttft);
         let e2e_budget = r.e2e_hint.unwrap_or(tier.e2e).max(ttft_budget);
-        if policy.admission.mode == adm::AdmissionMode::Off {
-            return Ok(self.admit_off(&mut st, policy, r, verdict("admitted", "admission_off".into(), None)));
-        }
-        let open = st.open.get(&r.tenant.name).copied().unwrap_or(0);
-        if let Some(limit) = tier.max_concurrency.filter(|l| open >= l.get()) {
-            let v = verdict("rejected", "tenant_concurrency".into(), None);
-            return Err(self.refuse(
-                tier,
-                v,
-                crate::error::ApiError::TenantConcurrency { limit: limit.get() },
-            ));
-        }
-        // Brownout caps of the current level.
-        let caps = policy.brownout.caps(level, &tier.name);
-        let ceiling = (f64::from(tier.max_context_tokens.get()) * caps.context_scale).floor() as u32;
-        if r.prompt_tokens > ceiling.max(1) {
-            let v = verdict("rejected", "brownout_context".into(), None);
-            let err = crate::error::ApiError::Overloaded {
-                reason: "brownout_context",
-                message: format!(
-                    "the system is in brownout level {level}: prompts of tier {} are limited to {ceiling} tokens for now (this one has {})",
-                    tier.name, r.prompt_tokens
-                ),
-                retry_after_s: policy.brownout.down_dwell_s.ceil() as u32,
-            };
-            return Err(self.refuse(tier, v, err));
-        }
-        let cap = ((f64::from(tier.max_output_tokens.get()) * caps.output_scale).floor() as u32)
-            .max(tier.output_floor_tokens);
-        let mut steps: Vec<&'static str> = Vec::new();
-        let mut max_tokens = r.max_tokens;
-        if max_tokens > cap {
-            max_tokens = cap;
-            steps.push("brownout_output_cap");
-        }
         let hist_key = (r.tenant.name.clone(), r.model.to_string());
         let expected =
             st.outputs.get(&hist_key).map_or(max_tokens, |h| h.expected(max_tokens, &policy.estimator));
@@ -263,16 +241,11 @@ impl Admission {
         let weight = tier.priority_weight.get();
         let n_hat = u64::from(r.prompt_tokens) + u64::from(expected);
         let key = self.key(policy, r, now, expected, &st);
-        let ahead_tokens = st.gates.get(&class).map_or(0, |g| {
-            if g.is_empty() {
-                0
-            } else {
-                g.tokens_ahead(&r.tenant.name, weight, n_hat, key)
-            }
-        });
-        // The gate's tokens are prompt + expected output; admission wants
-        // the output part (decode work), in the same proportion.
-        let ahead_out = ahead_tokens as f64 * f64::from(expected) / n_hat.max(1) as f64;
+        let ahead_tokens = st
+            .gates
+            .get(&class)
+            .filter(|g| !g.is_empty())
+            .map_or(0, |g| g.tokens_ahead(&r.tenant.name, weight, n_hat, key));
         let ask = Ask {
             n_in: r.prompt_tokens,
             max_tokens,
@@ -285,91 +258,135 @@ impl Admission {
             class,
             overflow_class: overflow,
             long: r.prompt_tokens >= policy.routing.long_prompt_tokens,
-            queue_ahead_out_tokens: ahead_out,
+            // The gate counts prompt + expected output; the wait is decode
+            // work, the output part in the same proportion.
+            queue_ahead_out_tokens: ahead_tokens as f64 * f64::from(expected) / n_hat.max(1) as f64,
         };
-        let decision = adm::decide(&ask, &engines, &st.models, &policy.estimator, &policy.admission);
-        match decision {
-            Decision::Reject(rej) => {
-                // Refused requests feed brownout with what they would have waited.
-                let ratio = rej.predicted_ttft_ms / ask.ttft_budget_ms;
-                st.queue_signal.push(now, if ratio.is_finite() { ratio } else { 10.0 });
-                let v = verdict(
-                    "rejected",
-                    rej.reason.label().into(),
-                    Some(rej.predicted_ttft_ms).filter(|x| x.is_finite()),
-                );
-                let err = match rej.reason {
-                    RejectReason::NoEngine => crate::error::ApiError::NoReadyEngine,
-                    reason => crate::error::ApiError::Overloaded {
-                        reason: reason.label(),
-                        message: reject_message(reason, &tier.name, &rej, &ask),
-                        retry_after_s: rej.retry_after_s,
-                    },
-                };
-                drop(st);
-                Err(self.refuse(tier, v, err))
-            }
-            Decision::Admit(plan) => {
-                steps.extend(plan.steps.iter().map(|d| d.label()));
-                let (decision, reason) = if steps.is_empty() {
-                    ("admitted", "slo_feasible".to_string())
-                } else {
-                    ("degraded", steps.join("+"))
-                };
-                let v = verdict(decision, reason, Some(plan.ttft_ms));
-                st.queue_signal.push(now, plan.ttft_ms / ask.ttft_budget_ms);
-                let expected_out = u64::from(expected.min(plan.max_tokens));
-                let work = Work {
-                    tokens: u64::from(r.prompt_tokens) + u64::from(plan.max_tokens),
-                    prompt_tokens: u64::from(r.prompt_tokens),
-                    out_tokens: expected_out,
-                };
-                *st.open.entry(r.tenant.name.clone()).or_default() += 1;
-                let start = match plan.engine {
-                    Some(idx) => Start::Now(self.pool.lease(idx, work)),
-                    None => {
-                        let (tx, rx) = oneshot::channel();
-                        let quantum = policy.routing.drr_quantum_tokens;
-                        let w = Waiter {
-                            tx,
-                            work,
-                            n_in: r.prompt_tokens,
-                            arrived: now,
-                            ttft_budget_ms: ask.ttft_budget_ms * policy.admission.recheck_factor,
-                            verdict: v.clone(),
-                        };
-                        st.gates.entry(plan.class).or_insert_with(|| Drr::new(quantum)).push(
-                            &r.tenant.name,
-                            weight,
-                            n_hat,
-                            key,
-                            w,
-                        );
-                        let budget =
-                            ttft_budget.min(Duration::from_millis(policy.routing.max_queue_ms.into()));
-                        Start::Wait(rx, tokio::time::Instant::now() + budget, v.clone())
-                    }
-                };
-                ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => decision, "reason" => v.reason.clone())
-                    .increment(1);
-                let ticket = Ticket::new(self, &r.tenant.name, hist_key, r.prompt_tokens, ask.ttft_budget_ms);
-                drop(st);
-                if matches!(start, Start::Wait(..)) {
-                    self.pump(policy);
-                }
-                Ok(Admitted {
-                    verdict: v,
-                    max_tokens: plan.max_tokens,
-                    sampling: plan.sampling,
-                    key,
-                    ttft_budget,
-                    e2e_budget,
+        let plan = match adm::decide(&ask, &engines, &st.models, &policy.estimator, &policy.admission) {
+            Decision::Reject(rej) => return Err(self.reject(&mut st, now, r, level, &rej, &ask)),
+            Decision::Admit(plan) => plan,
+        };
+        steps.extend(plan.steps.iter().map(|d| d.label()));
+        let (decision, reason) = if steps.is_empty() {
+            ("admitted", "slo_feasible".to_string())
+        } else {
+            ("degraded", steps.join("+"))
+        };
+        let v = Verdict::new(decision, reason, Some(plan.ttft_ms), level);
+        st.queue_signal.push(now, plan.ttft_ms / ask.ttft_budget_ms);
+        let work = Work {
+            tokens: u64::from(r.prompt_tokens) + u64::from(plan.max_tokens),
+            prompt_tokens: u64::from(r.prompt_tokens),
+            out_tokens: u64::from(expected.min(plan.max_tokens)),
+        };
+        *st.open.entry(r.tenant.name.clone()).or_default() += 1;
+        let start = match plan.engine {
+            Some(idx) => Start::Now(self.pool.lease(idx, work)),
+            None => {
+                let (tx, rx) = oneshot::channel();
+                let w = Waiter {
+                    tx,
                     work,
-                    start,
-                    ticket,
-                })
+                    n_in: r.prompt_tokens,
+                    arrived: now,
+                    ttft_budget_ms: ask.ttft_budget_ms * policy.admission.recheck_factor,
+                    verdict: v.clone(),
+                };
+                let quantum = policy.routing.drr_quantum_tokens;
+                let gate = st.gates.entry(plan.class).or_insert_with(|| Drr::new(quantum));
+                gate.push(&r.tenant.name, weight, n_hat, key, w);
+                let wait = ttft_budget.min(Duration::from_millis(policy.routing.max_queue_ms.into()));
+                Start::Wait(rx, tokio::time::Instant::now() + wait, v.clone())
             }
+        };
+        ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => decision, "reason" => v.reason.clone())
+            .increment(1);
+        let ticket = Ticket::new(self, &r.tenant.name, hist_key, r.prompt_tokens, ask.ttft_budget_ms);
+        drop(st);
+        if matches!(start, Start::Wait(..)) {
+            self.pump(policy); // a slot may be free already
         }
+        Ok(Admitted {
+            verdict: v,
+            max_tokens: plan.max_tokens,
+            sampling: plan.sampling,
+            key,
+            ttft_budget,
+            e2e_budget,
+            work,
+            start,
+            ticket,
+        })
+    }
+
+    /// 429 when the tenant already has its tier's `max_concurrency` open.
+    fn tenant_limit(&self, st: &State, r: &AdmitRequest, level: usize) -> Result<(), Refused> {
+        let open = st.open.get(&r.tenant.name).copied().unwrap_or(0);
+        match r.tier.max_concurrency.filter(|l| open >= l.get()) {
+            Some(limit) => {
+                let v = Verdict::new("rejected", "tenant_concurrency".into(), None, level);
+                Err(self.refuse(r.tier, v, ApiError::TenantConcurrency { limit: limit.get() }))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The current level's caps: a prompt over the shrunken context ceiling
+    /// is refused; `max_tokens` over the shrunken output cap is lowered (not
+    /// below the tier's floor). Returns `max_tokens` and the steps taken.
+    fn brownout_caps(
+        &self,
+        policy: &PolicyDocument,
+        r: &AdmitRequest,
+        level: usize,
+    ) -> Result<(u32, Vec<&'static str>), Refused> {
+        let tier = r.tier;
+        let caps = policy.brownout.caps(level, &tier.name);
+        let ceiling = (f64::from(tier.max_context_tokens.get()) * caps.context_scale).floor() as u32;
+        if r.prompt_tokens > ceiling.max(1) {
+            let v = Verdict::new("rejected", "brownout_context".into(), None, level);
+            let err = ApiError::Overloaded {
+                reason: "brownout_context",
+                message: format!(
+                    "the system is in brownout level {level}: prompts of tier {} are limited to {ceiling} tokens for now (this one has {})",
+                    tier.name, r.prompt_tokens
+                ),
+                retry_after_s: policy.brownout.down_dwell_s.ceil() as u32,
+            };
+            return Err(self.refuse(tier, v, err));
+        }
+        let cap = ((f64::from(tier.max_output_tokens.get()) * caps.output_scale).floor() as u32)
+            .max(tier.output_floor_tokens);
+        if r.max_tokens > cap {
+            Ok((cap, vec!["brownout_output_cap"]))
+        } else {
+            Ok((r.max_tokens, Vec::new()))
+        }
+    }
+
+    /// A capacity refusal; it also feeds brownout with the wait it predicted.
+    fn reject(
+        &self,
+        st: &mut State,
+        now: f64,
+        r: &AdmitRequest,
+        level: usize,
+        rej: &adm::Rejection,
+        ask: &Ask,
+    ) -> Refused {
+        let ratio = rej.predicted_ttft_ms / ask.ttft_budget_ms;
+        st.queue_signal.push(now, if ratio.is_finite() { ratio } else { 10.0 });
+        let predicted = Some(rej.predicted_ttft_ms).filter(|x| x.is_finite());
+        let v = Verdict::new("rejected", rej.reason.label().into(), predicted, level);
+        let err = match rej.reason {
+            RejectReason::NoEngine => ApiError::NoReadyEngine,
+            reason => ApiError::Overloaded {
+                reason: reason.label(),
+                message: reject_message(reason, &r.tier.name, rej, ask),
+                retry_after_s: rej.retry_after_s,
+            },
+        };
+        self.refuse(r.tier, v, err)
     }
 
     /// Admission off (the FCFS baselines): route by the configured simple
@@ -435,7 +452,7 @@ impl Admission {
         }
     }
 
-    fn refuse(&self, tier: &Tier, verdict: Verdict, error: crate::error::ApiError) -> Refused {
+    fn refuse(&self, tier: &Tier, verdict: Verdict, error: ApiError) -> Refused {
         ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => "rejected", "reason" => verdict.reason.clone())
             .increment(1);
         Refused { error, verdict }
@@ -471,7 +488,7 @@ impl Admission {
                     let mut v = w.verdict.clone();
                     v.decision = "rejected";
                     v.reason = "deadline_unreachable".into();
-                    let err = crate::error::ApiError::Overloaded {
+                    let err = ApiError::Overloaded {
                         reason: "deadline_unreachable",
                         message: format!(
                             "waited {waited_ms:.0} ms for an engine slot; with {prefill:.0} ms of prefill the first token would miss its {:.0} ms budget",

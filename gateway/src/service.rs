@@ -355,7 +355,13 @@ fn models(app: &App, only: Option<&str>) -> Response<GatewayBody> {
 }
 
 fn readyz(app: &App) -> Response<GatewayBody> {
-    let detail = app.engines.detail();
+    let mut detail = app.engines.detail();
+    detail["admission"] = json!({
+        "mode": format!("{:?}", app.policy.admission.mode).to_lowercase(),
+        "brownout_level": app.admission.brownout_level(),
+        "waiting_at_gate": app.admission.waiting(),
+        "policy_version": app.policy.version,
+    });
     let ready = app.engines.ready_count() > 0;
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     json_response(status, &json!({"ready": ready, "detail": detail}))

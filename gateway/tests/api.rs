@@ -265,6 +265,10 @@ async fn health_readiness_metrics_and_request_ids() {
     let v = json(&body_bytes(resp).await.unwrap());
     assert_eq!(v["detail"]["ready_engines"], 2);
     assert_eq!(v["detail"]["engines"][1]["load"]["backend"], "emulated");
+    assert_eq!(v["detail"]["engines"][1]["engine_class"], "test-instant", "the profile was fetched");
+    assert_eq!(v["detail"]["admission"]["mode"], "slo");
+    assert_eq!(v["detail"]["admission"]["brownout_level"], 0);
+    assert_eq!(v["detail"]["admission"]["waiting_at_gate"], 0);
 
     let req = http::Request::post("/v1/chat/completions")
         .header("authorization", format!("Bearer {GOLD}"))
