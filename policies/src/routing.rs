@@ -96,21 +96,21 @@ pub struct EngineView {
 /// request). Ties go to the lowest index, so the choice is deterministic.
 /// `None` when no ready engine remains.
 pub fn least_inflight_tokens(engines: &[EngineView], exclude: &[usize]) -> Option<usize> {
-    engines
-        .iter()
-        .enumerate()
-        .filter(|(i, e)| e.ready && !exclude.contains(i))
-        .min_by_key(|(i, e)| (e.inflight_tokens, *i))
-        .map(|(i, _)| i)
+    least_by(engines, exclude, |e| e.inflight_tokens)
 }
 
 /// Fewest in-flight requests among ready engines (length-oblivious).
 pub fn least_inflight_requests(engines: &[EngineView], exclude: &[usize]) -> Option<usize> {
+    least_by(engines, exclude, |e| u64::from(e.inflight_requests))
+}
+
+/// The ready engine not in `exclude` with the least `load`, lowest index on ties.
+fn least_by(engines: &[EngineView], exclude: &[usize], load: impl Fn(&EngineView) -> u64) -> Option<usize> {
     engines
         .iter()
         .enumerate()
         .filter(|(i, e)| e.ready && !exclude.contains(i))
-        .min_by_key(|(i, e)| (e.inflight_requests, *i))
+        .min_by_key(|(i, e)| (load(e), *i))
         .map(|(i, _)| i)
 }
 
