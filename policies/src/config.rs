@@ -19,15 +19,27 @@ use crate::brownout::BrownoutConfig;
 use crate::estimate::EstimatorConfig;
 use crate::routing::RoutingConfig;
 
-/// A policy document that failed to load.
+/// A policy document that failed to load. Both kinds name the file, the
+/// line and the key path (`tiers.gold.e2e_ms`); `Display` gives
+/// `file:line:column: `key`: message`, as compilers do.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
-    /// Not valid TOML, or a key of the wrong type or unknown.
-    #[error("{file}:{line}:{column}: {message}")]
-    Parse { file: String, line: usize, column: usize, message: String },
-    /// Well-formed but inconsistent (a cross-field check failed).
-    #[error("{file}: `{key}`: {message}")]
-    Invalid { file: String, key: String, message: String },
+    /// Not valid TOML, or a key of the wrong type or unknown. `key` is empty
+    /// for a syntax error (no key path exists yet).
+    #[error("{file}:{line}:{column}: {}{message}", key_prefix(key))]
+    Parse { file: String, line: usize, column: usize, key: String, message: String },
+    /// Well-formed but inconsistent (a cross-field check failed). `line` is
+    /// where the key (or, when it is missing, its table) is written.
+    #[error("{file}:{}: `{key}`: {message}", line.map_or_else(|| "?".to_string(), |l| l.to_string()))]
+    Invalid { file: String, line: Option<usize>, key: String, message: String },
+}
+
+fn key_prefix(key: &str) -> String {
+    if key.is_empty() {
+        String::new()
+    } else {
+        format!("`{key}`: ")
+    }
 }
 
 /// An API key. Its `Debug` shows only a prefix, so keys never reach logs.
@@ -163,9 +175,17 @@ struct RawTenant {
 impl PolicyDocument {
     /// Parses and validates `text`; `file` only labels errors.
     pub fn parse(file: &str, text: &str) -> Result<Self, PolicyError> {
-        let raw: RawDocument = toml::from_str(text).map_err(|e| parse_error(file, text, &e))?;
-        let invalid =
-            |key: String, message: String| PolicyError::Invalid { file: file.to_string(), key, message };
+        let de = toml::Deserializer::parse(text).map_err(|e| parse_error(file, text, "", &e))?;
+        let raw: RawDocument = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            parse_error(file, text, key.trim_start_matches('.'), e.inner())
+        })?;
+        let invalid = |key: String, message: String| PolicyError::Invalid {
+            file: file.to_string(),
+            line: crate::text::line_of(text, &key),
+            key,
+            message,
+        };
         if raw.models.is_empty() {
             return Err(invalid("models".into(), "at least one model is required".into()));
         }
@@ -278,12 +298,10 @@ fn version_of(text: &str) -> String {
     format!("{:012x}", h >> 16)
 }
 
-fn parse_error(file: &str, text: &str, e: &toml::de::Error) -> PolicyError {
-    let offset = e.span().map_or(0, |s| s.start);
-    let before = &text[..offset.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before.len() - before.rfind('\n').map_or(0, |p| p + 1) + 1;
-    PolicyError::Parse { file: file.to_string(), line, column, message: e.message().to_string() }
+fn parse_error(file: &str, text: &str, key: &str, e: &toml::de::Error) -> PolicyError {
+    let (line, column) = crate::text::line_column(text, e.span().map_or(0, |s| s.start));
+    let message = e.message().trim().to_string();
+    PolicyError::Parse { file: file.to_string(), line, column, key: key.to_string(), message }
 }
 
 #[cfg(test)]
@@ -322,8 +340,9 @@ keys = ["sk-acme-1", "sk-acme-2"]
     fn unknown_key_is_an_error_with_its_line() {
         let text = DOC.replace("priority_weight = 4", "priority_weight = 4\nbogus = 1");
         match PolicyDocument::parse("p.toml", &text).unwrap_err() {
-            PolicyError::Parse { line, message, .. } => {
+            PolicyError::Parse { line, key, message, .. } => {
                 assert_eq!(line, 11, "{message}");
+                assert_eq!(key, "tiers.gold.bogus", "{message}");
                 assert!(message.contains("bogus"), "{message}");
             }
             other => panic!("unexpected {other:?}"),
@@ -342,10 +361,13 @@ keys = ["sk-acme-1", "sk-acme-2"]
     fn cross_field_checks_name_the_key_path() {
         let text = DOC.replace("tier = \"gold\"", "tier = \"platinum\"");
         let err = PolicyDocument::parse("p.toml", &text).unwrap_err().to_string();
-        assert!(err.contains("tenants[0].tier") && err.contains("platinum"), "{err}");
+        assert!(err.starts_with("p.toml:14: `tenants[0].tier`: ") && err.contains("platinum"), "{err}");
         let text = DOC.replace("e2e_ms = 10000", "e2e_ms = 100");
         let err = PolicyDocument::parse("p.toml", &text).unwrap_err().to_string();
-        assert!(err.contains("tiers.gold.e2e_ms"), "{err}");
+        assert!(err.starts_with("p.toml:7: `tiers.gold.e2e_ms`: must be >= ttft_ms"), "{err}");
+        let text = DOC.replace("ttft_ms = 500", "ttft_ms = \"fast\"");
+        let err = PolicyDocument::parse("p.toml", &text).unwrap_err().to_string();
+        assert!(err.starts_with("p.toml:6:11: `tiers.gold.ttft_ms`: invalid type"), "{err}");
         let text = DOC.replace("\"sk-acme-2\"", "\"sk-acme-1\"");
         let err = PolicyDocument::parse("p.toml", &text).unwrap_err().to_string();
         assert!(err.contains("tenants[0].keys[1]"), "{err}");

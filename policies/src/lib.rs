@@ -16,6 +16,8 @@
 //! - [`fairness`]: deficit round-robin across tenants, in tokens.
 //! - [`routing`]: the `[routing]` knobs and the baseline routing policies.
 //! - [`batching`]: micro-batch formation for the engine scheduler.
+//! - [`text`]: key paths of a policy text: their lines, diffs between
+//!   versions, tenant keys redacted.
 //! - [`rng`]: the seeded generator behind every reproducible random choice.
 
 pub mod admission;
@@ -27,6 +29,7 @@ pub mod fairness;
 pub mod profile;
 pub mod rng;
 pub mod routing;
+pub mod text;
 pub mod tokens;
 
 pub use config::{PolicyDocument, PolicyError, Tenant, Tier};

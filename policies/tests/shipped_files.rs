@@ -79,3 +79,77 @@ fn shipped_sections_equal_the_code_defaults() {
     assert_eq!(doc.routing, policies::routing::RoutingConfig::default());
     assert_eq!(doc.brownout, policies::brownout::BrownoutConfig::default());
 }
+
+/// Every knob the code accepts is documented in docs/policies.md, found from
+/// the code itself: a probe key put into each table of the shipped document
+/// makes the parser list the fields that table accepts ("expected one of").
+#[test]
+fn every_knob_in_the_code_is_documented() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("default.toml")).unwrap();
+    let docs = std::fs::read_to_string(root.join("../docs/policies.md")).unwrap();
+    let doc: toml::Table = toml::from_str(&text).unwrap();
+    let mut paths = Vec::new();
+    table_paths(&toml::Value::Table(doc.clone()), &mut Vec::new(), &mut paths);
+    let mut knobs = std::collections::BTreeMap::new();
+    for path in &paths {
+        let mut probed = toml::Value::Table(doc.clone());
+        let mut t = &mut probed;
+        for seg in path {
+            t = match seg {
+                Seg::Key(k) => t.get_mut(k.as_str()).unwrap(),
+                Seg::Index(i) => t.get_mut(*i).unwrap(),
+            };
+        }
+        t.as_table_mut().unwrap().insert("zz_probe".into(), toml::Value::Integer(1));
+        let probed = toml::to_string(&probed).unwrap();
+        let Err(e) = PolicyDocument::parse("probe.toml", &probed) else { continue };
+        let msg = e.to_string();
+        let Some(list) = msg.split("expected one of ").nth(1).or(msg.split("expected ").nth(1)) else { continue };
+        if !msg.contains("unknown field `zz_probe`") {
+            continue; // a map of names (tiers), not a struct
+        }
+        for field in list.replace(" or ", ", ").split(", ") {
+            knobs.insert(field.trim().trim_matches('`').to_string(), format!("{path:?}"));
+        }
+    }
+    for expected in ["ttft_ms", "mode", "levels", "output_scale", "long_lane_engines", "owned_by", "keys"] {
+        assert!(knobs.contains_key(expected), "probing found {knobs:?}");
+    }
+    // Written as a key (`k`, `x.k`), a section (`[k]`, `[[k]]`) or part of a
+    // path (`k[i].…`, `….k.NAME`).
+    let documented = |k: &str| {
+        [format!("`{k}`"), format!(".{k}`"), format!("[{k}]"), format!("`{k}["), format!(".{k}.")]
+            .iter()
+            .any(|form| docs.contains(form.as_str()))
+    };
+    let missing: Vec<_> = knobs.iter().filter(|(k, _)| !documented(k)).collect();
+    assert!(missing.is_empty(), "knobs the code accepts but docs/policies.md does not list: {missing:?}");
+}
+
+#[derive(Debug, Clone)]
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+fn table_paths(v: &toml::Value, at: &mut Vec<Seg>, out: &mut Vec<Vec<Seg>>) {
+    match v {
+        toml::Value::Table(t) => {
+            out.push(at.clone());
+            for (k, v) in t {
+                at.push(Seg::Key(k.clone()));
+                table_paths(v, at, out);
+                at.pop();
+            }
+        }
+        toml::Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                at.push(Seg::Index(i));
+                table_paths(x, at, out);
+                at.pop();
+            }
+        }
+        _ => {}
+    }
+}
