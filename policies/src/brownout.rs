@@ -193,6 +193,11 @@ impl Brownout {
             *self = Self::default();
             return changed.then_some(0);
         }
+        if self.level > cfg.levels.len() {
+            // A reload removed levels: stand at the highest one left.
+            *self = Self { level: cfg.levels.len(), ..Self::default() };
+            return Some(self.level);
+        }
         let s = signal.unwrap_or(0.0);
         let up = cfg.levels.get(self.level).is_some_and(|next| s > next.enter_above);
         let down = self.level > 0 && s < cfg.levels[self.level - 1].exit_below;
@@ -215,6 +220,23 @@ impl Brownout {
 mod tests {
     use super::*;
     use crate::rng::SplitMix;
+
+    #[test]
+    fn a_reload_with_fewer_levels_clamps_the_level() {
+        let mut cfg = BrownoutConfig::default();
+        let mut b = Brownout::default();
+        let mut t = 0.0;
+        while b.level() < 3 {
+            b.update(t, Some(5.0), &cfg);
+            t += 0.25;
+        }
+        cfg.levels.truncate(1);
+        assert_eq!(b.update(t, Some(5.0), &cfg), Some(1));
+        assert_eq!(b.update(t + 0.25, Some(0.0), &cfg), None, "dwell restarts");
+        cfg.levels.clear();
+        assert_eq!(b.update(t + 0.5, Some(5.0), &cfg), Some(0));
+        assert_eq!(b.update(t + 60.0, Some(5.0), &cfg), None);
+    }
 
     #[test]
     fn shipped_levels_are_valid_and_tighten_bronze_first() {

@@ -57,6 +57,11 @@ impl<T> Drr<T> {
         }
     }
 
+    /// A new quantum (a policy reload); credit already earned is kept.
+    pub fn set_quantum(&mut self, quantum: u64) {
+        self.quantum = quantum.max(1);
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

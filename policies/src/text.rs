@@ -37,7 +37,9 @@ pub fn diff(old: &str, new: &str) -> Vec<Change> {
     for (key, (value, shown)) in &a {
         match b.get(key) {
             Some((v, _)) if v == value => {}
-            Some((_, s)) => out.push(Change { key: key.clone(), old: Some(shown.clone()), new: Some(s.clone()) }),
+            Some((_, s)) => {
+                out.push(Change { key: key.clone(), old: Some(shown.clone()), new: Some(s.clone()) })
+            }
             None => out.push(Change { key: key.clone(), old: Some(shown.clone()), new: None }),
         }
     }

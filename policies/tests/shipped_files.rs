@@ -105,7 +105,9 @@ fn every_knob_in_the_code_is_documented() {
         let probed = toml::to_string(&probed).unwrap();
         let Err(e) = PolicyDocument::parse("probe.toml", &probed) else { continue };
         let msg = e.to_string();
-        let Some(list) = msg.split("expected one of ").nth(1).or(msg.split("expected ").nth(1)) else { continue };
+        let Some(list) = msg.split("expected one of ").nth(1).or(msg.split("expected ").nth(1)) else {
+            continue;
+        };
         if !msg.contains("unknown field `zz_probe`") {
             continue; // a map of names (tiers), not a struct
         }
