@@ -26,7 +26,7 @@ use policies::estimate::{OutputHistory, ServiceModel};
 use policies::fairness::Drr;
 use policies::routing::{QueueOrder, RoutePolicy};
 use policies::{PolicyDocument, Tenant, Tier};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::engines::{EngineLease, EnginePool, Work};
 use crate::error::ApiError;
@@ -505,10 +505,12 @@ impl Admission {
         }
     }
 
-    /// Runs the gate and brownout: wakes on freed slots and every tick.
-    pub async fn run(self: Arc<Self>, policy: Arc<PolicyDocument>) {
+    /// Runs the gate and brownout under the active policy version: wakes
+    /// on freed slots, every tick, and when a reload swaps the version.
+    pub async fn run(self: Arc<Self>, mut versions: watch::Receiver<Arc<PolicyDocument>>) {
         const TICK: Duration = Duration::from_millis(250);
         let mut next_tick = tokio::time::Instant::now() + TICK;
+        let mut policy = versions.borrow_and_update().clone();
         loop {
             tokio::select! {
                 () = self.pool.slot_freed.notified() => {}
@@ -516,8 +518,25 @@ impl Admission {
                     next_tick += TICK;
                     self.tick(&policy);
                 }
+                changed = versions.changed() => {
+                    if changed.is_err() {
+                        return; // the store is gone: the gateway is stopping
+                    }
+                    policy = versions.borrow_and_update().clone();
+                    self.reconfigure(&policy);
+                }
             }
             self.pump(&policy);
+        }
+    }
+
+    /// A new policy version: gates take its DRR quantum; brownout follows
+    /// its levels at the next tick. Waiters keep the budgets they were
+    /// admitted with.
+    fn reconfigure(&self, policy: &PolicyDocument) {
+        let mut st = self.lock();
+        for gate in st.gates.values_mut() {
+            gate.set_quantum(policy.routing.drr_quantum_tokens);
         }
     }
 

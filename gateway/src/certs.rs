@@ -85,3 +85,23 @@ fn write(path: &Path, contents: &str, mode: u32) -> Result<(), CertError> {
         .map_err(|e| CertError::Write(path.to_path_buf(), e))?;
     f.write_all(contents.as_bytes()).map_err(|e| CertError::Write(path.to_path_buf(), e))
 }
+
+/// The development admin token in `dir/admin.token`, made (32 random hex
+/// digits, mode 0600) when absent. `gateway up` uses it when the config
+/// names no admin tokens.
+pub fn dev_admin_token(dir: &Path) -> Result<(PathBuf, String), CertError> {
+    let path = dir.join("admin.token");
+    if let Ok(existing) = fs::read_to_string(&path) {
+        if existing.trim().len() >= 16 {
+            return Ok((path, existing.trim().to_string()));
+        }
+    }
+    fs::create_dir_all(dir).map_err(|e| CertError::Write(dir.to_path_buf(), e))?;
+    let mut bytes = [0u8; 16];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .map_err(|e| CertError::Write(path.clone(), e))?;
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    write(&path, &format!("{token}\n"), 0o600)?;
+    Ok((path, token))
+}

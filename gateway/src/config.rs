@@ -24,6 +24,90 @@ pub struct GatewayConfig {
     pub policies: PathBuf,
     /// Engines to route to (standalone `serve`; `up` adds its children).
     pub engines: Vec<EngineSpec>,
+    /// The admin listener and policy reload.
+    pub admin: AdminConfig,
+}
+
+/// The admin API (its own listener) and how policy changes are picked up.
+/// Docs: docs/operations.md.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Admin HTTPS listener (the public listener's certificate). Loopback
+    /// by default: the admin API is for operators on the host.
+    pub listen: SocketAddr,
+    /// Bearer tokens allowed on the admin API, each with an id that the
+    /// audit log records. None configured: the admin listener is off
+    /// (`gateway up` then makes a development token, see `--help`).
+    pub tokens: Vec<AdminToken>,
+    /// Append-only JSON-lines audit log of every applied or rejected policy
+    /// change (unset: the log is kept only in memory and in the gateway's
+    /// own log).
+    pub audit_log: Option<PathBuf>,
+    /// Reload when the policy file changes on disk.
+    pub watch: bool,
+    /// How often the policy file is checked for changes.
+    pub watch_interval_ms: u64,
+    /// A change is read once the file has been unchanged this long (editors
+    /// write in several steps).
+    pub debounce_ms: u64,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: ([127, 0, 0, 1], 9444).into(),
+            tokens: Vec::new(),
+            audit_log: None,
+            watch: true,
+            watch_interval_ms: 500,
+            debounce_ms: 500,
+        }
+    }
+}
+
+/// One admin token: `token = "..."` inline or `token_file = "path"` (the
+/// file's trimmed content).
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminToken {
+    pub id: String,
+    token: Option<String>,
+    token_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminToken").field("id", &self.id).field("token_file", &self.token_file).finish()
+    }
+}
+
+impl AdminToken {
+    /// A token given by value.
+    pub fn new(id: &str, secret: &str) -> Self {
+        Self { id: id.to_string(), token: Some(secret.to_string()), token_file: None }
+    }
+
+    /// The secret, read from its file when it lives in one.
+    pub fn secret(&self) -> Result<String, ConfigError> {
+        let secret = match (&self.token, &self.token_file) {
+            (Some(t), None) => t.trim().to_string(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::Read(path.clone(), e))?
+                .trim()
+                .to_string(),
+            _ => {
+                return Err(ConfigError::Token(
+                    self.id.clone(),
+                    "set exactly one of `token` and `token_file`",
+                ))
+            }
+        };
+        if secret.len() < 16 {
+            return Err(ConfigError::Token(self.id.clone(), "must be at least 16 characters"));
+        }
+        Ok(secret)
+    }
 }
 
 /// Certificate chain and private key of the public listener (PEM).
@@ -48,6 +132,7 @@ impl Default for GatewayConfig {
             max_body_bytes: 1 << 20,
             policies: "policies/default.toml".into(),
             engines: Vec::new(),
+            admin: AdminConfig::default(),
         }
     }
 }
@@ -58,6 +143,8 @@ pub enum ConfigError {
     Read(PathBuf, std::io::Error),
     #[error("{0}: {1}")]
     Parse(PathBuf, toml::de::Error),
+    #[error("admin token `{0}`: {1}")]
+    Token(String, &'static str),
 }
 
 impl GatewayConfig {

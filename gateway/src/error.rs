@@ -61,6 +61,19 @@ pub enum ApiError {
     /// `deadline_unreachable`, `brownout_context`).
     #[error("{message}")]
     Overloaded { reason: &'static str, message: String, retry_after_s: u32 },
+    // The admin API's own errors.
+    #[error("missing admin token: send `Authorization: Bearer <admin token>`")]
+    MissingAdminToken,
+    #[error("invalid admin token")]
+    InvalidAdminToken,
+    /// A policy document that did not validate; `message` names the file,
+    /// line and key path. The active version is unchanged.
+    #[error("{message}")]
+    InvalidPolicy { key: String, line: Option<usize>, message: String },
+    #[error("policy version `{0}` is not in the recent history (GET /admin/policies/history)")]
+    UnknownPolicyVersion(String),
+    #[error("{0}")]
+    PolicyFileUnavailable(String),
 }
 
 impl ApiError {
@@ -85,12 +98,23 @@ impl ApiError {
             ApiError::InvalidHeader { .. } => "invalid_header",
             ApiError::TenantConcurrency { .. } => "tenant_concurrency",
             ApiError::Overloaded { reason, .. } => reason,
+            ApiError::MissingAdminToken => "missing_admin_token",
+            ApiError::InvalidAdminToken => "invalid_admin_token",
+            ApiError::InvalidPolicy { .. } => "invalid_policy",
+            ApiError::UnknownPolicyVersion(_) => "unknown_policy_version",
+            ApiError::PolicyFileUnavailable(_) => "policy_file_unavailable",
         }
     }
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::MissingKey | ApiError::InvalidKey => StatusCode::UNAUTHORIZED,
+            ApiError::MissingKey
+            | ApiError::InvalidKey
+            | ApiError::MissingAdminToken
+            | ApiError::InvalidAdminToken => StatusCode::UNAUTHORIZED,
+            ApiError::InvalidPolicy { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::UnknownPolicyVersion(_) => StatusCode::NOT_FOUND,
+            ApiError::PolicyFileUnavailable(_) => StatusCode::CONFLICT,
             ApiError::InvalidJson(_)
             | ApiError::InvalidField { .. }
             | ApiError::UnknownParameters(_)
@@ -159,18 +183,23 @@ impl ApiError {
             ApiError::ModelNotFound(_) => Some("model"),
             ApiError::ContextLengthExceeded { .. } => Some("messages"),
             ApiError::InvalidHeader { header, .. } => Some(header),
+            ApiError::InvalidPolicy { key, .. } if !key.is_empty() => Some(key),
             _ => None,
         }
     }
 
     /// The OpenAI-style JSON error object (`{"error": {...}}`).
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {
+        let mut body = json!({"error": {
             "message": self.to_string(),
             "type": self.kind(),
             "param": self.param(),
             "code": self.code(),
-        }})
+        }});
+        if let ApiError::InvalidPolicy { line: Some(line), .. } = self {
+            body["error"]["line"] = json!(line);
+        }
+        body
     }
 
     pub fn into_response(self) -> Response<GatewayBody> {

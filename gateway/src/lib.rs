@@ -2,13 +2,17 @@
 //!
 //! Owns the public listener ([`server`], [`tls`]), the request path
 //! ([`service`]: auth, schema, dispatch, relay), the error taxonomy
-//! ([`error`]), admission, brownout and the gate ([`admission`]), engine
+//! ([`error`]), admission, brownout and the gate ([`admission`]), the
+//! active policy version and its reloads ([`reload`], [`policy_watch`],
+//! [`audit`]) with the admin listener ([`admin`]), engine
 //! discovery and routing ([`engines`], [`dispatch`]),
 //! the NDJSON-to-SSE relay ([`relay`]), metrics ([`metrics`]), the dev PKI
 //! ([`certs`]) and the embedded mode's engine children ([`supervisor`]).
 //! Decisions come from the pure `policies` crate.
 
+pub mod admin;
 pub mod admission;
+pub mod audit;
 pub mod body;
 pub mod certs;
 pub mod config;
@@ -17,7 +21,9 @@ pub mod engines;
 pub mod error;
 pub mod metrics;
 pub mod openai;
+pub mod policy_watch;
 pub mod relay;
+pub mod reload;
 pub mod server;
 pub mod service;
 pub mod supervisor;
@@ -32,6 +38,7 @@ use policies::PolicyDocument;
 
 use crate::config::GatewayConfig;
 use crate::engines::EnginePool;
+use crate::reload::PolicyStore;
 use crate::supervisor::{EngineLaunch, Supervisor};
 
 /// The bundled policy document, used when the default path is absent.
@@ -41,7 +48,8 @@ pub const DEFAULT_POLICIES: &str = include_str!("../../policies/default.toml");
 #[derive(Debug)]
 pub struct App {
     pub config: GatewayConfig,
-    pub policy: Arc<PolicyDocument>,
+    /// The active policy version: each request takes one snapshot.
+    pub policies: Arc<PolicyStore>,
     pub engines: Arc<EnginePool>,
     pub admission: Arc<admission::Admission>,
     id_prefix: u32,
@@ -49,12 +57,12 @@ pub struct App {
 }
 
 impl App {
-    pub fn new(config: GatewayConfig, policy: PolicyDocument, engines: Arc<EnginePool>) -> Self {
+    pub fn new(config: GatewayConfig, policies: Arc<PolicyStore>, engines: Arc<EnginePool>) -> Self {
         // Request ids are unique per process start without coordination.
         let id_prefix =
             SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() ^ d.as_secs() as u32);
         let admission = admission::Admission::new(Arc::clone(&engines));
-        Self { config, policy: Arc::new(policy), engines, admission, id_prefix, next_id: AtomicU64::new(0) }
+        Self { config, policies, engines, admission, id_prefix, next_id: AtomicU64::new(0) }
     }
 }
 
@@ -81,16 +89,44 @@ pub enum StartError {
     NoEngines,
 }
 
+/// A policy document read at start: the document, its text, and the file
+/// it came from (`None`: the bundled default).
+#[derive(Debug)]
+pub struct Loaded {
+    pub doc: PolicyDocument,
+    pub text: String,
+    pub file: Option<PathBuf>,
+}
+
 /// Reads the policy document; the bundled default stands in when the
 /// default path does not exist (running outside the repository).
-pub fn load_policies(path: &Path) -> Result<PolicyDocument, StartError> {
+pub fn load_policies(path: &Path) -> Result<Loaded, StartError> {
     match std::fs::read_to_string(path) {
-        Ok(text) => Ok(PolicyDocument::parse(&path.display().to_string(), &text)?),
+        Ok(text) => {
+            let doc = PolicyDocument::parse(&path.display().to_string(), &text)?;
+            Ok(Loaded { doc, text, file: Some(path.to_path_buf()) })
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && path == Path::new("policies/default.toml") => {
-            Ok(PolicyDocument::parse("bundled policies/default.toml", DEFAULT_POLICIES)?)
+            let doc = PolicyDocument::parse("bundled policies/default.toml", DEFAULT_POLICIES)?;
+            Ok(Loaded { doc, text: DEFAULT_POLICIES.to_string(), file: None })
         }
         Err(e) => Err(StartError::ReadPolicies(path.to_path_buf(), e)),
     }
+}
+
+/// The admin tokens from the config, or (`gateway up` only, when the config
+/// names none) the development token in the certificates directory.
+fn admin_tokens(config: &GatewayConfig, dev_dir: Option<&Path>) -> Result<Vec<admin::Token>, StartError> {
+    let mut tokens = Vec::new();
+    for t in &config.admin.tokens {
+        tokens.push(admin::Token::new(t.id.clone(), t.secret()?));
+    }
+    if let (true, Some(dir)) = (tokens.is_empty(), dev_dir) {
+        let (path, secret) = certs::dev_admin_token(dir)?;
+        println!("admin token `dev` in {}", path.display());
+        tokens.push(admin::Token::new("dev".into(), secret));
+    }
+    Ok(tokens)
 }
 
 /// What `gateway up` needs beyond the gateway config.
@@ -112,6 +148,7 @@ pub async fn run_up(mut config: GatewayConfig, opts: UpOptions) -> Result<(), St
     config.tls.cert = pki.server_cert.clone();
     config.tls.key = pki.server_key.clone();
     let policy = load_policies(&config.policies)?;
+    let tokens = admin_tokens(&config, Some(&opts.certs_dir))?;
     let tls = tls::server_config(&config.tls.cert, &config.tls.key)?;
     let sup = Supervisor::start(&opts.launch).await?;
     for c in &sup.children {
@@ -119,7 +156,7 @@ pub async fn run_up(mut config: GatewayConfig, opts: UpOptions) -> Result<(), St
         println!("engine {} pid={} url={url} backend={}", c.spec.id, c.pid, opts.launch.backend.as_str());
     }
     config.engines.extend(sup.specs());
-    let result = serve_until_signal(config, policy, tls, Some(&pki.ca_cert)).await;
+    let result = serve_until_signal(config, policy, tls, tokens, Some(&pki.ca_cert)).await;
     sup.shutdown().await;
     result
 }
@@ -130,14 +167,16 @@ pub async fn run_serve(config: GatewayConfig) -> Result<(), StartError> {
         return Err(StartError::NoEngines);
     }
     let policy = load_policies(&config.policies)?;
+    let tokens = admin_tokens(&config, None)?;
     let tls = tls::server_config(&config.tls.cert, &config.tls.key)?;
-    serve_until_signal(config, policy, tls, None).await
+    serve_until_signal(config, policy, tls, tokens, None).await
 }
 
 async fn serve_until_signal(
     config: GatewayConfig,
-    policy: PolicyDocument,
+    policy: Loaded,
     tls: Arc<rustls::ServerConfig>,
+    admin_tokens: Vec<admin::Token>,
     ca: Option<&Path>,
 ) -> Result<(), StartError> {
     metrics::handle(); // install the recorder before the first metric
@@ -163,18 +202,54 @@ async fn serve_until_signal(
     let addr = listener.local_addr().map_err(|e| StartError::Bind(config.listen, e))?;
     let ready = pool.ready_count();
     let total = pool.len();
-    let app = Arc::new(App::new(config, policy, pool));
-    tokio::spawn(Arc::clone(&app.admission).run(Arc::clone(&app.policy)));
+    let admin_cfg = config.admin.clone();
+    let store =
+        Arc::new(PolicyStore::new(policy.doc, &policy.text, policy.file, admin_cfg.audit_log.clone()));
+    let app = Arc::new(App::new(config, Arc::clone(&store), pool));
+    tokio::spawn(Arc::clone(&app.admission).run(store.subscribe()));
+    tokio::spawn(policy_watch::on_sighup(Arc::clone(&store)));
+    if admin_cfg.watch {
+        let interval = Duration::from_millis(admin_cfg.watch_interval_ms);
+        let debounce = Duration::from_millis(admin_cfg.debounce_ms);
+        tokio::spawn(policy_watch::watch_file(Arc::clone(&store), interval, debounce));
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let admin_task = if admin_tokens.is_empty() {
+        println!("admin API off: no [admin] tokens configured");
+        None
+    } else {
+        let admin_listener = tokio::net::TcpListener::bind(admin_cfg.listen)
+            .await
+            .map_err(|e| StartError::Bind(admin_cfg.listen, e))?;
+        let admin_addr = admin_listener.local_addr().map_err(|e| StartError::Bind(admin_cfg.listen, e))?;
+        println!("admin listening on https://{admin_addr} (bearer admin token required)");
+        let admin = Arc::new(admin::Admin { app: Arc::clone(&app), tokens: admin_tokens });
+        let handler = move |req| admin::handle(Arc::clone(&admin), req);
+        let mut stop = stop_rx.clone();
+        let tls = Arc::clone(&tls);
+        Some(tokio::spawn(async move {
+            server::serve(handler, admin_listener, tls, async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await;
+        }))
+    };
     println!("gateway listening on https://{addr} (HTTP/2 and HTTP/1.1 over TLS)");
     println!("ready: {ready}/{total} engines");
     if let Some(ca) = ca {
         print_example(addr, ca);
     }
-    tracing::info!(event = "gateway_ready", %addr, ready, total);
-    server::serve(app, listener, tls, async {
+    tracing::info!(event = "gateway_ready", %addr, ready, total, policy_version = %store.current().version);
+    let public = Arc::clone(&app);
+    let handler = move |req| service::handle(Arc::clone(&public), req);
+    server::serve(handler, listener, tls, async {
         engine::shutdown_signal(false).await;
     })
     .await;
+    let _ = stop_tx.send(true);
+    if let Some(task) = admin_task {
+        let _ = task.await;
+    }
     tracing::info!(event = "gateway_stopped");
     Ok(())
 }

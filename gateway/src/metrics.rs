@@ -14,6 +14,10 @@
 //!   p95 signal (1.0 = at the TTFT budget) driving it
 //! - `gateway_queue_waiting`: requests waiting at the gate for a slot
 //! - `gateway_ttft_prediction_ratio{tier}`: observed / predicted TTFT
+//! - `gateway_policy_version_info{version}`: 1 for the active policy
+//!   version, 0 for versions it replaced
+//! - `gateway_policy_reloads_total{source,result}`: policy changes applied
+//!   or rejected, by where they came from
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -36,6 +40,8 @@ pub const BROWNOUT_LEVEL: &str = "gateway_brownout_level";
 pub const BROWNOUT_SIGNAL: &str = "gateway_brownout_signal";
 pub const QUEUE_WAITING: &str = "gateway_queue_waiting";
 pub const TTFT_PREDICTION: &str = "gateway_ttft_prediction_ratio";
+pub const POLICY_VERSION: &str = "gateway_policy_version_info";
+pub const POLICY_RELOADS: &str = "gateway_policy_reloads_total";
 
 const LATENCY_BUCKETS: &[f64] =
     &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];

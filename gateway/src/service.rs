@@ -18,7 +18,7 @@ use engine::api::GenerateRequest;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use policies::{Tenant, Tier};
+use policies::{PolicyDocument, Tenant, Tier};
 use serde_json::json;
 
 use crate::admission::{AdmitRequest, Start, Verdict};
@@ -82,13 +82,17 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Ga
     let arrived = Instant::now();
     let request_id = request_id(&app, req.headers()); // correlates client reports, logs, engines
     let route = Route::of(req.method(), req.uri().path());
+    // One policy version from here to the end of the response stream.
+    let policy = app.policies.current();
     let mut verdict = None;
     let result = match &route {
-        Route::Completions(kind) => completions(&app, req, *kind, &request_id, arrived, &mut verdict).await,
-        Route::Models => authenticate(&app, req.headers()).map(|_| models(&app, None)),
-        Route::Model(id) => authenticate(&app, req.headers()).map(|_| models(&app, Some(id))),
+        Route::Completions(kind) => {
+            completions(&app, &policy, req, *kind, &request_id, arrived, &mut verdict).await
+        }
+        Route::Models => authenticate(&policy, req.headers()).map(|_| models(&policy, None)),
+        Route::Model(id) => authenticate(&policy, req.headers()).map(|_| models(&policy, Some(id))),
         Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "alive"}))),
-        Route::Readyz => Ok(readyz(&app)),
+        Route::Readyz => Ok(readyz(&app, &policy)),
         Route::Metrics => Ok(prometheus()),
         Route::WrongMethod => Err(ApiError::MethodNotAllowed(req.method().to_string())),
         Route::Unknown => Err(ApiError::UnknownUrl(req.uri().path().to_string())),
@@ -101,7 +105,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Ga
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         resp.headers_mut().insert("x-request-id", v);
     }
-    decision_headers(resp.headers_mut(), &app.policy.version, verdict.as_ref());
+    decision_headers(resp.headers_mut(), &policy.version, verdict.as_ref());
     let status = resp.status().as_u16().to_string();
     ::metrics::counter!(metrics::REQUESTS, "route" => route.label(), "status" => status).increment(1);
     Ok(resp)
@@ -128,19 +132,20 @@ fn decision_headers(h: &mut HeaderMap, version: &str, verdict: Option<&Verdict>)
 
 async fn completions(
     app: &App,
+    policy: &Arc<PolicyDocument>,
     req: Request<Incoming>,
     kind: Kind,
     request_id: &str,
     arrived: Instant,
     verdict: &mut Option<Verdict>,
 ) -> Result<Response<GatewayBody>, ApiError> {
-    let (tenant, tier) = authenticate(app, req.headers())?; // who is calling, on which tier
-    let min_hint = app.policy.admission.min_hint_ms;
+    let (tenant, tier) = authenticate(policy, req.headers())?; // who is calling, on which tier
+    let min_hint = policy.admission.min_hint_ms;
     let ttft_hint = slo_hint(req.headers(), "x-slo-ttft-ms", tier.ttft, min_hint)?; // per-request SLO, clamped to the tier
     let e2e_hint = slo_hint(req.headers(), "x-slo-e2e-ms", tier.e2e, min_hint)?;
     let body = read_body(req, app.config.max_body_bytes).await?; // bounded memory per request
     let parsed = openai::parse(kind, &body)?; // typed and validated; unknown parameters named
-    if app.policy.model(&parsed.model).is_none() {
+    if policy.model(&parsed.model).is_none() {
         return Err(ApiError::ModelNotFound(parsed.model));
     }
     let (encoder, mut gen, prompt_tokens) = plan(parsed, tier, request_id)?; // tier ceiling and cap
@@ -155,7 +160,7 @@ async fn completions(
         ttft_hint,
         e2e_hint,
     };
-    let admitted = app.admission.admit(&app.policy, &ask).map_err(|r| {
+    let admitted = app.admission.admit(policy, &ask).map_err(|r| {
         *verdict = Some(r.verdict);
         r.error
     })?;
@@ -170,7 +175,7 @@ async fn completions(
     tracing::debug!(event = "request_admitted", request_id, tenant = %tenant.name, tier = %tier.name,
         decision = admitted.verdict.decision, reason = %admitted.verdict.reason);
     let mut observer = RequestObserver::new(arrived, &tier.name);
-    observer.admitted(admitted.ticket, Arc::clone(&app.policy), admitted.verdict.predicted_ttft_ms);
+    observer.admitted(admitted.ticket, Arc::clone(policy), admitted.verdict.predicted_ttft_ms);
     // The gate: wait (with a deadline) for an engine slot when all are busy.
     let first = match admitted.start {
         Start::Now(lease) => Some(lease),
@@ -192,7 +197,7 @@ async fn completions(
                         "no engine slot freed within the {} ms TTFT budget; retry shortly",
                         admitted.ttft_budget.as_millis()
                     ),
-                    retry_after_s: app.policy.admission.retry_after_min_s,
+                    retry_after_s: policy.admission.retry_after_min_s,
                 });
             }
         },
@@ -283,7 +288,10 @@ fn insert_engine(h: &mut HeaderMap, engine_id: &str) {
 }
 
 /// `Authorization: Bearer <key>` -> tenant and tier.
-fn authenticate<'a>(app: &'a App, headers: &HeaderMap) -> Result<(&'a Tenant, &'a Tier), ApiError> {
+fn authenticate<'a>(
+    policy: &'a PolicyDocument,
+    headers: &HeaderMap,
+) -> Result<(&'a Tenant, &'a Tier), ApiError> {
     let value = headers.get(header::AUTHORIZATION).ok_or(ApiError::MissingKey)?;
     let key = value
         .to_str()
@@ -291,10 +299,10 @@ fn authenticate<'a>(app: &'a App, headers: &HeaderMap) -> Result<(&'a Tenant, &'
         .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
         .map(str::trim)
         .ok_or(ApiError::MissingKey)?;
-    app.policy.authenticate(key).ok_or(ApiError::InvalidKey)
+    policy.authenticate(key).ok_or(ApiError::InvalidKey)
 }
 
-async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
     let declared =
         req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let http1 = req.version() < http::Version::HTTP_2;
@@ -340,27 +348,27 @@ async fn drain(mut body: Incoming) {
     .await;
 }
 
-fn models(app: &App, only: Option<&str>) -> Response<GatewayBody> {
+fn models(policy: &PolicyDocument, only: Option<&str>) -> Response<GatewayBody> {
     let object = |m: &policies::config::Model| json!({"id": m.id, "object": "model", "created": 0, "owned_by": m.owned_by});
     match only {
         None => {
-            let data: Vec<_> = app.policy.models.iter().map(object).collect();
+            let data: Vec<_> = policy.models.iter().map(object).collect();
             json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
         }
-        Some(id) => match app.policy.model(id) {
+        Some(id) => match policy.model(id) {
             Some(m) => json_response(StatusCode::OK, &object(m)),
             None => ApiError::ModelNotFound(id.to_string()).into_response(),
         },
     }
 }
 
-fn readyz(app: &App) -> Response<GatewayBody> {
+fn readyz(app: &App, policy: &PolicyDocument) -> Response<GatewayBody> {
     let mut detail = app.engines.detail();
     detail["admission"] = json!({
-        "mode": format!("{:?}", app.policy.admission.mode).to_lowercase(),
+        "mode": format!("{:?}", policy.admission.mode).to_lowercase(),
         "brownout_level": app.admission.brownout_level(),
         "waiting_at_gate": app.admission.waiting(),
-        "policy_version": app.policy.version,
+        "policy_version": policy.version,
     });
     let ready = app.engines.ready_count() > 0;
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
@@ -373,7 +381,7 @@ fn prometheus() -> Response<GatewayBody> {
     resp
 }
 
-fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<GatewayBody> {
+pub(crate) fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<GatewayBody> {
     let mut resp = Response::new(full(value.to_string()));
     *resp.status_mut() = status;
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));

@@ -289,7 +289,7 @@ impl PolicyDocument {
 }
 
 /// FNV-1a 64 of the text, as 12 hex digits.
-fn version_of(text: &str) -> String {
+pub fn version_of(text: &str) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in text.bytes() {
         h ^= u64::from(b);

@@ -1,0 +1,218 @@
+//! The admin API, served only on the admin listener (its own port,
+//! loopback by default), every route behind a bearer admin token:
+//!
+//! - `GET  /admin/policies`: the active document (tenant keys redacted),
+//!   its version, when and from where it was applied
+//! - `PUT  /admin/policies[?dry_run=true]`: validate a document (the body,
+//!   TOML) and apply it, or with `dry_run` only report whether it is valid
+//!   and what would change
+//! - `POST /admin/policies/reload`: re-read the policy file (as SIGHUP)
+//! - `POST /admin/policies/rollback?version=V[&dry_run=true]`: apply a
+//!   recent version again
+//! - `GET  /admin/policies/history`: recent versions, newest first
+//! - `GET  /admin/policies/audit`: recent applied and rejected changes
+//!
+//! Errors use the public API's taxonomy (`error.rs`).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::{header, HeaderMap, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use serde_json::json;
+
+use crate::audit::Source;
+use crate::body::GatewayBody;
+use crate::error::ApiError;
+use crate::reload::{Accepted, Mode, ReloadError};
+use crate::service::{json_response, read_body};
+use crate::App;
+
+/// One admin token: its id (recorded in the audit log) and its secret.
+#[derive(Clone)]
+pub struct Token {
+    pub id: String,
+    secret: String,
+}
+
+impl Token {
+    pub fn new(id: String, secret: String) -> Self {
+        Self { id, secret }
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Token({}, redacted)", self.id)
+    }
+}
+
+/// What the admin listener serves.
+#[derive(Debug)]
+pub struct Admin {
+    pub app: Arc<App>,
+    pub tokens: Vec<Token>,
+}
+
+/// Serves one admin request. Never fails: every error becomes a response.
+pub async fn handle(admin: Arc<Admin>, req: Request<Incoming>) -> Result<Response<GatewayBody>, Infallible> {
+    let result = match authorize(&admin.tokens, req.headers()) {
+        Ok(token_id) => route(&admin.app, req, token_id).await,
+        Err(e) => Err(e),
+    };
+    Ok(result.unwrap_or_else(|e| {
+        tracing::info!(event = "admin_request_error", code = e.code(), error = %e);
+        e.into_response()
+    }))
+}
+
+async fn route(
+    app: &App,
+    req: Request<Incoming>,
+    token_id: String,
+) -> Result<Response<GatewayBody>, ApiError> {
+    let store = &app.policies;
+    let dry_run = query(&req, "dry_run").is_some_and(|v| v == "true" || v == "1");
+    let mode = if dry_run { Mode::DryRun } else { Mode::Apply };
+    match (req.method().clone(), req.uri().path()) {
+        (Method::GET, "/admin/policies") => {
+            let (record, document) = store.active_record();
+            let file = store.path().map(|p| p.display().to_string());
+            Ok(json_response(StatusCode::OK, &json!({"active": record, "file": file, "document": document})))
+        }
+        (Method::PUT, "/admin/policies") => {
+            let body = read_body(req, app.config.max_body_bytes).await?;
+            let text = std::str::from_utf8(&body)
+                .map_err(|_| ApiError::BodyRead("the policy document must be UTF-8 TOML text".into()))?;
+            let source = Source::Api { token_id };
+            accepted(store.apply("PUT /admin/policies", text, source, mode), dry_run, store)
+        }
+        (Method::POST, "/admin/policies/reload") => {
+            accepted(store.reload_file(Source::Api { token_id }), false, store)
+        }
+        (Method::POST, "/admin/policies/rollback") => {
+            let version = query(&req, "version").ok_or_else(|| ApiError::InvalidField {
+                param: "version".into(),
+                message: "name the version to roll back to: ?version=<id> (see /admin/policies/history)"
+                    .into(),
+            })?;
+            accepted(store.rollback(&version, Source::Rollback { token_id }, mode), dry_run, store)
+        }
+        (Method::GET, "/admin/policies/history") => {
+            let active = store.current().version.clone();
+            Ok(json_response(StatusCode::OK, &json!({"active": active, "versions": store.history()})))
+        }
+        (Method::GET, "/admin/policies/audit") => {
+            Ok(json_response(StatusCode::OK, &json!({"entries": store.audit()})))
+        }
+        (
+            _,
+            "/admin/policies"
+            | "/admin/policies/reload"
+            | "/admin/policies/rollback"
+            | "/admin/policies/history"
+            | "/admin/policies/audit",
+        ) => Err(ApiError::MethodNotAllowed(req.method().to_string())),
+        (_, path) => Err(ApiError::UnknownUrl(path.to_string())),
+    }
+}
+
+/// The response to a validated (and maybe applied) document.
+fn accepted(
+    result: Result<Accepted, ReloadError>,
+    dry_run: bool,
+    store: &crate::reload::PolicyStore,
+) -> Result<Response<GatewayBody>, ApiError> {
+    let a = result.map_err(|e| match e {
+        ReloadError::Invalid(p) => {
+            let (key, line) = match &p {
+                policies::PolicyError::Parse { key, line, .. } => (key.clone(), Some(*line)),
+                policies::PolicyError::Invalid { key, line, .. } => (key.clone(), *line),
+            };
+            ApiError::InvalidPolicy { key, line, message: p.to_string() }
+        }
+        ReloadError::UnknownVersion(v) => ApiError::UnknownPolicyVersion(v),
+        e @ (ReloadError::Read(..) | ReloadError::NoFile) => ApiError::PolicyFileUnavailable(e.to_string()),
+    })?;
+    let changes: Vec<_> =
+        a.changes.iter().map(|c| json!({"key": c.key, "old": c.old, "new": c.new})).collect();
+    let (persisted, persist_error) = match &a.persisted {
+        None => (None, None),
+        Some(Ok(())) => (Some(true), None),
+        Some(Err(e)) => (Some(false), Some(e.clone())),
+    };
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "valid": true,
+            "dry_run": dry_run,
+            "applied": a.applied,
+            "version": a.version,
+            "previous": a.previous,
+            "active": store.current().version,
+            "changes": changes,
+            "summary": policies::text::summary(&a.changes),
+            "persisted": persisted,
+            "persist_error": persist_error,
+        }),
+    ))
+}
+
+/// The id of the admin token the request carries.
+fn authorize(tokens: &[Token], headers: &HeaderMap) -> Result<String, ApiError> {
+    let value = headers.get(header::AUTHORIZATION).ok_or(ApiError::MissingAdminToken)?;
+    let given = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
+        .ok_or(ApiError::MissingAdminToken)?;
+    // Every token is compared, each in constant time: the response time
+    // says nothing about how much of a guess matched.
+    let mut found = None;
+    for t in tokens {
+        if constant_time_eq(t.secret.as_bytes(), given.as_bytes()) {
+            found = Some(t.id.clone());
+        }
+    }
+    found.ok_or(ApiError::InvalidAdminToken)
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The value of query parameter `name`.
+fn query(req: &Request<Incoming>, name: &str) -> Option<String> {
+    req.uri().query()?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, "true"));
+        (k == name).then(|| v.to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_checked_exactly() {
+        let tokens = vec![
+            Token::new("ops".into(), "0123456789abcdef".into()),
+            Token::new("ci".into(), "fedcba9876543210".into()),
+        ];
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, v.parse().unwrap());
+            authorize(&tokens, &h)
+        };
+        assert_eq!(with("Bearer fedcba9876543210"), Ok("ci".to_string()));
+        assert_eq!(with("Bearer fedcba987654321"), Err(ApiError::InvalidAdminToken));
+        assert_eq!(with("Bearer fedcba98765432100"), Err(ApiError::InvalidAdminToken));
+        assert_eq!(with("Basic abc"), Err(ApiError::MissingAdminToken));
+        assert_eq!(authorize(&tokens, &HeaderMap::new()), Err(ApiError::MissingAdminToken));
+        assert!(!format!("{:?}", tokens[0]).contains("0123"));
+    }
+}
