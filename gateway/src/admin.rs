@@ -23,7 +23,7 @@ use serde_json::json;
 
 use crate::audit::Source;
 use crate::body::GatewayBody;
-use crate::error::ApiError;
+use crate::error::{ApiError, PolicyProblem};
 use crate::reload::{Accepted, Mode, ReloadError};
 use crate::service::{json_response, read_body};
 use crate::App;
@@ -129,7 +129,7 @@ fn accepted(
                 policies::PolicyError::Parse { key, line, .. } => (key.clone(), Some(*line)),
                 policies::PolicyError::Invalid { key, line, .. } => (key.clone(), *line),
             };
-            ApiError::InvalidPolicy { key, line, message: p.to_string() }
+            ApiError::InvalidPolicy(Box::new(PolicyProblem { key, line, message: p.to_string() }))
         }
         ReloadError::UnknownVersion(v) => ApiError::UnknownPolicyVersion(v),
         e @ (ReloadError::Read(..) | ReloadError::NoFile) => ApiError::PolicyFileUnavailable(e.to_string()),

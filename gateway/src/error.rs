@@ -19,6 +19,15 @@ pub enum Fault {
     Gateway,
 }
 
+/// What is wrong with a policy document: the key path, its line, and the
+/// whole message (which names the file, line and key path too).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyProblem {
+    pub key: String,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
 /// A public API error.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
@@ -66,10 +75,10 @@ pub enum ApiError {
     MissingAdminToken,
     #[error("invalid admin token")]
     InvalidAdminToken,
-    /// A policy document that did not validate; `message` names the file,
-    /// line and key path. The active version is unchanged.
-    #[error("{message}")]
-    InvalidPolicy { key: String, line: Option<usize>, message: String },
+    /// A policy document that did not validate. The active version is
+    /// unchanged.
+    #[error("{}", .0.message)]
+    InvalidPolicy(Box<PolicyProblem>),
     #[error("policy version `{0}` is not in the recent history (GET /admin/policies/history)")]
     UnknownPolicyVersion(String),
     #[error("{0}")]
@@ -100,7 +109,7 @@ impl ApiError {
             ApiError::Overloaded { reason, .. } => reason,
             ApiError::MissingAdminToken => "missing_admin_token",
             ApiError::InvalidAdminToken => "invalid_admin_token",
-            ApiError::InvalidPolicy { .. } => "invalid_policy",
+            ApiError::InvalidPolicy(_) => "invalid_policy",
             ApiError::UnknownPolicyVersion(_) => "unknown_policy_version",
             ApiError::PolicyFileUnavailable(_) => "policy_file_unavailable",
         }
@@ -112,7 +121,7 @@ impl ApiError {
             | ApiError::InvalidKey
             | ApiError::MissingAdminToken
             | ApiError::InvalidAdminToken => StatusCode::UNAUTHORIZED,
-            ApiError::InvalidPolicy { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::InvalidPolicy(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::UnknownPolicyVersion(_) => StatusCode::NOT_FOUND,
             ApiError::PolicyFileUnavailable(_) => StatusCode::CONFLICT,
             ApiError::InvalidJson(_)
@@ -183,7 +192,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) => Some("model"),
             ApiError::ContextLengthExceeded { .. } => Some("messages"),
             ApiError::InvalidHeader { header, .. } => Some(header),
-            ApiError::InvalidPolicy { key, .. } if !key.is_empty() => Some(key),
+            ApiError::InvalidPolicy(p) if !p.key.is_empty() => Some(&p.key),
             _ => None,
         }
     }
@@ -196,8 +205,8 @@ impl ApiError {
             "param": self.param(),
             "code": self.code(),
         }});
-        if let ApiError::InvalidPolicy { line: Some(line), .. } = self {
-            body["error"]["line"] = json!(line);
+        if let ApiError::InvalidPolicy(p) = self {
+            body["error"]["line"] = json!(p.line);
         }
         body
     }

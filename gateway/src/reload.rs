@@ -293,7 +293,7 @@ mod tests {
         let dir = scratch("swap");
         let s = store(&dir);
         let before = s.current();
-        let mut rx = s.subscribe();
+        let rx = s.subscribe();
         let api = Source::Api { token_id: "ops".into() };
         let a = s.apply("api", &doc_text(250), api, Mode::Apply).unwrap();
         assert!(a.applied);

@@ -9,41 +9,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use engine::backend::emulated::TextSource;
 use http::StatusCode;
 use loadtest::client::{body_bytes, Proto};
-use serde_json::json;
-
-/// A prompt the emulated model answers with at least `min` tokens before
-/// ending by itself, so a stream holds its slot for a known time.
-fn long_prompt(min: u32) -> String {
-    (0..)
-        .map(|i| format!("tell me a long story number {i}"))
-        .find(|p| {
-            let mut s = TextSource::new(p, None);
-            (0..min).all(|_| s.next_token().is_some())
-        })
-        .unwrap()
-}
-
-/// A prompt the emulated model ends by itself within `max` tokens.
-fn short_prompt(max: u32) -> String {
-    (0..)
-        .map(|i| format!("a short answer please {i}"))
-        .find(|p| {
-            let mut s = TextSource::new(p, None);
-            (0..=max).any(|_| s.next_token().is_none())
-        })
-        .unwrap()
-}
-
-fn completion(prompt: &str, max_tokens: u32, stream: bool) -> String {
-    json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}).to_string()
-}
-
-fn header<'a>(resp: &'a http::Response<hyper::body::Incoming>, name: &str) -> &'a str {
-    resp.headers().get(name).map_or("", |v| v.to_str().unwrap())
-}
 
 #[tokio::test]
 async fn overload_is_refused_in_milliseconds_with_retry_after_and_reason() {

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use engine::api::LoadReport;
+use engine::backend::emulated::TextSource;
 use http_body_util::Full;
 use loadtest::client::{body_bytes, Conn, Proto};
 use loadtest::sse::{SseEvent, SseParser};
@@ -51,6 +52,10 @@ pub struct EngineInfo {
 pub struct System {
     pub child: Child,
     pub base: String,
+    /// The admin listener (`https://localhost:PORT`).
+    pub admin: String,
+    /// The policy file the gateway runs from.
+    pub policies: PathBuf,
     pub ca: PathBuf,
     pub engines: Vec<EngineInfo>,
     pub dir: PathBuf,
@@ -106,6 +111,7 @@ impl System {
             .arg(&profile_path)
             .arg("--policies")
             .arg(&policies)
+            .args(["--admin-listen", "127.0.0.1:0"])
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -118,6 +124,7 @@ impl System {
         let mut child = cmd.spawn().expect("gateway binary starts");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut base = None;
+        let mut admin = None;
         let mut infos = Vec::new();
         let read = async {
             while let Some(line) = lines.next_line().await.unwrap() {
@@ -125,6 +132,9 @@ impl System {
                     let addr = rest.split_whitespace().next().unwrap();
                     let port = addr.rsplit(':').next().unwrap();
                     base = Some(format!("https://localhost:{port}"));
+                } else if let Some(rest) = line.strip_prefix("admin listening on https://") {
+                    let port = rest.split_whitespace().next().unwrap().rsplit(':').next().unwrap();
+                    admin = Some(format!("https://localhost:{port}"));
                 } else if let Some(rest) = line.strip_prefix("engine ") {
                     let mut words = rest.split_whitespace();
                     let id = words.next().unwrap().to_string();
@@ -142,11 +152,29 @@ impl System {
         // Keep draining stdout so the gateway never writes into a closed pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         let ca = dir.join("certs/ca.pem");
-        System { child, base: base.expect("listening line"), ca, engines: infos, dir }
+        System {
+            child,
+            base: base.expect("listening line"),
+            admin: admin.expect("admin listening line"),
+            policies,
+            ca,
+            engines: infos,
+            dir,
+        }
     }
 
     pub async fn conn(&self, proto: Proto) -> Conn {
         Conn::connect(&self.base, Some(&self.ca), proto).await.expect("connects to the gateway")
+    }
+
+    /// A connection to the admin listener.
+    pub async fn admin_conn(&self) -> Conn {
+        Conn::connect(&self.admin, Some(&self.ca), Proto::H2).await.expect("connects to the admin listener")
+    }
+
+    /// The development admin token `gateway up` made.
+    pub fn admin_token(&self) -> String {
+        std::fs::read_to_string(self.dir.join("certs/admin.token")).unwrap().trim().to_string()
     }
 
     /// The load report of engine `id`, read straight from the engine.
@@ -226,4 +254,36 @@ pub fn chat_body(content: &str, max_tokens: u32, stream: bool) -> String {
         "messages": [{"role": "user", "content": content}],
     })
     .to_string()
+}
+
+/// A prompt the emulated model answers with at least `min` tokens before
+/// ending by itself, so a stream holds its slot for a known time.
+pub fn long_prompt(min: u32) -> String {
+    (0..)
+        .map(|i| format!("tell me a long story number {i}"))
+        .find(|p| {
+            let mut s = TextSource::new(p, None);
+            (0..min).all(|_| s.next_token().is_some())
+        })
+        .unwrap()
+}
+
+/// A prompt the emulated model ends by itself within `max` tokens.
+pub fn short_prompt(max: u32) -> String {
+    (0..)
+        .map(|i| format!("a short answer please {i}"))
+        .find(|p| {
+            let mut s = TextSource::new(p, None);
+            (0..=max).any(|_| s.next_token().is_none())
+        })
+        .unwrap()
+}
+
+pub fn completion(prompt: &str, max_tokens: u32, stream: bool) -> String {
+    serde_json::json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream})
+        .to_string()
+}
+
+pub fn header<'a>(resp: &'a http::Response<hyper::body::Incoming>, name: &str) -> &'a str {
+    resp.headers().get(name).map_or("", |v| v.to_str().unwrap())
 }
