@@ -24,6 +24,10 @@ pub const LOAD_PATH: &str = "/engine/v1/load";
 pub const PROFILE_PATH: &str = "/engine/v1/profile";
 /// Path of the drain endpoint.
 pub const DRAIN_PATH: &str = "/engine/v1/drain";
+/// `PUT`: batch-formation hints (`policies::batching::BatchHints` as JSON;
+/// unset keys restore the engine's flags); `GET`: the limits in force.
+/// Both answer with the limits in force.
+pub const BATCHING_PATH: &str = "/engine/v1/batching";
 /// Content type of the generate event stream.
 pub const NDJSON: &str = "application/x-ndjson";
 

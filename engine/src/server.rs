@@ -68,6 +68,11 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
             tracing::info!(event = "drain_started", engine = %engine.id, why = "api");
             json(StatusCode::OK, &engine.load_report().await)
         }
+        (&Method::GET, api::BATCHING_PATH) => match engine.scheduler.set_hints(None).await {
+            Some(limits) => json(StatusCode::OK, &limits),
+            None => error(StatusCode::SERVICE_UNAVAILABLE, "stopped", "the scheduler has stopped"),
+        },
+        (&Method::PUT, api::BATCHING_PATH) => batching_route(engine, req).await,
         (&Method::GET, "/metrics") => {
             let kv = engine.kv.snapshot();
             ::metrics::gauge!(crate::metrics::KV_FREE).set(f64::from(kv.free));
@@ -88,19 +93,41 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
     Ok(resp)
 }
 
+/// A JSON body of at most `MAX_REQUEST_BYTES`, or the 400 to answer with.
+async fn read_json<T: serde::de::DeserializeOwned>(
+    req: Request<Incoming>,
+) -> Result<T, Response<EngineBody>> {
+    let bytes = match Limited::new(req.into_body(), MAX_REQUEST_BYTES).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => return Err(error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string())),
+    };
+    serde_json::from_slice(&bytes)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string()))
+}
+
+async fn batching_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response<EngineBody> {
+    let hints: policies::batching::BatchHints = match read_json(req).await {
+        Ok(h) => h,
+        Err(resp) => return resp,
+    };
+    if let Err((key, message)) = hints.validate() {
+        return error(StatusCode::BAD_REQUEST, "invalid_request", &format!("{key}: {message}"));
+    }
+    match engine.scheduler.set_hints(Some(hints)).await {
+        Some(limits) => json(StatusCode::OK, &limits),
+        None => error(StatusCode::SERVICE_UNAVAILABLE, "stopped", "the scheduler has stopped"),
+    }
+}
+
 async fn generate_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response<EngineBody> {
     if !engine.accepting() {
         let code = if engine.is_draining() { "engine_draining" } else { "engine_not_ready" };
         ::metrics::counter!(crate::metrics::REFUSALS, "reason" => code).increment(1);
         return error(StatusCode::SERVICE_UNAVAILABLE, code, "engine is not taking new work");
     }
-    let bytes = match Limited::new(req.into_body(), MAX_REQUEST_BYTES).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string()),
-    };
-    let gen: GenerateRequest = match serde_json::from_slice(&bytes) {
+    let gen: GenerateRequest = match read_json(req).await {
         Ok(g) => g,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string()),
+        Err(resp) => return resp,
     };
     let prompt_tokens = policies::tokens::count(&gen.prompt);
     let request_id = gen.request_id.clone();

@@ -4,7 +4,8 @@
 //! ([`service`]: auth, schema, dispatch, relay), the error taxonomy
 //! ([`error`]), admission, brownout and the gate ([`admission`]), the
 //! active policy version and its reloads ([`reload`], [`policy_watch`],
-//! [`audit`]) with the admin listener ([`admin`]), engine
+//! [`audit`]) with the admin listener ([`admin`]), the engines' batching
+//! hints ([`hints`]), engine
 //! discovery and routing ([`engines`], [`dispatch`]),
 //! the NDJSON-to-SSE relay ([`relay`]), metrics ([`metrics`]), the dev PKI
 //! ([`certs`]) and the embedded mode's engine children ([`supervisor`]).
@@ -19,6 +20,7 @@ pub mod config;
 pub mod dispatch;
 pub mod engines;
 pub mod error;
+pub mod hints;
 pub mod metrics;
 pub mod openai;
 pub mod policy_watch;
@@ -197,6 +199,7 @@ async fn serve_until_signal(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::spawn(Arc::clone(&pool).poll_forever());
+    hints::push_all(&pool, &policy.doc.engine_hints()).await; // before the first request
     let listener =
         tokio::net::TcpListener::bind(config.listen).await.map_err(|e| StartError::Bind(config.listen, e))?;
     let addr = listener.local_addr().map_err(|e| StartError::Bind(config.listen, e))?;
@@ -207,6 +210,7 @@ async fn serve_until_signal(
         Arc::new(PolicyStore::new(policy.doc, &policy.text, policy.file, admin_cfg.audit_log.clone()));
     let app = Arc::new(App::new(config, Arc::clone(&store), pool));
     tokio::spawn(Arc::clone(&app.admission).run(store.subscribe()));
+    tokio::spawn(hints::follow(Arc::clone(&app.engines), store.subscribe()));
     tokio::spawn(policy_watch::on_sighup(Arc::clone(&store)));
     if admin_cfg.watch {
         let interval = Duration::from_millis(admin_cfg.watch_interval_ms);

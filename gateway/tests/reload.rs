@@ -355,3 +355,59 @@ fn policy_check_names_file_line_and_key_and_exits_nonzero() {
     assert!(stderr.contains(&expected) && stderr.contains("`tiers.silver.priority_weight`"), "{stderr}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The limits engine `e` reports it forms batches with.
+async fn engine_limits(e: &EngineInfo) -> Value {
+    let conn = Conn::connect(&e.url, None, Proto::H2).await.unwrap();
+    json(&body_bytes(conn.get("/engine/v1/batching", None).await.unwrap()).await.unwrap())
+}
+
+/// Polls engine `e` until `check` holds for its limits.
+async fn wait_limits(e: &EngineInfo, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let limits = engine_limits(e).await;
+        if check(&limits) {
+            return limits;
+        }
+        assert!(Instant::now() < deadline, "engine {} never took the hints: {limits}", e.id);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn batching_hints_reach_every_engine_on_reload() {
+    let sys =
+        System::start_with_policy(INSTANT, 2, &["--engine-arg=--split-ratio=6"], Some(&default_policy()))
+            .await;
+    let token = sys.admin_token();
+    let admin_conn = sys.admin_conn().await;
+    for e in &sys.engines {
+        let limits = engine_limits(e).await;
+        assert_eq!(limits["split_ratio"], 6.0, "unset hints keep the engine's flag: {limits}");
+        assert_eq!(limits["long_prompt_tokens"], 1024);
+    }
+    let text = default_policy()
+        .replacen("# split_ratio = 8.0", "split_ratio = 3.0", 1)
+        .replacen("# max_long_per_prefill = 1", "max_long_per_prefill = 2", 1)
+        .replacen("long_prompt_tokens = 1024", "long_prompt_tokens = 700", 1);
+    let (status, body) = admin(&admin_conn, "PUT", "/admin/policies", Some(&token), &text).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for e in &sys.engines {
+        let limits = wait_limits(e, |l| l["split_ratio"] == 3.0).await;
+        assert_eq!(limits["max_long_per_prefill"], 2);
+        assert_eq!(limits["long_prompt_tokens"], 700, "engines follow the routing lane");
+        assert_eq!(limits["max_batch"], 64, "hardware limits stay engine flags");
+    }
+    // Unset again: back to the engine's own flag.
+    let (status, _) = admin(&admin_conn, "PUT", "/admin/policies", Some(&token), &default_policy()).await;
+    assert_eq!(status, StatusCode::OK);
+    for e in &sys.engines {
+        wait_limits(e, |l| l["split_ratio"] == 6.0 && l["max_long_per_prefill"] == 1).await;
+    }
+    // A hint out of range is refused with its key, and nothing changes.
+    let bad = default_policy().replacen("# ttft_fraction = 0.4", "ttft_fraction = 1.5", 1);
+    let (status, body) = admin(&admin_conn, "PUT", "/admin/policies", Some(&token), &bad).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["error"]["param"], "batching.ttft_fraction");
+}

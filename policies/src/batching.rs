@@ -33,6 +33,8 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::profile::LatencyProfile;
 
 /// One sequence waiting for prefill.
@@ -50,7 +52,8 @@ pub struct Queued {
 }
 
 /// Continuous batching (the product) or static batches (a baseline).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum BatchMode {
     /// Sequences join and leave the running batch at token boundaries.
     #[default]
@@ -60,7 +63,7 @@ pub enum BatchMode {
 }
 
 /// Limits of batch formation (engine config; defaults are a sensible start).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BatchLimits {
     pub mode: BatchMode,
     pub max_batch: u32,
@@ -85,6 +88,62 @@ impl Default for BatchLimits {
             split_ratio: 8.0,
             reserved_long_slots: 2,
             ttft_fraction: 0.4,
+        }
+    }
+}
+
+/// Batch-formation hints: the policy document's `[batching]` section,
+/// which the gateway sends to every engine (`PUT /engine/v1/batching`) at
+/// start, on every reload and when an engine comes back. A key left unset
+/// keeps the engine's own flag; hardware limits (slots, KV) stay engine
+/// flags. `long_prompt_tokens` is not written in `[batching]`: the gateway
+/// fills it from `[routing]`, so engines and routing agree on what is long.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchHints {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_prefill_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_long_per_prefill: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split_ratio: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved_long_slots: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_fraction: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub long_prompt_tokens: Option<u32>,
+}
+
+impl BatchHints {
+    /// Range checks, naming the key (as `batching.KEY`) that is wrong.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let key = |k: &str| format!("batching.{k}");
+        if self.max_prefill_tokens == Some(0) {
+            return Err((key("max_prefill_tokens"), "must be > 0".into()));
+        }
+        if self.long_prompt_tokens == Some(0) {
+            return Err((key("long_prompt_tokens"), "must be > 0".into()));
+        }
+        if self.split_ratio.is_some_and(|r| !(r >= 1.0 && r.is_finite())) {
+            return Err((key("split_ratio"), "must be a finite number >= 1".into()));
+        }
+        if self.ttft_fraction.is_some_and(|f| !(f > 0.0 && f <= 1.0)) {
+            return Err((key("ttft_fraction"), "must be in (0, 1]".into()));
+        }
+        Ok(())
+    }
+
+    /// `limits` with every set hint applied.
+    pub fn apply(&self, limits: &BatchLimits) -> BatchLimits {
+        BatchLimits {
+            max_prefill_tokens: self.max_prefill_tokens.unwrap_or(limits.max_prefill_tokens),
+            long_prompt_tokens: self.long_prompt_tokens.unwrap_or(limits.long_prompt_tokens),
+            max_long_per_prefill: self.max_long_per_prefill.unwrap_or(limits.max_long_per_prefill),
+            split_ratio: self.split_ratio.unwrap_or(limits.split_ratio),
+            reserved_long_slots: self.reserved_long_slots.unwrap_or(limits.reserved_long_slots),
+            ttft_fraction: self.ttft_fraction.unwrap_or(limits.ttft_fraction),
+            ..limits.clone()
         }
     }
 }

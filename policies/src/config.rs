@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::admission::{AdmissionConfig, Degradation};
+use crate::batching::BatchHints;
 use crate::brownout::BrownoutConfig;
 use crate::estimate::EstimatorConfig;
 use crate::routing::RoutingConfig;
@@ -116,6 +117,8 @@ pub struct PolicyDocument {
     pub estimator: EstimatorConfig,
     pub brownout: BrownoutConfig,
     pub routing: RoutingConfig,
+    /// Batch-formation hints for the engines (`[batching]`).
+    pub batching: BatchHints,
     /// Content hash of the document text (12 hex digits): the version in
     /// response headers and metrics.
     pub version: String,
@@ -138,6 +141,8 @@ struct RawDocument {
     brownout: Option<BrownoutConfig>,
     #[serde(default)]
     routing: RoutingConfig,
+    #[serde(default)]
+    batching: BatchHints,
 }
 
 #[derive(Deserialize)]
@@ -249,6 +254,11 @@ impl PolicyDocument {
         raw.admission.validate().map_err(section)?;
         raw.estimator.validate().map_err(section)?;
         raw.routing.validate().map_err(section)?;
+        if raw.batching.long_prompt_tokens.is_some() {
+            let message = "set it in [routing]: engines get the routing value".to_string();
+            return Err(invalid("batching.long_prompt_tokens".into(), message));
+        }
+        raw.batching.validate().map_err(|(key, message)| invalid(key, message))?;
         let explicit = raw.brownout.is_some();
         let brownout = raw.brownout.unwrap_or_default();
         brownout.validate().map_err(|(key, message)| invalid(key, message))?;
@@ -265,9 +275,15 @@ impl PolicyDocument {
             estimator: raw.estimator,
             brownout,
             routing: raw.routing,
+            batching: raw.batching,
             version: version_of(text),
             keys,
         })
+    }
+
+    /// The hints every engine gets: `[batching]` plus the routing lane.
+    pub fn engine_hints(&self) -> BatchHints {
+        BatchHints { long_prompt_tokens: Some(self.routing.long_prompt_tokens), ..self.batching.clone() }
     }
 
     /// The tier with this name.

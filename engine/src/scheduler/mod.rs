@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use policies::batching::{form_prefill, BatchLimits, Queued};
+use policies::batching::{form_prefill, BatchHints, BatchLimits, Queued};
 use policies::LatencyProfile;
 use tokio::sync::{mpsc, oneshot};
 
@@ -100,6 +100,11 @@ enum Command {
     Drain {
         reply: oneshot::Sender<()>,
     },
+    Hints {
+        /// `None`: only report the limits in force.
+        hints: Option<BatchHints>,
+        reply: oneshot::Sender<BatchLimits>,
+    },
 }
 
 /// Handle to the scheduler task; cheap to clone.
@@ -116,6 +121,7 @@ impl Scheduler {
         let core = Core {
             backend,
             kv,
+            base_limits: cfg.limits.clone(),
             cfg,
             queue: Vec::new(),
             running: Vec::new(),
@@ -176,6 +182,15 @@ impl Scheduler {
         }
     }
 
+    /// Applies batch-formation hints over the limits the engine started
+    /// with (an unset hint restores the flag's value); returns the limits
+    /// now in force. They apply from the next batch formed.
+    pub async fn set_hints(&self, hints: Option<BatchHints>) -> Option<BatchLimits> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Command::Hints { hints, reply }).ok()?;
+        rx.await.ok()
+    }
+
     /// Stops admitting without waiting.
     pub fn start_drain(&self) {
         let (reply, _) = oneshot::channel();
@@ -230,6 +245,8 @@ struct Core<B: Backend> {
     backend: B,
     kv: Arc<KvAllocator>,
     cfg: SchedulerConfig,
+    /// The limits from the engine's flags; hints apply over these.
+    base_limits: BatchLimits,
     queue: Vec<Seq<B::Seq>>,
     running: Vec<Seq<B::Seq>>,
     draining: bool,
@@ -293,6 +310,13 @@ impl<B: Backend> Core<B> {
             Command::Drain { reply } => {
                 self.draining = true;
                 self.drained.push(reply);
+            }
+            Command::Hints { hints, reply } => {
+                if let Some(hints) = hints {
+                    self.cfg.limits = hints.apply(&self.base_limits);
+                    tracing::info!(event = "batching_hints", hints = ?hints, limits = ?self.cfg.limits);
+                }
+                let _ = reply.send(self.cfg.limits.clone());
             }
         }
     }
