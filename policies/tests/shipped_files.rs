@@ -156,3 +156,23 @@ fn table_paths(v: &toml::Value, at: &mut Vec<Seg>, out: &mut Vec<Vec<Seg>>) {
         _ => {}
     }
 }
+
+/// The commented examples under `policies/examples/` are valid documents
+/// (an SRE copies one and starts from it).
+#[test]
+fn every_example_policy_is_valid() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut versions = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let doc = PolicyDocument::parse(&path.display().to_string(), &text).unwrap_or_else(|e| panic!("{e}"));
+        assert!(text.starts_with("# Example:"), "{} says what it is an example of", path.display());
+        versions.push(doc.version);
+    }
+    assert!(versions.len() >= 3);
+    let default =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("default.toml")).unwrap();
+    let default = PolicyDocument::parse("default.toml", &default).unwrap().version;
+    assert!(!versions.contains(&default));
+}
