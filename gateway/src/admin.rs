@@ -1,5 +1,6 @@
-//! The admin API, served only on the admin listener (its own port,
-//! loopback by default), every route behind a bearer admin token:
+//! The admin listener (its own port, loopback by default): the operations
+//! port. `GET /metrics` (Prometheus) needs no token; the admin API needs a
+//! bearer admin token (none configured: it answers 403 `admin_api_off`):
 //!
 //! - `GET  /admin/policies`: the active document (tenant keys redacted),
 //!   its version, when and from where it was applied
@@ -17,12 +18,12 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use http::{header, HeaderMap, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json;
 
 use crate::audit::Source;
-use crate::body::GatewayBody;
+use crate::body::{full, GatewayBody};
 use crate::error::{ApiError, PolicyProblem};
 use crate::reload::{Accepted, Mode, ReloadError};
 use crate::service::{json_response, read_body};
@@ -56,6 +57,9 @@ pub struct Admin {
 
 /// Serves one admin request. Never fails: every error becomes a response.
 pub async fn handle(admin: Arc<Admin>, req: Request<Incoming>) -> Result<Response<GatewayBody>, Infallible> {
+    if req.method() == Method::GET && req.uri().path() == "/metrics" {
+        return Ok(prometheus());
+    }
     let result = match authorize(&admin.tokens, req.headers()) {
         Ok(token_id) => route(&admin.app, req, token_id).await,
         Err(e) => Err(e),
@@ -158,8 +162,17 @@ fn accepted(
     ))
 }
 
+fn prometheus() -> Response<GatewayBody> {
+    let mut resp = Response::new(full(crate::metrics::handle().render()));
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+    resp
+}
+
 /// The id of the admin token the request carries.
 fn authorize(tokens: &[Token], headers: &HeaderMap) -> Result<String, ApiError> {
+    if tokens.is_empty() {
+        return Err(ApiError::AdminApiOff);
+    }
     let value = headers.get(header::AUTHORIZATION).ok_or(ApiError::MissingAdminToken)?;
     let given = value
         .to_str()

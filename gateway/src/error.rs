@@ -75,6 +75,8 @@ pub enum ApiError {
     MissingAdminToken,
     #[error("invalid admin token")]
     InvalidAdminToken,
+    #[error("the admin API is off: no [admin] tokens are configured")]
+    AdminApiOff,
     /// A policy document that did not validate. The active version is
     /// unchanged.
     #[error("{}", .0.message)]
@@ -109,6 +111,7 @@ impl ApiError {
             ApiError::Overloaded { reason, .. } => reason,
             ApiError::MissingAdminToken => "missing_admin_token",
             ApiError::InvalidAdminToken => "invalid_admin_token",
+            ApiError::AdminApiOff => "admin_api_off",
             ApiError::InvalidPolicy(_) => "invalid_policy",
             ApiError::UnknownPolicyVersion(_) => "unknown_policy_version",
             ApiError::PolicyFileUnavailable(_) => "policy_file_unavailable",
@@ -122,6 +125,7 @@ impl ApiError {
             | ApiError::MissingAdminToken
             | ApiError::InvalidAdminToken => StatusCode::UNAUTHORIZED,
             ApiError::InvalidPolicy(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::AdminApiOff => StatusCode::FORBIDDEN,
             ApiError::UnknownPolicyVersion(_) => StatusCode::NOT_FOUND,
             ApiError::PolicyFileUnavailable(_) => StatusCode::CONFLICT,
             ApiError::InvalidJson(_)

@@ -218,26 +218,25 @@ async fn serve_until_signal(
         tokio::spawn(policy_watch::watch_file(Arc::clone(&store), interval, debounce));
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let admin_task = if admin_tokens.is_empty() {
-        println!("admin API off: no [admin] tokens configured");
-        None
+    let admin_listener = tokio::net::TcpListener::bind(admin_cfg.listen)
+        .await
+        .map_err(|e| StartError::Bind(admin_cfg.listen, e))?;
+    let admin_addr = admin_listener.local_addr().map_err(|e| StartError::Bind(admin_cfg.listen, e))?;
+    if admin_tokens.is_empty() {
+        println!("admin listening on https://{admin_addr} (metrics only: no [admin] tokens configured)");
     } else {
-        let admin_listener = tokio::net::TcpListener::bind(admin_cfg.listen)
-            .await
-            .map_err(|e| StartError::Bind(admin_cfg.listen, e))?;
-        let admin_addr = admin_listener.local_addr().map_err(|e| StartError::Bind(admin_cfg.listen, e))?;
-        println!("admin listening on https://{admin_addr} (bearer admin token required)");
-        let admin = Arc::new(admin::Admin { app: Arc::clone(&app), tokens: admin_tokens });
-        let handler = move |req| admin::handle(Arc::clone(&admin), req);
-        let mut stop = stop_rx.clone();
-        let tls = Arc::clone(&tls);
-        Some(tokio::spawn(async move {
-            server::serve(handler, admin_listener, tls, async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await;
-        }))
-    };
+        println!("admin listening on https://{admin_addr} (metrics; admin API with a bearer admin token)");
+    }
+    let admin = Arc::new(admin::Admin { app: Arc::clone(&app), tokens: admin_tokens });
+    let admin_handler = move |req| admin::handle(Arc::clone(&admin), req);
+    let admin_tls = Arc::clone(&tls);
+    let admin_task = tokio::spawn(async move {
+        let mut stop = stop_rx;
+        server::serve(admin_handler, admin_listener, admin_tls, async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await;
+    });
     println!("gateway listening on https://{addr} (HTTP/2 and HTTP/1.1 over TLS)");
     println!("ready: {ready}/{total} engines");
     if let Some(ca) = ca {
@@ -251,9 +250,7 @@ async fn serve_until_signal(
     })
     .await;
     let _ = stop_tx.send(true);
-    if let Some(task) = admin_task {
-        let _ = task.await;
-    }
+    let _ = admin_task.await;
     tracing::info!(event = "gateway_stopped");
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! Prometheus metrics: names, the recorder, and a per-request observer.
 //!
-//! Exported at `GET /metrics`:
+//! Exported at `GET /metrics` on the admin listener (not the public one):
 //! - `gateway_requests_total{route,status}`: responses by route and status
 //! - `gateway_errors_total{code}`: API errors by stable label
 //! - `gateway_ttft_seconds{tier}`, `gateway_tlet_seconds{tier}`: time to

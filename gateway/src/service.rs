@@ -38,7 +38,6 @@ enum Route {
     Model(String),
     Healthz,
     Readyz,
-    Metrics,
     WrongMethod,
     Unknown,
 }
@@ -51,7 +50,6 @@ impl Route {
             "/v1/models" => (Route::Models, Method::GET),
             "/healthz" => (Route::Healthz, Method::GET),
             "/readyz" => (Route::Readyz, Method::GET),
-            "/metrics" => (Route::Metrics, Method::GET),
             p => match p.strip_prefix("/v1/models/") {
                 Some(id) if !id.is_empty() => (Route::Model(id.to_string()), Method::GET),
                 _ => return Route::Unknown,
@@ -71,7 +69,6 @@ impl Route {
             Route::Models | Route::Model(_) => "models",
             Route::Healthz => "healthz",
             Route::Readyz => "readyz",
-            Route::Metrics => "metrics",
             Route::WrongMethod | Route::Unknown => "other",
         }
     }
@@ -93,7 +90,6 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Ga
         Route::Model(id) => authenticate(&policy, req.headers()).map(|_| models(&policy, Some(id))),
         Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "alive"}))),
         Route::Readyz => Ok(readyz(&app, &policy)),
-        Route::Metrics => Ok(prometheus()),
         Route::WrongMethod => Err(ApiError::MethodNotAllowed(req.method().to_string())),
         Route::Unknown => Err(ApiError::UnknownUrl(req.uri().path().to_string())),
     };
@@ -373,12 +369,6 @@ fn readyz(app: &App, policy: &PolicyDocument) -> Response<GatewayBody> {
     let ready = app.engines.ready_count() > 0;
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     json_response(status, &json!({"ready": ready, "detail": detail}))
-}
-
-fn prometheus() -> Response<GatewayBody> {
-    let mut resp = Response::new(full(metrics::handle().render()));
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
-    resp
 }
 
 pub(crate) fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<GatewayBody> {

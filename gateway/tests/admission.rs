@@ -56,9 +56,7 @@ async fn overload_is_refused_in_milliseconds_with_retry_after_and_reason() {
     let resp = conn.post_json("/v1/completions", Some(GOLD), completion(&prompt, 100, false)).await.unwrap();
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(one.elapsed() < Duration::from_millis(250), "one refusal took {:?}", one.elapsed());
-    let text =
-        String::from_utf8(body_bytes(conn.get("/metrics", None).await.unwrap()).await.unwrap().to_vec())
-            .unwrap();
+    let text = sys.metrics().await;
     let rejected = metric(
         &text,
         "gateway_admission_decisions_total{tier=\"gold\",decision=\"rejected\",reason=\"ttft_infeasible\"}",
@@ -213,9 +211,7 @@ async fn brownout_caps_bronze_under_overload_and_recovers() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(level >= 1, "brownout engaged");
-    let text =
-        String::from_utf8(body_bytes(conn.get("/metrics", None).await.unwrap()).await.unwrap().to_vec())
-            .unwrap();
+    let text = sys.metrics().await;
     assert!(metric(&text, "gateway_brownout_level").is_some_and(|l| l >= 1.0), "{text}");
     // The slot frees (client gone: the engine cancels at the next token),
     // the level holds: bronze's output cap shrinks (256 -> 128 at level 1,
@@ -236,9 +232,7 @@ async fn brownout_caps_bronze_under_overload_and_recovers() {
     // Load gone: one level down per quiet second, back to 0.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let text =
-            String::from_utf8(body_bytes(conn.get("/metrics", None).await.unwrap()).await.unwrap().to_vec())
-                .unwrap();
+        let text = sys.metrics().await;
         if metric(&text, "gateway_brownout_level") == Some(0.0) {
             break;
         }

@@ -280,9 +280,7 @@ async fn health_readiness_metrics_and_request_ids() {
     let events = sse_events(resp).await;
     assert_eq!(json(events[0].data.as_bytes())["id"], "chatcmpl-client-chosen-42");
 
-    let text =
-        String::from_utf8(body_bytes(conn.get("/metrics", None).await.unwrap()).await.unwrap().to_vec())
-            .unwrap();
+    let text = sys.metrics().await;
     for needle in [
         "gateway_requests_total{route=\"chat_completions\",status=\"200\"} 1",
         "gateway_requests_total{route=\"readyz\",status=\"200\"} 1",

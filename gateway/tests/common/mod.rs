@@ -172,6 +172,13 @@ impl System {
         Conn::connect(&self.admin, Some(&self.ca), Proto::H2).await.expect("connects to the admin listener")
     }
 
+    /// The Prometheus text from the admin listener.
+    pub async fn metrics(&self) -> String {
+        let conn = self.admin_conn().await;
+        String::from_utf8(body_bytes(conn.get("/metrics", None).await.unwrap()).await.unwrap().to_vec())
+            .unwrap()
+    }
+
     /// The development admin token `gateway up` made.
     pub fn admin_token(&self) -> String {
         std::fs::read_to_string(self.dir.join("certs/admin.token")).unwrap().trim().to_string()
