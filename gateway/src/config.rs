@@ -51,6 +51,10 @@ pub struct AdminConfig {
     /// A change is read once the file has been unchanged this long (editors
     /// write in several steps).
     pub debounce_ms: u64,
+    /// Write documents applied through the admin API to the policy file, so
+    /// SIGHUP and restarts keep them (off: they live until the file is
+    /// reloaded).
+    pub write_through: bool,
 }
 
 impl Default for AdminConfig {
@@ -62,6 +66,7 @@ impl Default for AdminConfig {
             watch: true,
             watch_interval_ms: 500,
             debounce_ms: 500,
+            write_through: true,
         }
     }
 }

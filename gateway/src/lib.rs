@@ -206,8 +206,13 @@ async fn serve_until_signal(
     let ready = pool.ready_count();
     let total = pool.len();
     let admin_cfg = config.admin.clone();
-    let store =
-        Arc::new(PolicyStore::new(policy.doc, &policy.text, policy.file, admin_cfg.audit_log.clone()));
+    let store = Arc::new(PolicyStore::with_write_through(
+        policy.doc,
+        &policy.text,
+        policy.file,
+        admin_cfg.audit_log.clone(),
+        admin_cfg.write_through,
+    ));
     let app = Arc::new(App::new(config, Arc::clone(&store), pool));
     tokio::spawn(Arc::clone(&app.admission).run(store.subscribe()));
     tokio::spawn(hints::follow(Arc::clone(&app.engines), store.subscribe()));

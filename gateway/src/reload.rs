@@ -86,6 +86,8 @@ pub struct PolicyStore {
     inner: Mutex<Inner>,
     /// The policy file, when the gateway runs from one.
     path: Option<PathBuf>,
+    /// Write admin API changes to `path`.
+    write_through: bool,
 }
 
 impl std::fmt::Debug for PolicyStore {
@@ -101,6 +103,18 @@ impl PolicyStore {
     /// Starts from `doc`, parsed from `text` (read from `path` when it came
     /// from a file).
     pub fn new(doc: PolicyDocument, text: &str, path: Option<PathBuf>, audit_log: Option<PathBuf>) -> Self {
+        Self::with_write_through(doc, text, path, audit_log, true)
+    }
+
+    /// As [`PolicyStore::new`]; `write_through: false` keeps admin API
+    /// changes in memory only.
+    pub fn with_write_through(
+        doc: PolicyDocument,
+        text: &str,
+        path: Option<PathBuf>,
+        audit_log: Option<PathBuf>,
+        write_through: bool,
+    ) -> Self {
         let record = VersionRecord {
             version: doc.version.clone(),
             applied_at: rfc3339(SystemTime::now()),
@@ -112,7 +126,7 @@ impl PolicyStore {
         version_gauge(None, &doc.version);
         let (active, _) = watch::channel(Arc::new(doc));
         let inner = Mutex::new(Inner { history: VecDeque::from([record]), audit: Audit::new(audit_log) });
-        Self { active, inner, path }
+        Self { active, inner, path, write_through }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -193,7 +207,7 @@ impl PolicyStore {
         }
         let summary = text::summary(&accepted.changes);
         let entry = AuditEntry::new(Outcome::Applied, &source, &doc.version, &old.version, summary.clone());
-        if source.token_id().is_some() {
+        if source.token_id().is_some() && self.write_through {
             accepted.persisted = self.path.as_deref().map(|p| persist(p, text).map_err(|e| e.to_string()));
         }
         version_gauge(Some(&old.version), &doc.version);
@@ -328,6 +342,23 @@ mod tests {
         assert_eq!(audit.len(), 1, "dry runs are not changes");
         assert_eq!(audit[0].outcome, Outcome::Rejected);
         assert_eq!(audit[0].source, "file");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn without_write_through_api_changes_stay_in_memory() {
+        let dir = scratch("memory");
+        let text = doc_text(500);
+        let path = dir.join("policies.toml");
+        std::fs::write(&path, &text).unwrap();
+        let doc = PolicyDocument::parse("p", &text).unwrap();
+        let s = PolicyStore::with_write_through(doc, &text, Some(path.clone()), None, false);
+        let a = s.apply("api", &doc_text(250), Source::Api { token_id: "ops".into() }, Mode::Apply).unwrap();
+        assert!(a.applied && a.persisted.is_none());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+        // The file is still the source of truth for SIGHUP.
+        assert!(s.reload_file(Source::Signal).unwrap().applied);
+        assert_eq!(s.current().tier("gold").unwrap().ttft.as_millis(), 500);
         let _ = std::fs::remove_dir_all(dir);
     }
 
