@@ -14,7 +14,8 @@
 //! Waits have deadlines; refusals are fast and typed.
 //!
 //! Time in every decision is `now` since this controller's origin,
-//! passed to the pure functions.
+//! passed to the pure functions. The gate and the control loop (brownout
+//! ticks, policy reloads) are in `gate.rs`, the permit in `ticket.rs`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,9 +27,14 @@ use policies::estimate::{OutputHistory, ServiceModel};
 use policies::fairness::Drr;
 use policies::routing::{QueueOrder, RoutePolicy};
 use policies::{PolicyDocument, Tenant, Tier};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
 use crate::engines::{EngineLease, EnginePool, Work};
+use gate::{Place, Waiter};
+pub use ticket::Ticket;
+
+mod gate;
+mod ticket;
 use crate::error::ApiError;
 use crate::metrics as m;
 
@@ -101,17 +107,6 @@ pub struct Admitted {
     pub work: Work,
     pub start: Start,
     pub ticket: Ticket,
-}
-
-/// One request waiting at the gate.
-#[derive(Debug)]
-struct Waiter {
-    tx: oneshot::Sender<Result<EngineLease, Refused>>,
-    work: Work,
-    n_in: u32,
-    arrived: f64,
-    ttft_budget_ms: f64,
-    verdict: Verdict,
 }
 
 #[derive(Debug, Default)]
@@ -283,20 +278,10 @@ impl Admission {
         let start = match plan.engine {
             Some(idx) => Start::Now(self.pool.lease(idx, work)),
             None => {
-                let (tx, rx) = oneshot::channel();
-                let w = Waiter {
-                    tx,
-                    work,
-                    n_in: r.prompt_tokens,
-                    arrived: now,
-                    ttft_budget_ms: ask.ttft_budget_ms * policy.admission.recheck_factor,
-                    verdict: v.clone(),
-                };
-                let quantum = policy.routing.drr_quantum_tokens;
-                let gate = st.gates.entry(plan.class).or_insert_with(|| Drr::new(quantum));
-                gate.push(&r.tenant.name, weight, n_hat, key, w);
-                let wait = ttft_budget.min(Duration::from_millis(policy.routing.max_queue_ms.into()));
-                Start::Wait(rx, tokio::time::Instant::now() + wait, v.clone())
+                let place =
+                    Place { class: plan.class, weight, cost: n_hat, key, ttft_budget_ms: ask.ttft_budget_ms };
+                let (rx, deadline) = gate::enqueue(&mut st, policy, r, now, work, place, v.clone());
+                Start::Wait(rx, deadline, v.clone())
             }
         };
         ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => decision, "reason" => v.reason.clone())
@@ -457,107 +442,6 @@ impl Admission {
             .increment(1);
         Refused { error, verdict }
     }
-
-    /// Hands free engine slots to waiters, in deficit round-robin order per
-    /// class; re-checks each waiter's TTFT prediction when its turn comes.
-    pub fn pump(&self, policy: &PolicyDocument) {
-        let now = self.now();
-        let mut st = self.lock();
-        if st.gates.values().all(Drr::is_empty) {
-            return;
-        }
-        let engines = self.candidates(&mut st, policy);
-        let st = &mut *st;
-        for (class, gate) in st.gates.iter_mut() {
-            gate.retain(|w| !w.tx.is_closed());
-            let Some(model) = st.models.get(*class) else { continue };
-            loop {
-                if gate.is_empty() {
-                    break;
-                }
-                // The free engine with the least prefill backlog.
-                let free = engines
-                    .iter()
-                    .filter(|e| e.class == *class && self.pool.slot(e.idx).active() < e.slots)
-                    .min_by_key(|e| self.pool.slot(e.idx).prefill_backlog_tokens());
-                let Some(e) = free else { break };
-                let Some((_, w)) = gate.pop() else { break };
-                let waited_ms = (now - w.arrived) * 1e3;
-                let prefill = model.predict(w.n_in, 1, 1.0, &policy.estimator).prefill_ms;
-                if waited_ms + prefill > w.ttft_budget_ms {
-                    let mut v = w.verdict.clone();
-                    v.decision = "rejected";
-                    v.reason = "deadline_unreachable".into();
-                    let err = ApiError::Overloaded {
-                        reason: "deadline_unreachable",
-                        message: format!(
-                            "waited {waited_ms:.0} ms for an engine slot; with {prefill:.0} ms of prefill the first token would miss its {:.0} ms budget",
-                            w.ttft_budget_ms
-                        ),
-                        retry_after_s: adm::retry_after(waited_ms + prefill - w.ttft_budget_ms, &policy.admission),
-                    };
-                    let _ = w.tx.send(Err(Refused { error: err, verdict: v }));
-                    continue;
-                }
-                let lease = self.pool.lease(e.idx, w.work);
-                let _ = w.tx.send(Ok(lease)); // a waiter gone drops the lease: slot freed again
-            }
-        }
-    }
-
-    /// Runs the gate and brownout under the active policy version: wakes
-    /// on freed slots, every tick, and when a reload swaps the version.
-    pub async fn run(self: Arc<Self>, mut versions: watch::Receiver<Arc<PolicyDocument>>) {
-        const TICK: Duration = Duration::from_millis(250);
-        let mut next_tick = tokio::time::Instant::now() + TICK;
-        let mut policy = versions.borrow_and_update().clone();
-        loop {
-            tokio::select! {
-                () = self.pool.slot_freed.notified() => {}
-                () = tokio::time::sleep_until(next_tick) => {
-                    next_tick += TICK;
-                    self.tick(&policy);
-                }
-                changed = versions.changed() => {
-                    if changed.is_err() {
-                        return; // the store is gone: the gateway is stopping
-                    }
-                    policy = versions.borrow_and_update().clone();
-                    self.reconfigure(&policy);
-                }
-            }
-            self.pump(&policy);
-        }
-    }
-
-    /// A new policy version: gates take its DRR quantum; brownout follows
-    /// its levels at the next tick. Waiters keep the budgets they were
-    /// admitted with.
-    fn reconfigure(&self, policy: &PolicyDocument) {
-        let mut st = self.lock();
-        for gate in st.gates.values_mut() {
-            gate.set_quantum(policy.routing.drr_quantum_tokens);
-        }
-    }
-
-    /// One brownout step and the gauges.
-    pub fn tick(&self, policy: &PolicyDocument) {
-        let now = self.now();
-        let cfg = &policy.brownout;
-        let mut st = self.lock();
-        let q = st.queue_signal.p95(now, cfg.window_s, cfg.min_samples);
-        let t = st.ttft_signal.p95(now, cfg.window_s, cfg.min_samples);
-        let signal = match (q, t) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
-        if let Some(level) = st.brownout.update(now, signal, cfg) {
-            tracing::warn!(event = "brownout_level", level, signal = signal.unwrap_or(0.0));
-        }
-        ::metrics::gauge!(m::BROWNOUT_LEVEL).set(st.brownout.level() as f64);
-        ::metrics::gauge!(m::BROWNOUT_SIGNAL).set(signal.unwrap_or(0.0));
-        ::metrics::gauge!(m::QUEUE_WAITING).set(st.gates.values().map(Drr::len).sum::<usize>() as f64);
-    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -578,82 +462,5 @@ fn reject_message(reason: RejectReason, tier: &str, rej: &adm::Rejection, ask: &
             "every engine's KV cache is at its low watermark; retry shortly".to_string()
         }
         RejectReason::NoEngine => "no engine is ready to serve this request".to_string(),
-    }
-}
-
-/// An admitted request's hold on its tenant's concurrency and its hooks
-/// into learning; released on drop (the response stream ended).
-#[derive(Debug)]
-pub struct Ticket {
-    admission: Arc<Admission>,
-    tenant: String,
-    hist_key: (String, String),
-    prompt_tokens: u32,
-    ttft_budget_ms: f64,
-    first_at: Option<f64>,
-}
-
-impl Ticket {
-    fn new(
-        a: &Arc<Admission>,
-        tenant: &str,
-        hist_key: (String, String),
-        prompt_tokens: u32,
-        ttft_budget_ms: f64,
-    ) -> Self {
-        Self {
-            admission: Arc::clone(a),
-            tenant: tenant.to_string(),
-            hist_key,
-            prompt_tokens,
-            ttft_budget_ms,
-            first_at: None,
-        }
-    }
-
-    /// The first token reached the gateway `ttft` after arrival.
-    pub fn first_token(&mut self, ttft: Duration) {
-        let now = self.admission.now();
-        self.first_at = Some(now);
-        let mut st = self.admission.lock();
-        st.ttft_signal.push(now, ms(ttft) / self.ttft_budget_ms.max(1.0));
-    }
-
-    /// The request finished on engine `engine`: learn its output length and
-    /// its prefill and decode times.
-    pub fn finished(
-        &mut self,
-        policy: &PolicyDocument,
-        engine: usize,
-        completion_tokens: u32,
-        prefill_ms: f64,
-    ) {
-        let now = self.admission.now();
-        let slot = self.admission.pool.slot(engine);
-        let batch = slot.report().map_or(1.0, |r| r.batch_achieved.max(1.0));
-        let profile = slot.profile();
-        let mut st = self.admission.lock();
-        st.outputs.entry(self.hist_key.clone()).or_default().observe(completion_tokens, &policy.estimator);
-        if let (Some(p), Some(first)) = (profile, self.first_at) {
-            let class = st.class_of(&p);
-            let decode_ms = (now - first) * 1e3;
-            st.models[class].observe(
-                self.prompt_tokens,
-                prefill_ms,
-                completion_tokens,
-                decode_ms,
-                batch,
-                &policy.estimator,
-            );
-        }
-    }
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        let mut st = self.admission.lock();
-        if let Some(n) = st.open.get_mut(&self.tenant) {
-            *n = n.saturating_sub(1);
-        }
     }
 }

@@ -1,0 +1,88 @@
+//! The permit of an admitted request: its hold on the tenant's
+//! concurrency (released on drop, when the response stream ends) and its
+//! hooks into learning (TTFT for brownout, output length and timings for
+//! the estimator).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use policies::PolicyDocument;
+
+use super::{ms, Admission};
+
+/// An admitted request's hold on its tenant's concurrency and its hooks
+/// into learning; released on drop (the response stream ended).
+#[derive(Debug)]
+pub struct Ticket {
+    admission: Arc<Admission>,
+    tenant: String,
+    hist_key: (String, String),
+    prompt_tokens: u32,
+    ttft_budget_ms: f64,
+    first_at: Option<f64>,
+}
+
+impl Ticket {
+    pub(super) fn new(
+        a: &Arc<Admission>,
+        tenant: &str,
+        hist_key: (String, String),
+        prompt_tokens: u32,
+        ttft_budget_ms: f64,
+    ) -> Self {
+        Self {
+            admission: Arc::clone(a),
+            tenant: tenant.to_string(),
+            hist_key,
+            prompt_tokens,
+            ttft_budget_ms,
+            first_at: None,
+        }
+    }
+
+    /// The first token reached the gateway `ttft` after arrival.
+    pub fn first_token(&mut self, ttft: Duration) {
+        let now = self.admission.now();
+        self.first_at = Some(now);
+        let mut st = self.admission.lock();
+        st.ttft_signal.push(now, ms(ttft) / self.ttft_budget_ms.max(1.0));
+    }
+
+    /// The request finished on engine `engine`: learn its output length and
+    /// its prefill and decode times.
+    pub fn finished(
+        &mut self,
+        policy: &PolicyDocument,
+        engine: usize,
+        completion_tokens: u32,
+        prefill_ms: f64,
+    ) {
+        let now = self.admission.now();
+        let slot = self.admission.pool.slot(engine);
+        let batch = slot.report().map_or(1.0, |r| r.batch_achieved.max(1.0));
+        let profile = slot.profile();
+        let mut st = self.admission.lock();
+        st.outputs.entry(self.hist_key.clone()).or_default().observe(completion_tokens, &policy.estimator);
+        if let (Some(p), Some(first)) = (profile, self.first_at) {
+            let class = st.class_of(&p);
+            let decode_ms = (now - first) * 1e3;
+            st.models[class].observe(
+                self.prompt_tokens,
+                prefill_ms,
+                completion_tokens,
+                decode_ms,
+                batch,
+                &policy.estimator,
+            );
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut st = self.admission.lock();
+        if let Some(n) = st.open.get_mut(&self.tenant) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
