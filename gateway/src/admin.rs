@@ -26,7 +26,7 @@ use crate::audit::Source;
 use crate::body::{full, GatewayBody};
 use crate::error::{ApiError, PolicyProblem};
 use crate::reload::{Accepted, Mode, ReloadError};
-use crate::service::{json_response, read_body};
+use crate::service::{bearer, json_response, read_body};
 use crate::App;
 
 /// One admin token: its id (recorded in the audit log) and its secret.
@@ -173,13 +173,7 @@ fn authorize(tokens: &[Token], headers: &HeaderMap) -> Result<String, ApiError> 
     if tokens.is_empty() {
         return Err(ApiError::AdminApiOff);
     }
-    let value = headers.get(header::AUTHORIZATION).ok_or(ApiError::MissingAdminToken)?;
-    let given = value
-        .to_str()
-        .ok()
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim)
-        .ok_or(ApiError::MissingAdminToken)?;
+    let given = bearer(headers).ok_or(ApiError::MissingAdminToken)?;
     // Every token is compared, each in constant time: the response time
     // says nothing about how much of a guess matched.
     let mut found = None;

@@ -288,14 +288,14 @@ fn authenticate<'a>(
     policy: &'a PolicyDocument,
     headers: &HeaderMap,
 ) -> Result<(&'a Tenant, &'a Tier), ApiError> {
-    let value = headers.get(header::AUTHORIZATION).ok_or(ApiError::MissingKey)?;
-    let key = value
-        .to_str()
-        .ok()
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim)
-        .ok_or(ApiError::MissingKey)?;
+    let key = bearer(headers).ok_or(ApiError::MissingKey)?;
     policy.authenticate(key).ok_or(ApiError::InvalidKey)
+}
+
+/// The credential of `Authorization: Bearer <credential>`, if well-formed.
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")).map(str::trim)
 }
 
 pub(crate) async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
