@@ -103,6 +103,7 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let rt = tokio::runtime::Runtime::new().expect("the tokio runtime starts");
     let result: Result<(), String> = rt.block_on(async {

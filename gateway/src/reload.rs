@@ -78,6 +78,9 @@ pub enum ReloadError {
 struct Inner {
     history: VecDeque<VersionRecord>,
     audit: Audit,
+    /// The last document refused, so the file watcher does not report the
+    /// same invalid file again after a SIGHUP already did.
+    last_rejected: Option<String>,
 }
 
 /// The active policy document, its recent versions and the audit trail.
@@ -125,7 +128,11 @@ impl PolicyStore {
         };
         version_gauge(None, &doc.version);
         let (active, _) = watch::channel(Arc::new(doc));
-        let inner = Mutex::new(Inner { history: VecDeque::from([record]), audit: Audit::new(audit_log) });
+        let inner = Mutex::new(Inner {
+            history: VecDeque::from([record]),
+            audit: Audit::new(audit_log),
+            last_rejected: None,
+        });
         Self { active, inner, path, write_through }
     }
 
@@ -338,10 +345,14 @@ mod tests {
         assert!(!dry.applied);
         assert_eq!(dry.changes.len(), 1);
         assert_eq!(s.current().version, v0);
+        // The watcher finding the file SIGHUP already reported adds nothing.
+        assert!(s.apply("p.toml", &bad, Source::Signal, Mode::Apply).is_err());
+        assert!(s.apply("p.toml", &bad, Source::File, Mode::Apply).is_err());
         let audit = s.audit();
-        assert_eq!(audit.len(), 1, "dry runs are not changes");
+        assert_eq!(audit.len(), 2, "dry runs and repeats are not changes: {audit:?}");
         assert_eq!(audit[0].outcome, Outcome::Rejected);
-        assert_eq!(audit[0].source, "file");
+        assert_eq!(audit[0].source, "signal");
+        assert_eq!(audit[1].source, "file");
         let _ = std::fs::remove_dir_all(dir);
     }
 
