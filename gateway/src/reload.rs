@@ -187,16 +187,15 @@ impl PolicyStore {
         let doc = match PolicyDocument::parse(label, text) {
             Ok(doc) => doc,
             Err(e) => {
-                if mode == Mode::Apply {
-                    let version = policies::config::version_of(text);
-                    inner.audit.record(AuditEntry::new(
-                        Outcome::Rejected,
-                        &source,
-                        &version,
-                        &old.version,
-                        e.to_string(),
-                    ));
+                let version = policies::config::version_of(text);
+                let repeat =
+                    source == Source::File && inner.last_rejected.as_deref() == Some(version.as_str());
+                if mode == Mode::Apply && !repeat {
+                    let entry =
+                        AuditEntry::new(Outcome::Rejected, &source, &version, &old.version, e.to_string());
+                    inner.audit.record(entry);
                     reload_counter(&source, "rejected");
+                    inner.last_rejected = Some(version);
                 }
                 return Err(e.into());
             }
