@@ -19,6 +19,7 @@ use crate::batching::BatchHints;
 use crate::brownout::BrownoutConfig;
 use crate::estimate::EstimatorConfig;
 use crate::routing::RoutingConfig;
+use crate::video::VideoConfig;
 
 /// A policy document that failed to load. Both kinds name the file, the
 /// line and the key path (`tiers.gold.e2e_ms`); `Display` gives
@@ -119,6 +120,8 @@ pub struct PolicyDocument {
     pub routing: RoutingConfig,
     /// Batch-formation hints for the engines (`[batching]`).
     pub batching: BatchHints,
+    /// Streaming video scheduling (`[video]`).
+    pub video: VideoConfig,
     /// Content hash of the document text (12 hex digits): the version in
     /// response headers and metrics.
     pub version: String,
@@ -143,6 +146,8 @@ struct RawDocument {
     routing: RoutingConfig,
     #[serde(default)]
     batching: BatchHints,
+    #[serde(default)]
+    video: VideoConfig,
 }
 
 #[derive(Deserialize)]
@@ -259,6 +264,7 @@ impl PolicyDocument {
             return Err(invalid("batching.long_prompt_tokens".into(), message));
         }
         raw.batching.validate().map_err(|(key, message)| invalid(key, message))?;
+        raw.video.validate().map_err(section)?;
         let explicit = raw.brownout.is_some();
         let brownout = raw.brownout.unwrap_or_default();
         brownout.validate().map_err(|(key, message)| invalid(key, message))?;
@@ -276,6 +282,7 @@ impl PolicyDocument {
             brownout,
             routing: raw.routing,
             batching: raw.batching,
+            video: raw.video,
             version: version_of(text),
             keys,
         })

@@ -18,6 +18,9 @@
 //! - [`batching`]: micro-batch formation for the engine scheduler.
 //! - [`text`]: key paths of a policy text: their lines, diffs between
 //!   versions, tenant keys redacted.
+//! - [`video`]: streaming video: playout and slack, service credit and
+//!   urgency, fidelity profiles and their Pareto frontier, Bi-Modal Pareto
+//!   Routing, placement and re-homing.
 //! - [`rng`]: the seeded generator behind every reproducible random choice.
 
 pub mod admission;
@@ -31,6 +34,7 @@ pub mod rng;
 pub mod routing;
 pub mod text;
 pub mod tokens;
+pub mod video;
 
 pub use config::{PolicyDocument, PolicyError, Tenant, Tier};
 pub use profile::LatencyProfile;

@@ -79,6 +79,7 @@ fn shipped_sections_equal_the_code_defaults() {
     assert_eq!(doc.routing, policies::routing::RoutingConfig::default());
     assert_eq!(doc.brownout, policies::brownout::BrownoutConfig::default());
     assert_eq!(doc.batching, policies::batching::BatchHints::default(), "engines keep their flags");
+    assert_eq!(doc.video, policies::video::VideoConfig::default());
 }
 
 /// Every knob the code accepts is documented in docs/policies.md, found from

@@ -1,0 +1,114 @@
+//! Streaming video: the playout model, service credit and urgency tiers
+//! ([`playout`]), fidelity configurations with their profile, Pareto
+//! frontier and quality floor ([`fidelity`]), per-chunk fidelity selection by
+//! Bi-Modal Pareto Routing ([`bmpr`]), and placement: home engine,
+//! admission, eviction and re-homing ([`placement`]). The `[video]` section
+//! of the policy document is [`VideoConfig`].
+
+pub mod bmpr;
+pub mod fidelity;
+pub mod placement;
+pub mod playout;
+
+use serde::Deserialize;
+
+pub use fidelity::{frontier, quality_floor, ConfigPoint, Fidelity, Precision, VideoProfile};
+pub use playout::{credit, urgency, Playout, Urgency};
+
+/// How engines order ready chunks (the lower key runs first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChunkOrder {
+    /// Lowest service credit first (the product).
+    Credit,
+    /// Lowest slack first (a baseline).
+    LeastSlack,
+    /// Oldest request first (a baseline).
+    Fifo,
+}
+
+/// How each chunk's fidelity is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FidelityMode {
+    /// Bi-Modal Pareto Routing per chunk (the product).
+    Bmpr,
+    /// Always the profile's highest-quality configuration (a baseline).
+    Static,
+}
+
+/// `[video]`: streaming video scheduling. Docs: docs/policies.md.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VideoConfig {
+    /// Urgency margin α: URGENT below α·T of credit, RELAXED above 2α·T.
+    pub alpha: f64,
+    /// Initial slack budget of a stream (and after a prompt switch), in
+    /// estimated first-chunk times.
+    pub initial_slack_factor: f64,
+    /// Seconds between control ticks (re-homing plans).
+    pub control_tick_s: f64,
+    /// A stream moves at most once in this many seconds.
+    pub rehome_cooldown_s: f64,
+    /// Streams one engine may send per tick.
+    pub max_out_per_tick: u32,
+    /// Streams one engine may receive per tick.
+    pub max_in_per_tick: u32,
+    /// Generation stops running ahead once this much video is buffered.
+    pub max_buffer_s: f64,
+    pub order: ChunkOrder,
+    pub fidelity: FidelityMode,
+    pub rehoming: bool,
+    /// Frames per second when the request gives none.
+    pub default_fps: u32,
+    /// Pixel frames per chunk when the request gives none (4 per latent frame).
+    pub default_frames_per_chunk: u32,
+}
+
+impl Default for VideoConfig {
+    fn default() -> Self {
+        Self {
+            alpha: 2.0,
+            initial_slack_factor: 4.0,
+            control_tick_s: 3.0,
+            rehome_cooldown_s: 60.0,
+            max_out_per_tick: 2,
+            max_in_per_tick: 1,
+            max_buffer_s: 6.0,
+            order: ChunkOrder::Credit,
+            fidelity: FidelityMode::Bmpr,
+            rehoming: true,
+            default_fps: 16,
+            default_frames_per_chunk: 12,
+        }
+    }
+}
+
+impl VideoConfig {
+    /// Range checks, naming the key.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        let positive = |v: f64| v > 0.0 && v.is_finite();
+        if !positive(self.alpha) {
+            return Err(("video.alpha", "must be > 0".into()));
+        }
+        if !positive(self.initial_slack_factor) {
+            return Err(("video.initial_slack_factor", "must be > 0".into()));
+        }
+        if !positive(self.control_tick_s) {
+            return Err(("video.control_tick_s", "must be > 0".into()));
+        }
+        if self.rehome_cooldown_s.is_nan() || self.rehome_cooldown_s < 0.0 {
+            return Err(("video.rehome_cooldown_s", "must be >= 0".into()));
+        }
+        if !positive(self.max_buffer_s) {
+            return Err(("video.max_buffer_s", "must be > 0".into()));
+        }
+        if self.default_fps == 0 || self.default_fps > 120 {
+            return Err(("video.default_fps", "must be in [1, 120]".into()));
+        }
+        if self.default_frames_per_chunk == 0 || self.default_frames_per_chunk % 4 != 0 {
+            return Err(("video.default_frames_per_chunk", "must be a positive multiple of 4".into()));
+        }
+        Ok(())
+    }
+}
