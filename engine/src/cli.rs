@@ -115,6 +115,18 @@ pub struct EngineArgs {
     /// hardware threads].
     #[arg(long)]
     pub cpu_threads: Option<usize>,
+    /// Video profile (TOML; latency and quality per fidelity
+    /// configuration). Bundled default: `video-emulated-h100` (emulated) or
+    /// `video-cpu-epyc-2core` (cpu).
+    #[arg(long)]
+    pub video_profile: Option<PathBuf>,
+    /// Video streams whose state may be resident at once (the state arena);
+    /// more are suspended to host memory, highest credit first.
+    #[arg(long, default_value_t = 8)]
+    pub video_arena_slots: u32,
+    /// Most chunks in one coalesced video batch.
+    #[arg(long, default_value_t = 8)]
+    pub video_max_batch: u32,
     /// Exit when standard input closes. A supervising parent holds the other
     /// end of the pipe, so the engine never outlives it, even on SIGKILL.
     #[arg(long)]

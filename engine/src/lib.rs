@@ -17,6 +17,7 @@ pub mod profile;
 pub mod scheduler;
 pub mod server;
 pub mod stop;
+pub mod video;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -37,6 +38,12 @@ pub const DEFAULT_PROFILE: &str = include_str!("../../policies/profiles/emulated
 /// The bundled profile of the cpu backend's default model, measured with
 /// `engine profile --backend cpu` on the development machine.
 pub const CPU_PROFILE: &str = include_str!("../../policies/profiles/cpu-epyc-2core.toml");
+/// The bundled video profile of the emulated backend (quality measured on
+/// the cpu backend, chunk times from a GPU-class cost model).
+pub const VIDEO_PROFILE: &str = include_str!("../../policies/profiles/video-emulated-h100.toml");
+/// The bundled video profile of the cpu backend, measured with `engine
+/// profile --video --backend cpu`.
+pub const CPU_VIDEO_PROFILE: &str = include_str!("../../policies/profiles/video-cpu-epyc-2core.toml");
 
 /// How long SIGTERM waits for in-flight work before exiting anyway.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
@@ -51,6 +58,10 @@ pub struct Engine {
     pub profile_toml: String,
     pub scheduler: Scheduler,
     pub kv: Arc<KvAllocator>,
+    /// Video sessions and their scheduler.
+    pub video: video::VideoEngine,
+    /// The video profile's TOML text, served at `GET /engine/v1/video/profile`.
+    pub video_profile_toml: String,
     ready: AtomicBool,
     draining: AtomicBool,
     /// Origin of the times fed to the KV slope (the allocator takes time as
@@ -115,6 +126,8 @@ pub enum StartError {
     Bind(std::net::SocketAddr, std::io::Error),
     #[error("cpu model: {0}")]
     Model(String),
+    #[error(transparent)]
+    VideoProfile(#[from] policies::video::fidelity::VideoProfileError),
     #[error("warm-up failed: {0}")]
     WarmUp(String),
 }
@@ -159,6 +172,29 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
             Scheduler::spawn(cpu, Arc::clone(&kv), cfg)
         }
     };
+    let (video_name, video_profile_toml) = match &args.video_profile {
+        Some(p) => (
+            p.display().to_string(),
+            std::fs::read_to_string(p).map_err(|e| StartError::ReadProfile(p.display().to_string(), e))?,
+        ),
+        None => match args.backend {
+            BackendKind::Emulated => {
+                ("bundled video-emulated-h100.toml".to_string(), VIDEO_PROFILE.to_string())
+            }
+            BackendKind::Cpu => {
+                ("bundled video-cpu-epyc-2core.toml".to_string(), CPU_VIDEO_PROFILE.to_string())
+            }
+        },
+    };
+    let video_profile = policies::video::VideoProfile::parse(&video_name, &video_profile_toml)?;
+    let video = video::VideoEngine::spawn(video::VideoConfig {
+        backend: args.backend,
+        profile: video_profile,
+        arena_slots: args.video_arena_slots.max(1),
+        max_batch: args.video_max_batch.max(1),
+        threads: args.cpu_threads(),
+        model_seed: args.model_seed,
+    });
     Ok(Arc::new(Engine {
         id: args.id.clone(),
         backend: args.backend,
@@ -166,6 +202,8 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
         profile_toml,
         scheduler,
         kv,
+        video,
+        video_profile_toml,
         ready: AtomicBool::new(false),
         draining: AtomicBool::new(false),
         started: Instant::now(),

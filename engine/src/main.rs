@@ -37,6 +37,9 @@ fn main() -> std::process::ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Some(Command::Profile(p)) if p.video => engine::profile::run_video(&p).map(|n| {
+            eprintln!("wrote {} ({n} video configurations)", p.out.display());
+        }),
         Some(Command::Profile(p)) => engine::profile::run(&p).map(|m| {
             eprintln!(
                 "wrote {} ({} prefill points, {} decode points, {:.4} ms per 1k context)",

@@ -44,6 +44,28 @@ pub struct ProfileArgs {
     /// Timed runs per point (the median is kept).
     #[arg(long, default_value_t = 5)]
     pub repeats: u32,
+    /// Profile the video model instead (cpu backend): latency and quality
+    /// of every fidelity configuration, and the coalescing cost.
+    #[arg(long)]
+    pub video: bool,
+    /// Video: output resolution preset.
+    #[arg(long, value_enum, default_value_t = crate::video::Resolution::Tiny)]
+    pub video_resolution: crate::video::Resolution,
+    /// Video: chunks generated per prompt and configuration.
+    #[arg(long, default_value_t = 6)]
+    pub video_chunks: usize,
+    /// Video: instead of measuring, rescale this measured video profile so
+    /// the highest-fidelity configuration takes --reference-ms, under
+    /// --engine-class (how the shipped emulated video profile is made).
+    #[arg(long, requires = "reference_ms")]
+    pub rescale: Option<PathBuf>,
+    /// Video: the highest-fidelity chunk time of a rescaled profile.
+    #[arg(long)]
+    pub reference_ms: Option<f64>,
+    /// Video: the coalescing cost of a rescaled profile (marginal cost of
+    /// one more chunk in a batch).
+    #[arg(long, default_value_t = 0.3)]
+    pub batch_cost: f64,
     /// Backend, model and KV flags, as for serving.
     #[command(flatten)]
     pub engine: EngineArgs,
@@ -58,6 +80,8 @@ pub enum ProfileError {
     KvTooSmall(u32),
     #[error("writing {0}: {1}")]
     Write(String, std::io::Error),
+    #[error("video profile: {0}")]
+    Video(String),
 }
 
 /// Measured points, in milliseconds.
@@ -66,6 +90,62 @@ pub struct Measured {
     pub prefill: Vec<(u32, f64)>,
     pub decode: Vec<(u32, f64)>,
     pub ms_per_1k_context: f64,
+}
+
+/// Runs `engine profile --video` and writes the file; returns the number
+/// of configurations.
+pub fn run_video(args: &ProfileArgs) -> Result<usize, ProfileError> {
+    use crate::video::profile as vp;
+    let e = &args.engine;
+    let host = host_cpu();
+    let profile = match (&args.rescale, args.reference_ms) {
+        (Some(from), Some(ms)) => {
+            let text = std::fs::read_to_string(from)
+                .map_err(|err| crate::StartError::ReadProfile(from.display().to_string(), err))?;
+            let measured = policies::video::VideoProfile::parse(&from.display().to_string(), &text)
+                .map_err(|err| ProfileError::Video(err.to_string()))?;
+            let class = args.engine_class.clone().unwrap_or_else(|| "emulated-video".into());
+            vp::rescale(&measured, ms, args.batch_cost, &class)
+        }
+        _ => {
+            if e.backend != BackendKind::Cpu {
+                return Err(ProfileError::Video("measuring the video model needs --backend cpu".into()));
+            }
+            let vargs = vp::VideoProfileArgs {
+                resolution: args.video_resolution,
+                latent_frames: 3,
+                chunks: args.video_chunks.max(2),
+                prompts: vec![
+                    "a red fox running through snow".into(),
+                    "waves breaking on a rocky shore".into(),
+                ],
+                threads: e.cpu_threads(),
+                model_seed: e.model_seed,
+                engine_class: args.engine_class.clone().unwrap_or_else(|| format!("cpu-{}", slug(&host))),
+                model: "synthetic-video".into(),
+            };
+            vp::measure(&vargs, |i, n, p| {
+                eprintln!(
+                    "[{i:>2}/{n}] {:<18} {:>8.2} ms  quality {:.4}",
+                    p.fidelity.to_string(),
+                    p.chunk_ms,
+                    p.quality
+                );
+            })
+        }
+    };
+    let source = match &args.rescale {
+        Some(from) => format!(
+            "quality from {}; chunk times from the GPU cost model of engine/src/video/profile.rs::rescale, {} ms at the highest fidelity, batch_cost {}",
+            from.display(),
+            args.reference_ms.unwrap_or(0.0),
+            args.batch_cost
+        ),
+        None => format!("engine profile --video --backend cpu on {host}"),
+    };
+    std::fs::write(&args.out, profile.to_toml(&source))
+        .map_err(|err| ProfileError::Write(args.out.display().to_string(), err))?;
+    Ok(profile.configs.len())
 }
 
 /// Runs `engine profile` and writes the file.

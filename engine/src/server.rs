@@ -23,7 +23,7 @@ use crate::Engine;
 pub type EngineBody = Either<Full<Bytes>, ChannelBody>;
 
 /// Largest generate request body accepted (prompts are long, not huge).
-const MAX_REQUEST_BYTES: usize = 16 << 20;
+pub(crate) const MAX_REQUEST_BYTES: usize = 16 << 20;
 
 /// Serves `engine` on `listener` until `shutdown` resolves.
 pub async fn serve(engine: Arc<Engine>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
@@ -88,13 +88,16 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
             let status = if engine.accepting() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
             json(status, &report)
         }
+        (_, path) if path.starts_with(crate::video::routes::PREFIX) => {
+            crate::video::routes::handle(&engine, req).await
+        }
         _ => error(StatusCode::NOT_FOUND, "not_found", "no such engine route"),
     };
     Ok(resp)
 }
 
 /// A JSON body of at most `MAX_REQUEST_BYTES`, or the 400 to answer with.
-async fn read_json<T: serde::de::DeserializeOwned>(
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     req: Request<Incoming>,
 ) -> Result<T, Response<EngineBody>> {
     let bytes = match Limited::new(req.into_body(), MAX_REQUEST_BYTES).collect().await {
@@ -146,7 +149,7 @@ async fn generate_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response
         .expect("static response parts are valid")
 }
 
-fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<EngineBody> {
+pub(crate) fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<EngineBody> {
     let body = serde_json::to_vec(value).expect("engine JSON always serialises");
     Response::builder()
         .status(status)
@@ -155,6 +158,6 @@ fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<EngineBo
         .expect("static response parts are valid")
 }
 
-fn error(status: StatusCode, code: &str, message: &str) -> Response<EngineBody> {
+pub(crate) fn error(status: StatusCode, code: &str, message: &str) -> Response<EngineBody> {
     json(status, &ErrorBody { code: code.to_string(), message: message.to_string() })
 }

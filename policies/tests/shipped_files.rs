@@ -24,11 +24,19 @@ fn every_shipped_profile_parses() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
             let text = std::fs::read_to_string(&path).unwrap();
-            LatencyProfile::parse(&path.display().to_string(), &text).unwrap();
+            let name = path.display().to_string();
+            if path.file_name().unwrap().to_string_lossy().starts_with("video-") {
+                let p = policies::video::VideoProfile::parse(&name, &text).unwrap();
+                assert_eq!(p.configs.len(), 90, "{name}: the whole sweep");
+                assert_eq!(p.best().fidelity, policies::video::Fidelity::HIGHEST, "{name}");
+                assert!(p.quality_floor() < 1.0 && p.frontier().len() >= 3, "{name}");
+            } else {
+                LatencyProfile::parse(&name, &text).unwrap();
+            }
             n += 1;
         }
     }
-    assert!(n >= 3, "expected two GPU classes and the benchmark profile");
+    assert!(n >= 5, "expected two GPU classes, the benchmark profile and two video profiles");
 }
 
 fn leaf_keys(v: &toml::Value, out: &mut Vec<String>) {

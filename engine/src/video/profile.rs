@@ -1,0 +1,159 @@
+//! `engine profile --video`: measures the video model's latency and quality
+//! for every fidelity configuration (S ∈ {2,3,4}, ρ ∈ {0, .6, .7, .8, .9},
+//! W ∈ {1,3,7}, Q ∈ {fp16, fp8}) and the marginal cost of coalescing, and
+//! writes a video profile (`policies::video::VideoProfile`).
+//!
+//! Each configuration generates the same `chunks`-chunk streams as the
+//! reference (the highest-fidelity configuration) for the same prompts;
+//! latency is the median chunk time, quality the mean SSIM of its frames
+//! against the reference's, chunk by chunk. `batch_cost` compares a
+//! coalesced batch of 4 reference chunks with one.
+
+use std::time::Instant;
+
+use policies::video::{ConfigPoint, Fidelity, VideoProfile};
+
+use super::model::{ssim, Resolution, StreamState, VideoModel};
+use super::sched::{denoise_batch, BatchItem};
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct VideoProfileArgs {
+    pub resolution: Resolution,
+    pub latent_frames: usize,
+    pub chunks: usize,
+    pub prompts: Vec<String>,
+    pub threads: usize,
+    pub model_seed: u64,
+    pub engine_class: String,
+    pub model: String,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs the sweep; `progress` is told each configuration as it finishes.
+pub fn measure(
+    args: &VideoProfileArgs,
+    mut progress: impl FnMut(usize, usize, &ConfigPoint),
+) -> VideoProfile {
+    let model = VideoModel::new(args.model_seed);
+    let run = |fid: &Fidelity| -> (Vec<f64>, Vec<Vec<Vec<u8>>>) {
+        let mut times = Vec::new();
+        let mut frames = Vec::new();
+        for p in &args.prompts {
+            let mut st = StreamState::new(p);
+            for _ in 0..args.chunks {
+                let t = Instant::now();
+                let latent = model.generate(&mut st, fid, args.resolution, args.latent_frames);
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+                frames.push(model.decode(&latent, args.resolution));
+            }
+        }
+        (times, frames)
+    };
+    let (_, reference) = run(&Fidelity::HIGHEST);
+    let side = args.resolution.pixels();
+    let sweep = Fidelity::sweep();
+    let mut configs = Vec::new();
+    for (i, fid) in sweep.iter().enumerate() {
+        let (times, frames) = run(fid);
+        let quality =
+            reference.iter().zip(&frames).map(|(a, b)| ssim(a, b, side)).sum::<f64>() / frames.len() as f64;
+        let point = ConfigPoint { fidelity: *fid, chunk_ms: median(times), quality: quality.clamp(0.0, 1.0) };
+        progress(i + 1, sweep.len(), &point);
+        configs.push(point);
+    }
+    let batch_cost = measure_batch_cost(&model, args);
+    VideoProfile {
+        model: args.model.clone(),
+        engine_class: args.engine_class.clone(),
+        latent_frames: args.latent_frames as u32,
+        batch_cost,
+        configs,
+    }
+}
+
+/// `(T(4) / T(1) − 1) / 3` for reference chunks, in [0, 1].
+fn measure_batch_cost(model: &VideoModel, args: &VideoProfileArgs) -> f64 {
+    let time = |k: usize| -> f64 {
+        let mut samples = Vec::new();
+        for _ in 0..3 {
+            let mut states: Vec<StreamState> =
+                (0..k).map(|i| StreamState::new(&format!("batch probe {i}"))).collect();
+            let items = states
+                .iter_mut()
+                .map(|state| BatchItem {
+                    state,
+                    fidelity: Fidelity::HIGHEST,
+                    res: args.resolution,
+                    latent_frames: args.latent_frames,
+                })
+                .collect();
+            let t = Instant::now();
+            denoise_batch(model, items, args.threads);
+            samples.push(t.elapsed().as_secs_f64());
+        }
+        median(samples)
+    };
+    let (one, four) = (time(1), time(4));
+    ((four / one - 1.0) / 3.0).clamp(0.0, 1.0)
+}
+
+/// A GPU-class profile from a measured one: quality as measured, chunk
+/// times from a cost model scaled so the highest-fidelity configuration
+/// takes `reference_ms`. The model: time ∝ S × (0.3 + 0.7 × attention
+/// share) × precision, where the attention share is `((1 − ρ)(1 + W) + 1) /
+/// 9` of the reference's (sink and window blocks kept, plus the chunk
+/// itself) and fp8 runs at 0.65 of fp16's time. (On the cpu backend fp8 is
+/// simulated and so costs more, not less: its measured times are not a
+/// GPU's.) `batch_cost` is the marginal cost of one more chunk in a batch.
+pub fn rescale(
+    profile: &VideoProfile,
+    reference_ms: f64,
+    batch_cost: f64,
+    engine_class: &str,
+) -> VideoProfile {
+    let attention = |f: &Fidelity| ((1.0 - f.sparsity()) * (1.0 + f64::from(f.window)) + 1.0) / 9.0;
+    let mut out = profile.clone();
+    out.engine_class = engine_class.to_string();
+    out.batch_cost = batch_cost.clamp(0.0, 1.0);
+    for c in &mut out.configs {
+        let f = c.fidelity;
+        let precision = match f.precision {
+            policies::video::Precision::Fp16 => 1.0,
+            policies::video::Precision::Fp8 => 0.65,
+        };
+        c.chunk_ms = reference_ms * f64::from(f.steps) / 4.0 * (0.3 + 0.7 * attention(&f)) * precision;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rescaled_profiles_keep_quality_and_put_the_reference_at_its_time() {
+        let configs = Fidelity::sweep()
+            .into_iter()
+            .map(|f| ConfigPoint { fidelity: f, chunk_ms: 1.0, quality: f64::from(f.steps) / 4.0 })
+            .collect();
+        let measured = VideoProfile {
+            model: "m".into(),
+            engine_class: "cpu".into(),
+            latent_frames: 3,
+            batch_cost: 0.5,
+            configs,
+        };
+        let p = rescale(&measured, 600.0, 0.3, "emulated-x");
+        assert!((p.point(&Fidelity::HIGHEST).unwrap().chunk_ms - 600.0).abs() < 1e-9);
+        assert_eq!(p.batch_cost, 0.3);
+        let fast = p.fastest();
+        assert_eq!(fast.fidelity.steps, 2);
+        assert!(fast.chunk_ms < 100.0, "{fast:?}");
+        assert_eq!(p.best().quality, 1.0);
+    }
+}

@@ -1,0 +1,99 @@
+//! The engine's video routes (`/engine/v1/video/…`, docs/api.md):
+//! sessions, chunks, prompt switches, suspend / resume, export / import.
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Either, Full, Limited};
+use hyper::body::Incoming;
+
+use super::{ChunkRequest, CreateSession, VideoError};
+use crate::server::{error, json, read_json, EngineBody, MAX_REQUEST_BYTES};
+use crate::Engine;
+
+pub const PREFIX: &str = "/engine/v1/video/";
+
+fn video_error(e: &VideoError) -> Response<EngineBody> {
+    let status = match e {
+        VideoError::NoSession(_) => StatusCode::NOT_FOUND,
+        VideoError::Exists(_) | VideoError::StaleEpoch { .. } => StatusCode::CONFLICT,
+        VideoError::UnknownFidelity(_) | VideoError::BadState => StatusCode::BAD_REQUEST,
+        VideoError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    error(status, e.code(), &e.to_string())
+}
+
+fn bytes(content_type: &'static str, body: Vec<u8>) -> Response<EngineBody> {
+    Response::builder()
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Either::Left(Full::new(Bytes::from(body))))
+        .expect("static response parts are valid")
+}
+
+fn done<T: serde::Serialize>(status: StatusCode, r: Result<T, VideoError>) -> Response<EngineBody> {
+    match r {
+        Ok(v) => json(status, &v),
+        Err(e) => video_error(&e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PromptSwitch {
+    prompt: String,
+}
+
+/// Serves one video route.
+pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineBody> {
+    let v = &engine.video;
+    let path = req.uri().path().trim_start_matches(PREFIX).to_string();
+    let parts: Vec<&str> = path.split('/').collect();
+    match (req.method().clone(), parts.as_slice()) {
+        (Method::GET, ["profile"]) => {
+            bytes("application/toml", engine.video_profile_toml.clone().into_bytes())
+        }
+        (Method::GET, ["load"]) => json(StatusCode::OK, &v.load().await),
+        (Method::POST, ["sessions"]) => match read_json::<CreateSession>(req).await {
+            Ok(c) => done(StatusCode::CREATED, v.create(c).await.map(|()| serde_json::json!({}))),
+            Err(resp) => resp,
+        },
+        (Method::POST, ["sessions", id, "chunk"]) => match read_json::<ChunkRequest>(req).await {
+            Ok(c) => done(StatusCode::OK, v.chunk(id, c).await),
+            Err(resp) => resp,
+        },
+        (Method::POST, ["sessions", id, "prompt"]) => match read_json::<PromptSwitch>(req).await {
+            Ok(p) => done(
+                StatusCode::OK,
+                v.prompt(id, p.prompt).await.map(|epoch| serde_json::json!({"epoch": epoch})),
+            ),
+            Err(resp) => resp,
+        },
+        (Method::POST, ["sessions", id, "suspend"]) => {
+            done(StatusCode::OK, v.suspend(id).await.map(|()| serde_json::json!({})))
+        }
+        (Method::POST, ["sessions", id, "resume"]) => {
+            done(StatusCode::OK, v.resume(id).await.map(|()| serde_json::json!({})))
+        }
+        (Method::GET, ["sessions", id, "state"]) => match v.state(id).await {
+            Ok(b) => bytes("application/octet-stream", b),
+            Err(e) => video_error(&e),
+        },
+        (Method::POST, ["sessions", id, "export"]) => match v.export(id).await {
+            Ok(b) => bytes("application/octet-stream", b),
+            Err(e) => video_error(&e),
+        },
+        (Method::PUT, ["sessions", id, "import"]) => {
+            let id = id.to_string();
+            match Limited::new(req.into_body(), MAX_REQUEST_BYTES).collect().await {
+                Ok(c) => done(
+                    StatusCode::CREATED,
+                    v.import(&id, c.to_bytes().to_vec()).await.map(|()| serde_json::json!({})),
+                ),
+                Err(e) => error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string()),
+            }
+        }
+        (Method::DELETE, ["sessions", id]) => {
+            done(StatusCode::OK, v.end(id).await.map(|()| serde_json::json!({})))
+        }
+        _ => error(StatusCode::NOT_FOUND, "not_found", "no such video route"),
+    }
+}

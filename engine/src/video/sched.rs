@@ -1,0 +1,704 @@
+//! The video session scheduler: one task owns every session of the engine;
+//! the HTTP handlers send it commands.
+//!
+//! Between batches it takes commands; then it forms the next coalesced
+//! batch from the waiting chunk requests, lowest ordering key first (one
+//! chunk per stream, at most `max_batch`), makes each member resident in
+//! the state arena (resuming it from host memory, and suspending the
+//! highest-credit resident outside the batch when the arena is full), and
+//! runs the batch: the `cpu` backend steps every member's denoising step k
+//! together (step by step, members in parallel), the `emulated` backend
+//! waits the profile's batch time. States go back to their sessions; each
+//! request gets its chunk.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use policies::video::{Fidelity, VideoProfile};
+use tokio::sync::{mpsc, oneshot};
+
+use super::model::{Resolution, StreamState, VideoModel};
+use super::{base64, png, ChunkOut, ChunkRequest, CreateSession, VideoError, VideoLoad};
+use crate::backend::BackendKind;
+
+/// How the scheduler runs.
+#[derive(Debug, Clone)]
+pub struct VideoConfig {
+    pub backend: BackendKind,
+    pub profile: VideoProfile,
+    /// Streams whose state may be resident at once (the state arena).
+    pub arena_slots: u32,
+    /// Most chunks in one coalesced batch.
+    pub max_batch: u32,
+    /// cpu backend: chunks computed in parallel within a step.
+    pub threads: usize,
+    pub model_seed: u64,
+}
+
+/// Where a session's state is.
+#[derive(Debug)]
+enum Place {
+    Resident(StreamState),
+    /// Serialised to host memory; its arena slot is free.
+    Suspended(Vec<u8>),
+    /// In the batch that is running.
+    Busy,
+}
+
+#[derive(Debug)]
+struct Session {
+    prompt: String,
+    res: Resolution,
+    latent_frames: u32,
+    epoch: u32,
+    place: Place,
+    credit: f64,
+}
+
+struct Pending {
+    id: String,
+    req: ChunkRequest,
+    reply: oneshot::Sender<Result<ChunkOut, VideoError>>,
+    enqueued: Instant,
+}
+
+type Reply<T> = oneshot::Sender<Result<T, VideoError>>;
+
+enum Cmd {
+    Create(CreateSession, Reply<()>),
+    Chunk(String, ChunkRequest, oneshot::Sender<Result<ChunkOut, VideoError>>),
+    Prompt(String, String, Reply<u32>),
+    Suspend(String, Reply<()>),
+    Resume(String, Reply<()>),
+    Export(String, Reply<Vec<u8>>),
+    Import(String, Vec<u8>, Reply<()>),
+    State(String, Reply<Vec<u8>>),
+    End(String, Reply<()>),
+    Load(oneshot::Sender<VideoLoad>),
+}
+
+/// Handle to the video scheduler; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct VideoEngine {
+    tx: mpsc::UnboundedSender<Cmd>,
+    pub profile: Arc<VideoProfile>,
+}
+
+impl VideoEngine {
+    pub fn spawn(cfg: VideoConfig) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let profile = Arc::new(cfg.profile.clone());
+        let core = Core {
+            model: Arc::new(VideoModel::new(cfg.model_seed)),
+            cfg,
+            sessions: HashMap::new(),
+            pending: Vec::new(),
+            load: VideoLoad::default(),
+        };
+        tokio::spawn(core.run(rx));
+        Self { tx, profile }
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, VideoError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(make(reply)).map_err(|_| VideoError::Stopped)?;
+        rx.await.unwrap_or(Err(VideoError::Stopped))
+    }
+
+    pub async fn create(&self, c: CreateSession) -> Result<(), VideoError> {
+        self.call(|r| Cmd::Create(c, r)).await
+    }
+
+    /// Queues the session's next chunk; resolves when it is generated.
+    pub async fn chunk(&self, id: &str, req: ChunkRequest) -> Result<ChunkOut, VideoError> {
+        self.call(|r| Cmd::Chunk(id.to_string(), req, r)).await
+    }
+
+    /// A prompt switch: a new epoch with fresh state; returns the epoch.
+    pub async fn prompt(&self, id: &str, prompt: String) -> Result<u32, VideoError> {
+        self.call(|r| Cmd::Prompt(id.to_string(), prompt, r)).await
+    }
+
+    pub async fn suspend(&self, id: &str) -> Result<(), VideoError> {
+        self.call(|r| Cmd::Suspend(id.to_string(), r)).await
+    }
+
+    pub async fn resume(&self, id: &str) -> Result<(), VideoError> {
+        self.call(|r| Cmd::Resume(id.to_string(), r)).await
+    }
+
+    /// Removes the session and returns it serialised (for migration).
+    pub async fn export(&self, id: &str) -> Result<Vec<u8>, VideoError> {
+        self.call(|r| Cmd::Export(id.to_string(), r)).await
+    }
+
+    pub async fn import(&self, id: &str, bytes: Vec<u8>) -> Result<(), VideoError> {
+        self.call(|r| Cmd::Import(id.to_string(), bytes, r)).await
+    }
+
+    /// The model state's exact bytes, wherever it is (resident or suspended).
+    pub async fn state(&self, id: &str) -> Result<Vec<u8>, VideoError> {
+        self.call(|r| Cmd::State(id.to_string(), r)).await
+    }
+
+    pub async fn end(&self, id: &str) -> Result<(), VideoError> {
+        self.call(|r| Cmd::End(id.to_string(), r)).await
+    }
+
+    pub async fn load(&self) -> VideoLoad {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Cmd::Load(reply)).is_err() {
+            return VideoLoad::default();
+        }
+        rx.await.unwrap_or_default()
+    }
+}
+
+/// Serialised session: meta JSON length (u32 LE), meta JSON, state bytes.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Meta {
+    prompt: String,
+    resolution: Resolution,
+    latent_frames: u32,
+    epoch: u32,
+    credit: f64,
+}
+
+struct Core {
+    model: Arc<VideoModel>,
+    cfg: VideoConfig,
+    sessions: HashMap<String, Session>,
+    pending: Vec<Pending>,
+    load: VideoLoad,
+}
+
+/// One member of a running batch.
+struct Member {
+    pending: Pending,
+    state: StreamState,
+    res: Resolution,
+    latent_frames: u32,
+}
+
+impl Core {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+        loop {
+            if self.pending.is_empty() {
+                match rx.recv().await {
+                    Some(c) => self.command(c),
+                    None => return,
+                }
+            }
+            while let Ok(c) = rx.try_recv() {
+                self.command(c);
+            }
+            let batch = self.form_batch();
+            if batch.is_empty() {
+                continue;
+            }
+            let started = Instant::now();
+            let members = self.execute(batch).await;
+            let compute_ms = started.elapsed().as_secs_f64() * 1e3;
+            self.load.batches += 1;
+            let size = members.len() as u32;
+            ::metrics::histogram!(crate::metrics::VIDEO_BATCH).record(f64::from(size));
+            for (m, frames) in members {
+                let index = m.state.chunks - 1;
+                let out = ChunkOut {
+                    index,
+                    epoch: m.pending.req.epoch,
+                    fidelity: m.pending.req.fidelity,
+                    batch: size,
+                    queue_ms: (started - m.pending.enqueued).as_secs_f64() * 1e3,
+                    compute_ms,
+                    frames,
+                };
+                if let Some(s) = self.sessions.get_mut(&m.pending.id) {
+                    s.place = Place::Resident(m.state);
+                }
+                self.load.chunks += 1;
+                let _ = m.pending.reply.send(Ok(out));
+            }
+        }
+    }
+
+    fn resident(&self) -> u32 {
+        self.sessions.values().filter(|s| !matches!(s.place, Place::Suspended(_))).count() as u32
+    }
+
+    /// Frees one arena slot by suspending the highest-credit resident not in
+    /// `busy`; false when none can go.
+    fn evict(&mut self, keep: &[String]) -> bool {
+        let residents: Vec<(u64, f64, String)> = self
+            .sessions
+            .iter()
+            .filter(|(id, s)| matches!(s.place, Place::Resident(_)) && !keep.contains(id))
+            .enumerate()
+            .map(|(i, (id, s))| (i as u64, s.credit, id.clone()))
+            .collect();
+        let pairs: Vec<(u64, f64)> = residents.iter().map(|(i, c, _)| (*i, *c)).collect();
+        let Some(victim) = policies::video::placement::evict(&pairs) else { return false };
+        let id = residents[victim as usize].2.clone();
+        tracing::debug!(event = "video_evict", session = %id);
+        self.suspend(&id).is_ok()
+    }
+
+    fn suspend(&mut self, id: &str) -> Result<(), VideoError> {
+        let s = self.sessions.get_mut(id).ok_or_else(|| VideoError::NoSession(id.into()))?;
+        if let Place::Resident(state) = &s.place {
+            s.place = Place::Suspended(state.to_bytes());
+            self.load.suspends += 1;
+            ::metrics::counter!(crate::metrics::VIDEO_SUSPENDS).increment(1);
+        }
+        Ok(())
+    }
+
+    fn resume(&mut self, id: &str, keep: &[String]) -> Result<bool, VideoError> {
+        let suspended = match self.sessions.get(id) {
+            None => return Err(VideoError::NoSession(id.into())),
+            Some(s) => matches!(s.place, Place::Suspended(_)),
+        };
+        if !suspended {
+            return Ok(true);
+        }
+        if self.resident() >= self.cfg.arena_slots && !self.evict(keep) {
+            return Ok(false);
+        }
+        let s = self.sessions.get_mut(id).expect("checked above");
+        if let Place::Suspended(bytes) = &s.place {
+            let state = StreamState::from_bytes(bytes).ok_or(VideoError::BadState)?;
+            s.place = Place::Resident(state);
+            self.load.resumes += 1;
+        }
+        Ok(true)
+    }
+
+    /// Inserts a session, making room in the arena or starting it suspended.
+    fn insert(&mut self, id: String, mut session: Session) {
+        if matches!(session.place, Place::Resident(_))
+            && self.resident() >= self.cfg.arena_slots
+            && !self.evict(&[])
+        {
+            if let Place::Resident(st) = &session.place {
+                session.place = Place::Suspended(st.to_bytes());
+            }
+        }
+        self.sessions.insert(id, session);
+    }
+
+    fn command(&mut self, c: Cmd) {
+        match c {
+            Cmd::Create(c, reply) => {
+                let result = if self.sessions.contains_key(&c.id) {
+                    Err(VideoError::Exists(c.id))
+                } else {
+                    let session = Session {
+                        place: Place::Resident(StreamState::new(&c.prompt)),
+                        prompt: c.prompt,
+                        res: c.resolution,
+                        latent_frames: c.latent_frames.max(1),
+                        epoch: 0,
+                        credit: 0.0,
+                    };
+                    self.insert(c.id, session);
+                    Ok(())
+                };
+                let _ = reply.send(result);
+            }
+            Cmd::Chunk(id, req, reply) => match self.sessions.get_mut(&id) {
+                None => {
+                    let _ = reply.send(Err(VideoError::NoSession(id)));
+                }
+                Some(s) if s.epoch != req.epoch => {
+                    let _ = reply.send(Err(VideoError::StaleEpoch { got: req.epoch, current: s.epoch }));
+                }
+                Some(_) if self.cfg.profile.point(&req.fidelity).is_none() => {
+                    let _ = reply.send(Err(VideoError::UnknownFidelity(req.fidelity.to_string())));
+                }
+                Some(s) => {
+                    s.credit = req.credit;
+                    self.pending.push(Pending { id, req, reply, enqueued: Instant::now() });
+                }
+            },
+            Cmd::Prompt(id, prompt, reply) => {
+                let result = match self.sessions.get_mut(&id) {
+                    None => Err(VideoError::NoSession(id.clone())),
+                    Some(s) => {
+                        s.epoch += 1;
+                        s.place = match s.place {
+                            Place::Suspended(_) => Place::Suspended(StreamState::new(&prompt).to_bytes()),
+                            _ => Place::Resident(StreamState::new(&prompt)),
+                        };
+                        s.prompt = prompt;
+                        Ok(s.epoch)
+                    }
+                };
+                // Chunks queued for the old prompt are dropped.
+                let (stale, keep): (Vec<Pending>, Vec<Pending>) = self
+                    .pending
+                    .drain(..)
+                    .partition(|p| p.id == id && result.as_ref().is_ok_and(|e| p.req.epoch < *e));
+                self.pending = keep;
+                for p in stale {
+                    let current = *result.as_ref().unwrap_or(&0);
+                    let _ = p.reply.send(Err(VideoError::StaleEpoch { got: p.req.epoch, current }));
+                }
+                let _ = reply.send(result);
+            }
+            Cmd::Suspend(id, reply) => {
+                let _ = reply.send(self.suspend(&id));
+            }
+            Cmd::Resume(id, reply) => {
+                let _ = reply.send(self.resume(&id, &[]).map(|_| ()));
+            }
+            Cmd::Export(id, reply) => {
+                let _ = reply.send(self.export(&id));
+            }
+            Cmd::Import(id, bytes, reply) => {
+                let _ = reply.send(self.import(id, &bytes));
+            }
+            Cmd::State(id, reply) => {
+                let result = match self.sessions.get(&id).map(|s| &s.place) {
+                    None => Err(VideoError::NoSession(id)),
+                    Some(Place::Resident(st)) => Ok(st.to_bytes()),
+                    Some(Place::Suspended(b)) => Ok(b.clone()),
+                    Some(Place::Busy) => Err(VideoError::BadState),
+                };
+                let _ = reply.send(result);
+            }
+            Cmd::End(id, reply) => {
+                let result = self.sessions.remove(&id).map(|_| ()).ok_or(VideoError::NoSession(id.clone()));
+                self.fail_pending(&id);
+                let _ = reply.send(result);
+            }
+            Cmd::Load(reply) => {
+                let mut load = self.load.clone();
+                load.sessions = self.sessions.len() as u32;
+                load.resident = self.resident();
+                load.suspended = load.sessions - load.resident;
+                load.arena_slots = self.cfg.arena_slots;
+                load.queued_chunks = self.pending.len() as u32;
+                let _ = reply.send(load);
+            }
+        }
+    }
+
+    fn fail_pending(&mut self, id: &str) {
+        let (gone, keep): (Vec<Pending>, Vec<Pending>) = self.pending.drain(..).partition(|p| p.id == id);
+        self.pending = keep;
+        for p in gone {
+            let _ = p.reply.send(Err(VideoError::NoSession(id.to_string())));
+        }
+    }
+
+    fn export(&mut self, id: &str) -> Result<Vec<u8>, VideoError> {
+        let s = self.sessions.remove(id).ok_or_else(|| VideoError::NoSession(id.into()))?;
+        self.fail_pending(id);
+        let state = match s.place {
+            Place::Resident(st) => st.to_bytes(),
+            Place::Suspended(b) => b,
+            Place::Busy => return Err(VideoError::BadState),
+        };
+        let meta = Meta {
+            prompt: s.prompt,
+            resolution: s.res,
+            latent_frames: s.latent_frames,
+            epoch: s.epoch,
+            credit: s.credit,
+        };
+        let meta = serde_json::to_vec(&meta).expect("meta serialises");
+        let mut out = (meta.len() as u32).to_le_bytes().to_vec();
+        out.extend_from_slice(&meta);
+        out.extend_from_slice(&state);
+        Ok(out)
+    }
+
+    fn import(&mut self, id: String, bytes: &[u8]) -> Result<(), VideoError> {
+        if self.sessions.contains_key(&id) {
+            return Err(VideoError::Exists(id));
+        }
+        let len = bytes
+            .get(..4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .ok_or(VideoError::BadState)?;
+        let meta: Meta =
+            bytes.get(4..4 + len).and_then(|m| serde_json::from_slice(m).ok()).ok_or(VideoError::BadState)?;
+        let state = bytes[4 + len..].to_vec();
+        StreamState::from_bytes(&state).ok_or(VideoError::BadState)?;
+        let session = Session {
+            prompt: meta.prompt,
+            res: meta.resolution,
+            latent_frames: meta.latent_frames,
+            epoch: meta.epoch,
+            place: Place::Suspended(state),
+            credit: meta.credit,
+        };
+        self.sessions.insert(id, session);
+        Ok(())
+    }
+
+    /// The next batch: lowest key first, one chunk per stream, every member
+    /// resident (states taken out of their sessions).
+    fn form_batch(&mut self) -> Vec<Member> {
+        self.pending.sort_by(|a, b| a.req.key.total_cmp(&b.req.key));
+        let mut chosen: Vec<String> = Vec::new();
+        let mut members = Vec::new();
+        let mut rest = Vec::new();
+        for p in std::mem::take(&mut self.pending) {
+            let fits = members.len() < self.cfg.max_batch as usize && !chosen.contains(&p.id);
+            let resident = fits && {
+                let mut keep = chosen.clone();
+                keep.push(p.id.clone());
+                matches!(self.resume(&p.id, &keep), Ok(true))
+            };
+            if !resident {
+                rest.push(p);
+                continue;
+            }
+            let s = self.sessions.get_mut(&p.id).expect("resumed above");
+            let Place::Resident(state) = std::mem::replace(&mut s.place, Place::Busy) else {
+                rest.push(p);
+                continue;
+            };
+            chosen.push(p.id.clone());
+            members.push(Member { res: s.res, latent_frames: s.latent_frames, state, pending: p });
+        }
+        self.pending = rest;
+        members
+    }
+
+    /// Runs a batch; returns each member with its frames (PNG, base64).
+    async fn execute(&self, mut members: Vec<Member>) -> Vec<(Member, Vec<String>)> {
+        match self.cfg.backend {
+            BackendKind::Emulated => {
+                let times: Vec<f64> = members
+                    .iter()
+                    .map(|m| self.cfg.profile.point(&m.pending.req.fidelity).map_or(0.0, |p| p.chunk_ms))
+                    .collect();
+                let max = times.iter().copied().fold(0.0, f64::max);
+                let total = max + self.cfg.profile.batch_cost * (times.iter().sum::<f64>() - max);
+                tokio::time::sleep(Duration::from_secs_f64(total / 1e3)).await;
+                members
+                    .into_iter()
+                    .map(|mut m| {
+                        m.state.chunks += 1;
+                        let frames = placeholder_frames(&m.state, m.res, m.latent_frames);
+                        (m, frames)
+                    })
+                    .collect()
+            }
+            BackendKind::Cpu => {
+                let model = Arc::clone(&self.model);
+                let threads = self.cfg.threads.max(1);
+                let job = tokio::task::spawn_blocking(move || {
+                    let frames = run_cpu_batch(&model, &mut members, threads);
+                    members.into_iter().zip(frames).collect::<Vec<_>>()
+                });
+                job.await.expect("the video batch does not panic")
+            }
+        }
+    }
+}
+
+/// The cpu backend's coalesced batch: denoising step k of every member
+/// whose configuration has more than k steps, members in parallel; then
+/// frames (PNG, base64) per member.
+fn run_cpu_batch(model: &VideoModel, members: &mut [Member], threads: usize) -> Vec<Vec<String>> {
+    let items: Vec<BatchItem<'_>> = members
+        .iter_mut()
+        .map(|m| BatchItem {
+            state: &mut m.state,
+            fidelity: m.pending.req.fidelity,
+            res: m.res,
+            latent_frames: m.latent_frames as usize,
+        })
+        .collect();
+    let res: Vec<Resolution> = items.iter().map(|i| i.res).collect();
+    let latents = denoise_batch(model, items, threads);
+    latents.iter().zip(res).map(|(l, r)| encode_frames(&model.decode(l, r), r)).collect()
+}
+
+/// One member of a coalesced batch.
+pub(crate) struct BatchItem<'a> {
+    pub state: &'a mut StreamState,
+    pub fidelity: Fidelity,
+    pub res: Resolution,
+    pub latent_frames: usize,
+}
+
+/// Denoises one chunk per item, step by step across the batch (step k of
+/// every item that has more than k steps, items split over `threads`);
+/// advances each state and returns each chunk's latent.
+pub(crate) fn denoise_batch(
+    model: &VideoModel,
+    mut items: Vec<BatchItem<'_>>,
+    threads: usize,
+) -> Vec<Vec<f32>> {
+    let mut latents: Vec<Vec<f32>> =
+        items.iter().map(|m| VideoModel::noise(m.state, m.res, m.latent_frames)).collect();
+    let max_steps = items.iter().map(|m| m.fidelity.steps).max().unwrap_or(0);
+    for k in 0..usize::from(max_steps) {
+        let mut work: Vec<(&BatchItem<'_>, &mut Vec<f32>)> =
+            items.iter().zip(latents.iter_mut()).filter(|(m, _)| usize::from(m.fidelity.steps) > k).collect();
+        let per = work.len().div_ceil(threads.max(1)).max(1);
+        std::thread::scope(|scope| {
+            while !work.is_empty() {
+                let part: Vec<_> = work.drain(..per.min(work.len())).collect();
+                scope.spawn(move || {
+                    for (m, x) in part {
+                        let s = usize::from(m.fidelity.steps);
+                        let (t, t_next) = (1.0 - k as f32 / s as f32, 1.0 - (k + 1) as f32 / s as f32);
+                        model.step(x, m.state, &m.fidelity, m.res.latent_side(), t, t_next);
+                    }
+                });
+            }
+        });
+    }
+    for (m, latent) in items.iter_mut().zip(&latents) {
+        model.finish_chunk(m.state, latent.clone());
+    }
+    latents
+}
+
+fn encode_frames(frames: &[Vec<u8>], res: Resolution) -> Vec<String> {
+    let px = res.pixels() as u32;
+    frames.iter().map(|f| base64(&png::encode_rgb(px, px, f))).collect()
+}
+
+/// Cheap frames for the emulated backend: a colour field seeded by the
+/// prompt that drifts from chunk to chunk (watchable, not the model's).
+fn placeholder_frames(state: &StreamState, res: Resolution, latent_frames: u32) -> Vec<String> {
+    let px = res.pixels();
+    let frames: Vec<Vec<u8>> = (0..latent_frames as usize * 4)
+        .map(|f| {
+            let t = state.chunks as f32 * 0.7 + f as f32 * 0.05;
+            let mut img = vec![0u8; px * px * 3];
+            for y in 0..px {
+                for x in 0..px {
+                    for c in 0..3 {
+                        let p = state.prompt[c];
+                        let v = ((x as f32 * 0.2 * p + y as f32 * 0.15 + t + c as f32 * 2.0).sin() * 0.5
+                            + 0.5)
+                            * 255.0;
+                        img[(y * px + x) * 3 + c] = v as u8;
+                    }
+                }
+            }
+            img
+        })
+        .collect();
+    encode_frames(&frames, res)
+}
+
+#[cfg(test)]
+mod tests {
+    use policies::video::{ConfigPoint, Precision};
+
+    use super::*;
+
+    fn profile() -> VideoProfile {
+        let configs = Fidelity::sweep()
+            .into_iter()
+            .map(|f| ConfigPoint { fidelity: f, chunk_ms: f64::from(f.steps) * 10.0, quality: 0.9 })
+            .collect();
+        VideoProfile {
+            model: "m".into(),
+            engine_class: "cpu-test".into(),
+            latent_frames: 3,
+            batch_cost: 0.5,
+            configs,
+        }
+    }
+
+    fn engine(backend: BackendKind, arena_slots: u32) -> VideoEngine {
+        VideoEngine::spawn(VideoConfig {
+            backend,
+            profile: profile(),
+            arena_slots,
+            max_batch: 8,
+            threads: 2,
+            model_seed: 1,
+        })
+    }
+
+    fn create(id: &str, prompt: &str) -> CreateSession {
+        CreateSession { id: id.into(), prompt: prompt.into(), resolution: Resolution::Tiny, latent_frames: 3 }
+    }
+
+    fn req(epoch: u32, credit: f64) -> ChunkRequest {
+        ChunkRequest { epoch, fidelity: Fidelity::HIGHEST, key: credit, credit }
+    }
+
+    #[tokio::test]
+    async fn suspend_then_resume_restores_bit_identical_state_and_output() {
+        let v = engine(BackendKind::Cpu, 4);
+        v.create(create("a", "a lighthouse at dusk")).await.unwrap();
+        v.create(create("b", "a lighthouse at dusk")).await.unwrap();
+        for _ in 0..2 {
+            v.chunk("a", req(0, 1.0)).await.unwrap();
+            v.chunk("b", req(0, 1.0)).await.unwrap();
+        }
+        let before = v.state("a").await.unwrap();
+        v.suspend("a").await.unwrap();
+        assert_eq!(v.load().await.suspended, 1);
+        assert_eq!(v.state("a").await.unwrap(), before, "host copy is exact");
+        v.resume("a").await.unwrap();
+        assert_eq!(v.state("a").await.unwrap(), before);
+        // The next chunk is the same as the one of a stream never suspended.
+        let a = v.chunk("a", req(0, 1.0)).await.unwrap();
+        let b = v.chunk("b", req(0, 1.0)).await.unwrap();
+        assert_eq!(a.index, 2);
+        assert_eq!(a.frames, b.frames);
+        assert_eq!(a.frames.len(), 12);
+        // Export / import on another engine continues the same video.
+        let other = engine(BackendKind::Cpu, 4);
+        let bytes = v.export("a").await.unwrap();
+        assert_eq!(v.chunk("a", req(0, 1.0)).await.unwrap_err(), VideoError::NoSession("a".into()));
+        other.import("a", bytes).await.unwrap();
+        let a = other.chunk("a", req(0, 1.0)).await.unwrap();
+        let b = v.chunk("b", req(0, 1.0)).await.unwrap();
+        assert_eq!((a.index, &a.frames), (3, &b.frames));
+    }
+
+    #[tokio::test]
+    async fn a_full_arena_suspends_the_highest_credit_resident() {
+        let v = engine(BackendKind::Emulated, 2);
+        for id in ["x", "y", "z"] {
+            v.create(create(id, id)).await.unwrap();
+        }
+        assert_eq!(v.load().await.resident, 2, "the third starts suspended");
+        v.chunk("x", req(0, 5.0)).await.unwrap();
+        v.chunk("y", req(0, 0.5)).await.unwrap();
+        // z needs a slot: x has the most credit and goes.
+        v.chunk("z", req(0, 0.1)).await.unwrap();
+        let load = v.load().await;
+        assert_eq!((load.resident, load.suspended), (2, 1));
+        assert!(v.state("x").await.is_ok());
+        let before = load.suspends;
+        v.chunk("y", req(0, 0.2)).await.unwrap(); // resident: no suspension
+        assert_eq!(v.load().await.suspends, before);
+    }
+
+    #[tokio::test]
+    async fn coalesces_ready_chunks_and_drops_stale_epochs() {
+        let v = engine(BackendKind::Emulated, 8);
+        for id in ["p", "q", "r"] {
+            v.create(create(id, id)).await.unwrap();
+        }
+        let (a, b, c) =
+            tokio::join!(v.chunk("p", req(0, 1.0)), v.chunk("q", req(0, 2.0)), v.chunk("r", req(0, 3.0)));
+        let sizes = [a.unwrap().batch, b.unwrap().batch, c.unwrap().batch];
+        assert!(sizes.iter().any(|&s| s >= 2), "ready chunks share a batch: {sizes:?}");
+        assert_eq!(v.prompt("p", "something else".into()).await.unwrap(), 1);
+        assert_eq!(
+            v.chunk("p", req(0, 1.0)).await.unwrap_err(),
+            VideoError::StaleEpoch { got: 0, current: 1 }
+        );
+        let fresh = v.chunk("p", req(1, 1.0)).await.unwrap();
+        assert_eq!(fresh.index, 0, "a new prompt starts over");
+        let odd = Fidelity { steps: 9, sparsity_pct: 0, window: 7, precision: Precision::Fp16 };
+        let bad = ChunkRequest { fidelity: odd, ..req(1, 1.0) };
+        assert!(matches!(v.chunk("p", bad).await, Err(VideoError::UnknownFidelity(_))));
+    }
+}
