@@ -12,6 +12,9 @@
 //!   recent version again
 //! - `GET  /admin/policies/history`: recent versions, newest first
 //! - `GET  /admin/policies/audit`: recent applied and rejected changes
+//! - `GET  /admin/video/streams`: every live video stream's status
+//! - `POST /admin/video/streams/{id}/move?engine=ID`: move a stream to
+//!   another engine at its next chunk boundary (drain an engine by hand)
 //!
 //! Errors use the public API's taxonomy (`error.rs`).
 
@@ -117,8 +120,51 @@ async fn route(
             | "/admin/policies/history"
             | "/admin/policies/audit",
         ) => Err(ApiError::MethodNotAllowed(req.method().to_string())),
+        (Method::GET, "/admin/video/streams") => {
+            let now = app.video.now();
+            let all: Vec<_> = app.video.all().iter().map(|s| s.status(now)).collect();
+            Ok(json_response(StatusCode::OK, &json!({"streams": all})))
+        }
+        (Method::POST, path) if path.starts_with("/admin/video/streams/") && path.ends_with("/move") => {
+            let id = &path["/admin/video/streams/".len()..path.len() - "/move".len()];
+            move_stream(app, id, query(&req, "engine"), &token_id)
+        }
         (_, path) => Err(ApiError::UnknownUrl(path.to_string())),
     }
+}
+
+/// Plans a move of stream `id` to engine `engine` (by engine id); the
+/// stream's driver performs it at its next chunk boundary.
+fn move_stream(
+    app: &App,
+    id: &str,
+    engine: Option<String>,
+    token_id: &str,
+) -> Result<Response<GatewayBody>, ApiError> {
+    let stream = app.video.get_any(id).ok_or_else(|| ApiError::StreamNotFound(id.to_string()))?;
+    let engine = engine.ok_or_else(|| ApiError::InvalidField {
+        param: "engine".into(),
+        message: "name the target engine: ?engine=<engine id>".into(),
+    })?;
+    let pool = &app.engines;
+    let to = (0..pool.len())
+        .find(|&i| pool.slot(i).spec.id == engine && pool.slot(i).is_ready())
+        .ok_or_else(|| ApiError::InvalidField {
+            param: "engine".into(),
+            message: format!("no ready engine `{engine}`"),
+        })?;
+    let from = {
+        let mut st = stream.lock();
+        if st.ended.is_some() {
+            return Err(ApiError::StreamEnded);
+        }
+        st.move_to = Some(to);
+        st.home
+    };
+    stream.wake.notify_one();
+    tracing::info!(event = "video_move_requested", stream = id, from, to, admin = token_id);
+    let from = pool.slot(from).spec.id.clone();
+    Ok(json_response(StatusCode::ACCEPTED, &json!({"stream": id, "from": from, "to": engine})))
 }
 
 /// The response to a validated (and maybe applied) document.

@@ -70,6 +70,16 @@ pub enum ApiError {
     /// `deadline_unreachable`, `brownout_context`).
     #[error("{message}")]
     Overloaded { reason: &'static str, message: String, retry_after_s: u32 },
+    // Video streams.
+    #[error("no video stream `{0}`")]
+    StreamNotFound(String),
+    #[error("the video stream has ended")]
+    StreamEnded,
+    #[error("the video stream's events are already being read by another connection")]
+    StreamAlreadyWatched,
+    /// Even the fastest fidelity cannot keep up with playout at this load.
+    #[error("{message}")]
+    VideoCapacity { message: String, retry_after_s: u32 },
     // The admin API's own errors.
     #[error("missing admin token: send `Authorization: Bearer <admin token>`")]
     MissingAdminToken,
@@ -109,6 +119,10 @@ impl ApiError {
             ApiError::InvalidHeader { .. } => "invalid_header",
             ApiError::TenantConcurrency { .. } => "tenant_concurrency",
             ApiError::Overloaded { reason, .. } => reason,
+            ApiError::StreamNotFound(_) => "stream_not_found",
+            ApiError::StreamEnded => "stream_ended",
+            ApiError::StreamAlreadyWatched => "stream_already_watched",
+            ApiError::VideoCapacity { .. } => "video_capacity",
             ApiError::MissingAdminToken => "missing_admin_token",
             ApiError::InvalidAdminToken => "invalid_admin_token",
             ApiError::AdminApiOff => "admin_api_off",
@@ -126,7 +140,9 @@ impl ApiError {
             | ApiError::InvalidAdminToken => StatusCode::UNAUTHORIZED,
             ApiError::InvalidPolicy(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::AdminApiOff => StatusCode::FORBIDDEN,
-            ApiError::UnknownPolicyVersion(_) => StatusCode::NOT_FOUND,
+            ApiError::UnknownPolicyVersion(_) | ApiError::StreamNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::StreamEnded | ApiError::StreamAlreadyWatched => StatusCode::CONFLICT,
+            ApiError::VideoCapacity { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::PolicyFileUnavailable(_) => StatusCode::CONFLICT,
             ApiError::InvalidJson(_)
             | ApiError::InvalidField { .. }
@@ -163,7 +179,7 @@ impl ApiError {
             }
             // Capacity refusals: nobody failed, the fleet is full; they are
             // the gateway's decision, so counted as its own.
-            ApiError::Overloaded { .. } => Fault::Gateway,
+            ApiError::Overloaded { .. } | ApiError::VideoCapacity { .. } => Fault::Gateway,
             _ => Fault::Client,
         }
     }
@@ -181,7 +197,9 @@ impl ApiError {
             | ApiError::EngineFailed(_)
             | ApiError::EnginesAtCapacity(_)
             | ApiError::TenantConcurrency { .. } => Some(1),
-            ApiError::Overloaded { retry_after_s, .. } => Some(*retry_after_s),
+            ApiError::Overloaded { retry_after_s, .. } | ApiError::VideoCapacity { retry_after_s, .. } => {
+                Some(*retry_after_s)
+            }
             _ => None,
         }
     }

@@ -5,7 +5,7 @@
 //! ([`error`]), admission, brownout and the gate ([`admission`]), the
 //! active policy version and its reloads ([`reload`], [`policy_watch`],
 //! [`audit`]) with the admin listener ([`admin`]), the engines' batching
-//! hints ([`hints`]), engine
+//! hints ([`hints`]), video streams ([`video`]), engine
 //! discovery and routing ([`engines`], [`dispatch`]),
 //! the NDJSON-to-SSE relay ([`relay`]), metrics ([`metrics`]), the dev PKI
 //! ([`certs`]) and the embedded mode's engine children ([`supervisor`]).
@@ -30,6 +30,7 @@ pub mod server;
 pub mod service;
 pub mod supervisor;
 pub mod tls;
+pub mod video;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
@@ -54,6 +55,8 @@ pub struct App {
     pub policies: Arc<PolicyStore>,
     pub engines: Arc<EnginePool>,
     pub admission: Arc<admission::Admission>,
+    /// Video streams.
+    pub video: Arc<video::Streams>,
     id_prefix: u32,
     next_id: AtomicU64,
 }
@@ -64,7 +67,8 @@ impl App {
         let id_prefix =
             SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() ^ d.as_secs() as u32);
         let admission = admission::Admission::new(Arc::clone(&engines));
-        Self { config, policies, engines, admission, id_prefix, next_id: AtomicU64::new(0) }
+        let video = video::Streams::new(Arc::clone(&engines));
+        Self { config, policies, engines, admission, video, id_prefix, next_id: AtomicU64::new(0) }
     }
 }
 
@@ -216,6 +220,7 @@ async fn serve_until_signal(
     let app = Arc::new(App::new(config, Arc::clone(&store), pool));
     tokio::spawn(Arc::clone(&app.admission).run(store.subscribe()));
     tokio::spawn(hints::follow(Arc::clone(&app.engines), store.subscribe()));
+    tokio::spawn(video::control::run(Arc::clone(&app.video), Arc::clone(&store)));
     tokio::spawn(policy_watch::on_sighup(Arc::clone(&store)));
     if admin_cfg.watch {
         let interval = Duration::from_millis(admin_cfg.watch_interval_ms);

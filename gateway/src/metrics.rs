@@ -14,6 +14,10 @@
 //!   p95 signal (1.0 = at the TTFT budget) driving it
 //! - `gateway_queue_waiting`: requests waiting at the gate for a slot
 //! - `gateway_ttft_prediction_ratio{tier}`: observed / predicted TTFT
+//! - `gateway_video_streams`: live video streams
+//! - `gateway_video_chunks_total{tier,on_time,mode}`: chunks delivered, by
+//!   whether they met their playout deadline and the fidelity mode
+//! - `gateway_video_stalls_total{tier}`, `gateway_video_rehomes_total`
 //! - `gateway_policy_version_info{version}`: 1 for the active policy
 //!   version, 0 for versions it replaced
 //! - `gateway_policy_reloads_total{source,result}`: policy changes applied
@@ -40,6 +44,10 @@ pub const BROWNOUT_LEVEL: &str = "gateway_brownout_level";
 pub const BROWNOUT_SIGNAL: &str = "gateway_brownout_signal";
 pub const QUEUE_WAITING: &str = "gateway_queue_waiting";
 pub const TTFT_PREDICTION: &str = "gateway_ttft_prediction_ratio";
+pub const VIDEO_STREAMS: &str = "gateway_video_streams";
+pub const VIDEO_CHUNKS: &str = "gateway_video_chunks_total";
+pub const VIDEO_STALLS: &str = "gateway_video_stalls_total";
+pub const VIDEO_REHOMES: &str = "gateway_video_rehomes_total";
 pub const POLICY_VERSION: &str = "gateway_policy_version_info";
 pub const POLICY_RELOADS: &str = "gateway_policy_reloads_total";
 

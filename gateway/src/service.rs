@@ -28,6 +28,7 @@ use crate::error::ApiError;
 use crate::metrics::{self, RequestObserver};
 use crate::openai::{self, Kind};
 use crate::relay::{self, Encoder, SseRelay};
+use crate::video::routes::VideoRoute;
 use crate::App;
 
 /// Routes of the public listener; `label` is the metrics label.
@@ -38,12 +39,16 @@ enum Route {
     Model(String),
     Healthz,
     Readyz,
+    Video(VideoRoute),
     WrongMethod,
     Unknown,
 }
 
 impl Route {
     fn of(method: &Method, path: &str) -> Self {
+        if let Some(v) = VideoRoute::of(method, path) {
+            return Route::Video(v);
+        }
         let (route, allowed) = match path {
             "/v1/chat/completions" => (Route::Completions(Kind::Chat), Method::POST),
             "/v1/completions" => (Route::Completions(Kind::Completion), Method::POST),
@@ -69,6 +74,7 @@ impl Route {
             Route::Models | Route::Model(_) => "models",
             Route::Healthz => "healthz",
             Route::Readyz => "readyz",
+            Route::Video(_) => "video",
             Route::WrongMethod | Route::Unknown => "other",
         }
     }
@@ -90,6 +96,10 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Ga
         Route::Model(id) => authenticate(&policy, req.headers()).map(|_| models(&policy, Some(id))),
         Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "alive"}))),
         Route::Readyz => Ok(readyz(&app, &policy)),
+        Route::Video(v) => match authenticate(&policy, req.headers()) {
+            Ok(who) => crate::video::routes::handle(&app, &policy, who, v.clone(), req).await,
+            Err(e) => Err(e),
+        },
         Route::WrongMethod => Err(ApiError::MethodNotAllowed(req.method().to_string())),
         Route::Unknown => Err(ApiError::UnknownUrl(req.uri().path().to_string())),
     };

@@ -60,12 +60,14 @@ pub struct RehomeLimits {
 }
 
 /// The re-homing plan of one control tick. Senders are URGENT-heavy
-/// engines (at least half their streams URGENT); each sends its
+/// engines (at least two streams, at least half of them URGENT: a lone
+/// stream gains nothing from a move); each sends its
 /// lowest-credit URGENT streams, at most `max_out`, skipping streams that
 /// moved within `cooldown_s`. Receivers are engines with no URGENT or
 /// NORMAL stream (idle or only RELAXED ones), fewest streams first, each
 /// taking at most `max_in`. The most urgent stream overall moves first.
-pub fn plan_rehoming(engines: usize, streams: &[StreamView], now: f64, limits: RehomeLimits) -> Vec<Move> {
+/// `engines`: the engines that may take part (ready ones).
+pub fn plan_rehoming(engines: &[usize], streams: &[StreamView], now: f64, limits: RehomeLimits) -> Vec<Move> {
     let mut per_engine: HashMap<usize, Vec<&StreamView>> = HashMap::new();
     for s in streams {
         per_engine.entry(s.engine).or_default().push(s);
@@ -73,7 +75,9 @@ pub fn plan_rehoming(engines: usize, streams: &[StreamView], now: f64, limits: R
     let count = |e: usize, pred: &dyn Fn(&StreamView) -> bool| {
         per_engine.get(&e).map_or(0, |v| v.iter().filter(|s| pred(s)).count())
     };
-    let mut receivers: Vec<(usize, usize)> = (0..engines)
+    let mut receivers: Vec<(usize, usize)> = engines
+        .iter()
+        .copied()
         .filter(|&e| count(e, &|s| s.urgency != Urgency::Relaxed) == 0)
         .map(|e| (count(e, &|_| true), e))
         .collect();
@@ -81,10 +85,10 @@ pub fn plan_rehoming(engines: usize, streams: &[StreamView], now: f64, limits: R
     let mut received: HashMap<usize, u32> = HashMap::new();
     // Candidates: URGENT streams of URGENT-heavy engines, not cooling down.
     let mut candidates: Vec<&StreamView> = Vec::new();
-    for e in 0..engines {
+    for &e in engines {
         let total = count(e, &|_| true);
         let urgent = count(e, &|s| s.urgency == Urgency::Urgent);
-        if urgent == 0 || 2 * urgent < total {
+        if urgent == 0 || total < 2 || 2 * urgent < total {
             continue;
         }
         let mut mine: Vec<&StreamView> = per_engine[&e]
@@ -140,7 +144,7 @@ mod tests {
             // Engine 2 is empty; engine 3 has a NORMAL stream: not a receiver.
             s(6, 3, 0.9, Normal, None),
         ];
-        let moves = plan_rehoming(4, &streams, 100.0, LIMITS);
+        let moves = plan_rehoming(&(0..4).collect::<Vec<_>>(), &streams, 100.0, LIMITS);
         // At most 2 out of engine 0 (its two lowest-credit URGENT streams),
         // at most 1 into each receiver: empty engine 2 first, then engine 1.
         assert_eq!(moves, vec![Move { stream: 2, from: 0, to: 2 }, Move { stream: 1, from: 0, to: 1 }]);
@@ -150,18 +154,24 @@ mod tests {
     fn caps_and_cooldown_hold() {
         use Urgency::*;
         // Two URGENT-heavy senders, one receiver: only one move in.
-        let streams =
-            vec![s(1, 0, -1.0, Urgent, None), s(2, 1, -2.0, Urgent, None), s(3, 1, -0.1, Urgent, Some(90.0))];
-        let moves = plan_rehoming(3, &streams, 100.0, LIMITS);
+        let streams = vec![
+            s(1, 0, -1.0, Urgent, None),
+            s(4, 0, -0.5, Urgent, None),
+            s(2, 1, -2.0, Urgent, None),
+            s(3, 1, -0.1, Urgent, Some(90.0)),
+        ];
+        let moves = plan_rehoming(&(0..3).collect::<Vec<_>>(), &streams, 100.0, LIMITS);
         assert_eq!(moves, vec![Move { stream: 2, from: 1, to: 2 }]);
         // Stream 3 moved 10 s ago: cooling down even with a free receiver.
-        let moves = plan_rehoming(5, &streams, 100.0, LIMITS);
+        let moves = plan_rehoming(&(0..5).collect::<Vec<_>>(), &streams, 100.0, LIMITS);
         assert!(moves.iter().all(|m| m.stream != 3), "{moves:?}");
-        assert_eq!(moves.len(), 2);
+        assert_eq!(moves.len(), 3);
+        // A lone URGENT stream is not moved: nothing to gain.
+        assert!(plan_rehoming(&[0, 1], &[s(1, 0, -1.0, Urgent, None)], 0.0, LIMITS).is_empty());
         // A mostly healthy engine with one URGENT stream is not a sender.
         let streams =
             vec![s(1, 0, -1.0, Urgent, None), s(2, 0, 1.0, Normal, None), s(3, 0, 5.0, Relaxed, None)];
-        assert!(plan_rehoming(2, &streams, 0.0, LIMITS).is_empty());
+        assert!(plan_rehoming(&(0..2).collect::<Vec<_>>(), &streams, 0.0, LIMITS).is_empty());
     }
 
     #[test]

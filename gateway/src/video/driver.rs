@@ -1,0 +1,261 @@
+//! One task per stream: at every chunk boundary it moves the stream if the
+//! control tick planned a move (export -> import -> switch home: never two
+//! owners), waits while enough video is buffered, picks the next chunk's
+//! fidelity (Bi-Modal Pareto Routing, or the static baseline), computes the
+//! stream's credit and the engine ordering key, asks the home engine for
+//! the chunk, and delivers it: playout accounting, `chunk` / `stall`
+//! events, the `end` event when the stream is done.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::engine::video::{ChunkRequest, CreateSession};
+use policies::video::bmpr::{self, Mode};
+use policies::video::{self as pv, ChunkOrder, FidelityMode, VideoConfig, VideoProfile};
+use serde_json::json;
+
+use super::engine as calls;
+use super::{chunk_time_s, fidelity_label, Stream, Streams};
+use crate::metrics as m;
+use crate::reload::PolicyStore;
+
+/// Streams are kept this long after they end (status and a late feed).
+const KEEP_ENDED: Duration = Duration::from_secs(60);
+
+/// The next chunk's plan.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    fidelity: pv::Fidelity,
+    expected_s: f64,
+    quality: f64,
+    mode: &'static str,
+}
+
+/// Picks the next chunk's configuration on an engine coalescing `k` streams.
+fn plan(cfg: &VideoConfig, profile: &VideoProfile, slack_s: f64, chunk_s: f64, k: u32) -> Plan {
+    let best = profile.best();
+    if cfg.fidelity == FidelityMode::Static {
+        let expected_s = chunk_time_s(profile, best.chunk_ms, k);
+        return Plan { fidelity: best.fidelity, expected_s, quality: best.quality, mode: "static" };
+    }
+    let frontier = profile.frontier();
+    let floor = profile.quality_floor();
+    let fastest_s = chunk_time_s(profile, profile.fastest().chunk_ms, k);
+    let budget = bmpr::budget_s(slack_s, chunk_s, 0.0, fastest_s, cfg.alpha);
+    let cost = |p: &pv::ConfigPoint| profile.batch_ms(p.chunk_ms, k.max(1) as usize);
+    let (p, mode) = bmpr::select(&frontier, budget * 1e3, floor, cost).unwrap_or((best, Mode::SpeedRecovery));
+    Plan { fidelity: p.fidelity, expected_s: cost(&p) / 1e3, quality: p.quality, mode: mode.label() }
+}
+
+/// Drives `stream` until it ends.
+pub async fn drive(streams: Arc<Streams>, stream: Arc<Stream>, policies: Arc<PolicyStore>) {
+    let reason = loop {
+        if let Some(reason) = stream.lock().ended {
+            break reason;
+        }
+        let cfg = policies.current().video.clone();
+        migrate_if_planned(&streams, &stream).await;
+        if let Some(wait) = buffered_wait(&streams, &stream, &cfg) {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = stream.wake.notified() => {}
+            }
+            continue;
+        }
+        match next_chunk(&streams, &stream, &cfg).await {
+            Ok(()) => {}
+            Err(reason) => break reason,
+        }
+        let st = stream.lock();
+        if stream.params.chunks.is_some_and(|n| st.next_index >= n) {
+            break "completed";
+        }
+    };
+    finish(&streams, &stream, reason).await;
+}
+
+/// How long to wait before asking for another chunk (enough buffered, or
+/// paused with a full buffer); `None`: ask now.
+fn buffered_wait(streams: &Streams, stream: &Stream, cfg: &VideoConfig) -> Option<Duration> {
+    let st = stream.lock();
+    let slack = st.playout.slack(streams.now());
+    let excess = slack - cfg.max_buffer_s;
+    if excess <= 0.0 {
+        return None;
+    }
+    // Paused: slack stands still, wait for a resume (re-checked each second).
+    let wait = if st.playout.paused() { 1.0 } else { excess.min(1.0) };
+    Some(Duration::from_secs_f64(wait.max(0.005)))
+}
+
+/// Asks the home engine for the next chunk and delivers it.
+async fn next_chunk(streams: &Streams, stream: &Arc<Stream>, cfg: &VideoConfig) -> Result<(), &'static str> {
+    let home = stream.lock().home;
+    let Some(profile) = streams.profiles.get(home).await else {
+        return rehome_lost(streams, stream).await;
+    };
+    let k = streams.per_engine().iter().find(|(i, _)| *i == home).map_or(1, |(_, n)| *n);
+    let now = streams.now();
+    let (req, plan) = {
+        let mut st = stream.lock();
+        let slack = st.playout.slack(now);
+        let plan = plan(cfg, &profile, slack, stream.chunk_s(), k);
+        let credit = pv::credit(slack, 0.0, plan.expected_s);
+        st.credit_s = credit;
+        st.urgency = pv::urgency(credit, plan.expected_s, cfg.alpha);
+        st.next = Some((plan.fidelity, plan.expected_s));
+        st.in_flight = Some((now, plan.expected_s));
+        let key = match cfg.order {
+            ChunkOrder::Credit => credit,
+            ChunkOrder::LeastSlack => slack,
+            ChunkOrder::Fifo => now,
+        };
+        (ChunkRequest { epoch: st.epoch, fidelity: plan.fidelity, key, credit }, plan)
+    };
+    let result = calls::chunk(&streams.pool, home, &stream.id, &req).await;
+    stream.lock().in_flight = None;
+    match result {
+        Ok(out) => {
+            deliver(streams, stream, out, plan, home);
+            Ok(())
+        }
+        // A prompt switch overtook the chunk: it is dropped.
+        Err(e) if e.status == Some(http::StatusCode::CONFLICT) => Ok(()),
+        Err(e) => {
+            tracing::warn!(event = "video_chunk_failed", stream = %stream.id, engine = home, error = %e);
+            if streams.pool.slot(home).is_ready() && e.status.is_some() {
+                return Err("engine_error");
+            }
+            rehome_lost(streams, stream).await
+        }
+    }
+}
+
+fn deliver(streams: &Streams, stream: &Stream, out: ::engine::video::ChunkOut, plan: Plan, engine: usize) {
+    let now = streams.now();
+    let mut st = stream.lock();
+    if out.epoch != st.epoch {
+        return; // made for the previous prompt
+    }
+    let (deadline, met) = st.playout.deliver(now);
+    let index = st.next_index;
+    st.next_index += 1;
+    if met {
+        st.on_time += 1;
+    } else {
+        st.stalls += 1;
+        st.stall_s += now - deadline;
+        stream.emit("stall", json!({"index": index, "late_ms": (now - deadline) * 1e3}));
+        ::metrics::counter!(m::VIDEO_STALLS, "tier" => stream.tier.clone()).increment(1);
+    }
+    if st.ttfc_s.is_none() {
+        st.ttfc_s = Some(now - stream.created);
+    }
+    ::metrics::counter!(m::VIDEO_CHUNKS, "tier" => stream.tier.clone(), "on_time" => if met { "true" } else { "false" }, "mode" => plan.mode)
+        .increment(1);
+    let slack = st.playout.slack(now);
+    stream.emit(
+        "chunk",
+        json!({
+            "index": index,
+            "prompt_epoch": st.epoch,
+            "fidelity": fidelity_label(&out.fidelity),
+            "mode": plan.mode,
+            "quality": plan.quality,
+            "ready_ms": (now - stream.created) * 1e3,
+            "deadline_ms": (deadline - stream.created) * 1e3,
+            "slack_ms": slack * 1e3,
+            "engine": streams.pool.slot(engine).spec.id,
+            "batch": out.batch,
+            "compute_ms": out.compute_ms,
+            "frames": out.frames,
+        }),
+    );
+}
+
+/// Moves the stream if the control tick planned it: export from the home
+/// engine, import into the new one, then switch. If the import fails the
+/// state goes back where it came from.
+async fn migrate_if_planned(streams: &Streams, stream: &Stream) {
+    let (from, to) = {
+        let mut st = stream.lock();
+        match st.move_to.take() {
+            Some(to) if to != st.home => (st.home, to),
+            _ => return,
+        }
+    };
+    let state = match calls::export(&streams.pool, from, &stream.id).await {
+        Ok(s) => s,
+        Err(e) => return tracing::warn!(event = "video_export_failed", stream = %stream.id, error = %e),
+    };
+    match calls::import(&streams.pool, to, &stream.id, state.clone()).await {
+        Ok(()) => {
+            let mut st = stream.lock();
+            st.home = to;
+            st.last_moved = Some(streams.now());
+            st.rehomes += 1;
+            ::metrics::counter!(m::VIDEO_REHOMES).increment(1);
+            tracing::info!(event = "video_rehomed", stream = %stream.id, from, to);
+        }
+        Err(e) => {
+            tracing::warn!(event = "video_import_failed", stream = %stream.id, to, error = %e);
+            if let Err(e) = calls::import(&streams.pool, from, &stream.id, state).await {
+                tracing::error!(event = "video_state_lost", stream = %stream.id, error = %e);
+            }
+        }
+    }
+}
+
+/// The home engine is gone: start the stream over (from its prompt) on the
+/// engine with the fewest streams.
+async fn rehome_lost(streams: &Streams, stream: &Stream) -> Result<(), &'static str> {
+    let home = policies::video::placement::home(&streams.per_engine()).ok_or("no_engine")?;
+    let (prompt, epoch) = {
+        let st = stream.lock();
+        (st.prompt.clone(), st.epoch)
+    };
+    let create = CreateSession {
+        id: stream.id.clone(),
+        prompt,
+        resolution: stream.params.resolution,
+        latent_frames: stream.params.frames_per_chunk / 4,
+    };
+    calls::create(&streams.pool, home, &create).await.map_err(|_| "no_engine")?;
+    for _ in 0..epoch {
+        // Bring the new session to the stream's epoch (same prompt).
+        let p = stream.lock().prompt.clone();
+        calls::prompt(&streams.pool, home, &stream.id, &p).await.map_err(|_| "no_engine")?;
+    }
+    stream.lock().home = home;
+    tracing::warn!(event = "video_restarted", stream = %stream.id, engine = home);
+    Ok(())
+}
+
+async fn finish(streams: &Arc<Streams>, stream: &Arc<Stream>, reason: &'static str) {
+    let home = {
+        let mut st = stream.lock();
+        st.ended = Some(reason);
+        st.home
+    };
+    let _ = calls::end(&streams.pool, home, &stream.id).await;
+    let st = stream.lock();
+    stream.emit(
+        "end",
+        json!({
+            "reason": reason,
+            "chunks": st.next_index,
+            "cpr": Stream::cpr(&st),
+            "ttfc_ms": st.ttfc_s.map(|t| t * 1e3),
+            "stalls": st.stalls,
+            "stall_ms": st.stall_s * 1e3,
+            "rehomes": st.rehomes,
+        }),
+    );
+    drop(st);
+    ::metrics::gauge!(m::VIDEO_STREAMS).decrement(1.0);
+    let (streams, id) = (Arc::clone(streams), stream.id.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(KEEP_ENDED).await;
+        streams.remove(&id);
+    });
+}

@@ -1,0 +1,136 @@
+//! The gateway's calls to engines' video routes, and each engine's video
+//! profile (fetched once, cached).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ::engine::video::{ChunkOut, ChunkRequest, CreateSession};
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use http_body_util::{BodyExt, Full};
+use policies::video::VideoProfile;
+
+use crate::engines::{join, EnginePool};
+
+/// A chunk takes at most this long before the call is abandoned.
+const CHUNK_TIMEOUT: Duration = Duration::from_secs(30);
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A failed engine call: the status (when one came back) and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallError {
+    pub status: Option<StatusCode>,
+    pub message: String,
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.status {
+            Some(s) => write!(f, "{s}: {}", self.message),
+            None => write!(f, "{}", self.message),
+        }
+    }
+}
+
+async fn call(
+    pool: &EnginePool,
+    idx: usize,
+    method: Method,
+    path: &str,
+    body: Vec<u8>,
+    timeout: Duration,
+) -> Result<Bytes, CallError> {
+    let fail = |status: Option<StatusCode>, message: String| CallError { status, message };
+    let spec = &pool.slot(idx).spec;
+    let uri = join(&spec.url, path).ok_or_else(|| fail(None, format!("bad engine URL for {path}")))?;
+    let req = http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| fail(None, e.to_string()))?;
+    let run = async {
+        let resp = pool.client().request(req).await.map_err(|e| fail(None, e.to_string()))?;
+        let status = resp.status();
+        let bytes =
+            resp.into_body().collect().await.map_err(|e| fail(Some(status), e.to_string()))?.to_bytes();
+        if status.is_success() {
+            Ok(bytes)
+        } else {
+            Err(fail(Some(status), String::from_utf8_lossy(&bytes).into_owned()))
+        }
+    };
+    tokio::time::timeout(timeout, run).await.unwrap_or_else(|_| Err(fail(None, "timed out".into())))
+}
+
+fn session_path(id: &str, op: &str) -> String {
+    format!("/engine/v1/video/sessions/{id}{op}")
+}
+
+pub async fn create(pool: &EnginePool, idx: usize, c: &CreateSession) -> Result<(), CallError> {
+    let body = serde_json::to_vec(c).expect("serialises");
+    call(pool, idx, Method::POST, "/engine/v1/video/sessions", body, CALL_TIMEOUT).await.map(|_| ())
+}
+
+pub async fn chunk(pool: &EnginePool, idx: usize, id: &str, r: &ChunkRequest) -> Result<ChunkOut, CallError> {
+    let body = serde_json::to_vec(r).expect("serialises");
+    let bytes = call(pool, idx, Method::POST, &session_path(id, "/chunk"), body, CHUNK_TIMEOUT).await?;
+    serde_json::from_slice(&bytes).map_err(|e| CallError { status: None, message: e.to_string() })
+}
+
+pub async fn prompt(pool: &EnginePool, idx: usize, id: &str, prompt: &str) -> Result<(), CallError> {
+    let body = serde_json::to_vec(&serde_json::json!({"prompt": prompt})).expect("serialises");
+    call(pool, idx, Method::POST, &session_path(id, "/prompt"), body, CALL_TIMEOUT).await.map(|_| ())
+}
+
+pub async fn export(pool: &EnginePool, idx: usize, id: &str) -> Result<Bytes, CallError> {
+    call(pool, idx, Method::POST, &session_path(id, "/export"), Vec::new(), CALL_TIMEOUT).await
+}
+
+pub async fn import(pool: &EnginePool, idx: usize, id: &str, state: Bytes) -> Result<(), CallError> {
+    call(pool, idx, Method::PUT, &session_path(id, "/import"), state.to_vec(), CALL_TIMEOUT).await.map(|_| ())
+}
+
+pub async fn end(pool: &EnginePool, idx: usize, id: &str) -> Result<(), CallError> {
+    call(pool, idx, Method::DELETE, &session_path(id, ""), Vec::new(), CALL_TIMEOUT).await.map(|_| ())
+}
+
+/// Each engine's video profile, fetched the first time it is needed.
+#[derive(Debug)]
+pub struct Profiles {
+    pool: Arc<EnginePool>,
+    cache: Mutex<HashMap<usize, Arc<VideoProfile>>>,
+}
+
+impl Profiles {
+    pub fn new(pool: Arc<EnginePool>) -> Self {
+        Self { pool, cache: Mutex::new(HashMap::new()) }
+    }
+
+    /// Engine `idx`'s profile, if it serves one.
+    pub async fn get(&self, idx: usize) -> Option<Arc<VideoProfile>> {
+        if let Some(p) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&idx) {
+            return Some(Arc::clone(p));
+        }
+        let bytes = call(&self.pool, idx, Method::GET, "/engine/v1/video/profile", Vec::new(), CALL_TIMEOUT)
+            .await
+            .ok()?;
+        let text = std::str::from_utf8(&bytes).ok()?;
+        let id = &self.pool.slot(idx).spec.id;
+        let profile = match VideoProfile::parse(&format!("engine {id} video profile"), text) {
+            Ok(p) => Arc::new(p),
+            Err(e) => {
+                tracing::warn!(event = "video_profile_invalid", engine = %id, error = %e);
+                return None;
+            }
+        };
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(idx, Arc::clone(&profile));
+        Some(profile)
+    }
+
+    /// A cached profile without fetching (for synchronous decisions).
+    pub fn cached(&self, idx: usize) -> Option<Arc<VideoProfile>> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&idx).cloned()
+    }
+}

@@ -1,0 +1,266 @@
+//! Streaming video sessions at the gateway: the registry of streams, their
+//! playout model, slack and credit (the pure parts are `policies::video`),
+//! one driver task per stream that asks its home engine for chunk after
+//! chunk with the fidelity Bi-Modal Pareto Routing picks ([`driver`]), the
+//! control tick that re-homes URGENT streams ([`control`]), the engine calls
+//! ([`engine`]) and the public routes ([`routes`]).
+//!
+//! Time is seconds since the registry's origin, passed to the policies.
+
+pub mod control;
+pub mod driver;
+pub mod engine;
+pub mod routes;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use policies::video::{Fidelity, Playout, Urgency, VideoProfile};
+use serde::Serialize;
+use tokio::sync::{mpsc, Notify};
+
+use ::engine::video as engine_video;
+
+use crate::engines::EnginePool;
+use crate::video::engine::Profiles;
+
+/// One event of a stream's SSE feed.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// `chunk`, `stall` or `end`.
+    pub kind: &'static str,
+    pub data: serde_json::Value,
+}
+
+/// What a client asked for.
+#[derive(Debug, Clone, Serialize)]
+pub struct StreamParams {
+    pub fps: u32,
+    pub frames_per_chunk: u32,
+    pub resolution: engine_video::Resolution,
+    /// Chunks to generate; `None`: until deleted.
+    pub chunks: Option<u64>,
+}
+
+/// A stream's mutable state (behind the stream's lock).
+#[derive(Debug)]
+pub struct StreamState {
+    pub prompt: String,
+    pub epoch: u32,
+    pub playout: Playout,
+    pub home: usize,
+    /// Chunks delivered, over all prompts (the next chunk's index).
+    pub next_index: u64,
+    pub on_time: u64,
+    pub stalls: u64,
+    pub stall_s: f64,
+    pub ttfc_s: Option<f64>,
+    pub last_moved: Option<f64>,
+    /// Set by the control tick; the driver moves the stream at its next
+    /// chunk boundary.
+    pub move_to: Option<usize>,
+    pub rehomes: u64,
+    /// The chunk in flight: when it was asked for and its expected time.
+    pub in_flight: Option<(f64, f64)>,
+    /// The next chunk's configuration and its expected time on the engine.
+    pub next: Option<(Fidelity, f64)>,
+    pub credit_s: f64,
+    pub urgency: Urgency,
+    pub ended: Option<&'static str>,
+}
+
+/// One stream.
+#[derive(Debug)]
+pub struct Stream {
+    pub id: String,
+    pub tenant: String,
+    pub tier: String,
+    pub params: StreamParams,
+    pub created: f64,
+    pub state: Mutex<StreamState>,
+    /// Wakes the driver (resume, prompt switch, delete, a planned move).
+    pub wake: Notify,
+    events: mpsc::UnboundedSender<Event>,
+    feed: Mutex<Option<mpsc::UnboundedReceiver<Event>>>,
+}
+
+impl Stream {
+    pub fn lock(&self) -> MutexGuard<'_, StreamState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Chunk duration in seconds.
+    pub fn chunk_s(&self) -> f64 {
+        f64::from(self.params.frames_per_chunk) / f64::from(self.params.fps)
+    }
+
+    pub fn emit(&self, kind: &'static str, data: serde_json::Value) {
+        let _ = self.events.send(Event { kind, data });
+    }
+
+    /// The event feed; only the first caller gets it.
+    pub fn take_feed(&self) -> Option<mpsc::UnboundedReceiver<Event>> {
+        self.feed.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Continuous play ratio so far.
+    pub fn cpr(st: &StreamState) -> f64 {
+        if st.next_index == 0 {
+            1.0
+        } else {
+            st.on_time as f64 / st.next_index as f64
+        }
+    }
+
+    /// The status document (`GET /v1/video/streams/{id}`).
+    pub fn status(&self, now: f64) -> serde_json::Value {
+        let st = self.lock();
+        serde_json::json!({
+            "id": self.id,
+            "object": "video.stream",
+            "status": st.ended.map_or(if st.playout.paused() { "paused" } else { "active" }, |_| "ended"),
+            "tier": self.tier,
+            "prompt_epoch": st.epoch,
+            "chunks": st.next_index,
+            "slack_ms": st.playout.slack(now) * 1e3,
+            "credit_ms": st.credit_s * 1e3,
+            "urgency": st.urgency,
+            "home_engine": st.home,
+            "fidelity": st.next.map(|(f, _)| f.to_string()),
+            "cpr": Self::cpr(&st),
+            "stalls": st.stalls,
+            "rehomes": st.rehomes,
+            "ttfc_ms": st.ttfc_s.map(|t| t * 1e3),
+        })
+    }
+}
+
+/// Every stream of this gateway.
+#[derive(Debug)]
+pub struct Streams {
+    origin: Instant,
+    streams: Mutex<HashMap<String, Arc<Stream>>>,
+    pub pool: Arc<EnginePool>,
+    pub profiles: Profiles,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl Streams {
+    pub fn new(pool: Arc<EnginePool>) -> Arc<Self> {
+        Arc::new(Self {
+            origin: Instant::now(),
+            streams: Mutex::new(HashMap::new()),
+            profiles: Profiles::new(Arc::clone(&pool)),
+            pool,
+            next_id: std::sync::atomic::AtomicU64::new(1),
+        })
+    }
+
+    /// Seconds since this registry started: the `now` of every decision.
+    pub fn now(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64()
+    }
+
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Stream>>> {
+        self.streams.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The stream `id` if `tenant` owns it (anyone else gets `None`: 404).
+    pub fn get(&self, id: &str, tenant: &str) -> Option<Arc<Stream>> {
+        self.map().get(id).filter(|s| s.tenant == tenant).cloned()
+    }
+
+    /// Any tenant's stream (the admin API).
+    pub fn get_any(&self, id: &str) -> Option<Arc<Stream>> {
+        self.map().get(id).cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<Stream>> {
+        self.map().values().cloned().collect()
+    }
+
+    pub fn remove(&self, id: &str) {
+        self.map().remove(id);
+    }
+
+    /// Live streams homed on each engine.
+    pub fn per_engine(&self) -> Vec<(usize, u32)> {
+        let mut counts: Vec<(usize, u32)> =
+            (0..self.pool.len()).filter(|&i| self.pool.slot(i).is_ready()).map(|i| (i, 0)).collect();
+        for s in self.all() {
+            let st = s.lock();
+            if st.ended.is_none() {
+                if let Some(c) = counts.iter_mut().find(|(i, _)| *i == st.home) {
+                    c.1 += 1;
+                }
+            }
+        }
+        counts
+    }
+
+    /// Registers a new stream homed on `home`; returns it.
+    pub fn insert(
+        &self,
+        tenant: &str,
+        tier: &str,
+        prompt: String,
+        params: StreamParams,
+        home: usize,
+        budget_s: f64,
+    ) -> Arc<Stream> {
+        let n = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = format!("vs_{:08x}{n:06}", self.origin.elapsed().subsec_nanos());
+        let now = self.now();
+        let chunk_s = f64::from(params.frames_per_chunk) / f64::from(params.fps);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stream = Arc::new(Stream {
+            id: id.clone(),
+            tenant: tenant.to_string(),
+            tier: tier.to_string(),
+            params,
+            created: now,
+            state: Mutex::new(StreamState {
+                prompt,
+                epoch: 0,
+                playout: Playout::new(now, chunk_s, budget_s),
+                home,
+                next_index: 0,
+                on_time: 0,
+                stalls: 0,
+                stall_s: 0.0,
+                ttfc_s: None,
+                last_moved: None,
+                move_to: None,
+                rehomes: 0,
+                in_flight: None,
+                next: None,
+                credit_s: budget_s,
+                urgency: Urgency::Relaxed,
+                ended: None,
+            }),
+            wake: Notify::new(),
+            events: tx,
+            feed: Mutex::new(Some(rx)),
+        });
+        self.map().insert(id, Arc::clone(&stream));
+        stream
+    }
+}
+
+/// The profile a stream's decisions use: its home engine's.
+pub fn fidelity_label(f: &Fidelity) -> serde_json::Value {
+    serde_json::json!({
+        "label": f.to_string(),
+        "steps": f.steps,
+        "sparsity": f.sparsity(),
+        "window": f.window,
+        "precision": f.precision,
+    })
+}
+
+/// Expected time of one chunk at `chunk_ms` on an engine coalescing `k`
+/// streams, seconds.
+pub fn chunk_time_s(profile: &VideoProfile, chunk_ms: f64, k: u32) -> f64 {
+    profile.batch_ms(chunk_ms, k.max(1) as usize) / 1e3
+}

@@ -1,0 +1,312 @@
+//! The public video API (docs/api.md): create a stream, read its events
+//! (SSE), pause, resume, switch prompt, read its status, delete it. A
+//! stream belongs to the tenant that created it; any other key gets 404.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use ::engine::video::{CreateSession, Resolution};
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use policies::video::placement;
+use policies::{PolicyDocument, Tenant, Tier};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::{chunk_time_s, driver, engine as calls, Event, Stream, StreamParams};
+use crate::body::GatewayBody;
+use crate::error::ApiError;
+use crate::metrics as m;
+use crate::service::{json_response, read_body};
+use crate::App;
+
+/// The routes under `/v1/video/streams`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VideoRoute {
+    Create,
+    Status(String),
+    Events(String),
+    Pause(String),
+    Resume(String),
+    Prompt(String),
+    Delete(String),
+    WrongMethod,
+}
+
+impl VideoRoute {
+    /// The route of `path`, if it is a video path.
+    pub fn of(method: &Method, path: &str) -> Option<Self> {
+        let rest = path.strip_prefix("/v1/video/streams")?;
+        let parts: Vec<&str> = rest.trim_start_matches('/').split('/').filter(|p| !p.is_empty()).collect();
+        let route = match (method, parts.as_slice()) {
+            (&Method::POST, []) => VideoRoute::Create,
+            (&Method::GET, [id]) => VideoRoute::Status(id.to_string()),
+            (&Method::DELETE, [id]) => VideoRoute::Delete(id.to_string()),
+            (&Method::GET, [id, "events"]) => VideoRoute::Events(id.to_string()),
+            (&Method::POST, [id, "pause"]) => VideoRoute::Pause(id.to_string()),
+            (&Method::POST, [id, "resume"]) => VideoRoute::Resume(id.to_string()),
+            (&Method::POST, [id, "prompt"]) => VideoRoute::Prompt(id.to_string()),
+            (_, [] | [_] | [_, "events" | "pause" | "resume" | "prompt"]) => VideoRoute::WrongMethod,
+            _ => return None,
+        };
+        Some(route)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateBody {
+    prompt: String,
+    fps: Option<u32>,
+    frames_per_chunk: Option<u32>,
+    resolution: Option<Resolution>,
+    /// Frames to generate; absent or null: open-ended.
+    length_frames: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PromptBody {
+    prompt: String,
+}
+
+fn invalid(param: &str, message: impl Into<String>) -> ApiError {
+    ApiError::InvalidField { param: param.into(), message: message.into() }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let msg = inner.to_string();
+        let named = || msg.split('`').nth(1).unwrap_or("?").to_string();
+        if msg.starts_with("unknown field") {
+            ApiError::UnknownParameters(vec![named()])
+        } else if msg.starts_with("missing field") {
+            invalid(&named(), format!("`{}` is required", named()))
+        } else if inner.is_syntax() || inner.is_eof() {
+            ApiError::InvalidJson(msg)
+        } else {
+            invalid(if path == "." { "body" } else { &path }, msg)
+        }
+    })
+}
+
+/// Serves one video route for `tenant`.
+pub async fn handle(
+    app: &App,
+    policy: &Arc<PolicyDocument>,
+    (tenant, tier): (&Tenant, &Tier),
+    route: VideoRoute,
+    req: Request<Incoming>,
+) -> Result<Response<GatewayBody>, ApiError> {
+    let streams = &app.video;
+    let find =
+        |id: &str| streams.get(id, &tenant.name).ok_or_else(|| ApiError::StreamNotFound(id.to_string()));
+    match route {
+        VideoRoute::Create => {
+            let body = read_body(req, app.config.max_body_bytes).await?;
+            create(app, policy, tenant, tier, &body).await
+        }
+        VideoRoute::Status(id) => Ok(json_response(StatusCode::OK, &find(&id)?.status(streams.now()))),
+        VideoRoute::Events(id) => {
+            let feed = find(&id)?.take_feed().ok_or(ApiError::StreamAlreadyWatched)?;
+            let mut resp = Response::new(EventBody { feed, done: false }.boxed_unsync());
+            let h = resp.headers_mut();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            Ok(resp)
+        }
+        VideoRoute::Pause(id) | VideoRoute::Resume(id) => {
+            let pause = req.uri().path().ends_with("/pause");
+            let s = find(&id)?;
+            let now = streams.now();
+            {
+                let mut st = s.lock();
+                if st.ended.is_some() {
+                    return Err(ApiError::StreamEnded);
+                }
+                if pause {
+                    st.playout.pause(now);
+                } else {
+                    st.playout.resume(now);
+                }
+            }
+            s.wake.notify_one();
+            Ok(json_response(StatusCode::OK, &s.status(now)))
+        }
+        VideoRoute::Prompt(id) => {
+            let s = find(&id)?;
+            let body = read_body(req, app.config.max_body_bytes).await?;
+            let p: PromptBody = parse(&body)?;
+            if p.prompt.trim().is_empty() {
+                return Err(invalid("prompt", "must not be empty"));
+            }
+            switch_prompt(app, policy, &s, p.prompt).await?;
+            Ok(json_response(StatusCode::OK, &s.status(streams.now())))
+        }
+        VideoRoute::Delete(id) => {
+            let s = find(&id)?;
+            {
+                let mut st = s.lock();
+                if st.ended.is_none() {
+                    st.ended = Some("deleted");
+                }
+            }
+            s.wake.notify_one();
+            Ok(json_response(StatusCode::OK, &json!({"id": id, "object": "video.stream", "deleted": true})))
+        }
+        VideoRoute::WrongMethod => Err(ApiError::MethodNotAllowed(req.method().to_string())),
+    }
+}
+
+async fn create(
+    app: &App,
+    policy: &Arc<PolicyDocument>,
+    tenant: &Tenant,
+    tier: &Tier,
+    body: &[u8],
+) -> Result<Response<GatewayBody>, ApiError> {
+    let cfg = &policy.video;
+    let b: CreateBody = parse(body)?;
+    if b.prompt.trim().is_empty() {
+        return Err(invalid("prompt", "must not be empty"));
+    }
+    let fps = b.fps.unwrap_or(cfg.default_fps);
+    if !(1..=60).contains(&fps) {
+        return Err(invalid("fps", "must be between 1 and 60"));
+    }
+    let fpc = b.frames_per_chunk.unwrap_or(cfg.default_frames_per_chunk);
+    if fpc == 0 || fpc % 4 != 0 || fpc > 48 {
+        return Err(invalid(
+            "frames_per_chunk",
+            "must be a multiple of 4 (one latent frame is 4 pixel frames), at most 48",
+        ));
+    }
+    if b.length_frames == Some(0) {
+        return Err(invalid("length_frames", "must be positive (omit it for an open-ended stream)"));
+    }
+    let params = StreamParams {
+        fps,
+        frames_per_chunk: fpc,
+        resolution: b.resolution.unwrap_or(Resolution::Tiny),
+        chunks: b.length_frames.map(|f| f.div_ceil(u64::from(fpc))),
+    };
+    let streams = &app.video;
+    let chunk_s = f64::from(fpc) / f64::from(fps);
+    let counts = streams.per_engine();
+    let home = placement::home(&counts).ok_or(ApiError::NoReadyEngine)?;
+    let resident = counts.iter().find(|(i, _)| *i == home).map_or(0, |(_, n)| *n);
+    let profile = streams.profiles.get(home).await.ok_or(ApiError::NoReadyEngine)?;
+    if let Err(batch_ms) = placement::can_keep_up(&profile, resident, chunk_s) {
+        let message = format!(
+            "every engine is full: even the fastest fidelity would take {batch_ms:.0} ms per chunk with one more stream, over the {:.0} ms a chunk plays for; retry later",
+            chunk_s * 1e3
+        );
+        return Err(ApiError::VideoCapacity {
+            message,
+            retry_after_s: policy.admission.retry_after_min_s.max(5),
+        });
+    }
+    let first_s = chunk_time_s(&profile, profile.best().chunk_ms, resident + 1);
+    let budget_s = cfg.initial_slack_factor * first_s;
+    let stream = streams.insert(&tenant.name, &tier.name, b.prompt.clone(), params.clone(), home, budget_s);
+    let session = CreateSession {
+        id: stream.id.clone(),
+        prompt: b.prompt,
+        resolution: params.resolution,
+        latent_frames: fpc / 4,
+    };
+    if let Err(e) = calls::create(&streams.pool, home, &session).await {
+        streams.remove(&stream.id);
+        tracing::warn!(event = "video_create_failed", engine = home, error = %e);
+        return Err(ApiError::EngineFailed(e.to_string()));
+    }
+    ::metrics::gauge!(m::VIDEO_STREAMS).increment(1.0);
+    tokio::spawn(driver::drive(Arc::clone(streams), Arc::clone(&stream), Arc::clone(&app.policies)));
+    let id = &stream.id;
+    tracing::info!(event = "video_stream_created", stream = %id, tenant = %tenant.name, engine = home);
+    Ok(json_response(
+        StatusCode::CREATED,
+        &json!({
+            "id": id,
+            "object": "video.stream",
+            "events_url": format!("/v1/video/streams/{id}/events"),
+            "status_url": format!("/v1/video/streams/{id}"),
+            "fps": fps,
+            "frames_per_chunk": fpc,
+            "resolution": params.resolution,
+            "length_frames": b.length_frames,
+            "chunks": params.chunks,
+            "home_engine": streams.pool.slot(home).spec.id,
+            "initial_slack_ms": budget_s * 1e3,
+        }),
+    ))
+}
+
+/// Starts the stream over with a new prompt: the engine drops the old
+/// prompt's state, slack resets to the initial budget.
+async fn switch_prompt(
+    app: &App,
+    policy: &PolicyDocument,
+    s: &Arc<Stream>,
+    prompt: String,
+) -> Result<(), ApiError> {
+    let home = {
+        let st = s.lock();
+        if st.ended.is_some() {
+            return Err(ApiError::StreamEnded);
+        }
+        st.home
+    };
+    calls::prompt(&app.video.pool, home, &s.id, &prompt)
+        .await
+        .map_err(|e| ApiError::EngineFailed(e.to_string()))?;
+    let profile = app.video.profiles.get(home).await.ok_or(ApiError::NoReadyEngine)?;
+    let k = app.video.per_engine().iter().find(|(i, _)| *i == home).map_or(1, |(_, n)| *n);
+    let budget = policy.video.initial_slack_factor * chunk_time_s(&profile, profile.best().chunk_ms, k);
+    let now = app.video.now();
+    let mut st = s.lock();
+    st.epoch += 1;
+    st.prompt = prompt;
+    st.playout.switch_prompt(now, budget);
+    drop(st);
+    s.wake.notify_one();
+    Ok(())
+}
+
+/// The SSE feed of one stream; ends after the `end` event.
+struct EventBody {
+    feed: mpsc::UnboundedReceiver<Event>,
+    done: bool,
+}
+
+impl Body for EventBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match this.feed.poll_recv(cx) {
+            Poll::Ready(Some(e)) => {
+                this.done = e.kind == "end";
+                let text = format!("event: {}\ndata: {}\n\n", e.kind, e.data);
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from(text)))))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}

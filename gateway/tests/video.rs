@@ -1,0 +1,251 @@
+//! Streaming video sessions end to end against a real `gateway up` with
+//! emulated engines: chunk events in a gapless, strictly increasing
+//! sequence with real PNG frames, across a re-home too; prompt switches
+//! reset slack; pause holds slack; another tenant's key gets 404; bad
+//! input is a typed 400; a fleet that cannot keep up refuses with 503 and
+//! Retry-After.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use http::StatusCode;
+use http_body_util::BodyExt;
+use loadtest::client::{body_bytes, Conn, Proto};
+use loadtest::sse::{SseEvent, SseParser};
+use serde_json::{json, Value};
+
+async fn create(conn: &Conn, key: &str, body: Value) -> (StatusCode, Value, Option<String>) {
+    let resp = conn.post_json("/v1/video/streams", Some(key), body.to_string()).await.unwrap();
+    let status = resp.status();
+    let retry = resp.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string());
+    (status, json(&body_bytes(resp).await.unwrap()), retry)
+}
+
+async fn call(conn: &Conn, method: &str, path: &str, key: &str, body: Value) -> (StatusCode, Value) {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = conn.send(req).await.unwrap();
+    let status = resp.status();
+    (status, json(&body_bytes(resp).await.unwrap()))
+}
+
+/// Reads a stream's SSE feed event by event.
+struct Feed {
+    body: hyper::body::Incoming,
+    parser: SseParser,
+    ready: std::collections::VecDeque<SseEvent>,
+}
+
+impl Feed {
+    async fn open(conn: &Conn, id: &str, key: &str) -> Self {
+        let resp = conn.get(&format!("/v1/video/streams/{id}/events"), Some(key)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()["content-type"], "text/event-stream");
+        Self { body: resp.into_body(), parser: SseParser::new(), ready: Default::default() }
+    }
+
+    /// The next event (kind, data), or `None` when the feed ended.
+    async fn next(&mut self) -> Option<(String, Value)> {
+        loop {
+            if let Some(e) = self.ready.pop_front() {
+                return Some((e.event.unwrap_or_default(), json(e.data.as_bytes())));
+            }
+            let frame = tokio::time::timeout(Duration::from_secs(20), self.body.frame())
+                .await
+                .expect("an event within 20 s")?;
+            if let Ok(data) = frame.unwrap().into_data() {
+                self.ready.extend(self.parser.push(&data));
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn chunks_arrive_gapless_with_frames_across_a_rehome() {
+    let sys = System::start(INSTANT, 2).await;
+    let conn = sys.conn(Proto::H2).await;
+    let (status, created, _) =
+        create(&conn, GOLD, json!({"prompt": "a fox in the snow", "length_frames": 72})).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["chunks"], 6);
+    assert_eq!(created["fps"], 16);
+    assert_eq!(created["frames_per_chunk"], 12);
+    let id = created["id"].as_str().unwrap().to_string();
+    let first_engine = created["home_engine"].as_str().unwrap().to_string();
+    let mut feed = Feed::open(&conn, &id, GOLD).await;
+    let mut indices = Vec::new();
+    let mut engines = Vec::new();
+    let end = loop {
+        let (kind, data) = feed.next().await.expect("the feed ends with an end event");
+        match kind.as_str() {
+            "chunk" => {
+                indices.push(data["index"].as_u64().unwrap());
+                engines.push(data["engine"].as_str().unwrap().to_string());
+                let frames = data["frames"].as_array().unwrap();
+                assert_eq!(frames.len(), 12);
+                assert!(frames[0].as_str().unwrap().starts_with("iVBORw0KGgo"), "base64 PNG");
+                assert!(data["deadline_ms"].as_f64().is_some() && data["slack_ms"].as_f64().is_some());
+                assert!(data["quality"].as_f64().unwrap() > 0.9);
+                assert!(data["fidelity"]["label"].as_str().unwrap().starts_with('S'));
+                if indices.len() == 2 {
+                    // An operator moves the stream mid-flight.
+                    let other = sys.other_engine(&first_engine);
+                    let admin = sys.admin_conn().await;
+                    let (s, body) = call(
+                        &admin,
+                        "POST",
+                        &format!("/admin/video/streams/{id}/move?engine={other}"),
+                        &sys.admin_token(),
+                        json!({}),
+                    )
+                    .await;
+                    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+                }
+            }
+            "stall" => {}
+            "end" => break data,
+            other => panic!("unexpected event {other}"),
+        }
+    };
+    assert_eq!(indices, (0..6).collect::<Vec<u64>>(), "gapless, strictly increasing, no duplicate");
+    assert_eq!(engines[0], first_engine);
+    assert_ne!(engines.last().unwrap(), &first_engine, "moved: {engines:?}");
+    assert_eq!(end["reason"], "completed");
+    assert_eq!(end["chunks"], 6);
+    assert_eq!(end["rehomes"], 1);
+    assert!(end["cpr"].as_f64().unwrap() >= 0.0 && end["ttfc_ms"].as_f64().unwrap() > 0.0);
+    let (status, st) = call(&conn, "GET", &format!("/v1/video/streams/{id}"), GOLD, json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(st["status"], "ended");
+}
+
+#[tokio::test]
+async fn another_tenant_gets_404_and_bad_input_is_a_typed_400() {
+    let sys = System::start(INSTANT, 1).await;
+    let conn = sys.conn(Proto::H2).await;
+    let (_, created, _) = create(&conn, GOLD, json!({"prompt": "mine"})).await;
+    let id = created["id"].as_str().unwrap();
+    for (method, path) in [
+        ("GET", format!("/v1/video/streams/{id}")),
+        ("GET", format!("/v1/video/streams/{id}/events")),
+        ("POST", format!("/v1/video/streams/{id}/pause")),
+        ("POST", format!("/v1/video/streams/{id}/prompt")),
+        ("DELETE", format!("/v1/video/streams/{id}")),
+    ] {
+        let (status, body) = call(&conn, method, &path, SILVER, json!({"prompt": "theirs"})).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {body}");
+        assert_eq!(body["error"]["code"], "stream_not_found");
+    }
+    let (status, _) = call(&conn, "GET", "/v1/video/streams/vs_nope", GOLD, json!({})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // The owner still has it, untouched.
+    let (status, st) = call(&conn, "GET", &format!("/v1/video/streams/{id}"), GOLD, json!({})).await;
+    assert_eq!((status, st["status"].as_str()), (StatusCode::OK, Some("active")));
+    for (body, code, param) in [
+        (json!({"fps": 16}), "invalid_value", "prompt"),
+        (json!({"prompt": "x", "frames_per_chunk": 10}), "invalid_value", "frames_per_chunk"),
+        (json!({"prompt": "x", "fps": 0}), "invalid_value", "fps"),
+        (json!({"prompt": "x", "length_frames": 0}), "invalid_value", "length_frames"),
+        (json!({"prompt": "x", "resolution": "8k"}), "invalid_value", "resolution"),
+        (json!({"prompt": "x", "colour": "red"}), "unknown_parameter", "colour"),
+    ] {
+        let (status, err, _) = create(&conn, GOLD, body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {err}");
+        assert_eq!(err["error"]["code"], code, "{body}: {err}");
+        assert_eq!(err["error"]["param"], param, "{body}: {err}");
+    }
+    let resp = conn.post_json("/v1/video/streams", None, json!({"prompt": "x"}).to_string()).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    let (status, _) = call(&conn, "DELETE", &format!("/v1/video/streams/{id}"), GOLD, json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn prompt_switch_resets_slack_and_pause_holds_it() {
+    let sys = System::start(INSTANT, 1).await;
+    let conn = sys.conn(Proto::H2).await;
+    let (_, created, _) = create(&conn, GOLD, json!({"prompt": "a quiet forest"})).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    let initial = created["initial_slack_ms"].as_f64().unwrap();
+    let mut feed = Feed::open(&conn, &id, GOLD).await;
+    let mut indices = Vec::new();
+    while indices.len() < 4 {
+        let (kind, data) = feed.next().await.unwrap();
+        if kind == "chunk" {
+            assert_eq!(data["prompt_epoch"], 0);
+            indices.push(data["index"].as_u64().unwrap());
+        }
+    }
+    let path = format!("/v1/video/streams/{id}");
+    let (status, st) =
+        call(&conn, "POST", &format!("{path}/prompt"), GOLD, json!({"prompt": "a busy city"})).await;
+    assert_eq!(status, StatusCode::OK, "{st}");
+    assert_eq!(st["prompt_epoch"], 1);
+    let slack = st["slack_ms"].as_f64().unwrap();
+    assert!(
+        (slack - initial).abs() < 250.0,
+        "slack {slack} ms after the switch, initial budget {initial} ms"
+    );
+    // Later chunks are the new prompt's, and the sequence stays gapless.
+    loop {
+        let (kind, data) = feed.next().await.unwrap();
+        if kind != "chunk" {
+            continue;
+        }
+        let index = data["index"].as_u64().unwrap();
+        assert_eq!(index, *indices.last().unwrap() + 1, "gapless: {indices:?} then {index}");
+        indices.push(index);
+        if data["prompt_epoch"] == 1 {
+            break;
+        }
+    }
+    // Paused: slack stands still.
+    let (_, st) = call(&conn, "POST", &format!("{path}/pause"), GOLD, json!({})).await;
+    assert_eq!(st["status"], "paused");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (_, later) = call(&conn, "GET", &path, GOLD, json!({})).await;
+    let (a, b) = (st["slack_ms"].as_f64().unwrap(), later["slack_ms"].as_f64().unwrap());
+    assert!(b >= a - 5.0, "slack fell while paused: {a} -> {b}");
+    let (_, st) = call(&conn, "POST", &format!("{path}/resume"), GOLD, json!({})).await;
+    assert_eq!(st["status"], "active");
+    let (status, _) = call(&conn, "DELETE", &path, GOLD, json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    let end = loop {
+        let (kind, data) = feed.next().await.unwrap();
+        if kind == "end" {
+            break data;
+        }
+    };
+    assert_eq!(end["reason"], "deleted");
+    let (status, _) = call(&conn, "POST", &format!("{path}/resume"), GOLD, json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "an ended stream cannot resume");
+}
+
+#[tokio::test]
+async fn a_fleet_that_cannot_keep_up_refuses_new_streams_with_retry_after() {
+    // One configuration, 2 s per chunk: never within a 0.75 s chunk.
+    let slow = "model = \"synthetic-video\"\nengine_class = \"slow\"\nlatent_frames = 3\nbatch_cost = 0.3\n\
+        [[configs]]\nsteps = 4\nsparsity = 0.0\nwindow = 7\nprecision = \"fp16\"\nchunk_ms = 2000.0\nquality = 1.0\n";
+    let dir = std::env::temp_dir().join(format!("video-slow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("slow.toml");
+    std::fs::write(&path, slow).unwrap();
+    let arg = format!("--engine-arg=--video-profile={}", path.display());
+    let sys = System::start_with(INSTANT, 1, &[&arg]).await;
+    let conn = sys.conn(Proto::H2).await;
+    let (status, err, retry) = create(&conn, GOLD, json!({"prompt": "too much"})).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{err}");
+    assert_eq!(err["error"]["code"], "video_capacity");
+    assert!(retry.is_some_and(|r| r.parse::<u32>().unwrap() >= 1));
+    // At a slower frame rate a chunk plays for 3 s: it fits.
+    let (status, _, _) = create(&conn, GOLD, json!({"prompt": "slow motion", "fps": 4})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let _ = std::fs::remove_dir_all(dir);
+}
