@@ -36,4 +36,5 @@ pub mod summary;
 pub mod svg;
 pub mod sweep;
 pub mod text;
+pub mod video;
 pub mod workload;

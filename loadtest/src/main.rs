@@ -48,6 +48,15 @@ enum Command {
     /// interleaved: added latency over the first target and the highest
     /// sustainable rate of each (the proxy-overhead benchmark).
     Sweep(loadtest::sweep::SweepArgs),
+    /// Video streams: a workload (steady, burst, prompt-switch, pause) of
+    /// streams created, played out in real time and measured (CPR, TTFC,
+    /// stalls, quality); writes results.json to --out.
+    Video(loadtest::video::run::VideoArgs),
+    /// Video results of several runs as one Markdown table.
+    VideoTable {
+        /// results.json files of `loadtest video`, one row each.
+        files: Vec<std::path::PathBuf>,
+    },
     /// A trivial streaming endpoint that answers at once, for measuring the
     /// harness itself.
     Sink(loadtest::sink::SinkArgs),
@@ -64,6 +73,8 @@ async fn main() -> ExitCode {
         Command::Table { results, window } => table(&results, window),
         Command::Report { results, out } => report(&results, out),
         Command::Sweep(args) => sweep(&args).await,
+        Command::Video(args) => video(args).await,
+        Command::VideoTable { files } => video_table(&files),
         Command::Sink(args) => loadtest::sink::serve(args).await,
         Command::Overhead(args) => overhead(&args).await,
     };
@@ -86,6 +97,47 @@ async fn run(args: &loadtest::run::RunArgs) -> Result<(), String> {
         args.out.join("results.json").display(),
         args.out.join("report.html").display()
     );
+    Ok(())
+}
+
+async fn video(args: loadtest::video::run::VideoArgs) -> Result<(), String> {
+    let out = args.out.clone();
+    let r = loadtest::video::run::run(args).await?;
+    println!("{}", loadtest::video::run::render(&r));
+    eprintln!("wrote {}", out.join("results.json").display());
+    Ok(())
+}
+
+fn video_table(files: &[std::path::PathBuf]) -> Result<(), String> {
+    println!("| run | workload | streams | rejected | CPR | TTFC p50 ms | TTFC p95 ms | stalls/stream | stall s/stream | lateness p99 ms | mean quality | re-homes |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for f in files {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        let r: loadtest::video::run::VideoResults =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", f.display()))?;
+        let s = &r.summary;
+        let q = |x: &Option<loadtest::stats::Summary>, g: fn(&loadtest::stats::Summary) -> f64| {
+            x.as_ref().map_or("-".to_string(), |v| format!("{:.0}", g(v)))
+        };
+        let name = f
+            .parent()
+            .and_then(|p| p.file_name())
+            .map_or_else(|| f.display().to_string(), |n| n.to_string_lossy().into_owned());
+        println!(
+            "| {name} | {} | {} | {} | {:.3} | {} | {} | {:.2} | {:.2} | {} | {:.4} | {} |",
+            r.workload.label(),
+            s.created,
+            s.rejected,
+            s.cpr,
+            q(&s.ttfc_ms, |v| v.p50),
+            q(&s.ttfc_ms, |v| v.p95),
+            s.stalls_per_stream,
+            s.stall_s_per_stream,
+            q(&s.lateness_ms, |v| v.p99),
+            s.mean_quality,
+            s.rehomes
+        );
+    }
     Ok(())
 }
 

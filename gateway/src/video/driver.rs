@@ -40,8 +40,8 @@ fn plan(cfg: &VideoConfig, profile: &VideoProfile, slack_s: f64, chunk_s: f64, k
     }
     let frontier = profile.frontier();
     let floor = profile.quality_floor();
-    let fastest_s = chunk_time_s(profile, profile.fastest().chunk_ms, k);
-    let budget = bmpr::budget_s(slack_s, chunk_s, 0.0, fastest_s, cfg.alpha);
+    let reference_s = chunk_time_s(profile, best.chunk_ms, k);
+    let budget = bmpr::budget_s(slack_s, chunk_s, 0.0, reference_s, cfg.alpha);
     let cost = |p: &pv::ConfigPoint| profile.batch_ms(p.chunk_ms, k.max(1) as usize);
     let (p, mode) = bmpr::select(&frontier, budget * 1e3, floor, cost).unwrap_or((best, Mode::SpeedRecovery));
     Plan { fidelity: p.fidelity, expected_s: cost(&p) / 1e3, quality: p.quality, mode: mode.label() }
@@ -55,7 +55,9 @@ pub async fn drive(streams: Arc<Streams>, stream: Arc<Stream>, policies: Arc<Pol
         }
         let cfg = policies.current().video.clone();
         migrate_if_planned(&streams, &stream).await;
-        if let Some(wait) = buffered_wait(&streams, &stream, &cfg) {
+        if let Some(wait) =
+            buffered_wait(&streams, &stream, &cfg).or_else(|| relaxed_yield(&streams, &stream, &cfg))
+        {
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = stream.wake.notified() => {}
@@ -86,6 +88,32 @@ fn buffered_wait(streams: &Streams, stream: &Stream, cfg: &VideoConfig) -> Optio
     // Paused: slack stands still, wait for a resume (re-checked each second).
     let wait = if st.playout.paused() { 1.0 } else { excess.min(1.0) };
     Some(Duration::from_secs_f64(wait.max(0.005)))
+}
+
+/// Credit tiers: a RELAXED stream does not ask for a chunk while its engine
+/// has an URGENT one; it leaves the batch slot to it and looks again soon
+/// (its credit falls as it plays, so it never waits long).
+fn relaxed_yield(streams: &Streams, stream: &Stream, cfg: &VideoConfig) -> Option<Duration> {
+    if cfg.order != ChunkOrder::Credit {
+        return None;
+    }
+    let (home, relaxed) = {
+        let st = stream.lock();
+        let next_s = st.next.map_or(stream.chunk_s(), |(_, t)| t);
+        let credit = pv::credit(st.playout.slack(streams.now()), 0.0, next_s);
+        (st.home, pv::urgency(credit, next_s, cfg.alpha) == pv::Urgency::Relaxed)
+    };
+    if !relaxed {
+        return None;
+    }
+    let urgent_there = streams.all().iter().any(|s| {
+        if s.id == stream.id {
+            return false;
+        }
+        let st = s.lock();
+        st.ended.is_none() && st.home == home && st.urgency == pv::Urgency::Urgent
+    });
+    urgent_there.then_some(Duration::from_millis(50))
 }
 
 /// Asks the home engine for the next chunk and delivers it.

@@ -5,12 +5,14 @@
 //! mode*, when none fits: the fastest frontier point that still meets the
 //! floor, to rebuild slack as fast as the floor allows.
 //!
-//! The budget is what the next chunk may take while the stream stays out
-//! of URGENT: `P + D − R − α·T_min` (slack now, plus the chunk's own
-//! duration it adds to the buffer, less the chunk in progress, less the
-//! urgency margin at the fastest configuration). With a large buffer a
-//! stream spends it on quality; as the buffer shrinks the choice converges
-//! on configurations that keep up with playout.
+//! The budget is what the next chunk may take while the buffer stays at
+//! its safe level `α·T_ref` (the urgency margin at the reference, highest
+//! quality, configuration): `P + D − R − α·T_ref` (slack now, plus the
+//! chunk's own duration it adds to the buffer, less the chunk in progress,
+//! less the safe level). Above the safe level a stream spends the excess
+//! on quality; below it the budget is under one chunk duration, so only
+//! configurations faster than playout fit and the buffer refills; with no
+//! fit, speed recovery takes the fastest one over the floor.
 
 use super::fidelity::ConfigPoint;
 
@@ -31,8 +33,8 @@ impl Mode {
 }
 
 /// The time budget for the next chunk, seconds (see the module docs).
-pub fn budget_s(slack_s: f64, chunk_s: f64, in_progress_s: f64, fastest_s: f64, alpha: f64) -> f64 {
-    slack_s + chunk_s - in_progress_s - alpha * fastest_s
+pub fn budget_s(slack_s: f64, chunk_s: f64, in_progress_s: f64, reference_s: f64, alpha: f64) -> f64 {
+    slack_s + chunk_s - in_progress_s - alpha * reference_s
 }
 
 /// Picks from `frontier` (sorted by latency, as [`super::frontier`] returns
@@ -108,8 +110,12 @@ mod tests {
     }
 
     #[test]
-    fn budget_spends_buffer_but_keeps_the_urgency_margin() {
-        assert!((budget_s(2.0, 0.75, 0.1, 0.1, 2.0) - 2.45).abs() < 1e-9);
-        assert!(budget_s(0.0, 0.75, 0.5, 0.2, 2.0) < 0.0);
+    fn budget_spends_only_buffer_above_the_safe_level() {
+        // Safe level 2 × 0.6 s = 1.2 s. At 2 s of slack, 0.8 s to spend.
+        assert!((budget_s(2.0, 0.75, 0.0, 0.6, 2.0) - 1.55).abs() < 1e-9);
+        // At the safe level: one chunk duration, i.e. keep up.
+        assert!((budget_s(1.2, 0.75, 0.0, 0.6, 2.0) - 0.75).abs() < 1e-9);
+        // Below it: faster than playout, to refill.
+        assert!(budget_s(0.5, 0.75, 0.1, 0.6, 2.0) < 0.75);
     }
 }

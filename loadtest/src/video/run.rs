@@ -1,0 +1,349 @@
+//! `loadtest video`: runs a video workload against the gateway. Each
+//! planned stream is created at its time, its SSE feed read as it comes,
+//! played out in real time by a [`Player`], and paused / switched on its
+//! schedule. Writes `results.json` (schema `slo-gateway.loadtest.video/v1`)
+//! and prints a summary: CPR, TTFC, stalls, chunk lateness, quality.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::plan::{plan, PlannedStream, VideoWorkload};
+use super::player::Player;
+use crate::client::{body_bytes, Conn, Proto};
+use crate::sse::SseParser;
+use crate::stats::Summary;
+
+/// Options of `loadtest video`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct VideoArgs {
+    /// Gateway base URL.
+    #[arg(long, default_value = "https://localhost:8443")]
+    pub target: String,
+    /// CA certificate to trust (the development CA by default).
+    #[arg(long, default_value = "certs/ca.pem")]
+    pub ca: PathBuf,
+    /// API key the streams are created with.
+    #[arg(long, default_value = "sk-demo-gold")]
+    pub key: String,
+    #[arg(long, value_enum, default_value_t = VideoWorkload::Steady)]
+    pub workload: VideoWorkload,
+    /// Streams per second (on average).
+    #[arg(long, default_value_t = 0.5)]
+    pub rate: f64,
+    /// Seconds over which streams arrive (they then play to their end).
+    #[arg(long, default_value_t = 30.0)]
+    pub duration: f64,
+    #[arg(long, default_value_t = 16)]
+    pub fps: u32,
+    #[arg(long, default_value_t = 12)]
+    pub frames_per_chunk: u32,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Directory for results.json.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// What one stream saw.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StreamRecord {
+    pub at: f64,
+    pub length_frames: u32,
+    /// `created`, `rejected` (with `code`) or `failed`.
+    pub outcome: String,
+    pub code: Option<String>,
+    pub ttfc_ms: Option<f64>,
+    pub chunks: u64,
+    pub on_time: u64,
+    pub stalls: u64,
+    pub stall_ms: f64,
+    pub lateness_ms: Vec<f64>,
+    pub quality: Vec<f64>,
+    pub modes: BTreeMap<String, u64>,
+    pub rehomes: u64,
+    pub end_reason: Option<String>,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VideoResults {
+    pub schema: String,
+    pub workload: VideoWorkload,
+    pub rate: f64,
+    pub duration_s: f64,
+    pub seed: u64,
+    pub fps: u32,
+    pub frames_per_chunk: u32,
+    pub summary: VideoSummary,
+    pub streams: Vec<StreamRecord>,
+}
+
+/// The figures a viewer notices, over the whole run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct VideoSummary {
+    pub planned: usize,
+    pub created: usize,
+    pub rejected: usize,
+    pub failed: usize,
+    pub chunks: u64,
+    /// Share of all chunks ready by their playout deadline.
+    pub cpr: f64,
+    pub ttfc_ms: Option<Summary>,
+    pub stalls_per_stream: f64,
+    pub stall_s_per_stream: f64,
+    pub lateness_ms: Option<Summary>,
+    pub mean_quality: f64,
+    pub modes: BTreeMap<String, u64>,
+    pub rehomes: u64,
+}
+
+impl VideoSummary {
+    pub fn of(streams: &[StreamRecord]) -> Self {
+        let created: Vec<&StreamRecord> = streams.iter().filter(|s| s.outcome == "created").collect();
+        let chunks: u64 = created.iter().map(|s| s.chunks).sum();
+        let on_time: u64 = created.iter().map(|s| s.on_time).sum();
+        let ttfc: Vec<f64> = created.iter().filter_map(|s| s.ttfc_ms).collect();
+        let lateness: Vec<f64> = created.iter().flat_map(|s| s.lateness_ms.iter().copied()).collect();
+        let quality: Vec<f64> = created.iter().flat_map(|s| s.quality.iter().copied()).collect();
+        let mut modes = BTreeMap::new();
+        for s in &created {
+            for (k, v) in &s.modes {
+                *modes.entry(k.clone()).or_default() += v;
+            }
+        }
+        let n = created.len().max(1) as f64;
+        Self {
+            planned: streams.len(),
+            created: created.len(),
+            rejected: streams.iter().filter(|s| s.outcome == "rejected").count(),
+            failed: streams.iter().filter(|s| s.outcome == "failed").count(),
+            chunks,
+            cpr: if chunks == 0 { 0.0 } else { on_time as f64 / chunks as f64 },
+            ttfc_ms: Summary::of(&ttfc),
+            stalls_per_stream: created.iter().map(|s| s.stalls as f64).sum::<f64>() / n,
+            stall_s_per_stream: created.iter().map(|s| s.stall_ms / 1e3).sum::<f64>() / n,
+            lateness_ms: Summary::of(&lateness),
+            mean_quality: if quality.is_empty() {
+                0.0
+            } else {
+                quality.iter().sum::<f64>() / quality.len() as f64
+            },
+            modes,
+            rehomes: created.iter().map(|s| s.rehomes).sum(),
+        }
+    }
+}
+
+/// Shared between a stream's reader and its scheduled actions.
+struct Live {
+    player: Player,
+    epoch: u64,
+}
+
+async fn post(
+    conn: &Conn,
+    path: &str,
+    key: &str,
+    body: serde_json::Value,
+) -> Result<(u16, serde_json::Value), String> {
+    let resp = conn.post_json(path, Some(key), body.to_string()).await.map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let bytes = body_bytes(resp).await.map_err(|e| e.to_string())?;
+    Ok((status, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)))
+}
+
+/// Runs one planned stream from its arrival to its end.
+async fn one_stream(conn: Conn, args: Arc<VideoArgs>, p: PlannedStream, origin: Instant) -> StreamRecord {
+    tokio::time::sleep_until(origin + Duration::from_secs_f64(p.at)).await;
+    let mut rec = StreamRecord { at: p.at, length_frames: p.length_frames, ..Default::default() };
+    let created_at = Instant::now();
+    let body = json!({
+        "prompt": format!("stream at {:.2}", p.at), "fps": args.fps,
+        "frames_per_chunk": args.frames_per_chunk, "length_frames": p.length_frames,
+    });
+    let id = match post(&conn, "/v1/video/streams", &args.key, body).await {
+        Ok((201, v)) => v["id"].as_str().unwrap_or_default().to_string(),
+        Ok((status, v)) => {
+            rec.outcome = if status == 503 || status == 429 { "rejected" } else { "failed" }.into();
+            rec.code = v["error"]["code"].as_str().map(str::to_string);
+            return rec;
+        }
+        Err(e) => {
+            rec.outcome = "failed".into();
+            rec.code = Some(e);
+            return rec;
+        }
+    };
+    rec.outcome = "created".into();
+    let chunk_s = f64::from(args.frames_per_chunk) / f64::from(args.fps);
+    let live = Arc::new(Mutex::new(Live { player: Player::new(chunk_s), epoch: 0 }));
+    let t = move |at: Instant| at.duration_since(created_at).as_secs_f64();
+    // Scheduled actions: prompt switches and pauses, from the stream's creation.
+    let mut actions = Vec::new();
+    for (i, at) in p.switches.iter().enumerate() {
+        let (conn, args, id, live, at) =
+            (conn.clone(), Arc::clone(&args), id.clone(), Arc::clone(&live), *at);
+        actions.push(tokio::spawn(async move {
+            tokio::time::sleep_until(created_at + Duration::from_secs_f64(at)).await;
+            let path = format!("/v1/video/streams/{id}/prompt");
+            if let Ok((200, _)) =
+                post(&conn, &path, &args.key, json!({"prompt": format!("switch {i}")})).await
+            {
+                let mut l = live.lock().expect("live lock");
+                l.epoch += 1;
+                l.player.switch(t(Instant::now()));
+            }
+        }));
+    }
+    for &(at, dur) in &p.pauses {
+        let (conn, args, id, live) = (conn.clone(), Arc::clone(&args), id.clone(), Arc::clone(&live));
+        actions.push(tokio::spawn(async move {
+            tokio::time::sleep_until(created_at + Duration::from_secs_f64(at)).await;
+            let base = format!("/v1/video/streams/{id}");
+            if post(&conn, &format!("{base}/pause"), &args.key, json!({})).await.is_ok() {
+                live.lock().expect("live lock").player.pause(t(Instant::now()));
+            }
+            tokio::time::sleep(Duration::from_secs_f64(dur)).await;
+            if post(&conn, &format!("{base}/resume"), &args.key, json!({})).await.is_ok() {
+                live.lock().expect("live lock").player.resume(t(Instant::now()));
+            }
+        }));
+    }
+    let limit = Duration::from_secs_f64(f64::from(p.length_frames) / f64::from(args.fps) * 4.0 + 30.0);
+    let read = read_feed(&conn, &args, &id, &live, &mut rec, created_at);
+    if tokio::time::timeout(limit, read).await.is_err() {
+        rec.end_reason = Some("client_timeout".into());
+    }
+    for a in actions {
+        a.abort();
+    }
+    let l = live.lock().expect("live lock");
+    rec.chunks = l.player.chunks;
+    rec.on_time = l.player.on_time;
+    rec.stalls = l.player.stalls;
+    rec.stall_ms = l.player.stall_s * 1e3;
+    rec.lateness_ms = l.player.lateness.iter().map(|x| x * 1e3).collect();
+    rec
+}
+
+async fn read_feed(
+    conn: &Conn,
+    args: &VideoArgs,
+    id: &str,
+    live: &Mutex<Live>,
+    rec: &mut StreamRecord,
+    created_at: Instant,
+) {
+    let Ok(resp) = conn.get(&format!("/v1/video/streams/{id}/events"), Some(&args.key)).await else {
+        rec.end_reason = Some("events_failed".into());
+        return;
+    };
+    let mut body = resp.into_body();
+    let mut parser = SseParser::new();
+    while let Some(Ok(frame)) = body.frame().await {
+        let Ok(data) = frame.into_data() else { continue };
+        for e in parser.push(&data) {
+            let now = created_at.elapsed().as_secs_f64();
+            let v: serde_json::Value = serde_json::from_str(&e.data).unwrap_or_default();
+            match e.event.as_deref() {
+                Some("chunk") => {
+                    let mut l = live.lock().expect("live lock");
+                    if v["prompt_epoch"].as_u64().unwrap_or(0) < l.epoch {
+                        continue; // made for a prompt the viewer left
+                    }
+                    l.player.arrive(now);
+                    rec.ttfc_ms.get_or_insert(now * 1e3);
+                    rec.quality.push(v["quality"].as_f64().unwrap_or(0.0));
+                    *rec.modes.entry(v["mode"].as_str().unwrap_or("?").to_string()).or_default() += 1;
+                }
+                Some("end") => {
+                    rec.rehomes = v["rehomes"].as_u64().unwrap_or(0);
+                    rec.end_reason = v["reason"].as_str().map(str::to_string);
+                    return;
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Runs the workload and writes `results.json`; returns the results.
+pub async fn run(args: VideoArgs) -> Result<VideoResults, String> {
+    let planned = plan(args.workload, args.rate, args.duration, args.fps, args.seed);
+    let conn = Conn::connect(&args.target, Some(&args.ca), Proto::H2).await.map_err(|e| e.to_string())?;
+    let args = Arc::new(args);
+    let origin = Instant::now() + Duration::from_millis(100);
+    let total = planned.len();
+    eprintln!(
+        "video {}: {total} streams over {:.0} s at {} fps, {} frames per chunk",
+        args.workload.label(),
+        args.duration,
+        args.fps,
+        args.frames_per_chunk
+    );
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, p) in planned.into_iter().enumerate() {
+        let (conn, args) = (conn.clone(), Arc::clone(&args));
+        tasks.spawn(async move { (i, one_stream(conn, args, p, origin).await) });
+    }
+    let mut records = vec![StreamRecord::default(); total];
+    let mut progress = crate::progress::Progress::new(total);
+    while let Some(done) = tasks.join_next().await {
+        let (i, rec) = done.map_err(|e| e.to_string())?;
+        records[i] = rec;
+        progress.tick();
+    }
+    progress.done();
+    let results = VideoResults {
+        schema: "slo-gateway.loadtest.video/v1".into(),
+        workload: args.workload,
+        rate: args.rate,
+        duration_s: args.duration,
+        seed: args.seed,
+        fps: args.fps,
+        frames_per_chunk: args.frames_per_chunk,
+        summary: VideoSummary::of(&records),
+        streams: records,
+    };
+    std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
+    let path = args.out.join("results.json");
+    let text = serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?;
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(results)
+}
+
+/// The summary as text.
+pub fn render(r: &VideoResults) -> String {
+    let s = &r.summary;
+    let p = |x: &Option<Summary>, f: fn(&Summary) -> f64| {
+        x.as_ref().map_or("-".to_string(), |v| format!("{:.0}", f(v)))
+    };
+    format!(
+        "workload {}: {} streams planned, {} created, {} rejected, {} failed\n\
+         CPR {:.3} over {} chunks | TTFC p50 {} ms p95 {} ms | stalls {:.2} per stream ({:.2} s)\n\
+         chunk lateness p50 {} ms p99 {} ms | mean quality {:.4} | modes {:?} | re-homes {}",
+        r.workload.label(),
+        s.planned,
+        s.created,
+        s.rejected,
+        s.failed,
+        s.cpr,
+        s.chunks,
+        p(&s.ttfc_ms, |v| v.p50),
+        p(&s.ttfc_ms, |v| v.p95),
+        s.stalls_per_stream,
+        s.stall_s_per_stream,
+        p(&s.lateness_ms, |v| v.p50),
+        p(&s.lateness_ms, |v| v.p99),
+        s.mean_quality,
+        s.modes,
+        s.rehomes
+    )
+}
