@@ -213,8 +213,29 @@ async fn prompt_switch_resets_slack_and_pause_holds_it() {
     let (_, later) = call(&conn, "GET", &path, GOLD, json!({})).await;
     let (a, b) = (st["slack_ms"].as_f64().unwrap(), later["slack_ms"].as_f64().unwrap());
     assert!(b >= a - 5.0, "slack fell while paused: {a} -> {b}");
+    // Paused with a full buffer, the stream is idle: its state leaves the
+    // engine's arena for host memory.
+    let engine = Conn::connect(&sys.engines[0].url, None, Proto::H2).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let load = json(&body_bytes(engine.get("/engine/v1/video/load", None).await.unwrap()).await.unwrap());
+        if load["suspended"] == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never suspended: {load}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let (_, st) = call(&conn, "POST", &format!("{path}/resume"), GOLD, json!({})).await;
     assert_eq!(st["status"], "active");
+    // It plays on: a chunk made after the resume comes (the engine resumed
+    // the state for it).
+    let next = st["chunks"].as_u64().unwrap();
+    loop {
+        let (kind, data) = feed.next().await.unwrap();
+        if kind == "chunk" && data["index"].as_u64().unwrap() >= next {
+            break;
+        }
+    }
     let (status, _) = call(&conn, "DELETE", &path, GOLD, json!({})).await;
     assert_eq!(status, StatusCode::OK);
     let end = loop {

@@ -58,6 +58,7 @@ pub async fn drive(streams: Arc<Streams>, stream: Arc<Stream>, policies: Arc<Pol
         if let Some(wait) =
             buffered_wait(&streams, &stream, &cfg).or_else(|| relaxed_yield(&streams, &stream, &cfg))
         {
+            suspend_if_idle(&streams, &stream).await;
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = stream.wake.notified() => {}
@@ -88,6 +89,23 @@ fn buffered_wait(streams: &Streams, stream: &Stream, cfg: &VideoConfig) -> Optio
     // Paused: slack stands still, wait for a resume (re-checked each second).
     let wait = if st.playout.paused() { 1.0 } else { excess.min(1.0) };
     Some(Duration::from_secs_f64(wait.max(0.005)))
+}
+
+/// A paused stream with a full buffer is idle: its state goes to the
+/// engine's host memory, freeing its arena slot (the engine resumes it
+/// with the next chunk).
+async fn suspend_if_idle(streams: &Streams, stream: &Stream) {
+    let home = {
+        let mut st = stream.lock();
+        if !st.playout.paused() || st.suspended {
+            return;
+        }
+        st.suspended = true;
+        st.home
+    };
+    if let Err(e) = calls::suspend(&streams.pool, home, &stream.id).await {
+        tracing::debug!(event = "video_suspend_failed", stream = %stream.id, error = %e);
+    }
 }
 
 /// Credit tiers: a RELAXED stream does not ask for a chunk while its engine
@@ -140,6 +158,7 @@ async fn next_chunk(streams: &Streams, stream: &Arc<Stream>, cfg: &VideoConfig) 
         };
         (ChunkRequest { epoch: st.epoch, fidelity: plan.fidelity, key, credit }, plan)
     };
+    stream.lock().suspended = false; // the engine resumes it for this chunk
     let result = calls::chunk(&streams.pool, home, &stream.id, &req).await;
     stream.lock().in_flight = None;
     match result {

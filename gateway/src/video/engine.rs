@@ -84,6 +84,12 @@ pub async fn prompt(pool: &EnginePool, idx: usize, id: &str, prompt: &str) -> Re
     call(pool, idx, Method::POST, &session_path(id, "/prompt"), body, CALL_TIMEOUT).await.map(|_| ())
 }
 
+/// Moves the session's state to the engine's host memory (it resumes by
+/// itself with the next chunk).
+pub async fn suspend(pool: &EnginePool, idx: usize, id: &str) -> Result<(), CallError> {
+    call(pool, idx, Method::POST, &session_path(id, "/suspend"), Vec::new(), CALL_TIMEOUT).await.map(|_| ())
+}
+
 pub async fn export(pool: &EnginePool, idx: usize, id: &str) -> Result<Bytes, CallError> {
     call(pool, idx, Method::POST, &session_path(id, "/export"), Vec::new(), CALL_TIMEOUT).await
 }

@@ -68,6 +68,8 @@ pub struct StreamState {
     pub credit_s: f64,
     pub urgency: Urgency,
     pub ended: Option<&'static str>,
+    /// The engine holds the state in host memory (idle while paused).
+    pub suspended: bool,
 }
 
 /// One stream.
@@ -238,6 +240,7 @@ impl Streams {
                 credit_s: budget_s,
                 urgency: Urgency::Relaxed,
                 ended: None,
+                suspended: false,
             }),
             wake: Notify::new(),
             events: tx,
