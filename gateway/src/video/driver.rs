@@ -53,6 +53,9 @@ pub async fn drive(streams: Arc<Streams>, stream: Arc<Stream>, policies: Arc<Pol
         if let Some(reason) = stream.lock().ended {
             break reason;
         }
+        if stream.abandoned(streams.now()) {
+            break "abandoned";
+        }
         let cfg = policies.current().video.clone();
         migrate_if_planned(&streams, &stream).await;
         if let Some(wait) =
@@ -192,7 +195,7 @@ fn deliver(streams: &Streams, stream: &Stream, out: ::engine::video::ChunkOut, p
     } else {
         st.stalls += 1;
         st.stall_s += now - deadline;
-        stream.emit("stall", json!({"index": index, "late_ms": (now - deadline) * 1e3}));
+        let _ = stream.emit("stall", json!({"index": index, "late_ms": (now - deadline) * 1e3}));
         ::metrics::counter!(m::VIDEO_STALLS, "tier" => stream.tier.clone()).increment(1);
     }
     if st.ttfc_s.is_none() {
@@ -201,7 +204,7 @@ fn deliver(streams: &Streams, stream: &Stream, out: ::engine::video::ChunkOut, p
     ::metrics::counter!(m::VIDEO_CHUNKS, "tier" => stream.tier.clone(), "on_time" => if met { "true" } else { "false" }, "mode" => plan.mode)
         .increment(1);
     let slack = st.playout.slack(now);
-    stream.emit(
+    let delivered = stream.emit(
         "chunk",
         json!({
             "index": index,
@@ -218,6 +221,9 @@ fn deliver(streams: &Streams, stream: &Stream, out: ::engine::video::ChunkOut, p
             "frames": out.frames,
         }),
     );
+    if !delivered && st.ended.is_none() {
+        st.ended = Some("client_gone"); // the reader disconnected
+    }
 }
 
 /// Moves the stream if the control tick planned it: export from the home
@@ -286,7 +292,7 @@ async fn finish(streams: &Arc<Streams>, stream: &Arc<Stream>, reason: &'static s
     };
     let _ = calls::end(&streams.pool, home, &stream.id).await;
     let st = stream.lock();
-    stream.emit(
+    let _ = stream.emit(
         "end",
         json!({
             "reason": reason,

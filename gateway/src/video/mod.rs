@@ -25,6 +25,10 @@ use ::engine::video as engine_video;
 use crate::engines::EnginePool;
 use crate::video::engine::Profiles;
 
+/// A stream whose feed nobody opens within this many seconds is ended
+/// (`abandoned`): its events would pile up unread.
+pub const UNREAD_LIMIT_S: f64 = 30.0;
+
 /// One event of a stream's SSE feed.
 #[derive(Debug, Clone)]
 pub struct Event {
@@ -97,8 +101,14 @@ impl Stream {
         f64::from(self.params.frames_per_chunk) / f64::from(self.params.fps)
     }
 
-    pub fn emit(&self, kind: &'static str, data: serde_json::Value) {
-        let _ = self.events.send(Event { kind, data });
+    /// Sends an event to the feed; false when its reader has gone.
+    pub fn emit(&self, kind: &'static str, data: serde_json::Value) -> bool {
+        self.events.send(Event { kind, data }).is_ok()
+    }
+
+    /// Nobody has opened the feed within [`UNREAD_LIMIT_S`] of creation.
+    pub fn abandoned(&self, now: f64) -> bool {
+        now - self.created > UNREAD_LIMIT_S && self.feed.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
     /// The event feed; only the first caller gets it.
