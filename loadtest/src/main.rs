@@ -109,35 +109,18 @@ async fn video(args: loadtest::video::run::VideoArgs) -> Result<(), String> {
 }
 
 fn video_table(files: &[std::path::PathBuf]) -> Result<(), String> {
-    println!("| run | workload | streams | rejected | CPR | TTFC p50 ms | TTFC p95 ms | stalls/stream | stall s/stream | lateness p99 ms | mean quality | re-homes |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let mut runs = Vec::new();
     for f in files {
         let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
         let r: loadtest::video::run::VideoResults =
             serde_json::from_str(&text).map_err(|e| format!("{}: {e}", f.display()))?;
-        let s = &r.summary;
-        let q = |x: &Option<loadtest::stats::Summary>, g: fn(&loadtest::stats::Summary) -> f64| {
-            x.as_ref().map_or("-".to_string(), |v| format!("{:.0}", g(v)))
-        };
         let name = f
             .parent()
             .and_then(|p| p.file_name())
             .map_or_else(|| f.display().to_string(), |n| n.to_string_lossy().into_owned());
-        println!(
-            "| {name} | {} | {} | {} | {:.3} | {} | {} | {:.2} | {:.2} | {} | {:.4} | {} |",
-            r.workload.label(),
-            s.created,
-            s.rejected,
-            s.cpr,
-            q(&s.ttfc_ms, |v| v.p50),
-            q(&s.ttfc_ms, |v| v.p95),
-            s.stalls_per_stream,
-            s.stall_s_per_stream,
-            q(&s.lateness_ms, |v| v.p99),
-            s.mean_quality,
-            s.rehomes
-        );
+        runs.push((name, r));
     }
+    print!("{}", loadtest::video::run::table(&runs));
     Ok(())
 }
 

@@ -9,6 +9,7 @@
 //! docs/api.md): create, next chunk (with its fidelity and ordering key),
 //! prompt switch, suspend, resume, export, import, end.
 
+mod batch;
 pub mod model;
 pub mod png;
 pub mod profile;

@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use policies::video::{ConfigPoint, Fidelity, VideoProfile};
 
+use super::batch::{denoise_batch, BatchItem};
 use super::model::{ssim, Resolution, StreamState, VideoModel};
-use super::sched::{denoise_batch, BatchItem};
 
 /// What to measure.
 #[derive(Debug, Clone)]

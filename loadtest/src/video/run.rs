@@ -319,12 +319,13 @@ pub async fn run(args: VideoArgs) -> Result<VideoResults, String> {
     Ok(results)
 }
 
+fn ms(x: &Option<Summary>, pick: fn(&Summary) -> f64) -> String {
+    x.as_ref().map_or("-".to_string(), |v| format!("{:.0}", pick(v)))
+}
+
 /// The summary as text.
 pub fn render(r: &VideoResults) -> String {
     let s = &r.summary;
-    let p = |x: &Option<Summary>, f: fn(&Summary) -> f64| {
-        x.as_ref().map_or("-".to_string(), |v| format!("{:.0}", f(v)))
-    };
     format!(
         "workload {}: {} streams planned, {} created, {} rejected, {} failed\n\
          CPR {:.3} over {} chunks | TTFC p50 {} ms p95 {} ms | stalls {:.2} per stream ({:.2} s)\n\
@@ -336,14 +337,81 @@ pub fn render(r: &VideoResults) -> String {
         s.failed,
         s.cpr,
         s.chunks,
-        p(&s.ttfc_ms, |v| v.p50),
-        p(&s.ttfc_ms, |v| v.p95),
+        ms(&s.ttfc_ms, |v| v.p50),
+        ms(&s.ttfc_ms, |v| v.p95),
         s.stalls_per_stream,
         s.stall_s_per_stream,
-        p(&s.lateness_ms, |v| v.p50),
-        p(&s.lateness_ms, |v| v.p99),
+        ms(&s.lateness_ms, |v| v.p50),
+        ms(&s.lateness_ms, |v| v.p99),
         s.mean_quality,
         s.modes,
         s.rehomes
     )
+}
+
+/// Several runs as one Markdown table, one row per `(name, results)`.
+pub fn table(runs: &[(String, VideoResults)]) -> String {
+    let mut out = String::from(
+        "| run | workload | streams | rejected | CPR | TTFC p50 ms | TTFC p95 ms | stalls/stream | stall s/stream | lateness p99 ms | mean quality | re-homes |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for (name, r) in runs {
+        let s = &r.summary;
+        out.push_str(&format!(
+            "| {name} | {} | {} | {} | {:.3} | {} | {} | {:.2} | {:.2} | {} | {:.4} | {} |\n",
+            r.workload.label(),
+            s.created,
+            s.rejected,
+            s.cpr,
+            ms(&s.ttfc_ms, |v| v.p50),
+            ms(&s.ttfc_ms, |v| v.p95),
+            s.stalls_per_stream,
+            s.stall_s_per_stream,
+            ms(&s.lateness_ms, |v| v.p99),
+            s.mean_quality,
+            s.rehomes
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_weights_cpr_by_chunk_and_counts_outcomes() {
+        let stream = |chunks, on_time, stalls| StreamRecord {
+            outcome: "created".into(),
+            chunks,
+            on_time,
+            stalls,
+            ttfc_ms: Some(500.0),
+            quality: vec![1.0, 0.98],
+            ..Default::default()
+        };
+        let rejected = StreamRecord {
+            outcome: "rejected".into(),
+            code: Some("video_capacity".into()),
+            ..Default::default()
+        };
+        let s = VideoSummary::of(&[stream(10, 10, 0), stream(30, 15, 4), rejected]);
+        assert_eq!((s.planned, s.created, s.rejected, s.failed), (3, 2, 1, 0));
+        assert!((s.cpr - 25.0 / 40.0).abs() < 1e-9, "chunk-weighted: {}", s.cpr);
+        assert_eq!(s.stalls_per_stream, 2.0);
+        assert!((s.mean_quality - 0.99).abs() < 1e-9);
+        let results = VideoResults {
+            schema: "x".into(),
+            workload: VideoWorkload::Steady,
+            rate: 1.0,
+            duration_s: 1.0,
+            seed: 1,
+            fps: 16,
+            frames_per_chunk: 12,
+            summary: s,
+            streams: vec![],
+        };
+        let t = table(&[("arm".into(), results)]);
+        assert!(t.lines().nth(2).unwrap().starts_with("| arm | steady | 2 | 1 | 0.625 |"), "{t}");
+    }
 }
