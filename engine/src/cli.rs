@@ -127,6 +127,10 @@ pub struct EngineArgs {
     /// Most chunks in one coalesced video batch.
     #[arg(long, default_value_t = 8)]
     pub video_max_batch: u32,
+    /// Register in this fleet's Redis (`redis://host:port`) so every
+    /// gateway of the fleet discovers this engine.
+    #[arg(long)]
+    pub redis: Option<String>,
     /// Exit when standard input closes. A supervising parent holds the other
     /// end of the pipe, so the engine never outlives it, even on SIGKILL.
     #[arg(long)]

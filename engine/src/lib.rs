@@ -14,6 +14,7 @@ pub mod cli;
 pub mod kv;
 pub mod metrics;
 pub mod profile;
+pub mod registry;
 pub mod scheduler;
 pub mod server;
 pub mod stop;
@@ -254,6 +255,9 @@ pub async fn run(args: EngineArgs) -> Result<(), StartError> {
         tokio::net::TcpListener::bind(args.listen).await.map_err(|e| StartError::Bind(args.listen, e))?;
     let addr = listener.local_addr().map_err(|e| StartError::Bind(args.listen, e))?;
     let cold = warm_up(&engine).await?;
+    if let Some(url) = &args.redis {
+        tokio::spawn(registry::register(url.clone(), engine.id.clone(), format!("http://{addr}")));
+    }
     println!(
         "engine ready id={} listen={} backend={} cold_start_ms={:.1}",
         engine.id,

@@ -28,6 +28,8 @@ pub enum Source {
     Api { token_id: String },
     /// `POST /admin/policies/rollback` by this admin token id.
     Rollback { token_id: String },
+    /// Published by another gateway of the fleet (Redis).
+    Cluster,
 }
 
 impl Source {
@@ -39,6 +41,7 @@ impl Source {
             Source::File => "file",
             Source::Api { .. } => "api",
             Source::Rollback { .. } => "rollback",
+            Source::Cluster => "cluster",
         }
     }
 

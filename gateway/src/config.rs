@@ -26,6 +26,8 @@ pub struct GatewayConfig {
     pub engines: Vec<EngineSpec>,
     /// The admin listener and policy reload.
     pub admin: AdminConfig,
+    /// Shared state of a fleet of gateways (Redis), or in memory.
+    pub cluster: crate::cluster::ClusterConfig,
 }
 
 /// The admin API (its own listener) and how policy changes are picked up.
@@ -138,6 +140,7 @@ impl Default for GatewayConfig {
             policies: "policies/default.toml".into(),
             engines: Vec::new(),
             admin: AdminConfig::default(),
+            cluster: crate::cluster::ClusterConfig::default(),
         }
     }
 }

@@ -78,6 +78,21 @@ pub struct EngineSlot {
 }
 
 impl EngineSlot {
+    fn new(spec: EngineSpec) -> Self {
+        Self {
+            spec,
+            ready: AtomicBool::new(false),
+            inflight_tokens: AtomicU64::new(0),
+            active: AtomicU32::new(0),
+            active_out: AtomicU64::new(0),
+            prefill_backlog: AtomicU64::new(0),
+            leased_total: AtomicU64::new(0),
+            leased_at_report: AtomicU64::new(0),
+            last_report: Mutex::new(None),
+            profile: Mutex::new(None),
+        }
+    }
+
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
@@ -126,7 +141,9 @@ pub struct Work {
 /// All engines plus the client that reaches them.
 #[derive(Debug)]
 pub struct EnginePool {
-    slots: Vec<EngineSlot>,
+    /// Append-only: engines discovered later (cluster registry) are added;
+    /// an index always names the same engine.
+    slots: std::sync::RwLock<Vec<Arc<EngineSlot>>>,
     client: EngineClient,
     /// Notified whenever a lease ends (a slot frees).
     pub slot_freed: Notify,
@@ -146,22 +163,29 @@ impl EnginePool {
             // whole connection; remember as many as can be in flight.
             .http2_max_concurrent_reset_streams(MAX_RESET_STREAMS)
             .build(connector);
-        let slots = specs
-            .into_iter()
-            .map(|spec| EngineSlot {
-                spec,
-                ready: AtomicBool::new(false),
-                inflight_tokens: AtomicU64::new(0),
-                active: AtomicU32::new(0),
-                active_out: AtomicU64::new(0),
-                prefill_backlog: AtomicU64::new(0),
-                leased_total: AtomicU64::new(0),
-                leased_at_report: AtomicU64::new(0),
-                last_report: Mutex::new(None),
-                profile: Mutex::new(None),
-            })
-            .collect();
-        Arc::new(Self { slots, client, slot_freed: Notify::new() })
+        let slots = specs.into_iter().map(|spec| Arc::new(EngineSlot::new(spec))).collect();
+        Arc::new(Self { slots: std::sync::RwLock::new(slots), client, slot_freed: Notify::new() })
+    }
+
+    fn slots(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<EngineSlot>>> {
+        self.slots.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds an engine found later (the cluster registry) unless one with
+    /// its id is known; returns its index.
+    pub fn add(&self, spec: EngineSpec) -> usize {
+        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = slots.iter().position(|s| s.spec.id == spec.id) {
+            return i;
+        }
+        tracing::info!(event = "engine_discovered", engine = %spec.id, url = %spec.url);
+        slots.push(Arc::new(EngineSlot::new(spec)));
+        slots.len() - 1
+    }
+
+    /// The specs of every engine, in slot order.
+    pub fn specs(&self) -> Vec<EngineSpec> {
+        self.slots().iter().map(|s| s.spec.clone()).collect()
     }
 
     pub fn client(&self) -> &EngineClient {
@@ -169,20 +193,20 @@ impl EnginePool {
     }
 
     pub fn len(&self) -> usize {
-        self.slots.len()
+        self.slots().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.slots().is_empty()
     }
 
-    pub fn slot(&self, idx: usize) -> &EngineSlot {
-        &self.slots[idx]
+    pub fn slot(&self, idx: usize) -> Arc<EngineSlot> {
+        Arc::clone(&self.slots()[idx])
     }
 
     /// What routing may know about each engine, in slot order.
     pub fn views(&self) -> Vec<EngineView> {
-        self.slots
+        self.slots()
             .iter()
             .map(|s| EngineView {
                 id: s.spec.id.clone(),
@@ -194,24 +218,25 @@ impl EnginePool {
     }
 
     pub fn ready_count(&self) -> usize {
-        self.slots.iter().filter(|s| s.ready.load(Ordering::Acquire)).count()
+        self.slots().iter().filter(|s| s.ready.load(Ordering::Acquire)).count()
     }
 
     /// Counts `work` against engine `idx` until the lease drops.
     pub fn lease(self: &Arc<Self>, idx: usize, work: Work) -> EngineLease {
-        let s = &self.slots[idx];
+        let s = self.slot(idx);
         s.inflight_tokens.fetch_add(work.tokens, Ordering::AcqRel);
         s.active.fetch_add(1, Ordering::AcqRel);
         s.active_out.fetch_add(work.out_tokens, Ordering::AcqRel);
         s.prefill_backlog.fetch_add(work.prompt_tokens, Ordering::AcqRel);
         s.leased_total.fetch_add(work.prompt_tokens + work.out_tokens, Ordering::AcqRel);
-        EngineLease { pool: Arc::clone(self), idx, work, prefilling: true }
+        EngineLease { pool: Arc::clone(self), slot: s, idx, work, prefilling: true }
     }
 
     /// Takes an engine out of routing until its next good load report.
     pub fn mark_unreachable(&self, idx: usize) {
-        if self.slots[idx].ready.swap(false, Ordering::AcqRel) {
-            tracing::warn!(event = "engine_unready", engine = %self.slots[idx].spec.id, why = "dispatch failed");
+        let s = self.slot(idx);
+        if s.ready.swap(false, Ordering::AcqRel) {
+            tracing::warn!(event = "engine_unready", engine = %s.spec.id, why = "dispatch failed");
         }
         metrics::gauge!(crate::metrics::READY_ENGINES).set(self.ready_count() as f64);
     }
@@ -221,7 +246,7 @@ impl EnginePool {
     /// others' updates.
     pub async fn poll_once(self: &Arc<Self>) {
         let mut probes = tokio::task::JoinSet::new();
-        for idx in 0..self.slots.len() {
+        for idx in 0..self.len() {
             let pool = Arc::clone(self);
             probes.spawn(async move { pool.probe(idx).await });
         }
@@ -230,7 +255,7 @@ impl EnginePool {
     }
 
     async fn probe(&self, idx: usize) {
-        let slot = &self.slots[idx];
+        let slot = self.slot(idx);
         let leased = slot.leased_total.load(Ordering::Acquire);
         let report =
             tokio::time::timeout(PROBE_TIMEOUT, self.load_report(&slot.spec.url)).await.ok().flatten();
@@ -290,7 +315,7 @@ impl EnginePool {
     /// Readiness detail for `/readyz`.
     pub fn detail(&self) -> serde_json::Value {
         let engines: Vec<_> = self
-            .slots
+            .slots()
             .iter()
             .map(|s| {
                 serde_json::json!({
@@ -320,6 +345,7 @@ pub fn join(base: &Uri, path: &str) -> Option<Uri> {
 #[derive(Debug)]
 pub struct EngineLease {
     pool: Arc<EnginePool>,
+    slot: Arc<EngineSlot>,
     idx: usize,
     work: Work,
     /// Its prompt still counts as prefill backlog.
@@ -330,12 +356,12 @@ impl EngineLease {
     /// The first token arrived: the prompt is no longer prefill backlog.
     pub fn first_token(&mut self) {
         if std::mem::take(&mut self.prefilling) {
-            self.pool.slots[self.idx].prefill_backlog.fetch_sub(self.work.prompt_tokens, Ordering::AcqRel);
+            self.slot.prefill_backlog.fetch_sub(self.work.prompt_tokens, Ordering::AcqRel);
         }
     }
 
     pub fn engine_id(&self) -> &str {
-        &self.pool.slots[self.idx].spec.id
+        &self.slot.spec.id
     }
 
     pub fn engine_idx(&self) -> usize {
@@ -346,7 +372,7 @@ impl EngineLease {
 impl Drop for EngineLease {
     fn drop(&mut self) {
         self.first_token();
-        let s = &self.pool.slots[self.idx];
+        let s = &self.slot;
         s.inflight_tokens.fetch_sub(self.work.tokens, Ordering::AcqRel);
         s.active_out.fetch_sub(self.work.out_tokens, Ordering::AcqRel);
         s.active.fetch_sub(1, Ordering::AcqRel);

@@ -65,6 +65,9 @@ pub enum ApiError {
     InvalidHeader { header: &'static str, message: String },
     #[error("your organization already has {limit} requests in flight, the most its tier allows; retry when one finishes")]
     TenantConcurrency { limit: u32 },
+    /// The tenant used its tier's requests or tokens for this minute.
+    #[error("your organization has used its {limit} {what} per minute; retry in {retry_after_s} s")]
+    RateLimited { what: &'static str, limit: u32, retry_after_s: u32 },
     /// Admission refused the request for capacity; `reason` is the stable
     /// label (`ttft_infeasible`, `e2e_infeasible`, `kv_headroom`,
     /// `deadline_unreachable`, `brownout_context`).
@@ -118,6 +121,8 @@ impl ApiError {
             ApiError::EnginesAtCapacity(_) => "engines_at_capacity",
             ApiError::InvalidHeader { .. } => "invalid_header",
             ApiError::TenantConcurrency { .. } => "tenant_concurrency",
+            ApiError::RateLimited { what: "requests", .. } => "rate_limit_requests",
+            ApiError::RateLimited { .. } => "rate_limit_tokens",
             ApiError::Overloaded { reason, .. } => reason,
             ApiError::StreamNotFound(_) => "stream_not_found",
             ApiError::StreamEnded => "stream_ended",
@@ -151,7 +156,9 @@ impl ApiError {
             | ApiError::ContextLengthExceeded { .. }
             | ApiError::BodyRead(_)
             | ApiError::InvalidHeader { .. } => StatusCode::BAD_REQUEST,
-            ApiError::TenantConcurrency { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::TenantConcurrency { .. } | ApiError::RateLimited { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::ModelNotFound(_) | ApiError::UnknownUrl(_) => StatusCode::NOT_FOUND,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -197,9 +204,9 @@ impl ApiError {
             | ApiError::EngineFailed(_)
             | ApiError::EnginesAtCapacity(_)
             | ApiError::TenantConcurrency { .. } => Some(1),
-            ApiError::Overloaded { retry_after_s, .. } | ApiError::VideoCapacity { retry_after_s, .. } => {
-                Some(*retry_after_s)
-            }
+            ApiError::Overloaded { retry_after_s, .. }
+            | ApiError::VideoCapacity { retry_after_s, .. }
+            | ApiError::RateLimited { retry_after_s, .. } => Some(*retry_after_s),
             _ => None,
         }
     }

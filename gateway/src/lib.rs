@@ -16,6 +16,7 @@ pub mod admission;
 pub mod audit;
 pub mod body;
 pub mod certs;
+pub mod cluster;
 pub mod config;
 pub mod dispatch;
 pub mod engines;
@@ -57,6 +58,8 @@ pub struct App {
     pub admission: Arc<admission::Admission>,
     /// Video streams.
     pub video: Arc<video::Streams>,
+    /// State shared with the fleet's other gateways (or in memory).
+    pub cluster: Arc<cluster::Cluster>,
     id_prefix: u32,
     next_id: AtomicU64,
 }
@@ -67,8 +70,9 @@ impl App {
         let id_prefix =
             SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() ^ d.as_secs() as u32);
         let admission = admission::Admission::new(Arc::clone(&engines));
-        let video = video::Streams::new(Arc::clone(&engines));
-        Self { config, policies, engines, admission, video, id_prefix, next_id: AtomicU64::new(0) }
+        let cluster = Arc::new(cluster::Cluster::new(config.cluster.clone(), config.listen));
+        let video = video::Streams::new(Arc::clone(&engines), Arc::clone(&cluster));
+        Self { config, policies, engines, admission, video, cluster, id_prefix, next_id: AtomicU64::new(0) }
     }
 }
 
@@ -91,7 +95,7 @@ pub enum StartError {
     Bind(std::net::SocketAddr, std::io::Error),
     #[error("no engine became ready within {0:?}")]
     EnginesNotReady(Duration),
-    #[error("no engines configured: add [[engines]] to the config or use `gateway up`")]
+    #[error("no engines configured: add [[engines]] to the config, give --redis to discover them, or use `gateway up`")]
     NoEngines,
 }
 
@@ -169,7 +173,7 @@ pub async fn run_up(mut config: GatewayConfig, opts: UpOptions) -> Result<(), St
 
 /// Runs a standalone gateway over the engines named in its config.
 pub async fn run_serve(config: GatewayConfig) -> Result<(), StartError> {
-    if config.engines.is_empty() {
+    if config.engines.is_empty() && config.cluster.redis.is_none() {
         return Err(StartError::NoEngines);
     }
     let policy = load_policies(&config.policies)?;
@@ -220,7 +224,8 @@ async fn serve_until_signal(
     let app = Arc::new(App::new(config, Arc::clone(&store), pool));
     tokio::spawn(Arc::clone(&app.admission).run(store.subscribe()));
     tokio::spawn(hints::follow(Arc::clone(&app.engines), store.subscribe()));
-    tokio::spawn(video::control::run(Arc::clone(&app.video), Arc::clone(&store)));
+    tokio::spawn(video::control::run(Arc::clone(&app.video), Arc::clone(&store), Arc::clone(&app.cluster)));
+    tokio::spawn(cluster::sync::run(Arc::clone(&app.cluster), Arc::clone(&app.engines), Arc::clone(&store)));
     tokio::spawn(policy_watch::on_sighup(Arc::clone(&store)));
     if admin_cfg.watch {
         let interval = Duration::from_millis(admin_cfg.watch_interval_ms);

@@ -62,6 +62,10 @@ enum Command {
         /// (`certs/admin.token`, id `dev`).
         #[arg(long)]
         admin_listen: Option<SocketAddr>,
+        /// Share cluster state with other gateways in this Redis
+        /// (`redis://127.0.0.1:6379`); engines register there too.
+        #[arg(long)]
+        redis: Option<String>,
     },
     /// Policy document tools.
     Policy {
@@ -73,6 +77,10 @@ enum Command {
         /// Gateway config file with [tls] and [[engines]].
         #[arg(long)]
         config: PathBuf,
+        /// Share cluster state with other gateways in this Redis, and
+        /// discover the engines registered there.
+        #[arg(long)]
+        redis: Option<String>,
     },
     /// Write a development CA (ca.pem) and a server certificate for
     /// localhost / 127.0.0.1 / ::1 signed by it.
@@ -120,12 +128,18 @@ fn main() -> ExitCode {
                 overflow_engines,
                 overflow_profile,
                 admin_listen,
+                redis,
             } => {
                 let mut cfg = GatewayConfig::load(config.as_deref()).map_err(|e| e.to_string())?;
                 cfg.listen = listen;
                 cfg.policies = policies;
                 if let Some(a) = admin_listen {
                     cfg.admin.listen = a;
+                }
+                let mut engine_args = engine_args;
+                if let Some(url) = redis.or(cfg.cluster.redis.clone()) {
+                    engine_args.push(format!("--redis={url}"));
+                    cfg.cluster.redis = Some(url);
                 }
                 let overflow =
                     overflow_profile.filter(|_| overflow_engines > 0).map(|p| (overflow_engines, p));
@@ -134,8 +148,11 @@ fn main() -> ExitCode {
                 let opts = gateway::UpOptions { launch, certs_dir: certs };
                 gateway::run_up(cfg, opts).await.map_err(|e| e.to_string())
             }
-            Command::Serve { config } => {
-                let cfg = GatewayConfig::load(Some(&config)).map_err(|e| e.to_string())?;
+            Command::Serve { config, redis } => {
+                let mut cfg = GatewayConfig::load(Some(&config)).map_err(|e| e.to_string())?;
+                if redis.is_some() {
+                    cfg.cluster.redis = redis;
+                }
                 gateway::run_serve(cfg).await.map_err(|e| e.to_string())
             }
             Command::Certs { out } => {

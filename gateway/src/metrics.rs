@@ -18,6 +18,7 @@
 //! - `gateway_video_chunks_total{tier,on_time,mode}`: chunks delivered, by
 //!   whether they met their playout deadline and the fidelity mode
 //! - `gateway_video_stalls_total{tier}`, `gateway_video_rehomes_total`
+//! - `gateway_cluster_redis_up`: 1 while Redis cluster state answers
 //! - `gateway_policy_version_info{version}`: 1 for the active policy
 //!   version, 0 for versions it replaced
 //! - `gateway_policy_reloads_total{source,result}`: policy changes applied
@@ -48,6 +49,7 @@ pub const VIDEO_STREAMS: &str = "gateway_video_streams";
 pub const VIDEO_CHUNKS: &str = "gateway_video_chunks_total";
 pub const VIDEO_STALLS: &str = "gateway_video_stalls_total";
 pub const VIDEO_REHOMES: &str = "gateway_video_rehomes_total";
+pub const CLUSTER_REDIS_UP: &str = "gateway_cluster_redis_up";
 pub const POLICY_VERSION: &str = "gateway_policy_version_info";
 pub const POLICY_RELOADS: &str = "gateway_policy_reloads_total";
 
@@ -76,15 +78,22 @@ pub struct RequestObserver {
     tier: String,
     first_seen: bool,
     admitted: Option<(Ticket, Arc<PolicyDocument>, Option<f64>)>,
+    /// The tenant's cluster limits, given back when the response ends.
+    hold: Option<crate::cluster::Hold>,
 }
 
 impl RequestObserver {
     pub fn new(arrived: Instant, tier: &str) -> Self {
         metrics::gauge!(INFLIGHT).increment(1.0);
-        Self { arrived, tier: tier.to_string(), first_seen: false, admitted: None }
+        Self { arrived, tier: tier.to_string(), first_seen: false, admitted: None, hold: None }
     }
 
     /// Attaches the admission ticket and the prediction it was admitted on.
+    /// Keeps the tenant's cluster hold for as long as the response lives.
+    pub fn hold(&mut self, hold: crate::cluster::Hold) {
+        self.hold = Some(hold);
+    }
+
     pub fn admitted(&mut self, ticket: Ticket, policy: Arc<PolicyDocument>, predicted_ttft_ms: Option<f64>) {
         self.admitted = Some((ticket, policy, predicted_ttft_ms));
     }

@@ -163,6 +163,12 @@ impl PolicyStore {
         (r, shown)
     }
 
+    /// The active version's full text (tenant keys included: for
+    /// publishing to the cluster, never for showing).
+    pub fn active_text(&self) -> String {
+        self.lock().history.back().map(|r| r.text.to_string()).unwrap_or_default()
+    }
+
     /// Recent versions, newest (active) first.
     pub fn history(&self) -> Vec<VersionRecord> {
         self.lock().history.iter().rev().cloned().collect()

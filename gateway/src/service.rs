@@ -155,7 +155,8 @@ async fn completions(
         return Err(ApiError::ModelNotFound(parsed.model));
     }
     let (encoder, mut gen, prompt_tokens) = plan(parsed, tier, request_id)?; // tier ceiling and cap
-                                                                             // Admission: admit, degrade or refuse against the tier's SLO, fast.
+    let hold = tenant_limits(app, tenant, tier, u64::from(prompt_tokens) + u64::from(gen.max_tokens)).await?; // fleet-wide limits
+                                                                                                              // Admission: admit, degrade or refuse against the tier's SLO, fast.
     let ask = AdmitRequest {
         tenant,
         tier,
@@ -181,6 +182,7 @@ async fn completions(
     tracing::debug!(event = "request_admitted", request_id, tenant = %tenant.name, tier = %tier.name,
         decision = admitted.verdict.decision, reason = %admitted.verdict.reason);
     let mut observer = RequestObserver::new(arrived, &tier.name);
+    observer.hold(hold);
     observer.admitted(admitted.ticket, Arc::clone(policy), admitted.verdict.predicted_ttft_ms);
     // The gate: wait (with a deadline) for an engine slot when all are busy.
     let first = match admitted.start {
@@ -225,6 +227,31 @@ async fn completions(
             json_response(StatusCode::OK, &encoder.complete(&done.text, done.finish_reason, done.usage));
         insert_engine(resp.headers_mut(), &done.engine_id);
         Ok(resp)
+    }
+}
+
+/// The tenant's fleet-wide limits (concurrency, requests and tokens per
+/// minute), held until the response ends.
+async fn tenant_limits(
+    app: &App,
+    tenant: &Tenant,
+    tier: &Tier,
+    tokens: u64,
+) -> Result<crate::cluster::Hold, ApiError> {
+    let limits = crate::cluster::Limits {
+        max_concurrency: tier.max_concurrency.map(|v| v.get()),
+        requests_per_minute: tier.requests_per_minute.map(|v| v.get()),
+        tokens_per_minute: tier.tokens_per_minute.map(|v| v.get()),
+    };
+    match app.cluster.acquire(&tenant.name, limits, tokens, crate::cluster::wall_ms()).await {
+        Ok(grant) => Ok(crate::cluster::Hold::new(Arc::clone(&app.cluster), grant)),
+        Err(crate::cluster::Denied::Concurrency { limit }) => Err(ApiError::TenantConcurrency { limit }),
+        Err(crate::cluster::Denied::Requests { limit, retry_after_s }) => {
+            Err(ApiError::RateLimited { what: "requests", limit, retry_after_s })
+        }
+        Err(crate::cluster::Denied::Tokens { limit, retry_after_s }) => {
+            Err(ApiError::RateLimited { what: "tokens", limit, retry_after_s })
+        }
     }
 }
 
@@ -370,6 +397,7 @@ fn models(policy: &PolicyDocument, only: Option<&str>) -> Response<GatewayBody> 
 
 fn readyz(app: &App, policy: &PolicyDocument) -> Response<GatewayBody> {
     let mut detail = app.engines.detail();
+    detail["cluster"] = app.cluster.detail();
     detail["admission"] = json!({
         "mode": format!("{:?}", policy.admission.mode).to_lowercase(),
         "brownout_level": app.admission.brownout_level(),

@@ -81,6 +81,10 @@ pub struct Tier {
     pub output_floor_tokens: u32,
     /// Requests one tenant of this tier may have open at once (429 beyond).
     pub max_concurrency: Option<NonZeroU32>,
+    /// Requests one tenant may start per wall-clock minute (429 beyond).
+    pub requests_per_minute: Option<NonZeroU32>,
+    /// Prompt + `max_tokens` tokens one tenant may ask for per minute.
+    pub tokens_per_minute: Option<NonZeroU32>,
     /// Allowed degradations, in the order they are tried.
     pub degradations: Vec<Degradation>,
     /// Engine class the `faster_class` degradation moves requests to.
@@ -161,6 +165,8 @@ struct RawTier {
     priority_weight: NonZeroU32,
     output_floor_tokens: Option<u32>,
     max_concurrency: Option<NonZeroU32>,
+    requests_per_minute: Option<NonZeroU32>,
+    tokens_per_minute: Option<NonZeroU32>,
     #[serde(default = "all_degradations")]
     degradations: Vec<Degradation>,
     overflow_class: Option<String>,
@@ -230,6 +236,8 @@ impl PolicyDocument {
                 priority_weight: t.priority_weight,
                 output_floor_tokens: floor,
                 max_concurrency: t.max_concurrency,
+                requests_per_minute: t.requests_per_minute,
+                tokens_per_minute: t.tokens_per_minute,
                 degradations: t.degradations,
                 overflow_class: t.overflow_class,
             });

@@ -16,10 +16,13 @@ use super::Streams;
 use crate::reload::PolicyStore;
 
 /// Runs the tick under the active policy version; spawn it.
-pub async fn run(streams: Arc<Streams>, policies: Arc<PolicyStore>) {
+/// Only the fleet's leader (the cluster's leader lease; a lone gateway
+/// always) plans moves.
+pub async fn run(streams: Arc<Streams>, policies: Arc<PolicyStore>, cluster: Arc<crate::cluster::Cluster>) {
     loop {
-        let cfg = policies.current().video.clone();
+        let mut cfg = policies.current().video.clone();
         tokio::time::sleep(Duration::from_secs_f64(cfg.control_tick_s)).await;
+        cfg.rehoming &= cluster.is_leader();
         let moves = tick(&streams, &cfg);
         if !moves.is_empty() {
             tracing::info!(event = "video_rehoming_plan", moves = moves.len());

@@ -247,6 +247,8 @@ async fn migrate_if_planned(streams: &Streams, stream: &Stream) {
             st.home = to;
             st.last_moved = Some(streams.now());
             st.rehomes += 1;
+            drop(st);
+            streams.record_home(stream, to);
             ::metrics::counter!(m::VIDEO_REHOMES).increment(1);
             tracing::info!(event = "video_rehomed", stream = %stream.id, from, to);
         }

@@ -155,15 +155,18 @@ pub struct Streams {
     streams: Mutex<HashMap<String, Arc<Stream>>>,
     pub pool: Arc<EnginePool>,
     pub profiles: Profiles,
+    /// Where stream ownership is recorded for the fleet.
+    pub cluster: Arc<crate::cluster::Cluster>,
     next_id: std::sync::atomic::AtomicU64,
 }
 
 impl Streams {
-    pub fn new(pool: Arc<EnginePool>) -> Arc<Self> {
+    pub fn new(pool: Arc<EnginePool>, cluster: Arc<crate::cluster::Cluster>) -> Arc<Self> {
         Arc::new(Self {
             origin: Instant::now(),
             streams: Mutex::new(HashMap::new()),
             profiles: Profiles::new(Arc::clone(&pool)),
+            cluster,
             pool,
             next_id: std::sync::atomic::AtomicU64::new(1),
         })
@@ -194,6 +197,26 @@ impl Streams {
 
     pub fn remove(&self, id: &str) {
         self.map().remove(id);
+    }
+
+    /// Records a stream's home engine and owner in the cluster state (off
+    /// the request path; a no-op in memory mode).
+    pub fn record_home(&self, stream: &Stream, home: usize) {
+        let Some(redis) = &self.cluster.redis else { return };
+        if !redis.is_up() {
+            return;
+        }
+        let (cluster, id, engine, tenant) = (
+            Arc::clone(&self.cluster),
+            stream.id.clone(),
+            self.pool.slot(home).spec.id.clone(),
+            stream.tenant.clone(),
+        );
+        tokio::spawn(async move {
+            if let Some(r) = &cluster.redis {
+                let _ = r.set_stream(&id, &engine, &tenant).await;
+            }
+        });
     }
 
     /// Live streams homed on each engine.

@@ -229,6 +229,7 @@ async fn create(
         return Err(ApiError::EngineFailed(e.to_string()));
     }
     ::metrics::gauge!(m::VIDEO_STREAMS).increment(1.0);
+    streams.record_home(&stream, home);
     tokio::spawn(driver::drive(Arc::clone(streams), Arc::clone(&stream), Arc::clone(&app.policies)));
     let id = &stream.id;
     tracing::info!(event = "video_stream_created", stream = %id, tenant = %tenant.name, engine = home);

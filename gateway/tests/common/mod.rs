@@ -22,6 +22,8 @@ pub const MODEL: &str = "synthetic-small";
 pub const GOLD: &str = "sk-demo-gold";
 pub const SILVER: &str = "sk-demo-silver";
 pub const BRONZE: &str = "sk-demo-bronze";
+/// The admin token of gateways started with [`System::serve_beside`].
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 
 /// The shipped policy document's text.
 pub fn default_policy() -> String {
@@ -121,6 +123,12 @@ impl System {
                 Stdio::null()
             })
             .kill_on_drop(true);
+        let ca = dir.join("certs/ca.pem");
+        Self::spawn(cmd, dir, policies, ca).await
+    }
+
+    /// Runs `cmd` (a gateway) and reads its start-up lines up to `ready:`.
+    async fn spawn(mut cmd: Command, dir: PathBuf, policies: PathBuf, ca: PathBuf) -> Self {
         let mut child = cmd.spawn().expect("gateway binary starts");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut base = None;
@@ -151,7 +159,6 @@ impl System {
         tokio::time::timeout(Duration::from_secs(30), read).await.expect("gateway ready within 30 s");
         // Keep draining stdout so the gateway never writes into a closed pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let ca = dir.join("certs/ca.pem");
         System {
             child,
             base: base.expect("listening line"),
@@ -161,6 +168,38 @@ impl System {
             engines: infos,
             dir,
         }
+    }
+
+    /// A second gateway (`gateway serve`) beside `other`, with its
+    /// certificate, the policy text `policy`, an admin token `ADMIN_TOKEN`,
+    /// and `args` (such as `--redis URL`). It has no engines of its own.
+    pub async fn serve_beside(other: &System, policy: &str, args: &[&str]) -> Self {
+        let dir = scratch_dir();
+        let policies = dir.join("policies.toml");
+        std::fs::write(&policies, policy).unwrap();
+        let certs = other.dir.join("certs");
+        let config = format!(
+            "listen = \"127.0.0.1:0\"\npolicies = {policies:?}\n[tls]\ncert = {:?}\nkey = {:?}\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n[[admin.tokens]]\nid = \"ops\"\ntoken = \"{ADMIN_TOKEN}\"\n",
+            certs.join("server.pem"),
+            certs.join("server.key"),
+        );
+        let config_path = dir.join("gateway.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(if std::env::var_os("GATEWAY_TEST_LOGS").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .kill_on_drop(true);
+        Self::spawn(cmd, dir, policies, certs.join("ca.pem")).await
     }
 
     pub async fn conn(&self, proto: Proto) -> Conn {
@@ -179,9 +218,17 @@ impl System {
             .unwrap()
     }
 
-    /// The development admin token `gateway up` made.
+    /// The admin token: the one `gateway up` made, or [`ADMIN_TOKEN`] for a
+    /// gateway from [`System::serve_beside`].
     pub fn admin_token(&self) -> String {
-        std::fs::read_to_string(self.dir.join("certs/admin.token")).unwrap().trim().to_string()
+        std::fs::read_to_string(self.dir.join("certs/admin.token"))
+            .map_or_else(|_| ADMIN_TOKEN.to_string(), |t| t.trim().to_string())
+    }
+
+    /// `/readyz` of this gateway.
+    pub async fn readyz(&self) -> serde_json::Value {
+        let conn = self.conn(Proto::H2).await;
+        json(&body_bytes(conn.get("/readyz", None).await.unwrap()).await.unwrap())
     }
 
     /// The load report of engine `id`, read straight from the engine.
@@ -293,4 +340,75 @@ pub fn completion(prompt: &str, max_tokens: u32, stream: bool) -> String {
 
 pub fn header<'a>(resp: &'a http::Response<hyper::body::Incoming>, name: &str) -> &'a str {
     resp.headers().get(name).map_or("", |v| v.to_str().unwrap())
+}
+
+/// A real `redis-server` on a free loopback port, private to one test
+/// (`scripts/test-all` installs it from Debian's packages when missing).
+pub struct Redis {
+    pub port: u16,
+    child: Option<std::process::Child>,
+    dir: PathBuf,
+}
+
+impl Redis {
+    pub fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut r = Redis { port, child: None, dir: scratch_dir() };
+        r.restart();
+        r
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server (again, on the same port) and waits for PONG.
+    pub fn restart(&mut self) {
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (scripts/test-all installs it)");
+        self.child = Some(child);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
+                use std::io::{Read, Write};
+                let mut buf = [0u8; 7];
+                if s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+                {
+                    return;
+                }
+            }
+            assert!(std::time::Instant::now() < deadline, "redis-server did not start on {}", self.port);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILLs the server.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

@@ -1,0 +1,289 @@
+//! Cluster state in Redis. Key layout (prefix `slo:`; docs/operations.md):
+//!
+//! | key | type | TTL | what |
+//! | --- | --- | --- | --- |
+//! | `slo:lease:{tenant}` | sorted set: lease id -> expiry ms | lease TTL | open requests of a tenant |
+//! | `slo:rpm:{tenant}:{minute}` | counter | 61 s | requests in a wall-clock minute |
+//! | `slo:tpm:{tenant}:{minute}` | counter | 61 s | tokens in it |
+//! | `slo:engines` | set of engine ids | none (ids whose key expired are skipped) | the registry's index |
+//! | `slo:engine:{id}` | string: base URL | 10 s, refreshed every 3 s by the engine | a live engine |
+//! | `slo:policy` | string: JSON `{version, text}` | none | the active policy document |
+//! | `slo:leader` | string: node id | 5 s, renewed every 0.5 s by the leader | the control-loop leader |
+//! | `slo:stream:{id}` | hash: engine, tenant | 1 h, refreshed per move | a video stream's home and owner |
+//!
+//! The request path makes one round trip (the acquire script); releases,
+//! renewals and everything else run off the request path.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{AsyncCommands, Script};
+use tokio::sync::OnceCell;
+
+use super::{retry_after_window, ClusterConfig, Denied, Grant, Limits};
+use crate::metrics as m;
+
+/// Concurrency lease, request window and token window in one step.
+/// KEYS: lease zset, rpm counter, tpm counter. ARGV: now ms, lease id,
+/// lease ttl ms, max concurrency, rpm, tpm, tokens (0 = no limit).
+/// Returns {0} granted, {1} concurrency, {2} requests, {3} tokens.
+const ACQUIRE: &str = r"
+local now = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[3])
+local conc, rpm, tpm, tokens = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if conc > 0 and redis.call('ZCARD', KEYS[1]) >= conc then return 1 end
+if rpm > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') + 1 > rpm then return 2 end
+if tpm > 0 and tonumber(redis.call('GET', KEYS[3]) or '0') + tokens > tpm then return 3 end
+if rpm > 0 then redis.call('INCR', KEYS[2]); redis.call('PEXPIRE', KEYS[2], 61000) end
+if tpm > 0 then redis.call('INCRBY', KEYS[3], tokens); redis.call('PEXPIRE', KEYS[3], 61000) end
+if conc > 0 then
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return 0
+";
+
+/// Take or keep the leader lease. KEYS: leader key. ARGV: node id, ttl ms.
+/// Returns 1 when this node leads.
+const LEAD: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if cur == false or cur == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
+  return 1
+end
+return 0
+";
+
+/// The Redis side of the cluster.
+pub struct RedisState {
+    url: String,
+    timeout: Duration,
+    lease_ttl_ms: u64,
+    conn: Arc<OnceCell<ConnectionManager>>,
+    up: Arc<AtomicBool>,
+    acquire: Script,
+    lead: Script,
+    /// Leases this gateway holds: renewed while held.
+    held: Arc<Mutex<HashSet<(String, String)>>>,
+    next_lease: AtomicU64,
+    lease_prefix: String,
+}
+
+impl std::fmt::Debug for RedisState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisState").field("url", &self.url).field("up", &self.is_up()).finish()
+    }
+}
+
+fn mark_down(up: &AtomicBool, e: &redis::RedisError) {
+    if up.swap(false, Ordering::AcqRel) {
+        tracing::warn!(event = "redis_down", error = %e);
+        ::metrics::gauge!(m::CLUSTER_REDIS_UP).set(0.0);
+    }
+}
+
+fn timeout_err() -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Io, "timed out"))
+}
+
+impl RedisState {
+    pub fn new(url: &str, cfg: &ClusterConfig) -> Self {
+        Self {
+            url: url.to_string(),
+            timeout: Duration::from_millis(cfg.timeout_ms.max(1)),
+            lease_ttl_ms: cfg.lease_ttl_s.max(1) * 1000,
+            conn: Arc::new(OnceCell::new()),
+            up: Arc::new(AtomicBool::new(false)),
+            acquire: Script::new(ACQUIRE),
+            lead: Script::new(LEAD),
+            held: Arc::new(Mutex::new(HashSet::new())),
+            next_lease: AtomicU64::new(0),
+            lease_prefix: format!("{}-{}", std::process::id(), super::wall_ms()),
+        }
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn mark_down(&self, e: &redis::RedisError) {
+        mark_down(&self.up, e);
+    }
+
+    fn mark_up(&self) {
+        if !self.up.swap(true, Ordering::AcqRel) {
+            tracing::info!(event = "redis_up", url = %self.url);
+            ::metrics::gauge!(m::CLUSTER_REDIS_UP).set(1.0);
+        }
+    }
+
+    /// The connection, made on first use (a gateway starts without Redis).
+    async fn conn(&self) -> redis::RedisResult<ConnectionManager> {
+        let url = self.url.clone();
+        let timeout = self.timeout;
+        let c = self
+            .conn
+            .get_or_try_init(|| async move {
+                let client = redis::Client::open(url)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(Duration::from_millis(500)))
+                    .set_response_timeout(Some(timeout.max(Duration::from_millis(200))))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(500));
+                client.get_connection_manager_with_config(config).await
+            })
+            .await?;
+        Ok(c.clone())
+    }
+
+    /// Runs `f` with the request-path timeout.
+    async fn timed<T>(
+        &self,
+        f: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> redis::RedisResult<T> {
+        tokio::time::timeout(self.timeout, f).await.unwrap_or_else(|_| Err(timeout_err()))
+    }
+
+    /// The acquire script; `Err` only for a Redis failure.
+    pub async fn acquire(
+        &self,
+        tenant: &str,
+        limits: Limits,
+        tokens: u64,
+        now_ms: u64,
+    ) -> redis::RedisResult<Result<Grant, Denied>> {
+        let lease = format!("{}-{}", self.lease_prefix, self.next_lease.fetch_add(1, Ordering::Relaxed));
+        let minute = now_ms / 60_000;
+        let mut conn = self.timed(self.conn()).await?;
+        let code: i64 = self
+            .timed(
+                self.acquire
+                    .key(format!("slo:lease:{tenant}"))
+                    .key(format!("slo:rpm:{tenant}:{minute}"))
+                    .key(format!("slo:tpm:{tenant}:{minute}"))
+                    .arg(now_ms)
+                    .arg(&lease)
+                    .arg(self.lease_ttl_ms)
+                    .arg(limits.max_concurrency.unwrap_or(0))
+                    .arg(limits.requests_per_minute.unwrap_or(0))
+                    .arg(limits.tokens_per_minute.unwrap_or(0))
+                    .arg(tokens)
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        let retry_after_s = retry_after_window(now_ms);
+        Ok(match code {
+            0 => {
+                let lease = limits.max_concurrency.map(|_| lease);
+                if let Some(l) = &lease {
+                    self.held
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert((tenant.to_string(), l.clone()));
+                }
+                Ok(Grant { tenant: tenant.to_string(), lease, local: false })
+            }
+            1 => Err(Denied::Concurrency { limit: limits.max_concurrency.unwrap_or(0) }),
+            2 => Err(Denied::Requests { limit: limits.requests_per_minute.unwrap_or(0), retry_after_s }),
+            _ => Err(Denied::Tokens { limit: limits.tokens_per_minute.unwrap_or(0), retry_after_s }),
+        })
+    }
+
+    /// Removes a lease, off the request path (it expires anyway).
+    pub fn release(&self, tenant: &str, lease: String) {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).remove(&(tenant.to_string(), lease.clone()));
+        if !self.is_up() {
+            return;
+        }
+        let (conn, tenant, up) = (Arc::clone(&self.conn), tenant.to_string(), Arc::clone(&self.up));
+        tokio::spawn(async move {
+            if let Some(c) = conn.get() {
+                let mut c = c.clone();
+                let r: redis::RedisResult<()> = c.zrem(format!("slo:lease:{tenant}"), lease).await;
+                if let Err(e) = r {
+                    mark_down(&up, &e);
+                }
+            }
+        });
+    }
+
+    /// Health check and lease renewal, every sync tick.
+    pub async fn heartbeat(&self, now_ms: u64) -> redis::RedisResult<()> {
+        let mut conn = self.timed(self.conn()).await?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("PING").ignore();
+        let held: Vec<(String, String)> =
+            self.held.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
+        for (tenant, lease) in &held {
+            let key = format!("slo:lease:{tenant}");
+            pipe.cmd("ZADD").arg(&key).arg("XX").arg(now_ms + self.lease_ttl_ms).arg(lease).ignore();
+            pipe.cmd("PEXPIRE").arg(&key).arg(self.lease_ttl_ms).ignore();
+        }
+        let r: redis::RedisResult<()> =
+            tokio::time::timeout(Duration::from_secs(1), pipe.query_async(&mut conn))
+                .await
+                .unwrap_or_else(|_| Err(timeout_err()));
+        match r {
+            Ok(()) => {
+                self.mark_up();
+                Ok(())
+            }
+            Err(e) => {
+                self.mark_down(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Live engines: `(id, url)` of every registered id whose key is alive.
+    pub async fn engines(&self) -> redis::RedisResult<Vec<(String, String)>> {
+        let mut conn = self.conn().await?;
+        let ids: Vec<String> = conn.smembers("slo:engines").await?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = ids.iter().map(|id| format!("slo:engine:{id}")).collect();
+        let urls: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?;
+        Ok(ids.into_iter().zip(urls).filter_map(|(id, url)| url.map(|u| (id, u))).collect())
+    }
+
+    /// The published policy `(version, text)`, if any.
+    pub async fn policy(&self) -> redis::RedisResult<Option<(String, String)>> {
+        let mut conn = self.conn().await?;
+        let raw: Option<String> = conn.get("slo:policy").await?;
+        Ok(raw.and_then(|r| {
+            let v: serde_json::Value = serde_json::from_str(&r).ok()?;
+            Some((v["version"].as_str()?.to_string(), v["text"].as_str()?.to_string()))
+        }))
+    }
+
+    pub async fn publish_policy(&self, version: &str, text: &str) -> redis::RedisResult<()> {
+        let mut conn = self.conn().await?;
+        let body = serde_json::json!({"version": version, "text": text}).to_string();
+        conn.set("slo:policy", body).await
+    }
+
+    /// Takes or keeps the leader lease; true when this node leads.
+    pub async fn lead(&self, node: &str, ttl_ms: u64) -> redis::RedisResult<bool> {
+        let mut conn = self.conn().await?;
+        let r: i64 = self.lead.key("slo:leader").arg(node).arg(ttl_ms).invoke_async(&mut conn).await?;
+        Ok(r == 1)
+    }
+
+    /// Records a video stream's home engine and owner.
+    pub async fn set_stream(&self, id: &str, engine: &str, tenant: &str) -> redis::RedisResult<()> {
+        let mut conn = self.conn().await?;
+        let key = format!("slo:stream:{id}");
+        redis::pipe()
+            .hset_multiple(&key, &[("engine", engine), ("tenant", tenant)])
+            .ignore()
+            .expire(&key, 3600)
+            .ignore()
+            .query_async(&mut conn)
+            .await
+    }
+}

@@ -1,0 +1,92 @@
+//! The background side of Redis cluster state, every [`SYNC_EVERY`]: health
+//! (a ping, which also renews this gateway's concurrency leases), engine
+//! discovery from the registry, policy convergence, and the leader lease.
+//! Nothing here is on the request path.
+//!
+//! Policy convergence: a change made on this gateway (any trigger) is
+//! published; a version published by another gateway is applied here (the
+//! audit log says source `cluster`). The last change wins.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{wall_ms, Cluster, SYNC_EVERY};
+use crate::audit::Source;
+use crate::engines::{EnginePool, EngineSpec};
+use crate::reload::{Mode, PolicyStore};
+
+/// How long the leader lease lives without renewal.
+const LEADER_TTL: Duration = Duration::from_secs(5);
+
+/// Runs until the process ends; spawn it (no-op without Redis).
+pub async fn run(cluster: Arc<Cluster>, pool: Arc<EnginePool>, store: Arc<PolicyStore>) {
+    let Some(redis) = &cluster.redis else { return };
+    let mut versions = store.subscribe();
+    let mut ticks = tokio::time::interval(SYNC_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The version this gateway and the cluster last agreed on.
+    let mut synced = store.current().version.clone();
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            changed = versions.changed() => if changed.is_err() { return },
+        }
+        if redis.heartbeat(wall_ms()).await.is_err() {
+            cluster.set_leader(false);
+            continue;
+        }
+        match redis.engines().await {
+            Ok(found) => {
+                for (id, url) in found {
+                    if let Ok(url) = url.parse() {
+                        pool.add(EngineSpec { id, url });
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(event = "registry_read_failed", error = %e),
+        }
+        synced = converge_policy(redis, &store, synced).await;
+        match redis.lead(&cluster.node_id, LEADER_TTL.as_millis() as u64).await {
+            Ok(leads) => cluster.set_leader(leads),
+            Err(_) => cluster.set_leader(false),
+        }
+    }
+}
+
+/// One round of policy convergence; returns the version now agreed on.
+async fn converge_policy(redis: &super::redis::RedisState, store: &PolicyStore, synced: String) -> String {
+    let active = store.current().version.clone();
+    let remote = match redis.policy().await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(event = "policy_read_failed", error = %e);
+            return synced;
+        }
+    };
+    let local_change = active != synced;
+    match remote {
+        Some((version, text)) if !local_change && version != active => {
+            match store.apply("cluster", &text, Source::Cluster, Mode::Apply) {
+                Ok(a) => {
+                    tracing::info!(event = "policy_from_cluster", version = %a.version, previous = %a.previous)
+                }
+                Err(e) => tracing::error!(event = "policy_from_cluster_rejected", %version, error = %e),
+            }
+            version
+        }
+        Some((version, _)) if version == active => active,
+        _ => {
+            // Ours is newer (or none is published yet): publish it.
+            match redis.publish_policy(&active, &store.active_text()).await {
+                Ok(()) => {
+                    tracing::info!(event = "policy_published", version = %active);
+                    active
+                }
+                Err(e) => {
+                    tracing::warn!(event = "policy_publish_failed", error = %e);
+                    synced
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! Several gateways on one real `redis-server`: a tenant's limits hold
+//! across gateways; engines registered through one are used by the other;
+//! a reload on one is active on both; the leader lease moves when the
+//! leader dies; Redis killed during load fails no request, and state comes
+//! back when Redis does.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use http::StatusCode;
+use loadtest::client::{body_bytes, Proto};
+use serde_json::Value;
+
+/// Polls `check` on `sys`'s `/readyz` until it holds (10 s at most).
+async fn wait_ready(sys: &System, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = sys.readyz().await;
+        if check(&r) {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "{what}: {r}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn ready_engines(r: &Value) -> usize {
+    r["detail"]["engines"].as_array().map_or(0, |e| e.iter().filter(|e| e["ready"] == true).count())
+}
+
+#[tokio::test]
+async fn two_gateways_share_engines_limits_and_the_policy() {
+    let redis = Redis::start();
+    let url = redis.url();
+    let policy = default_policy().replacen("max_concurrency = 256", "max_concurrency = 2", 3);
+    let a = System::start_with_policy(&paced(0, 40), 1, &["--redis", &url], Some(&policy)).await;
+    let b = System::serve_beside(&a, &policy, &["--redis", &url]).await;
+    // B has no engines of its own: it finds A's in the registry.
+    let r = wait_ready(&b, "B discovers the engine", |r| ready_engines(r) == 1).await;
+    assert_eq!(r["detail"]["engines"][0]["id"], a.engines[0].id.as_str());
+    assert_eq!(r["detail"]["cluster"]["mode"], "redis");
+    let (ca, cb) = (a.conn(Proto::H2).await, b.conn(Proto::H2).await);
+    let resp = cb.send(request("/v1/chat/completions", GOLD, chat_body("hi", 4, false), &[])).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "B serves on the discovered engine");
+    // Bronze may have 2 requests open fleet-wide: one held on each gateway.
+    let prompt = long_prompt(80);
+    let held_a = ca.post_json("/v1/completions", Some(BRONZE), completion(&prompt, 60, true)).await.unwrap();
+    let held_b = cb.post_json("/v1/completions", Some(BRONZE), completion(&prompt, 60, true)).await.unwrap();
+    assert_eq!((held_a.status(), held_b.status()), (StatusCode::OK, StatusCode::OK));
+    for conn in [&ca, &cb] {
+        let resp = conn.post_json("/v1/completions", Some(BRONZE), completion("x", 2, false)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(json(&body_bytes(resp).await.unwrap())["error"]["code"], "tenant_concurrency");
+    }
+    drop(sse_events(held_a).await);
+    let resp = cb.post_json("/v1/completions", Some(BRONZE), completion("x", 2, false)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "a lease released on A frees capacity on B");
+    drop(sse_events(held_b).await);
+    // A reload applied on A becomes active on B.
+    let text = default_policy().replacen("max_concurrency = 256", "max_concurrency = 3", 3);
+    let version = PolicyVersion::of(&text);
+    let admin = a.admin_conn().await;
+    let req = http::Request::put("/admin/policies")
+        .header("authorization", format!("Bearer {}", a.admin_token()))
+        .body(http_body_util::Full::new(bytes::Bytes::from(text)))
+        .unwrap();
+    assert_eq!(admin.send(req).await.unwrap().status(), StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let resp =
+            cb.send(request("/v1/chat/completions", GOLD, chat_body("hi", 2, false), &[])).await.unwrap();
+        if resp.headers()["x-policy-version"] == version.as_str() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "B never took A's reload");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let audit = b.admin_conn().await;
+    let body =
+        body_bytes(audit.get("/admin/policies/audit", Some(ADMIN_TOKEN)).await.unwrap()).await.unwrap();
+    assert_eq!(json(&body)["entries"][0]["source"], "cluster");
+}
+
+/// The version id of a policy text.
+struct PolicyVersion;
+
+impl PolicyVersion {
+    fn of(text: &str) -> String {
+        policies::PolicyDocument::parse("t", text).unwrap().version
+    }
+}
+
+#[tokio::test]
+async fn requests_per_minute_hold_across_gateways() {
+    let redis = Redis::start();
+    let url = redis.url();
+    let policy = default_policy().replacen(
+        "priority_weight = 2\n",
+        "priority_weight = 2\nrequests_per_minute = 3\n",
+        1,
+    );
+    assert_ne!(policy, default_policy());
+    let a = System::start_with_policy(INSTANT, 1, &["--redis", &url], Some(&policy)).await;
+    let b = System::serve_beside(&a, &policy, &["--redis", &url]).await;
+    wait_ready(&b, "B discovers the engine", |r| ready_engines(r) == 1).await;
+    let (ca, cb) = (a.conn(Proto::H2).await, b.conn(Proto::H2).await);
+    // Windows are wall-clock minutes: a run that straddles one starts over.
+    for _attempt in 0..2 {
+        let minute =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 60;
+        let mut statuses = Vec::new();
+        for conn in [&ca, &cb, &ca, &cb] {
+            let resp = conn
+                .send(request("/v1/chat/completions", SILVER, chat_body("hi", 2, false), &[]))
+                .await
+                .unwrap();
+            statuses.push((resp.status(), resp.headers().get("retry-after").is_some()));
+            let _ = body_bytes(resp).await;
+        }
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 60;
+        if now != minute {
+            continue;
+        }
+        assert_eq!(statuses[..3].iter().filter(|s| s.0 == StatusCode::OK).count(), 3, "{statuses:?}");
+        assert_eq!(statuses[3], (StatusCode::TOO_MANY_REQUESTS, true), "the 4th in a minute, fleet-wide");
+        return;
+    }
+    panic!("two attempts straddled minute boundaries");
+}
+
+#[tokio::test]
+async fn the_leader_lease_moves_when_the_leader_dies() {
+    let redis = Redis::start();
+    let url = redis.url();
+    let mut a = System::start_with_policy(INSTANT, 1, &["--redis", &url], Some(&default_policy())).await;
+    wait_ready(&a, "A leads", |r| r["detail"]["cluster"]["leader"] == true).await;
+    let b = System::serve_beside(&a, &default_policy(), &["--redis", &url]).await;
+    let r = wait_ready(&b, "B has joined", |r| r["detail"]["cluster"]["redis_up"] == true).await;
+    assert_eq!(r["detail"]["cluster"]["leader"], false, "one leader at a time");
+    a.child.start_kill().unwrap();
+    let _ = a.child.wait().await;
+    let started = Instant::now();
+    wait_ready(&b, "B takes over", |r| r["detail"]["cluster"]["leader"] == true).await;
+    assert!(started.elapsed() < Duration::from_secs(8), "took {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn redis_dying_under_load_fails_no_request_and_state_comes_back() {
+    let mut redis = Redis::start();
+    let url = redis.url();
+    let sys = System::start_with_policy(&paced(1, 2), 2, &["--redis", &url], Some(&default_policy())).await;
+    wait_ready(&sys, "Redis up", |r| r["detail"]["cluster"]["redis_up"] == true).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let (conn, stop) = (sys.conn(Proto::H2).await, Arc::clone(&stop));
+        workers.push(tokio::spawn(async move {
+            let (mut sent, mut failed) = (0, Vec::new());
+            while !stop.load(Ordering::Relaxed) && sent < 2000 {
+                sent += 1;
+                match conn.send(request("/v1/chat/completions", GOLD, chat_body("hi", 4, true), &[])).await {
+                    Ok(r) if r.status() == StatusCode::OK => {
+                        let events = sse_events(r).await;
+                        if events.last().map(|e| e.data.as_str()) != Some("[DONE]") {
+                            failed.push("unfinished stream".to_string());
+                        }
+                    }
+                    Ok(r) => failed.push(r.status().to_string()),
+                    Err(e) => failed.push(e.to_string()),
+                }
+            }
+            (sent, failed)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    redis.kill();
+    let r = wait_ready(&sys, "Redis down is reported", |r| r["detail"]["cluster"]["redis_up"] == false).await;
+    assert_eq!(r["ready"], true, "still ready without Redis");
+    assert!(sys.metrics().await.contains("gateway_cluster_redis_up 0"));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    redis.restart();
+    wait_ready(&sys, "Redis back", |r| r["detail"]["cluster"]["redis_up"] == true).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut sent, mut failed) = (0, Vec::new());
+    for w in workers {
+        let (n, f) = w.await.unwrap();
+        sent += n;
+        failed.extend(f);
+    }
+    assert!(sent > 50, "only {sent} requests");
+    assert!(failed.is_empty(), "{} of {sent} failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
+}
