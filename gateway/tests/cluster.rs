@@ -184,7 +184,16 @@ async fn redis_dying_under_load_fails_no_request_and_state_comes_back() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     redis.restart();
     wait_ready(&sys, "Redis back", |r| r["detail"]["cluster"]["redis_up"] == true).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The fresh Redis is filled again: the policy republished, both engines
+    // registered again, the leader lease retaken.
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while redis.command(&["EXISTS", "slo:policy"]) != ":1"
+        || redis.command(&["SCARD", "slo:engines"]) != ":2"
+        || redis.command(&["EXISTS", "slo:leader"]) != ":1"
+    {
+        assert!(Instant::now() < deadline, "state did not resync into the restarted Redis");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     stop.store(true, Ordering::Relaxed);
     let (mut sent, mut failed) = (0, Vec::new());
     for w in workers {

@@ -397,6 +397,20 @@ impl Redis {
         }
     }
 
+    /// One command over RESP; the reply's first line (`:1`, `+OK`, …).
+    pub fn command(&self, args: &[&str]) -> String {
+        use std::io::{BufRead, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("redis reachable");
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        s.write_all(req.as_bytes()).unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(s).read_line(&mut line).unwrap();
+        line.trim_end().to_string()
+    }
+
     /// SIGKILLs the server.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
