@@ -187,7 +187,9 @@ async fn redis_dying_under_load_fails_no_request_and_state_comes_back() {
     // The fresh Redis is filled again: the policy republished, both engines
     // registered again, the leader lease retaken.
     let deadline = Instant::now() + Duration::from_secs(8);
+    let load_key = format!("slo:load:{}", sys.engines[0].id);
     while redis.command(&["EXISTS", "slo:policy"]) != ":1"
+        || redis.command(&["EXISTS", &load_key]) != ":1"
         || redis.command(&["SCARD", "slo:engines"]) != ":2"
         || redis.command(&["EXISTS", "slo:leader"]) != ":1"
     {

@@ -7,6 +7,7 @@
 //! | `slo:tpm:{tenant}:{minute}` | counter | 61 s | tokens in it |
 //! | `slo:engines` | set of engine ids | none (ids whose key expired are skipped) | the registry's index |
 //! | `slo:engine:{id}` | string: base URL | 10 s, refreshed every 3 s by the engine | a live engine |
+//! | `slo:load:{id}` | string: JSON load report | 5 s, refreshed every 0.5 s | an engine's latest load |
 //! | `slo:policy` | string: JSON `{version, text}` | none | the active policy document |
 //! | `slo:leader` | string: node id | 5 s, renewed every 0.5 s by the leader | the control-loop leader |
 //! | `slo:stream:{id}` | hash: engine, tenant | 1 h, refreshed per move | a video stream's home and owner |
@@ -272,6 +273,20 @@ impl RedisState {
         let mut conn = self.conn().await?;
         let r: i64 = self.lead.key("slo:leader").arg(node).arg(ttl_ms).invoke_async(&mut conn).await?;
         Ok(r == 1)
+    }
+
+    /// Publishes the latest load report of each engine this gateway polls
+    /// (`slo:load:{id}`, 5 s TTL), for the fleet's other gateways and tools.
+    pub async fn put_loads(&self, reports: &[(String, String)]) -> redis::RedisResult<()> {
+        if reports.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.conn().await?;
+        let mut pipe = redis::pipe();
+        for (id, json) in reports {
+            pipe.cmd("SET").arg(format!("slo:load:{id}")).arg(json).arg("PX").arg(5000).ignore();
+        }
+        pipe.query_async(&mut conn).await
     }
 
     /// Records a video stream's home engine and owner.

@@ -1,6 +1,7 @@
 //! The background side of Redis cluster state, every [`SYNC_EVERY`]: health
 //! (a ping, which also renews this gateway's concurrency leases), engine
-//! discovery from the registry, policy convergence, and the leader lease.
+//! discovery from the registry, the engines' latest load reports, policy
+//! convergence, and the leader lease.
 //! Nothing here is on the request path.
 //!
 //! Policy convergence: a change made on this gateway (any trigger) is
@@ -44,6 +45,16 @@ pub async fn run(cluster: Arc<Cluster>, pool: Arc<EnginePool>, store: Arc<Policy
                 }
             }
             Err(e) => tracing::debug!(event = "registry_read_failed", error = %e),
+        }
+        let reports: Vec<(String, String)> = (0..pool.len())
+            .filter_map(|i| {
+                let slot = pool.slot(i);
+                let report = slot.report()?;
+                Some((slot.spec.id.clone(), serde_json::to_string(&report).ok()?))
+            })
+            .collect();
+        if let Err(e) = redis.put_loads(&reports).await {
+            tracing::debug!(event = "load_publish_failed", error = %e);
         }
         synced = converge_policy(redis, &store, synced).await;
         match redis.lead(&cluster.node_id, LEADER_TTL.as_millis() as u64).await {
