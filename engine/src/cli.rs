@@ -138,6 +138,19 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
+    /// These options with `--backend auto` resolved to this machine's
+    /// backend; logs which and why.
+    pub fn resolved(mut self) -> Self {
+        let (kind, why) = self.backend.resolve();
+        if self.backend == BackendKind::Auto {
+            tracing::warn!(event = "backend_selected", engine = %self.id, backend = kind.as_str(), why = %why);
+        } else {
+            tracing::info!(event = "backend_selected", engine = %self.id, backend = kind.as_str(), why = %why);
+        }
+        self.backend = kind;
+        self
+    }
+
     /// The cpu backend's model shape.
     pub fn model_config(&self) -> ModelConfig {
         ModelConfig {
@@ -159,7 +172,7 @@ impl EngineArgs {
     pub fn kv_pages(&self) -> u32 {
         self.kv_pages.unwrap_or_else(|| match self.backend {
             BackendKind::Emulated => 16384,
-            BackendKind::Cpu => {
+            BackendKind::Cpu | BackendKind::Auto => {
                 let page_bytes =
                     self.model_config().kv_bytes_per_token() as u64 * u64::from(self.page_tokens.max(1));
                 let budget = u64::from(self.kv_cache_mb) << 20;

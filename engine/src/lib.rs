@@ -151,7 +151,9 @@ fn profile_source(args: &EngineArgs) -> Result<(String, String), StartError> {
             BackendKind::Emulated => {
                 ("bundled emulated-a100-8b.toml".to_string(), DEFAULT_PROFILE.to_string())
             }
-            BackendKind::Cpu => ("bundled cpu-epyc-2core.toml".to_string(), CPU_PROFILE.to_string()),
+            BackendKind::Cpu | BackendKind::Auto => {
+                ("bundled cpu-epyc-2core.toml".to_string(), CPU_PROFILE.to_string())
+            }
         },
     };
     Ok((name, text))
@@ -166,7 +168,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
     let engine_class = profile.engine_class.clone();
     let scheduler = match args.backend {
         BackendKind::Emulated => Scheduler::spawn(Emulated { profile }, Arc::clone(&kv), cfg),
-        BackendKind::Cpu => {
+        BackendKind::Cpu | BackendKind::Auto => {
             let model = args.model_config();
             model.validate().map_err(StartError::Model)?;
             let cpu = Cpu::new(model, args.cpu_threads(), kv.total_pages(), args.page_tokens);
@@ -182,7 +184,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
             BackendKind::Emulated => {
                 ("bundled video-emulated-h100.toml".to_string(), VIDEO_PROFILE.to_string())
             }
-            BackendKind::Cpu => {
+            BackendKind::Cpu | BackendKind::Auto => {
                 ("bundled video-cpu-epyc-2core.toml".to_string(), CPU_VIDEO_PROFILE.to_string())
             }
         },
@@ -250,6 +252,7 @@ pub async fn warm_up(engine: &Engine) -> Result<Duration, StartError> {
 /// supervisors parse `listen=` from it.
 pub async fn run(args: EngineArgs) -> Result<(), StartError> {
     metrics::handle(); // install the recorder before the first metric
+    let args = args.resolved(); // `--backend auto`: probe for a GPU
     let engine = build(&args)?;
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.map_err(|e| StartError::Bind(args.listen, e))?;

@@ -96,6 +96,7 @@ pub struct Measured {
 /// of configurations.
 pub fn run_video(args: &ProfileArgs) -> Result<usize, ProfileError> {
     use crate::video::profile as vp;
+    let args = &ProfileArgs { engine: args.engine.clone().resolved(), ..args.clone() };
     let e = &args.engine;
     let host = host_cpu();
     let profile = match (&args.rescale, args.reference_ms) {
@@ -150,6 +151,7 @@ pub fn run_video(args: &ProfileArgs) -> Result<usize, ProfileError> {
 
 /// Runs `engine profile` and writes the file.
 pub fn run(args: &ProfileArgs) -> Result<Measured, ProfileError> {
+    let args = &ProfileArgs { engine: args.engine.clone().resolved(), ..args.clone() };
     let e = &args.engine;
     let kv = KvAllocator::new(e.kv_config());
     let m = match e.backend {
@@ -157,7 +159,7 @@ pub fn run(args: &ProfileArgs) -> Result<Measured, ProfileError> {
             let profile = crate::load_profile(e)?;
             measure(&mut Emulated { profile }, &kv, args)?
         }
-        BackendKind::Cpu => {
+        BackendKind::Cpu | BackendKind::Auto => {
             let model = e.model_config();
             model.validate().map_err(crate::StartError::Model)?;
             measure(&mut Cpu::new(model, e.cpu_threads(), kv.total_pages(), e.page_tokens), &kv, args)?
@@ -292,7 +294,7 @@ fn render(args: &ProfileArgs, class: &str, host: &str, m: &Measured) -> String {
     let points =
         |v: &[(u32, f64)]| v.iter().map(|(x, ms)| format!("[{x}, {ms:.3}]")).collect::<Vec<_>>().join(", ");
     let model = match e.backend {
-        BackendKind::Cpu => format!(
+        BackendKind::Cpu | BackendKind::Auto => format!(
             "cpu model: {} layers, hidden {}, {} heads, MLP {}, vocab {}, seed {}; {} compute threads",
             e.model_layers,
             e.model_hidden,

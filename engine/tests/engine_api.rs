@@ -153,3 +153,38 @@ async fn sigterm_drains_in_flight_work_then_exits() {
     let status = tokio::time::timeout(Duration::from_secs(10), e.child.wait()).await.unwrap().unwrap();
     assert!(status.success(), "exits cleanly after the drain: {status:?}");
 }
+
+/// `--backend auto` on a machine without a usable GPU (or without the GPU
+/// model backend) runs `cpu` and says why on its log; it never fails to
+/// start for want of CUDA.
+#[tokio::test]
+async fn backend_auto_picks_a_backend_and_says_why() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(["--listen", "127.0.0.1:0", "--id", "auto0", "--exit-on-stdin-eof", "--backend", "auto"])
+        .args(["--model-layers", "1", "--model-hidden", "32", "--model-heads", "2", "--model-ffn", "64"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let ready = tokio::time::timeout(
+        Duration::from_secs(60),
+        BufReader::new(child.stdout.take().unwrap()).lines().next_line(),
+    )
+    .await
+    .expect("ready within 60 s")
+    .unwrap()
+    .unwrap();
+    assert!(ready.contains("backend=cpu"), "{ready}");
+    let _ = child.start_kill();
+    let mut log = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut child.stderr.take().unwrap(), &mut log).await.unwrap();
+    assert!(log.contains("backend_selected") && log.contains("using cpu"), "{log}");
+    let why_present = log.contains("without the `cuda` feature")
+        || log.contains("could not be loaded")
+        || log.contains("no device")
+        || log.contains("found, but");
+    assert!(why_present, "{log}");
+}

@@ -13,6 +13,7 @@
 
 pub mod cpu;
 pub mod emulated;
+pub mod gpu;
 
 use std::time::Duration;
 
@@ -26,6 +27,10 @@ pub enum BackendKind {
     Emulated,
     /// A synthetic transformer computed on the host's CPU.
     Cpu,
+    /// The best this machine offers: a GPU backend when a GPU is present and
+    /// the engine has one for it, else `cpu`. Resolved once at start, with
+    /// the reason logged (`event = "backend_selected"`).
+    Auto,
 }
 
 impl BackendKind {
@@ -33,13 +38,30 @@ impl BackendKind {
         match self {
             BackendKind::Emulated => "emulated",
             BackendKind::Cpu => "cpu",
+            BackendKind::Auto => "auto",
+        }
+    }
+
+    /// The concrete backend for this machine and why. `Auto` probes for a
+    /// GPU; the GPU model backend is not in this build yet (CUDA issue), so
+    /// it resolves to `cpu` either way and says which case it is.
+    pub fn resolve(self) -> (BackendKind, String) {
+        match self {
+            BackendKind::Auto => match gpu::probe() {
+                Ok(d) => (
+                    BackendKind::Cpu,
+                    format!("GPU {} found, but this engine has no GPU model backend yet: using cpu", d.name),
+                ),
+                Err(why) => (BackendKind::Cpu, format!("no usable GPU ({why}): using cpu")),
+            },
+            other => (other, "asked for".to_string()),
         }
     }
 
     /// Whether steps compute on the calling thread (and so must not run on
     /// the async runtime's workers).
     pub fn computes_on_host(self) -> bool {
-        matches!(self, BackendKind::Cpu)
+        matches!(self, BackendKind::Cpu | BackendKind::Auto)
     }
 }
 

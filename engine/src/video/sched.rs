@@ -489,7 +489,7 @@ impl Core {
                     })
                     .collect()
             }
-            BackendKind::Cpu => {
+            BackendKind::Cpu | BackendKind::Auto => {
                 let model = Arc::clone(&self.model);
                 let threads = self.cfg.threads.max(1);
                 let job = tokio::task::spawn_blocking(move || {
