@@ -1,0 +1,109 @@
+//! The video session scheduler through its public handle: suspend and
+//! resume restore bit-identical state, export / import continue the same
+//! video on another engine, a full arena suspends the highest-credit
+//! resident, ready chunks coalesce, and a prompt switch drops stale chunks.
+
+use engine::backend::BackendKind;
+use engine::video::{ChunkRequest, CreateSession, Resolution, VideoConfig, VideoEngine, VideoError};
+use policies::video::{ConfigPoint, Fidelity, Precision, VideoProfile};
+fn profile() -> VideoProfile {
+    let configs = Fidelity::sweep()
+        .into_iter()
+        .map(|f| ConfigPoint { fidelity: f, chunk_ms: f64::from(f.steps) * 10.0, quality: 0.9 })
+        .collect();
+    VideoProfile {
+        model: "m".into(),
+        engine_class: "cpu-test".into(),
+        latent_frames: 3,
+        batch_cost: 0.5,
+        configs,
+    }
+}
+
+fn engine(backend: BackendKind, arena_slots: u32) -> VideoEngine {
+    VideoEngine::spawn(VideoConfig {
+        backend,
+        profile: profile(),
+        arena_slots,
+        max_batch: 8,
+        threads: 2,
+        model_seed: 1,
+    })
+}
+
+fn create(id: &str, prompt: &str) -> CreateSession {
+    CreateSession { id: id.into(), prompt: prompt.into(), resolution: Resolution::Tiny, latent_frames: 3 }
+}
+
+fn req(epoch: u32, credit: f64) -> ChunkRequest {
+    ChunkRequest { epoch, fidelity: Fidelity::HIGHEST, key: credit, credit }
+}
+
+#[tokio::test]
+async fn suspend_then_resume_restores_bit_identical_state_and_output() {
+    let v = engine(BackendKind::Cpu, 4);
+    v.create(create("a", "a lighthouse at dusk")).await.unwrap();
+    v.create(create("b", "a lighthouse at dusk")).await.unwrap();
+    for _ in 0..2 {
+        v.chunk("a", req(0, 1.0)).await.unwrap();
+        v.chunk("b", req(0, 1.0)).await.unwrap();
+    }
+    let before = v.state("a").await.unwrap();
+    v.suspend("a").await.unwrap();
+    assert_eq!(v.load().await.suspended, 1);
+    assert_eq!(v.state("a").await.unwrap(), before, "host copy is exact");
+    v.resume("a").await.unwrap();
+    assert_eq!(v.state("a").await.unwrap(), before);
+    // The next chunk is the same as the one of a stream never suspended.
+    let a = v.chunk("a", req(0, 1.0)).await.unwrap();
+    let b = v.chunk("b", req(0, 1.0)).await.unwrap();
+    assert_eq!(a.index, 2);
+    assert_eq!(a.frames, b.frames);
+    assert_eq!(a.frames.len(), 12);
+    // Export / import on another engine continues the same video.
+    let other = engine(BackendKind::Cpu, 4);
+    let bytes = v.export("a").await.unwrap();
+    assert_eq!(v.chunk("a", req(0, 1.0)).await.unwrap_err(), VideoError::NoSession("a".into()));
+    other.import("a", bytes).await.unwrap();
+    let a = other.chunk("a", req(0, 1.0)).await.unwrap();
+    let b = v.chunk("b", req(0, 1.0)).await.unwrap();
+    assert_eq!((a.index, &a.frames), (3, &b.frames));
+}
+
+#[tokio::test]
+async fn a_full_arena_suspends_the_highest_credit_resident() {
+    let v = engine(BackendKind::Emulated, 2);
+    for id in ["x", "y", "z"] {
+        v.create(create(id, id)).await.unwrap();
+    }
+    assert_eq!(v.load().await.resident, 2, "the third starts suspended");
+    v.chunk("x", req(0, 5.0)).await.unwrap();
+    v.chunk("y", req(0, 0.5)).await.unwrap();
+    // z needs a slot: x has the most credit and goes.
+    v.chunk("z", req(0, 0.1)).await.unwrap();
+    let load = v.load().await;
+    assert_eq!((load.resident, load.suspended), (2, 1));
+    assert!(v.state("x").await.is_ok());
+    let before = load.suspends;
+    v.chunk("y", req(0, 0.2)).await.unwrap(); // resident: no suspension
+    assert_eq!(v.load().await.suspends, before);
+}
+
+#[tokio::test]
+async fn coalesces_ready_chunks_and_drops_stale_epochs() {
+    let v = engine(BackendKind::Emulated, 8);
+    for id in ["p", "q", "r"] {
+        v.create(create(id, id)).await.unwrap();
+    }
+    let (a, b, c) =
+        tokio::join!(v.chunk("p", req(0, 1.0)), v.chunk("q", req(0, 2.0)), v.chunk("r", req(0, 3.0)));
+    let sizes = [a.unwrap().batch, b.unwrap().batch, c.unwrap().batch];
+    assert!(sizes.iter().any(|&s| s >= 2), "ready chunks share a batch: {sizes:?}");
+    assert_eq!(v.prompt("p", "something else".into()).await.unwrap(), 1);
+    assert_eq!(v.chunk("p", req(0, 1.0)).await.unwrap_err(), VideoError::StaleEpoch { got: 0, current: 1 });
+    let fresh = v.chunk("p", req(1, 1.0)).await.unwrap();
+    assert_eq!(fresh.index, 0, "a new prompt starts over");
+    let odd = Fidelity { steps: 9, sparsity_pct: 0, window: 7, precision: Precision::Fp16 };
+    let bad = ChunkRequest { fidelity: odd, ..req(1, 1.0) };
+    assert!(matches!(v.chunk("p", bad).await, Err(VideoError::UnknownFidelity(_))));
+}
