@@ -63,6 +63,21 @@ pub struct System {
     pub dir: PathBuf,
 }
 
+/// The gateway binary with the fixtures' stdio (stdout read for its
+/// start-up lines; logs shown with `GATEWAY_TEST_LOGS=1`), killed on drop.
+fn gateway_command() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(if std::env::var_os("GATEWAY_TEST_LOGS").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
+        .kill_on_drop(true);
+    cmd
+}
+
 fn scratch_dir() -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
@@ -104,7 +119,7 @@ impl System {
             }
             None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/default.toml"),
         };
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
+        let mut cmd = gateway_command();
         cmd.arg("up")
             .args(["--listen", "127.0.0.1:0", "--engines", &engines.to_string()])
             .arg("--certs")
@@ -114,15 +129,7 @@ impl System {
             .arg("--policies")
             .arg(&policies)
             .args(["--admin-listen", "127.0.0.1:0"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(if std::env::var_os("GATEWAY_TEST_LOGS").is_some() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
-            .kill_on_drop(true);
+            .args(extra);
         let ca = dir.join("certs/ca.pem");
         Self::spawn(cmd, dir, policies, ca).await
     }
@@ -186,19 +193,8 @@ impl System {
         );
         let config_path = dir.join("gateway.toml");
         std::fs::write(&config_path, config).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
-        cmd.arg("serve")
-            .arg("--config")
-            .arg(&config_path)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(if std::env::var_os("GATEWAY_TEST_LOGS").is_some() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
-            .kill_on_drop(true);
+        let mut cmd = gateway_command();
+        cmd.arg("serve").arg("--config").arg(&config_path).args(args);
         Self::spawn(cmd, dir, policies, certs.join("ca.pem")).await
     }
 
