@@ -172,7 +172,7 @@ impl EngineArgs {
     pub fn kv_pages(&self) -> u32 {
         self.kv_pages.unwrap_or_else(|| match self.backend {
             BackendKind::Emulated => 16384,
-            BackendKind::Cpu | BackendKind::Auto => {
+            BackendKind::Cpu | BackendKind::Cuda | BackendKind::Auto => {
                 let page_bytes =
                     self.model_config().kv_bytes_per_token() as u64 * u64::from(self.page_tokens.max(1));
                 let budget = u64::from(self.kv_cache_mb) << 20;

@@ -11,6 +11,7 @@ pub mod api;
 pub mod backend;
 pub mod body;
 pub mod cli;
+pub mod gpu;
 pub mod kv;
 pub mod metrics;
 pub mod profile;
@@ -127,6 +128,8 @@ pub enum StartError {
     Bind(std::net::SocketAddr, std::io::Error),
     #[error("cpu model: {0}")]
     Model(String),
+    #[error("cuda backend: {0}")]
+    Gpu(String),
     #[error(transparent)]
     VideoProfile(#[from] policies::video::fidelity::VideoProfileError),
     #[error("warm-up failed: {0}")]
@@ -148,7 +151,9 @@ fn profile_source(args: &EngineArgs) -> Result<(String, String), StartError> {
             (p.display().to_string(), text)
         }
         None => match args.backend {
-            BackendKind::Emulated => {
+            // No GPU profile is shipped yet (one is measured with `engine
+            // profile --backend cuda`): a GPU-class emulated one stands in.
+            BackendKind::Emulated | BackendKind::Cuda => {
                 ("bundled emulated-a100-8b.toml".to_string(), DEFAULT_PROFILE.to_string())
             }
             BackendKind::Cpu | BackendKind::Auto => {
@@ -166,8 +171,17 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
     let kv = KvAllocator::new(args.kv_config());
     let cfg = args.scheduler_config(profile.clone());
     let engine_class = profile.engine_class.clone();
+    let mut gpu_video = None;
     let scheduler = match args.backend {
         BackendKind::Emulated => Scheduler::spawn(Emulated { profile }, Arc::clone(&kv), cfg),
+        BackendKind::Cuda => {
+            let model = args.model_config();
+            model.validate().map_err(StartError::Model)?;
+            let (lm, video) = gpu::start_cuda(model, kv.total_pages(), args.page_tokens, args.model_seed)
+                .map_err(StartError::Gpu)?;
+            gpu_video = Some(video);
+            Scheduler::spawn(lm, Arc::clone(&kv), cfg)
+        }
         BackendKind::Cpu | BackendKind::Auto => {
             let model = args.model_config();
             model.validate().map_err(StartError::Model)?;
@@ -181,7 +195,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
             std::fs::read_to_string(p).map_err(|e| StartError::ReadProfile(p.display().to_string(), e))?,
         ),
         None => match args.backend {
-            BackendKind::Emulated => {
+            BackendKind::Emulated | BackendKind::Cuda => {
                 ("bundled video-emulated-h100.toml".to_string(), VIDEO_PROFILE.to_string())
             }
             BackendKind::Cpu | BackendKind::Auto => {
@@ -197,6 +211,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
         max_batch: args.video_max_batch.max(1),
         threads: args.cpu_threads(),
         model_seed: args.model_seed,
+        gpu: gpu_video,
     });
     Ok(Arc::new(Engine {
         id: args.id.clone(),

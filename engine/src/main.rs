@@ -1,7 +1,8 @@
 //! `engine`: one inference engine process (see the `engine` library docs).
 //!
 //! `engine [FLAGS]` serves; `engine profile --backend <b> --out FILE`
-//! measures the backend and writes a latency profile.
+//! measures the backend and writes a latency profile; `engine gpu-check`
+//! and `engine gpu-bench` check and measure the cuda backend on a GPU.
 
 use clap::{Parser, Subcommand};
 
@@ -24,7 +25,13 @@ struct Cli {
 enum Command {
     /// Measure prefill and decode timings of a backend and write a latency
     /// profile that `emulated` replays and the gateway's estimator loads.
-    Profile(engine::profile::ProfileArgs),
+    Profile(Box<engine::profile::ProfileArgs>),
+    /// Run both models on the GPU and on the cpu backend and compare their
+    /// outputs within the documented tolerances (exit 1 when one is out).
+    GpuCheck,
+    /// Measure the GPU: dense bf16 GEMM rate, the video model's achieved
+    /// rate, coalescing, pinned offload/restore bandwidth, LM decode.
+    GpuBench(engine::gpu::bench::BenchArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -49,6 +56,14 @@ fn main() -> std::process::ExitCode {
                 m.ms_per_1k_context
             );
         }),
+        Some(Command::GpuCheck) => match engine::gpu::run_check() {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(engine::StartError::Gpu("some GPU results are outside tolerance".into()).into()),
+            Err(e) => Err(engine::StartError::Gpu(e).into()),
+        },
+        Some(Command::GpuBench(b)) => {
+            engine::gpu::run_bench(&b).map_err(|e| engine::StartError::Gpu(e).into())
+        }
         None => match tokio::runtime::Runtime::new() {
             Ok(rt) => rt.block_on(engine::run(cli.args)).map_err(Into::into),
             Err(e) => {

@@ -109,9 +109,21 @@ pub fn run_video(args: &ProfileArgs) -> Result<usize, ProfileError> {
             vp::rescale(&measured, ms, args.batch_cost, &class)
         }
         _ => {
-            if e.backend != BackendKind::Cpu {
-                return Err(ProfileError::Video("measuring the video model needs --backend cpu".into()));
-            }
+            let gpu = match e.backend {
+                BackendKind::Cpu => None,
+                BackendKind::Cuda => {
+                    Some(crate::gpu::open_video(e.model_seed).map_err(crate::StartError::Gpu)?)
+                }
+                _ => {
+                    return Err(ProfileError::Video(
+                        "measuring the video model needs --backend cpu or --backend cuda".into(),
+                    ))
+                }
+            };
+            let default_class = match (&gpu, e.backend) {
+                (Some(g), _) => format!("cuda-{}", slug(&g.device_name())),
+                _ => format!("cpu-{}", slug(&host)),
+            };
             let vargs = vp::VideoProfileArgs {
                 resolution: args.video_resolution,
                 latent_frames: 3,
@@ -122,10 +134,14 @@ pub fn run_video(args: &ProfileArgs) -> Result<usize, ProfileError> {
                 ],
                 threads: e.cpu_threads(),
                 model_seed: e.model_seed,
-                engine_class: args.engine_class.clone().unwrap_or_else(|| format!("cpu-{}", slug(&host))),
+                engine_class: args.engine_class.clone().unwrap_or(default_class),
                 model: "synthetic-video".into(),
             };
-            vp::measure(&vargs, |i, n, p| {
+            let runner = match &gpu {
+                Some(g) => vp::Runner::Gpu(&**g),
+                None => vp::Runner::Cpu { threads: vargs.threads },
+            };
+            vp::measure(&vargs, runner, |i, n, p| {
                 eprintln!(
                     "[{i:>2}/{n}] {:<18} {:>8.2} ms  quality {:.4}",
                     p.fidelity.to_string(),
@@ -141,6 +157,10 @@ pub fn run_video(args: &ProfileArgs) -> Result<usize, ProfileError> {
             from.display(),
             args.reference_ms.unwrap_or(0.0),
             args.batch_cost
+        ),
+        None if e.backend == BackendKind::Cuda => format!(
+            "engine profile --video --backend cuda on {}",
+            crate::gpu::probe().map_or_else(|_| "a GPU".to_string(), |g| g.name)
         ),
         None => format!("engine profile --video --backend cpu on {host}"),
     };
@@ -164,8 +184,18 @@ pub fn run(args: &ProfileArgs) -> Result<Measured, ProfileError> {
             model.validate().map_err(crate::StartError::Model)?;
             measure(&mut Cpu::new(model, e.cpu_threads(), kv.total_pages(), e.page_tokens), &kv, args)?
         }
+        BackendKind::Cuda => {
+            let model = e.model_config();
+            model.validate().map_err(crate::StartError::Model)?;
+            let (mut lm, _) = crate::gpu::start_cuda(model, kv.total_pages(), e.page_tokens, e.model_seed)
+                .map_err(crate::StartError::Gpu)?;
+            measure(&mut lm, &kv, args)?
+        }
     };
-    let host = host_cpu();
+    let host = match e.backend {
+        BackendKind::Cuda => crate::gpu::probe().map_or_else(|_| host_cpu(), |g| g.name),
+        _ => host_cpu(),
+    };
     let class =
         args.engine_class.clone().unwrap_or_else(|| format!("{}-{}", e.backend.as_str(), slug(&host)));
     let text = render(args, &class, &host, &m);
@@ -294,7 +324,7 @@ fn render(args: &ProfileArgs, class: &str, host: &str, m: &Measured) -> String {
     let points =
         |v: &[(u32, f64)]| v.iter().map(|(x, ms)| format!("[{x}, {ms:.3}]")).collect::<Vec<_>>().join(", ");
     let model = match e.backend {
-        BackendKind::Cpu | BackendKind::Auto => format!(
+        BackendKind::Cpu | BackendKind::Cuda | BackendKind::Auto => format!(
             "cpu model: {} layers, hidden {}, {} heads, MLP {}, vocab {}, seed {}; {} compute threads",
             e.model_layers,
             e.model_hidden,

@@ -28,6 +28,7 @@ fn engine(backend: BackendKind, arena_slots: u32) -> VideoEngine {
         max_batch: 8,
         threads: 2,
         model_seed: 1,
+        gpu: None,
     })
 }
 

@@ -8,12 +8,12 @@
 //!   time a step would take on the profiled device is returned for the
 //!   scheduler to wait.
 //! - `cpu`: a synthetic transformer computed on the host (see [`cpu`]);
-//!   `cuda` (CUDA issue) will run the same math on a GPU. Both compute for
-//!   real and return zero: the time has already passed.
+//! - `cuda`: the same math on an NVIDIA GPU (`crate::gpu`, the `cuda`
+//!   feature). Both compute for real and return zero: the time has
+//!   already passed.
 
 pub mod cpu;
 pub mod emulated;
-pub mod gpu;
 
 use std::time::Duration;
 
@@ -27,9 +27,12 @@ pub enum BackendKind {
     Emulated,
     /// A synthetic transformer computed on the host's CPU.
     Cpu,
-    /// The best this machine offers: a GPU backend when a GPU is present and
-    /// the engine has one for it, else `cpu`. Resolved once at start, with
-    /// the reason logged (`event = "backend_selected"`).
+    /// The same models on an NVIDIA GPU (engines built with `--features
+    /// cuda`; the CUDA libraries are loaded at start).
+    Cuda,
+    /// The best this machine offers: `cuda` when a GPU is present and this
+    /// engine was built with the `cuda` feature, else `cpu`. Resolved once
+    /// at start, with the reason logged (`event = "backend_selected"`).
     Auto,
 }
 
@@ -38,19 +41,26 @@ impl BackendKind {
         match self {
             BackendKind::Emulated => "emulated",
             BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
             BackendKind::Auto => "auto",
         }
     }
 
     /// The concrete backend for this machine and why. `Auto` probes for a
-    /// GPU; the GPU model backend is not in this build yet (CUDA issue), so
-    /// it resolves to `cpu` either way and says which case it is.
+    /// GPU and picks `cuda` when one answers, else `cpu`; `cuda` asked for
+    /// stays `cuda` (and fails at start if there is no GPU).
     pub fn resolve(self) -> (BackendKind, String) {
         match self {
-            BackendKind::Auto => match gpu::probe() {
+            BackendKind::Auto => match crate::gpu::probe() {
                 Ok(d) => (
-                    BackendKind::Cpu,
-                    format!("GPU {} found, but this engine has no GPU model backend yet: using cpu", d.name),
+                    BackendKind::Cuda,
+                    format!(
+                        "GPU {} (compute capability {}.{}, {} MiB) found: using cuda",
+                        d.name,
+                        d.compute_capability.0,
+                        d.compute_capability.1,
+                        d.memory_bytes >> 20
+                    ),
                 ),
                 Err(why) => (BackendKind::Cpu, format!("no usable GPU ({why}): using cpu")),
             },
@@ -58,10 +68,10 @@ impl BackendKind {
         }
     }
 
-    /// Whether steps compute on the calling thread (and so must not run on
-    /// the async runtime's workers).
+    /// Whether steps compute (or wait for the device) on the calling
+    /// thread, and so must not run on the async runtime's workers.
     pub fn computes_on_host(self) -> bool {
-        matches!(self, BackendKind::Cpu | BackendKind::Auto)
+        matches!(self, BackendKind::Cpu | BackendKind::Cuda | BackendKind::Auto)
     }
 }
 

@@ -7,6 +7,7 @@ use policies::video::Fidelity;
 use super::model::{Resolution, StreamState, VideoModel};
 use super::sched::Member;
 use super::{base64, png};
+use crate::gpu::video::VideoRunner;
 
 /// The cpu backend's coalesced batch: denoising step k of every member
 /// whose configuration has more than k steps, members in parallel; then
@@ -26,8 +27,42 @@ pub(crate) fn run_cpu_batch(model: &VideoModel, members: &mut [Member], threads:
     latents.iter().zip(res).map(|(l, r)| encode_frames(&model.decode(l, r), r)).collect()
 }
 
+/// The cuda backend's coalesced batch (one launch sequence per denoising
+/// step for all members, see `crate::gpu::video`), frames encoded here. A
+/// device error is logged and the batch recomputed on the host (the same
+/// math), so a stream never loses a chunk to it.
+pub(crate) fn run_gpu_batch(
+    gpu: &dyn VideoRunner,
+    model: &VideoModel,
+    members: &mut [Member],
+    threads: usize,
+) -> Vec<Vec<String>> {
+    let saved: Vec<StreamState> = members.iter().map(|m| m.state.clone()).collect();
+    let mut items: Vec<BatchItem<'_>> = members
+        .iter_mut()
+        .map(|m| BatchItem {
+            state: &mut m.state,
+            fidelity: m.pending.req.fidelity,
+            res: m.res,
+            latent_frames: m.latent_frames as usize,
+        })
+        .collect();
+    let res: Vec<Resolution> = items.iter().map(|i| i.res).collect();
+    match gpu.run(model, &mut items) {
+        Ok(out) => out.iter().zip(res).map(|(c, r)| encode_frames(&c.frames, r)).collect(),
+        Err(e) => {
+            tracing::error!(event = "gpu_batch_failed", device = %gpu.device_name(), error = %e, "recomputing the batch on the host");
+            drop(items);
+            for (m, s) in members.iter_mut().zip(saved) {
+                m.state = s;
+            }
+            run_cpu_batch(model, members, threads)
+        }
+    }
+}
+
 /// One member of a coalesced batch.
-pub(crate) struct BatchItem<'a> {
+pub struct BatchItem<'a> {
     pub state: &'a mut StreamState,
     pub fidelity: Fidelity,
     pub res: Resolution,

@@ -9,7 +9,8 @@
 //! docs/api.md): create, next chunk (with its fidelity and ordering key),
 //! prompt switch, suspend, resume, export, import, end.
 
-mod batch;
+pub(crate) mod batch;
+pub use batch::BatchItem;
 pub mod model;
 pub mod png;
 pub mod profile;

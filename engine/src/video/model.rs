@@ -21,12 +21,12 @@ use policies::video::{Fidelity, Precision};
 
 use crate::backend::cpu::math::{dot, softmax};
 
-/// Latent channels per token.
-pub const CHANNELS: usize = 8;
+/// Latent channels per token (the kernels' shape: `kernels::video`).
+pub const CHANNELS: usize = kernels::video::CHANNELS;
 /// Attention width.
-const DIM: usize = 32;
+const DIM: usize = kernels::video::DIM;
 /// MLP width.
-const HIDDEN: usize = 32;
+const HIDDEN: usize = kernels::video::HIDDEN;
 /// Widest window any configuration uses (state keeps this many chunks).
 pub const MAX_WINDOW: usize = 7;
 
@@ -191,20 +191,16 @@ impl VideoModel {
         }
     }
 
-    /// Tokens of one chunk.
-    pub fn chunk_tokens(res: Resolution, latent_frames: usize) -> usize {
-        latent_frames * res.latent_side() * res.latent_side()
+    /// The weights as the GPU model uploads them, each row-major `in × out`:
+    /// wq, wk, wv (CHANNELS × DIM), wo (DIM × CHANNELS), w1 (CHANNELS ×
+    /// HIDDEN), w2 (HIDDEN × CHANNELS), to_rgb (CHANNELS × 3).
+    pub fn tensors(&self) -> [&[f32]; 7] {
+        [&self.wq, &self.wk, &self.wv, &self.wo, &self.w1, &self.w2, &self.to_rgb]
     }
 
-    /// The starting noise of the stream's next chunk.
-    pub fn noise(state: &StreamState, res: Resolution, latent_frames: usize) -> Vec<f32> {
-        let mut rng = SplitMix(state.seed ^ state.chunks.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        (0..Self::chunk_tokens(res, latent_frames) * CHANNELS).map(|_| rng.normal() as f32).collect()
-    }
-
-    /// The context tokens the chunk attends to (sink + last `W` chunks),
-    /// one block per latent-frame row, and the blocks kept at sparsity ρ.
-    fn context(&self, state: &StreamState, fid: &Fidelity) -> Vec<f32> {
+    /// The context a chunk attends to at `fid`: the sink and the last
+    /// `W` chunks, concatenated (tokens × CHANNELS).
+    pub fn context_tokens(state: &StreamState, fid: &Fidelity) -> Vec<f32> {
         let mut ctx = Vec::new();
         if let Some(s) = &state.sink {
             ctx.extend_from_slice(s);
@@ -216,6 +212,17 @@ impl VideoModel {
         ctx
     }
 
+    /// Tokens of one chunk.
+    pub fn chunk_tokens(res: Resolution, latent_frames: usize) -> usize {
+        latent_frames * res.latent_side() * res.latent_side()
+    }
+
+    /// The starting noise of the stream's next chunk.
+    pub fn noise(state: &StreamState, res: Resolution, latent_frames: usize) -> Vec<f32> {
+        let mut rng = SplitMix(state.seed ^ state.chunks.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        (0..Self::chunk_tokens(res, latent_frames) * CHANNELS).map(|_| rng.normal() as f32).collect()
+    }
+
     /// One denoising step of one chunk: `x` (the noisy latent at level `t`)
     /// becomes the latent at level `t_next`.
     pub fn step(&self, x: &mut [f32], state: &StreamState, fid: &Fidelity, side: usize, t: f32, t_next: f32) {
@@ -225,7 +232,7 @@ impl VideoModel {
                 v.iter_mut().for_each(|x| *x = fp8(*x));
             }
         };
-        let ctx = self.context(state, fid);
+        let ctx = Self::context_tokens(state, fid);
         let m = ctx.len() / CHANNELS;
         // Keys and values of the context and of the chunk itself.
         let all: Vec<f32> = ctx.iter().chain(x.iter()).copied().collect();

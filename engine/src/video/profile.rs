@@ -15,6 +15,33 @@ use policies::video::{ConfigPoint, Fidelity, VideoProfile};
 
 use super::batch::{denoise_batch, BatchItem};
 use super::model::{ssim, Resolution, StreamState, VideoModel};
+use crate::gpu::video::VideoRunner;
+
+/// Where the measured chunks run.
+#[derive(Clone, Copy)]
+pub enum Runner<'a> {
+    /// The cpu backend, chunks of a batch over `threads` threads.
+    Cpu { threads: usize },
+    /// A GPU (the cuda backend); times include uploads and downloads.
+    Gpu(&'a dyn VideoRunner),
+}
+
+impl Runner<'_> {
+    /// Runs one coalesced batch; each member's frames.
+    fn batch(&self, model: &VideoModel, mut items: Vec<BatchItem<'_>>) -> Vec<Vec<Vec<u8>>> {
+        match self {
+            Runner::Cpu { threads } => {
+                let res: Vec<Resolution> = items.iter().map(|i| i.res).collect();
+                let latents = denoise_batch(model, items, *threads);
+                latents.iter().zip(res).map(|(l, r)| model.decode(l, r)).collect()
+            }
+            Runner::Gpu(gpu) => match gpu.run(model, &mut items) {
+                Ok(out) => out.into_iter().map(|c| c.frames).collect(),
+                Err(e) => panic!("the GPU failed while profiling: {e}"),
+            },
+        }
+    }
+}
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -34,9 +61,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Runs the sweep; `progress` is told each configuration as it finishes.
+/// Runs the sweep on `runner`; `progress` is told each configuration as it
+/// finishes. A chunk's time covers denoising and frame decoding.
 pub fn measure(
     args: &VideoProfileArgs,
+    runner: Runner<'_>,
     mut progress: impl FnMut(usize, usize, &ConfigPoint),
 ) -> VideoProfile {
     let model = VideoModel::new(args.model_seed);
@@ -46,10 +75,16 @@ pub fn measure(
         for p in &args.prompts {
             let mut st = StreamState::new(p);
             for _ in 0..args.chunks {
+                let item = BatchItem {
+                    state: &mut st,
+                    fidelity: *fid,
+                    res: args.resolution,
+                    latent_frames: args.latent_frames,
+                };
                 let t = Instant::now();
-                let latent = model.generate(&mut st, fid, args.resolution, args.latent_frames);
+                let mut out = runner.batch(&model, vec![item]);
                 times.push(t.elapsed().as_secs_f64() * 1e3);
-                frames.push(model.decode(&latent, args.resolution));
+                frames.push(out.pop().unwrap_or_default());
             }
         }
         (times, frames)
@@ -66,7 +101,7 @@ pub fn measure(
         progress(i + 1, sweep.len(), &point);
         configs.push(point);
     }
-    let batch_cost = measure_batch_cost(&model, args);
+    let batch_cost = measure_batch_cost(&model, args, runner);
     VideoProfile {
         model: args.model.clone(),
         engine_class: args.engine_class.clone(),
@@ -77,7 +112,7 @@ pub fn measure(
 }
 
 /// `(T(4) / T(1) − 1) / 3` for reference chunks, in [0, 1].
-fn measure_batch_cost(model: &VideoModel, args: &VideoProfileArgs) -> f64 {
+fn measure_batch_cost(model: &VideoModel, args: &VideoProfileArgs, runner: Runner<'_>) -> f64 {
     let time = |k: usize| -> f64 {
         let mut samples = Vec::new();
         for _ in 0..3 {
@@ -93,7 +128,7 @@ fn measure_batch_cost(model: &VideoModel, args: &VideoProfileArgs) -> f64 {
                 })
                 .collect();
             let t = Instant::now();
-            denoise_batch(model, items, args.threads);
+            runner.batch(model, items);
             samples.push(t.elapsed().as_secs_f64());
         }
         median(samples)

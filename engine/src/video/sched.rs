@@ -18,10 +18,11 @@ use std::time::{Duration, Instant};
 use policies::video::VideoProfile;
 use tokio::sync::{mpsc, oneshot};
 
-use super::batch::{placeholder_frames, run_cpu_batch};
+use super::batch::{placeholder_frames, run_cpu_batch, run_gpu_batch};
 use super::model::{Resolution, StreamState, VideoModel};
 use super::{ChunkOut, ChunkRequest, CreateSession, VideoError, VideoLoad};
 use crate::backend::BackendKind;
+use crate::gpu::video::VideoRunner;
 
 /// How the scheduler runs.
 #[derive(Debug, Clone)]
@@ -35,6 +36,14 @@ pub struct VideoConfig {
     /// cpu backend: chunks computed in parallel within a step.
     pub threads: usize,
     pub model_seed: u64,
+    /// cuda backend: where batches run.
+    pub gpu: Option<Arc<dyn VideoRunner>>,
+}
+
+impl std::fmt::Debug for dyn VideoRunner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "VideoRunner({})", self.device_name())
+    }
 }
 
 /// Where a session's state is.
@@ -489,7 +498,16 @@ impl Core {
                     })
                     .collect()
             }
-            BackendKind::Cpu | BackendKind::Auto => {
+            BackendKind::Cuda if self.cfg.gpu.is_some() => {
+                let (model, gpu) = (Arc::clone(&self.model), self.cfg.gpu.clone().expect("checked"));
+                let threads = self.cfg.threads.max(1);
+                let job = tokio::task::spawn_blocking(move || {
+                    let frames = run_gpu_batch(&*gpu, &model, &mut members, threads);
+                    members.into_iter().zip(frames).collect::<Vec<_>>()
+                });
+                job.await.expect("the video batch does not panic")
+            }
+            BackendKind::Cpu | BackendKind::Cuda | BackendKind::Auto => {
                 let model = Arc::clone(&self.model);
                 let threads = self.cfg.threads.max(1);
                 let job = tokio::task::spawn_blocking(move || {

@@ -40,23 +40,47 @@ impl Cpu {
     }
 
     fn step(&mut self, batch: &mut [Slot<'_, CpuSeq>], decode: bool) {
-        // A slot without pages for its positions cannot run (the scheduler
-        // always provides them); it ends rather than corrupting the cache.
-        let fits: Vec<bool> = batch.iter().map(|s| self.kv.capacity(s.pages) >= s.context as usize).collect();
-        let inputs: Vec<SeqInput<'_>> = batch
-            .iter()
-            .zip(&fits)
-            .filter(|(_, &ok)| ok)
-            .map(|(s, _)| {
-                let ctx = (s.context as usize).min(s.seq.tokens.len());
-                let start = if decode { ctx.saturating_sub(1) } else { 0 };
-                SeqInput { tokens: &s.seq.tokens[start..ctx], start, pages: s.pages }
-            })
-            .collect();
-        let mut logits = self.model.forward(&mut self.kv, &inputs).into_iter();
-        for (slot, ok) in batch.iter_mut().zip(fits) {
-            slot.out = Some(if ok { slot.seq.sample(logits.next().unwrap_or_default()) } else { Token::End });
+        let (model, kv) = (&self.model, &mut self.kv);
+        let cap = kv.page_tokens();
+        run_step(batch, decode, cap, |inputs| Ok::<_, std::convert::Infallible>(model.forward(kv, inputs)));
+    }
+}
+
+/// One prefill or decode step of any backend that computes logits: each
+/// slot's tokens for this step (its whole context for a prefill, its last
+/// token for a decode) go to `forward` as one batch, and each sequence
+/// samples its next token from its logits. A slot without pages for its
+/// positions (the scheduler always provides them) ends rather than
+/// corrupting the cache, as does every slot when `forward` fails.
+pub(crate) fn run_step<E: std::fmt::Display>(
+    batch: &mut [Slot<'_, CpuSeq>],
+    decode: bool,
+    page_tokens: usize,
+    forward: impl FnOnce(&[SeqInput<'_>]) -> Result<Vec<Vec<f32>>, E>,
+) {
+    let fits: Vec<bool> = batch.iter().map(|s| s.pages.len() * page_tokens >= s.context as usize).collect();
+    let inputs: Vec<SeqInput<'_>> = batch
+        .iter()
+        .zip(&fits)
+        .filter(|(_, &ok)| ok)
+        .map(|(s, _)| {
+            let ctx = (s.context as usize).min(s.seq.tokens.len());
+            let start = if decode { ctx.saturating_sub(1) } else { 0 };
+            SeqInput { tokens: &s.seq.tokens[start..ctx], start, pages: s.pages }
+        })
+        .collect();
+    let logits = match forward(&inputs) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(event = "step_failed", error = %e, "the model step failed; its sequences end");
+            Vec::new()
         }
+    };
+    let ran = !logits.is_empty() || inputs.is_empty();
+    let mut logits = logits.into_iter();
+    for (slot, ok) in batch.iter_mut().zip(fits) {
+        slot.out =
+            Some(if ok && ran { slot.seq.sample(logits.next().unwrap_or_default()) } else { Token::End });
     }
 }
 
@@ -68,19 +92,7 @@ impl Backend for Cpu {
     }
 
     fn start(&mut self, req: &GenerateRequest, prompt_tokens: u32) -> CpuSeq {
-        let vocab = self.model.cfg.vocab as u32;
-        let mut tokens = vocab::tokenize(&req.prompt, vocab);
-        // The engine sized the KV reservation by `prompt_tokens`; the
-        // tokenizer counts the same way, this only guards the invariant.
-        tokens.resize(prompt_tokens as usize, 1);
-        let seed = req.seed.unwrap_or_else(|| super::emulated::fnv1a(req.prompt.as_bytes()));
-        CpuSeq {
-            prompt_len: tokens.len(),
-            tokens,
-            rng: SplitMix(seed),
-            // OpenAI's default temperature is 1.
-            temperature: req.temperature.unwrap_or(1.0).max(0.0),
-        }
+        CpuSeq::start(req, prompt_tokens, self.model.cfg.vocab as u32)
     }
 
     fn prefill(&mut self, batch: &mut [Slot<'_, CpuSeq>]) -> Duration {
@@ -104,8 +116,24 @@ pub struct CpuSeq {
 }
 
 impl CpuSeq {
+    /// A new sequence of `req`'s prompt, `prompt_tokens` long.
+    pub(crate) fn start(req: &GenerateRequest, prompt_tokens: u32, vocab: u32) -> Self {
+        let mut tokens = vocab::tokenize(&req.prompt, vocab);
+        // The engine sized the KV reservation by `prompt_tokens`; the
+        // tokenizer counts the same way, this only guards the invariant.
+        tokens.resize(prompt_tokens as usize, 1);
+        let seed = req.seed.unwrap_or_else(|| super::emulated::fnv1a(req.prompt.as_bytes()));
+        CpuSeq {
+            prompt_len: tokens.len(),
+            tokens,
+            rng: SplitMix(seed),
+            // OpenAI's default temperature is 1.
+            temperature: req.temperature.unwrap_or(1.0).max(0.0),
+        }
+    }
+
     /// Picks the next token from `logits`, appends it and returns its text.
-    fn sample(&mut self, mut logits: Vec<f32>) -> Token {
+    pub(crate) fn sample(&mut self, mut logits: Vec<f32>) -> Token {
         if logits.is_empty() {
             return Token::End;
         }

@@ -134,6 +134,11 @@ impl KvArena {
         pages.len() * self.page_tokens
     }
 
+    /// Tokens per page.
+    pub fn page_tokens(&self) -> usize {
+        self.page_tokens
+    }
+
     fn at(&self, layer: usize, pages: &[PageId], pos: usize) -> usize {
         let page = pages[pos / self.page_tokens] as usize;
         debug_assert!(page < self.pages);
@@ -150,9 +155,32 @@ pub struct SeqInput<'a> {
     pub pages: &'a [PageId],
 }
 
-impl Model {
-    /// Generates the weights from `cfg.seed`.
-    pub fn new(cfg: ModelConfig, threads: usize) -> Self {
+/// The weights as generated from the seed, row-major (`rows × fan_in`), before
+/// any backend lays them out: the cpu backend packs them, the GPU backend
+/// uploads them as bf16. Norm gains are all one.
+pub struct Weights {
+    /// vocab × hidden.
+    pub embed: Vec<f32>,
+    pub layers: Vec<LayerWeights>,
+    /// vocab × hidden.
+    pub lm_head: Vec<f32>,
+}
+
+/// One block's matrices, row-major `out × in`.
+pub struct LayerWeights {
+    /// Q, K and V stacked: (3·hidden) × hidden.
+    pub wqkv: Vec<f32>,
+    /// hidden × hidden.
+    pub wo: Vec<f32>,
+    /// Gate and up stacked: (2·ffn) × hidden.
+    pub w_gate_up: Vec<f32>,
+    /// hidden × ffn.
+    pub w_down: Vec<f32>,
+}
+
+impl Weights {
+    /// The weights of `cfg.seed`.
+    pub fn generate(cfg: &ModelConfig) -> Self {
         let (h, f) = (cfg.hidden, cfg.ffn);
         let mut rng = SplitMix(cfg.seed ^ 0xD1B5_4A32_D192_ED03);
         let residual = 1.0 / (2.0 * cfg.layers as f32).sqrt();
@@ -160,29 +188,51 @@ impl Model {
         // so sampling at temperature 1 is varied but not uniform.
         let embed = tensor(&mut rng, cfg.vocab, h, (h as f32).sqrt());
         let layers = (0..cfg.layers)
-            .map(|_| Layer {
-                attn_norm: vec![1.0; h],
-                wqkv: Arc::new(Packed::new(&tensor(&mut rng, 3 * h, h, 1.0), h)),
-                wo: Arc::new(Packed::new(&tensor(&mut rng, h, h, residual), h)),
-                mlp_norm: vec![1.0; h],
-                w_gate_up: Arc::new(Packed::new(&tensor(&mut rng, 2 * f, h, 1.0), h)),
-                w_down: Arc::new(Packed::new(&tensor(&mut rng, h, f, residual), f)),
+            .map(|_| LayerWeights {
+                wqkv: tensor(&mut rng, 3 * h, h, 1.0),
+                wo: tensor(&mut rng, h, h, residual),
+                w_gate_up: tensor(&mut rng, 2 * f, h, 1.0),
+                w_down: tensor(&mut rng, h, f, residual),
             })
             .collect();
-        let lm_head = Arc::new(Packed::new(&tensor(&mut rng, cfg.vocab, h, 3.0), h));
+        let lm_head = tensor(&mut rng, cfg.vocab, h, 3.0);
+        Self { embed, layers, lm_head }
+    }
+}
+
+/// Rotary frequency of each dimension pair of a head.
+pub fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
+    (0..cfg.head_dim() / 2).map(|i| 10000f32.powf(-((2 * i) as f32) / cfg.head_dim() as f32)).collect()
+}
+
+impl Model {
+    /// Generates the weights from `cfg.seed`.
+    pub fn new(cfg: ModelConfig, threads: usize) -> Self {
+        let (h, f) = (cfg.hidden, cfg.ffn);
+        let w = Weights::generate(&cfg);
+        let layers = w
+            .layers
+            .iter()
+            .map(|l| Layer {
+                attn_norm: vec![1.0; h],
+                wqkv: Arc::new(Packed::new(&l.wqkv, h)),
+                wo: Arc::new(Packed::new(&l.wo, h)),
+                mlp_norm: vec![1.0; h],
+                w_gate_up: Arc::new(Packed::new(&l.w_gate_up, h)),
+                w_down: Arc::new(Packed::new(&l.w_down, f)),
+            })
+            .collect();
         let mut model = Self {
             cfg,
-            embed,
+            embed: w.embed,
             layers,
             final_norm: vec![1.0; h],
-            lm_head,
+            lm_head: Arc::new(Packed::new(&w.lm_head, h)),
             bos_k: Vec::new(),
             bos_v: Vec::new(),
             bos_logits: Vec::new(),
             pool: Pool::new(threads),
-            inv_freq: (0..cfg.head_dim() / 2)
-                .map(|i| 10000f32.powf(-((2 * i) as f32) / cfg.head_dim() as f32))
-                .collect(),
+            inv_freq: inv_freq(&cfg),
         };
         model.init_bos();
         model

@@ -1,0 +1,297 @@
+//! `engine gpu-bench`: the GPU benchmarks of docs/benchmarks.md, on the
+//! first GPU (the tests run the same harness on the host emulator of the
+//! kernels, which checks the harness, not the speed). Each result is the median of
+//! `--repeats` timed runs after one warm-up run; times include every
+//! launch, upload and download of the measured operation.
+//!
+//! - dense bf16 GEMM rate (cuBLAS, m = n = k = `--gemm-size`): the
+//!   baseline the video step's rate is reported against;
+//! - the video model's chunk at its largest configuration (highest
+//!   fidelity, full window, `--video-resolution`, `--video-latent-frames`):
+//!   achieved TFLOP/s of its denoising steps, and the ratio to the GEMM rate;
+//! - a coalesced batch of K = `--coalesce` chunks against K single runs;
+//! - state offload/restore bandwidth over pinned memory;
+//! - LM decode tokens/s at batch 1 and 32 (context `--lm-context`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kernels::video::{CHANNELS, DIM, HIDDEN};
+use kernels::{Device, Gemm, Result};
+use policies::video::Fidelity;
+
+use super::lm::GpuLm;
+use super::offload::StateStore;
+use super::video::GpuVideo;
+use crate::backend::cpu::model::{ModelConfig, SeqInput};
+use crate::video::model::{Resolution, StreamState, VideoModel, MAX_WINDOW};
+use crate::video::BatchItem;
+
+/// Options of `engine gpu-bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Timed runs per measurement (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// m = n = k of the GEMM baseline.
+    #[arg(long, default_value_t = 8192)]
+    pub gemm_size: usize,
+    /// Video: resolution of the measured chunks (the largest by default).
+    #[arg(long, value_enum, default_value_t = Resolution::Small)]
+    pub video_resolution: Resolution,
+    /// Video: latent frames per chunk.
+    #[arg(long, default_value_t = 5)]
+    pub video_latent_frames: usize,
+    /// K of the coalescing measurement.
+    #[arg(long, default_value_t = 8)]
+    pub coalesce: usize,
+    /// Bytes moved per offload/restore measurement, in MiB.
+    #[arg(long, default_value_t = 512)]
+    pub offload_mib: usize,
+    /// LM: context per sequence before the timed decode steps.
+    #[arg(long, default_value_t = 512)]
+    pub lm_context: usize,
+    /// LM: decode steps timed per run.
+    #[arg(long, default_value_t = 32)]
+    pub lm_steps: usize,
+    /// LM: transformer layers (a 1B-class shape by default).
+    #[arg(long, default_value_t = 8)]
+    pub lm_layers: usize,
+    /// LM: hidden size.
+    #[arg(long, default_value_t = 2048)]
+    pub lm_hidden: usize,
+    /// LM: attention heads.
+    #[arg(long, default_value_t = 16)]
+    pub lm_heads: usize,
+    /// LM: MLP inner width.
+    #[arg(long, default_value_t = 5632)]
+    pub lm_ffn: usize,
+    /// LM: vocabulary size.
+    #[arg(long, default_value_t = 32000)]
+    pub lm_vocab: usize,
+}
+
+/// One measured number.
+#[derive(Debug, Clone)]
+pub struct Measurement {
+    pub name: String,
+    pub value: f64,
+    pub unit: &'static str,
+    pub note: String,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Seconds of `f` (median of `repeats` after one warm-up).
+fn time<D: Device>(dev: &D, repeats: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    dev.synchronize()?;
+    let mut samples = Vec::new();
+    for _ in 0..repeats.max(1) {
+        let t = Instant::now();
+        f()?;
+        dev.synchronize()?;
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    Ok(median(samples))
+}
+
+/// Dense bf16 GEMM rate in TFLOP/s.
+pub fn gemm_tflops<D: Device>(dev: &D, size: usize, repeats: usize) -> Result<f64> {
+    let (a, b, c) = (dev.alloc(size * size * 2)?, dev.alloc(size * size * 2)?, dev.alloc(size * size * 4)?);
+    let reps = 10;
+    let secs = time(dev, repeats, || {
+        for _ in 0..reps {
+            dev.gemm(Gemm { a: (&a, 0), b: (&b, 0), c: (&c, 0), m: size, n: size, k: size })?;
+        }
+        Ok(())
+    })?;
+    Ok(2.0 * (size as f64).powi(3) * reps as f64 / secs / 1e12)
+}
+
+/// Floating-point operations of one chunk at `fid` with a context of `m`
+/// tokens and `n` chunk tokens, counting multiply-adds as 2: context K/V
+/// once, then per step chunk K/V/Q, attention over the kept columns, and
+/// the update's three small products.
+pub fn chunk_flops(fid: &Fidelity, m: usize, n: usize, side: usize) -> f64 {
+    let (c, d, h) = (CHANNELS as f64, DIM as f64, HIDDEN as f64);
+    let blocks = m / side.max(1);
+    let kept = blocks - ((blocks as f64) * fid.sparsity()).floor() as usize;
+    let cols = (kept * side + n) as f64;
+    let (m, n) = (m as f64, n as f64);
+    let ctx = 2.0 * m * 2.0 * c * d;
+    let step = 3.0 * n * 2.0 * c * d + n * cols * d * 4.0 + n * (2.0 * d * c + 4.0 * c * h);
+    ctx + f64::from(fid.steps) * step
+}
+
+fn warmed_state(model: &VideoModel, prompt: &str, res: Resolution, frames: usize) -> StreamState {
+    let mut st = StreamState::new(prompt);
+    for _ in 0..=MAX_WINDOW {
+        // Cheapest configuration: only the state's shape matters here.
+        let fid =
+            Fidelity { steps: 2, sparsity_pct: 90, window: 1, precision: policies::video::Precision::Fp8 };
+        model.generate(&mut st, &fid, res, frames);
+    }
+    st
+}
+
+/// Runs every benchmark; `progress` is told each result as it is measured.
+pub fn run<D: Device>(
+    dev: Arc<D>,
+    args: &BenchArgs,
+    mut progress: impl FnMut(&Measurement),
+) -> Result<Vec<Measurement>> {
+    let mut out = Vec::new();
+    let mut push = |m: Measurement, out: &mut Vec<Measurement>| {
+        progress(&m);
+        out.push(m);
+    };
+    let gemm = gemm_tflops(&*dev, args.gemm_size, args.repeats)?;
+    push(
+        Measurement {
+            name: "dense bf16 GEMM (cuBLAS)".into(),
+            value: gemm,
+            unit: "TFLOP/s",
+            note: format!("m=n=k={}", args.gemm_size),
+        },
+        &mut out,
+    );
+
+    // Video: the largest configuration, full context.
+    let model = VideoModel::new(7);
+    let gpu = GpuVideo::new(Arc::clone(&dev), &model)?;
+    let (res, frames) = (args.video_resolution, args.video_latent_frames);
+    let fid = Fidelity::HIGHEST;
+    let base = warmed_state(&model, "benchmark stream", res, frames);
+    let n = VideoModel::chunk_tokens(res, frames);
+    let m = VideoModel::context_tokens(&base, &fid).len() / CHANNELS;
+    let run_k = |k: usize| -> Result<f64> {
+        time(&*dev, args.repeats, || {
+            let mut states: Vec<StreamState> = (0..k).map(|_| base.clone()).collect();
+            let mut items: Vec<BatchItem<'_>> = states
+                .iter_mut()
+                .map(|state| BatchItem { state, fidelity: fid, res, latent_frames: frames })
+                .collect();
+            gpu.run_batch(&model, &mut items).map(|_| ())
+        })
+    };
+    let one = run_k(1)?;
+    let flops = chunk_flops(&fid, m, n, res.latent_side());
+    let rate = flops / one / 1e12;
+    push(
+        Measurement {
+            name: "video chunk, largest configuration".into(),
+            value: one * 1e3,
+            unit: "ms",
+            note: format!("{fid}, {n} chunk tokens, {m} context tokens"),
+        },
+        &mut out,
+    );
+    push(
+        Measurement {
+            name: "video denoising achieved rate".into(),
+            value: rate,
+            unit: "TFLOP/s",
+            note: format!(
+                "{:.1}% of the GEMM rate ({:.2} GFLOP per chunk)",
+                100.0 * rate / gemm.max(1e-12),
+                flops / 1e9
+            ),
+        },
+        &mut out,
+    );
+    let k = args.coalesce.max(1);
+    let batched = run_k(k)?;
+    push(
+        Measurement {
+            name: format!("coalesced batch of {k} vs {k} single runs"),
+            value: k as f64 * one / batched,
+            unit: "x throughput",
+            note: format!(
+                "batch {:.2} ms, single {:.2} ms; target >= {:.1}",
+                batched * 1e3,
+                one * 1e3,
+                0.8 * k as f64
+            ),
+        },
+        &mut out,
+    );
+
+    // Offload and restore over pinned memory.
+    let bytes = args.offload_mib << 20;
+    let mut store = StateStore::new(Arc::clone(&dev));
+    store.put("bench", &vec![7u8; bytes])?;
+    let mut samples = (Vec::new(), Vec::new());
+    for _ in 0..args.repeats.max(1) + 1 {
+        let t = Instant::now();
+        store.offload("bench")?;
+        store.settle()?;
+        samples.0.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        store.restore("bench")?;
+        store.settle()?;
+        dev.synchronize()?;
+        samples.1.push(t.elapsed().as_secs_f64());
+    }
+    samples.0.remove(0);
+    samples.1.remove(0);
+    for (what, s) in
+        [("offload (device to pinned host)", samples.0), ("restore (pinned host to device)", samples.1)]
+    {
+        push(
+            Measurement {
+                name: format!("state {what}"),
+                value: bytes as f64 / median(s) / 1e9,
+                unit: "GB/s",
+                note: format!("{} MiB; target >= 20", args.offload_mib),
+            },
+            &mut out,
+        );
+    }
+
+    // LM decode.
+    let cfg = ModelConfig {
+        layers: args.lm_layers,
+        hidden: args.lm_hidden,
+        heads: args.lm_heads,
+        ffn: args.lm_ffn,
+        vocab: args.lm_vocab,
+        seed: 0,
+    };
+    cfg.validate().map_err(kernels::DeviceError)?;
+    let page_tokens = 16usize;
+    let per_seq = (args.lm_context + args.lm_steps * (args.repeats + 2)).div_ceil(page_tokens);
+    let lm = GpuLm::new(Arc::clone(&dev), cfg, (32 * per_seq) as u32, page_tokens as u32)?;
+    for batch in [1usize, 32] {
+        let tables: Vec<Vec<u32>> =
+            (0..batch).map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect()).collect();
+        let prompt: Vec<u32> = (0..args.lm_context as u32).map(|i| 1 + i % (cfg.vocab as u32 - 1)).collect();
+        for t in &tables {
+            lm.forward(&[SeqInput { tokens: &prompt, start: 0, pages: t }])?;
+        }
+        let mut pos = args.lm_context;
+        let token = [1u32];
+        let secs = time(&*dev, args.repeats, || {
+            for _ in 0..args.lm_steps {
+                let inputs: Vec<SeqInput<'_>> =
+                    tables.iter().map(|t| SeqInput { tokens: &token, start: pos, pages: t }).collect();
+                lm.forward(&inputs)?;
+                pos += 1;
+            }
+            Ok(())
+        })?;
+        push(
+            Measurement {
+                name: format!("LM decode, batch {batch}"),
+                value: (batch * args.lm_steps) as f64 / secs,
+                unit: "tokens/s",
+                note: format!("{} layers, hidden {}, context {}", cfg.layers, cfg.hidden, args.lm_context),
+            },
+            &mut out,
+        );
+    }
+    Ok(out)
+}

@@ -1,0 +1,358 @@
+//! The synthetic language model on a [`Device`]: the cpu backend's network
+//! (`crate::backend::cpu::model`), with matrix products through the
+//! device's GEMM (bf16 weights and activations, fp32 accumulation) and the
+//! rest in the kernels of `kernels/cuda/lm.cu`. K/V live in a paged cache
+//! on the device addressed by the engine allocator's page ids, like the
+//! cpu backend's arena.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kernels::{bf16_bits, f32_bytes, f32s, i32_bytes, Arg, Device, Gemm, Result, BLOCK};
+
+use crate::api::GenerateRequest;
+use crate::backend::cpu::model::{inv_freq, SeqInput, Weights};
+use crate::backend::cpu::{run_step, CpuSeq, ModelConfig};
+use crate::backend::{Backend, BackendKind, Slot};
+
+struct Layer<B> {
+    wqkv: B,
+    wo: B,
+    w_gate_up: B,
+    w_down: B,
+    /// The begin-of-sequence token's K and V of this layer (hidden each).
+    bos_kv: B,
+}
+
+/// The model's weights and K/V cache on a device.
+pub struct GpuLm<D: Device> {
+    dev: Arc<D>,
+    pub cfg: ModelConfig,
+    embed: D::Buf,
+    layers: Vec<Layer<D::Buf>>,
+    lm_head: D::Buf,
+    ones: D::Buf,
+    inv_freq: D::Buf,
+    k_cache: D::Buf,
+    v_cache: D::Buf,
+    pages: usize,
+    page_tokens: usize,
+    bos_logits: Vec<f32>,
+}
+
+fn bf16_upload<D: Device>(dev: &D, w: &[f32]) -> Result<D::Buf> {
+    let b = dev.alloc(w.len() * 2)?;
+    let bytes: Vec<u8> = w.iter().flat_map(|x| bf16_bits(*x).to_le_bytes()).collect();
+    dev.upload(&b, 0, &bytes)?;
+    Ok(b)
+}
+
+fn f32_upload<D: Device>(dev: &D, v: &[f32]) -> Result<D::Buf> {
+    let b = dev.alloc(v.len().max(1) * 4)?;
+    dev.upload(&b, 0, &f32_bytes(v))?;
+    Ok(b)
+}
+
+fn i32_upload<D: Device>(dev: &D, v: &[i32]) -> Result<D::Buf> {
+    let b = dev.alloc(v.len().max(1) * 4)?;
+    dev.upload(&b, 0, &i32_bytes(v))?;
+    Ok(b)
+}
+
+/// Work buffers of one forward pass of `rows` rows.
+struct Act<B> {
+    x: B,
+    xn: B,
+    /// bf16 copy of the widest activation a GEMM reads.
+    xb: B,
+    qkv: B,
+    att: B,
+    tmp: B,
+    gu: B,
+    act: B,
+}
+
+impl<D: Device> GpuLm<D> {
+    /// Uploads the weights of `cfg` and allocates a cache of `pages` pages
+    /// of `page_tokens` tokens; runs the begin-of-sequence token once.
+    pub fn new(dev: Arc<D>, cfg: ModelConfig, pages: u32, page_tokens: u32) -> Result<Self> {
+        let w = Weights::generate(&cfg);
+        let h = cfg.hidden;
+        let layers = w
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(Layer {
+                    wqkv: bf16_upload(&*dev, &l.wqkv)?,
+                    wo: bf16_upload(&*dev, &l.wo)?,
+                    w_gate_up: bf16_upload(&*dev, &l.w_gate_up)?,
+                    w_down: bf16_upload(&*dev, &l.w_down)?,
+                    bos_kv: dev.alloc(2 * h * 4)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (pages, page_tokens) = (pages.max(1) as usize, page_tokens.max(1) as usize);
+        let cache = cfg.layers * pages * page_tokens * h * 4;
+        let mut lm = Self {
+            embed: f32_upload(&*dev, &w.embed)?,
+            lm_head: bf16_upload(&*dev, &w.lm_head)?,
+            ones: f32_upload(&*dev, &vec![1.0; h])?,
+            inv_freq: f32_upload(&*dev, &inv_freq(&cfg))?,
+            k_cache: dev.alloc(cache)?,
+            v_cache: dev.alloc(cache)?,
+            layers,
+            pages,
+            page_tokens,
+            bos_logits: Vec::new(),
+            cfg,
+            dev,
+        };
+        lm.init_bos(&w.embed[..h])?;
+        Ok(lm)
+    }
+
+    pub fn device(&self) -> &Arc<D> {
+        &self.dev
+    }
+
+    fn act(&self, rows: usize) -> Result<Act<D::Buf>> {
+        let (h, f) = (self.cfg.hidden, self.cfg.ffn);
+        let dev = &*self.dev;
+        let widest = (h.max(f).max(3 * h)) * rows;
+        Ok(Act {
+            x: dev.alloc(rows * h * 4)?,
+            xn: dev.alloc(rows * h * 4)?,
+            xb: dev.alloc(widest * 2)?,
+            qkv: dev.alloc(rows * 3 * h * 4)?,
+            att: dev.alloc(rows * h * 4)?,
+            tmp: dev.alloc(rows * h * 4)?,
+            gu: dev.alloc(rows * 2 * f * 4)?,
+            act: dev.alloc(rows * f * 4)?,
+        })
+    }
+
+    /// `out = bf16(x) · wᵀ` for `rows` rows of `k` (w: n × k), through the
+    /// bf16 scratch `xb`.
+    fn linear(
+        &self,
+        x: &D::Buf,
+        xb: &D::Buf,
+        w: &D::Buf,
+        out: &D::Buf,
+        (rows, n, k): (usize, usize, usize),
+    ) -> Result<()> {
+        let count = rows * k;
+        self.dev.launch(
+            "to_bf16",
+            ((count as u32).div_ceil(BLOCK).max(1), 1, 1),
+            &[Arg::Buf(x, 0), Arg::Buf(xb, 0), Arg::I32(count as i32)],
+        )?;
+        self.dev.gemm(Gemm { a: (xb, 0), b: (w, 0), c: (out, 0), m: rows, n, k })
+    }
+
+    fn add(&self, x: &D::Buf, y: &D::Buf, n: usize) -> Result<()> {
+        self.dev.launch(
+            "add_into",
+            ((n as u32).div_ceil(BLOCK).max(1), 1, 1),
+            &[Arg::Buf(x, 0), Arg::Buf(y, 0), Arg::I32(n as i32)],
+        )
+    }
+
+    fn rmsnorm(&self, x: &D::Buf, out: &D::Buf, rows: usize) -> Result<()> {
+        self.dev.launch(
+            "lm_rmsnorm",
+            (rows as u32, 1, 1),
+            &[Arg::Buf(x, 0), Arg::Buf(&self.ones, 0), Arg::Buf(out, 0), Arg::I32(self.cfg.hidden as i32)],
+        )
+    }
+
+    /// The residual SwiGLU block on every row of `a.x`.
+    fn mlp(&self, l: &Layer<D::Buf>, a: &Act<D::Buf>, rows: usize) -> Result<()> {
+        let (h, f) = (self.cfg.hidden, self.cfg.ffn);
+        self.rmsnorm(&a.x, &a.xn, rows)?;
+        self.linear(&a.xn, &a.xb, &l.w_gate_up, &a.gu, (rows, 2 * f, h))?;
+        self.dev.launch(
+            "lm_swiglu",
+            (rows as u32, 1, 1),
+            &[Arg::Buf(&a.gu, 0), Arg::Buf(&a.act, 0), Arg::I32(f as i32)],
+        )?;
+        self.linear(&a.act, &a.xb, &l.w_down, &a.tmp, (rows, h, f))?;
+        self.add(&a.x, &a.tmp, rows * h)
+    }
+
+    /// Final norm and head over `rows` rows of `x`: logits on the host.
+    fn head(&self, a: &Act<D::Buf>, x: &D::Buf, rows: usize) -> Result<Vec<f32>> {
+        let (h, v) = (self.cfg.hidden, self.cfg.vocab);
+        self.rmsnorm(x, &a.xn, rows)?;
+        let logits = self.dev.alloc(rows * v * 4)?;
+        self.linear(&a.xn, &a.xb, &self.lm_head, &logits, (rows, v, h))?;
+        let mut bytes = vec![0u8; rows * v * 4];
+        self.dev.download(&logits, 0, &mut bytes)?;
+        Ok(f32s(&bytes))
+    }
+
+    /// The begin-of-sequence token (id 0, position 0) through the network;
+    /// it attends only to itself, so its attention output is its V.
+    fn init_bos(&mut self, first_row: &[f32]) -> Result<()> {
+        let h = self.cfg.hidden;
+        let a = self.act(1)?;
+        self.dev.upload(&a.x, 0, &f32_bytes(first_row))?;
+        for l in &self.layers {
+            self.rmsnorm(&a.x, &a.xn, 1)?;
+            self.linear(&a.xn, &a.xb, &l.wqkv, &a.qkv, (1, 3 * h, h))?;
+            self.dev.copy((&a.qkv, h * 4), (&l.bos_kv, 0), 2 * h * 4)?;
+            self.dev.copy((&a.qkv, 2 * h * 4), (&a.att, 0), h * 4)?;
+            self.linear(&a.att, &a.xb, &l.wo, &a.tmp, (1, h, h))?;
+            self.add(&a.x, &a.tmp, h)?;
+            self.mlp(l, &a, 1)?;
+        }
+        self.bos_logits = self.head(&a, &a.x, 1)?;
+        Ok(())
+    }
+
+    /// Runs every sequence's tokens through the network as one batch,
+    /// writing their K/V into the cache, and returns each sequence's logits
+    /// for the token after its last one (the cpu backend's
+    /// `Model::forward`).
+    pub fn forward(&self, seqs: &[SeqInput<'_>]) -> Result<Vec<Vec<f32>>> {
+        let (h, hd, heads, v) = (self.cfg.hidden, self.cfg.head_dim(), self.cfg.heads, self.cfg.vocab);
+        let dev = &*self.dev;
+        let (mut tokens, mut pos, mut slot, mut table_off, mut table, mut last) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for inp in seqs {
+            let off = table.len() as i32;
+            table.extend(inp.pages.iter().map(|&p| p as i32));
+            for (i, &t) in inp.tokens.iter().enumerate() {
+                let p = inp.start + i;
+                let page = *inp.pages.get(p / self.page_tokens).ok_or_else(|| {
+                    kernels::DeviceError(format!("position {p} has no page (the caller checks capacity)"))
+                })? as usize;
+                if page >= self.pages {
+                    return Err(kernels::DeviceError(format!("page {page} is outside the cache")));
+                }
+                tokens.push(t as i32);
+                pos.push(p as i32);
+                slot.push((page * self.page_tokens + p % self.page_tokens) as i32);
+                table_off.push(off);
+            }
+            if !inp.tokens.is_empty() {
+                last.push(tokens.len() as i32 - 1);
+            }
+        }
+        let rows = tokens.len();
+        if rows == 0 {
+            return Ok(seqs.iter().map(|_| self.bos_logits.clone()).collect());
+        }
+        let stride = pos.iter().map(|&p| p as usize + 2).max().unwrap_or(2);
+        let (tok_b, pos_b, slot_b, toff_b, table_b, last_b) = (
+            i32_upload(dev, &tokens)?,
+            i32_upload(dev, &pos)?,
+            i32_upload(dev, &slot)?,
+            i32_upload(dev, &table_off)?,
+            i32_upload(dev, &table)?,
+            i32_upload(dev, &last)?,
+        );
+        let scores = dev.alloc(rows * heads * stride * 4)?;
+        let a = self.act(rows)?;
+        dev.launch(
+            "lm_embed",
+            (rows as u32, 1, 1),
+            &[
+                Arg::Buf(&self.embed, 0),
+                Arg::Buf(&tok_b, 0),
+                Arg::Buf(&a.x, 0),
+                Arg::I32(h as i32),
+                Arg::I32(v as i32),
+            ],
+        )?;
+        for (li, l) in self.layers.iter().enumerate() {
+            let layer_slots = (li * self.pages * self.page_tokens) as i64;
+            self.rmsnorm(&a.x, &a.xn, rows)?;
+            self.linear(&a.xn, &a.xb, &l.wqkv, &a.qkv, (rows, 3 * h, h))?;
+            dev.launch(
+                "lm_rope_store",
+                (rows as u32, 1, 1),
+                &[
+                    Arg::Buf(&a.qkv, 0),
+                    Arg::Buf(&pos_b, 0),
+                    Arg::Buf(&slot_b, 0),
+                    Arg::Buf(&self.inv_freq, 0),
+                    Arg::Buf(&self.k_cache, 0),
+                    Arg::Buf(&self.v_cache, 0),
+                    Arg::I32(h as i32),
+                    Arg::I32(hd as i32),
+                    Arg::I64(layer_slots),
+                ],
+            )?;
+            dev.launch(
+                "lm_attention",
+                (rows as u32, heads as u32, 1),
+                &[
+                    Arg::Buf(&a.qkv, 0),
+                    Arg::Buf(&self.k_cache, 0),
+                    Arg::Buf(&self.v_cache, 0),
+                    Arg::Buf(&l.bos_kv, 0),
+                    Arg::Buf(&l.bos_kv, h * 4),
+                    Arg::Buf(&pos_b, 0),
+                    Arg::Buf(&table_b, 0),
+                    Arg::Buf(&toff_b, 0),
+                    Arg::Buf(&scores, 0),
+                    Arg::Buf(&a.att, 0),
+                    Arg::I32(h as i32),
+                    Arg::I32(hd as i32),
+                    Arg::I32(self.page_tokens as i32),
+                    Arg::I64(layer_slots),
+                    Arg::I32(stride as i32),
+                ],
+            )?;
+            self.linear(&a.att, &a.xb, &l.wo, &a.tmp, (rows, h, h))?;
+            self.add(&a.x, &a.tmp, rows * h)?;
+            self.mlp(l, &a, rows)?;
+        }
+        let lasts = dev.alloc(last.len().max(1) * h * 4)?;
+        dev.launch(
+            "gather_rows",
+            (last.len() as u32, 1, 1),
+            &[Arg::Buf(&a.x, 0), Arg::Buf(&last_b, 0), Arg::Buf(&lasts, 0), Arg::I32(h as i32)],
+        )?;
+        let logits = self.head(&a, &lasts, last.len())?;
+        let mut chunks = logits.chunks_exact(v);
+        Ok(seqs
+            .iter()
+            .map(|inp| {
+                if inp.tokens.is_empty() {
+                    self.bos_logits.clone()
+                } else {
+                    chunks.next().map(<[f32]>::to_vec).unwrap_or_default()
+                }
+            })
+            .collect())
+    }
+}
+
+/// The LM as an engine backend: the scheduler's batches run on the device.
+pub struct GpuBackend<D: Device> {
+    pub lm: GpuLm<D>,
+}
+
+impl<D: Device> Backend for GpuBackend<D> {
+    type Seq = CpuSeq;
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn start(&mut self, req: &GenerateRequest, prompt_tokens: u32) -> CpuSeq {
+        CpuSeq::start(req, prompt_tokens, self.lm.cfg.vocab as u32)
+    }
+
+    fn prefill(&mut self, batch: &mut [Slot<'_, CpuSeq>]) -> Duration {
+        run_step(batch, false, self.lm.page_tokens, |inputs| self.lm.forward(inputs));
+        Duration::ZERO
+    }
+
+    fn decode(&mut self, batch: &mut [Slot<'_, CpuSeq>]) -> Duration {
+        run_step(batch, true, self.lm.page_tokens, |inputs| self.lm.forward(inputs));
+        Duration::ZERO
+    }
+}

@@ -1,0 +1,169 @@
+//! The GPU backend: the engine's two synthetic models written against
+//! [`kernels::Device`], so the same code runs on an NVIDIA GPU ([`cuda`],
+//! the `cuda` feature) and, in tests, on the host emulator of the kernels
+//! (`kernel-emu`), where it is checked against the cpu backend.
+//!
+//! - [`lm`]: the language model with a paged K/V cache on the device;
+//! - [`video`]: the chunked video model, a coalesced batch of chunks per
+//!   launch sequence;
+//! - [`offload`]: session state to and from pinned host memory on the
+//!   copy stream;
+//! - [`check`]: the comparisons against the cpu backend (tests, and
+//!   `engine gpu-check` on a GPU machine);
+//! - [`bench`]: the GPU benchmarks (`engine gpu-bench`).
+
+pub mod bench;
+pub mod check;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod lm;
+pub mod offload;
+pub mod video;
+
+/// A GPU the probe found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub memory_bytes: usize,
+}
+
+/// The first GPU, or why there is none.
+#[cfg(feature = "cuda")]
+pub fn probe() -> Result<GpuInfo, String> {
+    cuda::probe()
+}
+
+/// The first GPU, or why there is none.
+#[cfg(not(feature = "cuda"))]
+pub fn probe() -> Result<GpuInfo, String> {
+    Err("this engine was built without the `cuda` feature".into())
+}
+
+/// The cuda backend's two halves on one GPU: the LM scheduler's backend
+/// and the video runner. Compiles the kernels (NVRTC), uploads both
+/// models' weights and runs one video chunk to warm up; the engine is not
+/// ready before this returns.
+#[cfg(feature = "cuda")]
+pub fn start_cuda(
+    cfg: crate::backend::cpu::ModelConfig,
+    pages: u32,
+    page_tokens: u32,
+    video_seed: u64,
+) -> Result<(lm::GpuBackend<cuda::CudaDevice>, std::sync::Arc<dyn video::VideoRunner>), String> {
+    use std::sync::Arc;
+    let started = std::time::Instant::now();
+    let dev = Arc::new(cuda::CudaDevice::open(0).map_err(|e| e.to_string())?);
+    let compiled_ms = started.elapsed().as_secs_f64() * 1e3;
+    let lm = lm::GpuLm::new(Arc::clone(&dev), cfg, pages, page_tokens).map_err(|e| e.to_string())?;
+    let model = crate::video::model::VideoModel::new(video_seed);
+    let video = video::GpuVideo::new(Arc::clone(&dev), &model).map_err(|e| e.to_string())?;
+    video::warm_up(&video, &model).map_err(|e| e.to_string())?;
+    tracing::info!(
+        event = "gpu_ready",
+        device = %kernels::Device::name(&*dev),
+        nvrtc_compile_ms = compiled_ms,
+        ready_ms = started.elapsed().as_secs_f64() * 1e3
+    );
+    Ok((lm::GpuBackend { lm }, Arc::new(video)))
+}
+
+/// Without the `cuda` feature there is no cuda backend.
+#[cfg(not(feature = "cuda"))]
+pub fn start_cuda(
+    _cfg: crate::backend::cpu::ModelConfig,
+    _pages: u32,
+    _page_tokens: u32,
+    _video_seed: u64,
+) -> Result<(crate::backend::cpu::Cpu, std::sync::Arc<dyn video::VideoRunner>), String> {
+    Err("this engine was built without the `cuda` feature (build with `--features engine/cuda`)".into())
+}
+
+/// `engine gpu-check`: every comparison of [`check`] on the first GPU,
+/// printed one per line; true when all are within tolerance.
+#[cfg(feature = "cuda")]
+pub fn run_check() -> Result<bool, String> {
+    use std::sync::Arc;
+    let info = probe()?;
+    eprintln!(
+        "device: {} (compute capability {}.{})",
+        info.name, info.compute_capability.0, info.compute_capability.1
+    );
+    let dev = Arc::new(cuda::CudaDevice::open(0).map_err(|e| e.to_string())?);
+    let tol = check::Tolerances::GPU;
+    let lm = crate::backend::cpu::ModelConfig {
+        layers: 4,
+        hidden: 512,
+        heads: 8,
+        ffn: 1536,
+        vocab: 8192,
+        seed: 0,
+    };
+    let video = |res, frames, chunks| check::video_vs_cpu(Arc::clone(&dev), tol, res, frames, chunks);
+    let results = [
+        ("video, tiny", video(crate::video::Resolution::Tiny, 3, 4)),
+        ("video, small", video(crate::video::Resolution::Small, 2, 3)),
+        ("lm", check::lm_vs_cpu(Arc::clone(&dev), tol, lm, 16)),
+        ("offload", check::offload_round_trip(Arc::clone(&dev))),
+    ];
+    let mut all = Vec::new();
+    for (what, result) in results {
+        let results = result.map_err(|e| format!("{what}: {e}"))?;
+        for r in &results {
+            println!("{r}");
+        }
+        all.extend(results);
+    }
+    Ok(all.iter().all(check::Comparison::ok))
+}
+
+/// `engine gpu-bench`: every benchmark of [`bench`] on the first GPU, as a
+/// markdown table on standard output (progress on standard error).
+#[cfg(feature = "cuda")]
+pub fn run_bench(args: &bench::BenchArgs) -> Result<(), String> {
+    use std::sync::Arc;
+    let info = probe()?;
+    let dev = Arc::new(cuda::CudaDevice::open(0).map_err(|e| e.to_string())?);
+    let results =
+        bench::run(dev, args, |m| eprintln!("{:<48} {:>12.3} {:<13} {}", m.name, m.value, m.unit, m.note))
+            .map_err(|e| e.to_string())?;
+    println!(
+        "Backend `cuda`, {} (compute capability {}.{}), `engine gpu-bench`:\n",
+        info.name, info.compute_capability.0, info.compute_capability.1
+    );
+    println!("| measurement | value | unit | notes |\n|---|---:|---|---|");
+    for m in results {
+        println!("| {} | {:.3} | {} | {} |", m.name, m.value, m.unit, m.note);
+    }
+    Ok(())
+}
+
+/// Without the `cuda` feature there is nothing to check.
+#[cfg(not(feature = "cuda"))]
+pub fn run_check() -> Result<bool, String> {
+    Err("this engine was built without the `cuda` feature (build with `--features engine/cuda`)".into())
+}
+
+/// Without the `cuda` feature there is nothing to measure.
+#[cfg(not(feature = "cuda"))]
+pub fn run_bench(_args: &bench::BenchArgs) -> Result<(), String> {
+    Err("this engine was built without the `cuda` feature (build with `--features engine/cuda`)".into())
+}
+
+/// The video model alone on the first GPU (for `engine profile --video
+/// --backend cuda`).
+#[cfg(feature = "cuda")]
+pub fn open_video(seed: u64) -> Result<std::sync::Arc<dyn video::VideoRunner>, String> {
+    let dev = std::sync::Arc::new(cuda::CudaDevice::open(0).map_err(|e| e.to_string())?);
+    let model = crate::video::model::VideoModel::new(seed);
+    let gpu = video::GpuVideo::new(dev, &model).map_err(|e| e.to_string())?;
+    video::warm_up(&gpu, &model).map_err(|e| e.to_string())?;
+    Ok(std::sync::Arc::new(gpu))
+}
+
+/// Without the `cuda` feature there is no GPU to profile.
+#[cfg(not(feature = "cuda"))]
+pub fn open_video(_seed: u64) -> Result<std::sync::Arc<dyn video::VideoRunner>, String> {
+    Err("this engine was built without the `cuda` feature (build with `--features engine/cuda`)".into())
+}

@@ -1,0 +1,136 @@
+//! Session state to and from pinned host memory on the device's copy
+//! stream.
+//!
+//! A [`StateStore`] keeps each session's state (its exact bytes) either on
+//! the device or in page-locked host memory. `offload` and `restore` only
+//! issue copies on the copy stream, ordered after the compute issued before
+//! them, so a batch issued next overlaps them; [`StateStore::settle`] waits
+//! for the copies and frees what they left behind (a device buffer after
+//! an offload, the pinned buffer after a restore). `read` gives the bytes
+//! wherever they are (export for migration); `put` brings state in
+//! (import).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use kernels::{Device, DeviceError, Result};
+
+enum Place<D: Device> {
+    Device(D::Buf),
+    /// Offload issued: the pinned copy is valid after `settle`; the device
+    /// buffer is kept until then.
+    Offloading(D::Host, D::Buf),
+    Host(D::Host),
+    /// Restore issued: the device copy is valid for compute issued from
+    /// now on; the pinned buffer is kept until `settle`.
+    Restoring(D::Buf, D::Host),
+}
+
+struct Entry<D: Device> {
+    bytes: usize,
+    place: Place<D>,
+}
+
+/// Session states on a device, offloadable to pinned host memory.
+pub struct StateStore<D: Device> {
+    dev: Arc<D>,
+    states: HashMap<String, Entry<D>>,
+}
+
+impl<D: Device> StateStore<D> {
+    pub fn new(dev: Arc<D>) -> Self {
+        Self { dev, states: HashMap::new() }
+    }
+
+    /// Puts `bytes` on the device as `id`'s state (replacing any).
+    pub fn put(&mut self, id: &str, bytes: &[u8]) -> Result<()> {
+        let buf = self.dev.alloc(bytes.len())?;
+        self.dev.upload(&buf, 0, bytes)?;
+        self.states.insert(id.to_string(), Entry { bytes: bytes.len(), place: Place::Device(buf) });
+        Ok(())
+    }
+
+    fn take(&mut self, id: &str) -> Result<Entry<D>> {
+        self.states.remove(id).ok_or_else(|| DeviceError(format!("no state for session {id}")))
+    }
+
+    /// Starts moving `id`'s state to pinned host memory.
+    pub fn offload(&mut self, id: &str) -> Result<()> {
+        let e = self.take(id)?;
+        let place = match e.place {
+            Place::Device(buf) | Place::Restoring(buf, _) => {
+                let mut host = self.dev.alloc_host(e.bytes)?;
+                self.dev.offload((&buf, 0), &mut host, e.bytes)?;
+                Place::Offloading(host, buf)
+            }
+            other => other,
+        };
+        self.states.insert(id.to_string(), Entry { bytes: e.bytes, place });
+        Ok(())
+    }
+
+    /// Starts moving `id`'s state back to the device; compute issued after
+    /// this call sees it.
+    pub fn restore(&mut self, id: &str) -> Result<()> {
+        let e = self.take(id)?;
+        let place = match e.place {
+            Place::Host(host) | Place::Offloading(host, _) => {
+                // An offload still in flight must land before it is copied back.
+                self.dev.wait_copies()?;
+                let buf = self.dev.alloc(e.bytes)?;
+                self.dev.restore(&host, (&buf, 0), e.bytes)?;
+                Place::Restoring(buf, host)
+            }
+            other => other,
+        };
+        self.states.insert(id.to_string(), Entry { bytes: e.bytes, place });
+        Ok(())
+    }
+
+    /// Waits for the issued copies and frees the buffers they replaced.
+    pub fn settle(&mut self) -> Result<()> {
+        self.dev.wait_copies()?;
+        for e in self.states.values_mut() {
+            let place = std::mem::replace(&mut e.place, Place::Device(self.dev.alloc(0)?));
+            e.place = match place {
+                Place::Offloading(host, _buf) => Place::Host(host),
+                Place::Restoring(buf, _host) => Place::Device(buf),
+                other => other,
+            };
+        }
+        Ok(())
+    }
+
+    /// Whether `id`'s state is on the device (or on its way there).
+    pub fn on_device(&self, id: &str) -> Option<bool> {
+        self.states.get(id).map(|e| matches!(e.place, Place::Device(_) | Place::Restoring(..)))
+    }
+
+    /// `id`'s exact bytes, wherever they are.
+    pub fn read(&mut self, id: &str) -> Result<Vec<u8>> {
+        self.settle()?;
+        let e = self.states.get(id).ok_or_else(|| DeviceError(format!("no state for session {id}")))?;
+        match &e.place {
+            Place::Device(buf) => {
+                let mut out = vec![0u8; e.bytes];
+                self.dev.download(buf, 0, &mut out)?;
+                Ok(out)
+            }
+            Place::Host(host) => Ok(self.dev.host_bytes(host)[..e.bytes].to_vec()),
+            _ => Err(DeviceError("copies still in flight after settling".into())),
+        }
+    }
+
+    /// Forgets `id`'s state.
+    pub fn remove(&mut self, id: &str) {
+        self.states.remove(id);
+    }
+
+    pub fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.states.is_empty()
+    }
+}
