@@ -71,8 +71,8 @@ impl VideoRunner for Broken {
     }
 }
 
-async fn two_chunks(runner: Arc<dyn VideoRunner>) -> Vec<engine::video::ChunkOut> {
-    let video = VideoEngine::spawn(VideoConfig {
+fn video_engine(runner: Arc<dyn VideoRunner>) -> VideoEngine {
+    VideoEngine::spawn(VideoConfig {
         backend: BackendKind::Cuda,
         profile: profile(),
         arena_slots: 4,
@@ -80,38 +80,55 @@ async fn two_chunks(runner: Arc<dyn VideoRunner>) -> Vec<engine::video::ChunkOut
         threads: 1,
         model_seed: 1,
         gpu: Some(runner),
-    });
-    video
-        .create(CreateSession {
-            id: "s".into(),
-            prompt: "a kite".into(),
-            resolution: Resolution::Tiny,
-            latent_frames: 2,
-        })
-        .await
-        .unwrap();
+    })
+}
+
+async fn chunks(video: &VideoEngine, n: usize) -> Vec<engine::video::ChunkOut> {
     let mut out = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..n {
         let req = ChunkRequest { epoch: 0, fidelity: Fidelity::HIGHEST, key: 0.0, credit: 0.0 };
         out.push(video.chunk("s", req).await.unwrap());
     }
     out
 }
 
+fn session() -> CreateSession {
+    CreateSession { id: "s".into(), prompt: "a kite".into(), resolution: Resolution::Tiny, latent_frames: 2 }
+}
+
 #[tokio::test]
-async fn the_video_scheduler_runs_batches_on_the_gpu_runner_and_survives_a_failing_device() {
+async fn the_video_scheduler_keeps_contexts_on_the_gpu_and_offloads_them_on_suspend() {
     let model = VideoModel::new(1);
-    let gpu: Arc<dyn VideoRunner> = Arc::new(GpuVideo::new(Arc::new(Emu::new()), &model).unwrap());
-    let on_gpu = two_chunks(gpu).await;
-    let fallback = two_chunks(Arc::new(Broken)).await;
-    for chunks in [&on_gpu, &fallback] {
-        assert_eq!(chunks.iter().map(|c| c.index).collect::<Vec<_>>(), vec![0, 1]);
-        assert!(chunks.iter().all(|c| c.frames.len() == 8), "4 pixel frames per latent frame");
-    }
-    // The failing device's batches were recomputed on the host: a stream
-    // loses no chunk, and gets the same video (the PNGs differ at most in
-    // the last bits of a few pixels, so compare their count and sizes).
-    assert_eq!(on_gpu[0].frames.len(), fallback[0].frames.len());
+    let gpu = Arc::new(GpuVideo::new(Arc::new(Emu::new()), &model).unwrap());
+    let video = video_engine(gpu.clone());
+    video.create(session()).await.unwrap();
+    let first = chunks(&video, 2).await;
+    assert_eq!(first.iter().map(|c| c.index).collect::<Vec<_>>(), vec![0, 1]);
+    assert!(first.iter().all(|c| c.frames.len() == 8), "4 pixel frames per latent frame");
+    assert_eq!(gpu.resident("s"), Some(true));
+    // Suspending moves the context to pinned memory; the next chunk
+    // resumes the session and brings it back instead of uploading it.
+    video.suspend("s").await.unwrap();
+    assert_eq!(gpu.resident("s"), Some(false));
+    let next = chunks(&video, 1).await;
+    assert_eq!(next[0].index, 2);
+    // Uploaded once; found on the device for chunks 1 and 2 (the resume
+    // issued the restore before the batch); offloaded and restored once.
+    let st = gpu.context_stats();
+    assert_eq!((st.uploaded, st.resident, st.offloaded, st.restored), (1, 2, 1, 1), "{st:?}");
+    // Ending the session frees its device state.
+    video.end("s").await.unwrap();
+    assert_eq!(gpu.resident("s"), None);
+}
+
+#[tokio::test]
+async fn a_failing_device_loses_no_chunk() {
+    let video = video_engine(Arc::new(Broken));
+    video.create(session()).await.unwrap();
+    // The failing device's batches are recomputed on the host.
+    let out = chunks(&video, 2).await;
+    assert_eq!(out.iter().map(|c| c.index).collect::<Vec<_>>(), vec![0, 1]);
+    assert!(out.iter().all(|c| c.frames.len() == 8));
 }
 
 #[test]

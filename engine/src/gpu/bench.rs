@@ -173,7 +173,7 @@ pub fn run<D: Device>(
             let mut states: Vec<StreamState> = (0..k).map(|_| base.clone()).collect();
             let mut items: Vec<BatchItem<'_>> = states
                 .iter_mut()
-                .map(|state| BatchItem { state, fidelity: fid, res, latent_frames: frames })
+                .map(|state| BatchItem { session: None, state, fidelity: fid, res, latent_frames: frames })
                 .collect();
             gpu.run_batch(&model, &mut items).map(|_| ())
         })

@@ -18,7 +18,7 @@ use kernels::{Device, Result};
 use policies::video::{Fidelity, Precision};
 
 use super::lm::GpuLm;
-use super::video::GpuVideo;
+use super::video::{ContextStats, GpuVideo};
 use crate::backend::cpu::model::{KvArena, Model, ModelConfig, SeqInput};
 use crate::video::batch::denoise_batch;
 use crate::video::model::{ssim, Resolution, StreamState, VideoModel};
@@ -85,7 +85,9 @@ pub fn video_configs() -> Vec<Fidelity> {
 
 /// Three streams, one per configuration, coalesced into one batch per
 /// chunk on both backends, `chunks` chunks each (the context grows, the
-/// sink and window are used from the second chunk on).
+/// sink and window are used from the second chunk on). On the GPU the
+/// streams are sessions whose contexts stay on the device, and before the
+/// third chunk they are offloaded to pinned memory (restored by the batch).
 pub fn video_vs_cpu<D: Device>(
     dev: Arc<D>,
     tol: Tolerances,
@@ -101,17 +103,25 @@ pub fn video_vs_cpu<D: Device>(
     let mut gpu_states = cpu_states.clone();
     let mut worst_latent = vec![0f64; configs.len()];
     let mut worst_ssim = vec![1f64; configs.len()];
-    for _ in 0..chunks {
+    for chunk in 0..chunks {
+        if chunk == 2 {
+            // As if the scheduler suspended every stream: contexts go to
+            // pinned memory and come back for the next batch.
+            for p in &prompts {
+                gpu.offload(p)?;
+            }
+        }
         let items = cpu_states
             .iter_mut()
             .zip(&configs)
-            .map(|(state, f)| BatchItem { state, fidelity: *f, res, latent_frames })
+            .map(|(state, f)| BatchItem { session: None, state, fidelity: *f, res, latent_frames })
             .collect();
         let cpu_latents = denoise_batch(&model, items, 2);
         let mut items: Vec<BatchItem<'_>> = gpu_states
             .iter_mut()
             .zip(&configs)
-            .map(|(state, f)| BatchItem { state, fidelity: *f, res, latent_frames })
+            .zip(&prompts)
+            .map(|((state, f), p)| BatchItem { session: Some(p), state, fidelity: *f, res, latent_frames })
             .collect();
         let out = gpu.run_batch(&model, &mut items)?;
         for (i, (c, g)) in cpu_latents.iter().zip(&out).enumerate() {
@@ -120,6 +130,20 @@ pub fn video_vs_cpu<D: Device>(
             let frames = model.decode(c, res);
             worst_ssim[i] = worst_ssim[i].min(ssim(&frames, &g.frames, res.pixels()));
         }
+    }
+    // Contexts stayed on the device between chunks (uploaded once per
+    // stream) and came back from pinned memory after the offload.
+    let st = gpu.context_stats();
+    let expected = ContextStats {
+        resident: (prompts.len() * chunks.saturating_sub(1)) as u64 - st.restored,
+        restored: if chunks > 2 { prompts.len() as u64 } else { 0 },
+        uploaded: prompts.len() as u64,
+        offloaded: if chunks > 2 { prompts.len() as u64 } else { 0 },
+    };
+    if st != expected {
+        return Err(kernels::DeviceError(format!(
+            "contexts were not kept on the device: {st:?}, expected {expected:?}"
+        )));
     }
     let mut out = Vec::new();
     for (i, f) in configs.iter().enumerate() {

@@ -45,9 +45,25 @@ impl<D: Device> StateStore<D> {
     /// Puts `bytes` on the device as `id`'s state (replacing any).
     pub fn put(&mut self, id: &str, bytes: &[u8]) -> Result<()> {
         let buf = self.dev.alloc(bytes.len())?;
-        self.dev.upload(&buf, 0, bytes)?;
+        if !bytes.is_empty() {
+            self.dev.upload(&buf, 0, bytes)?;
+        }
         self.states.insert(id.to_string(), Entry { bytes: bytes.len(), place: Place::Device(buf) });
         Ok(())
+    }
+
+    /// Makes `buf` (`bytes` long, already on the device) `id`'s state.
+    pub fn put_buf(&mut self, id: &str, buf: D::Buf, bytes: usize) {
+        self.states.insert(id.to_string(), Entry { bytes, place: Place::Device(buf) });
+    }
+
+    /// `id`'s device buffer, when its state is on the device (or a restore
+    /// of it has been issued: compute issued from now on sees it).
+    pub fn device_buf(&self, id: &str) -> Option<&D::Buf> {
+        match &self.states.get(id)?.place {
+            Place::Device(b) | Place::Restoring(b, _) => Some(b),
+            _ => None,
+        }
     }
 
     fn take(&mut self, id: &str) -> Result<Entry<D>> {

@@ -10,21 +10,52 @@
 //! and path update (`video_update`). Then frames for every member
 //! (`video_decode`) and one download of latents and pixels.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use kernels::video::{CHANNELS, DIM, MF, MI};
 use kernels::{f32_bytes, f32s, i32_bytes, Arg, Device, DeviceError, Result, BLOCK};
 use policies::video::Precision;
 
-use crate::video::model::{Resolution, VideoModel};
+use super::offload::StateStore;
+use crate::video::model::{Resolution, VideoModel, MAX_WINDOW};
 
 pub use crate::video::BatchItem;
 
-/// The model's weights on a device.
+/// The model's weights on a device, and the sessions' contexts kept there
+/// between chunks.
 pub struct GpuVideo<D: Device> {
     dev: Arc<D>,
     /// wq, wk, wv, wo, w1, w2, to_rgb.
     w: Vec<D::Buf>,
+    contexts: Mutex<Contexts<D>>,
+}
+
+/// Each session's full context (sink, then up to [`MAX_WINDOW`] chunks,
+/// oldest first) on the device or offloaded to pinned host memory, tagged
+/// with the state it belongs to (prompt seed, chunks generated). A batch
+/// uses a resident context instead of uploading it and leaves the updated
+/// one behind; a tag that does not match the host state (a prompt switch,
+/// an import) means the host state is uploaded again.
+struct Contexts<D: Device> {
+    store: StateStore<D>,
+    tags: HashMap<String, (u64, u64)>,
+    stats: ContextStats,
+}
+
+/// How batches found their contexts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ContextStats {
+    /// Contexts found in device memory (including those whose restore the
+    /// scheduler issued when it resumed the session).
+    pub resident: u64,
+    /// Restores issued from pinned memory (by a resume, or by a batch that
+    /// found the context offloaded).
+    pub restored: u64,
+    /// Contexts uploaded from the host state.
+    pub uploaded: u64,
+    /// Contexts moved to pinned memory.
+    pub offloaded: u64,
 }
 
 /// What a batch produced for one member.
@@ -42,7 +73,6 @@ pub struct ChunkResult {
 struct Layout {
     x_off: usize,
     n: usize,
-    ctx_off: usize,
     m: usize,
     kv_off: usize,
     side: usize,
@@ -65,11 +95,59 @@ impl<D: Device> GpuVideo<D> {
             dev.upload(&b, 0, &f32_bytes(t))?;
             w.push(b);
         }
-        Ok(Self { dev, w })
+        let contexts = Contexts {
+            store: StateStore::new(Arc::clone(&dev)),
+            tags: HashMap::new(),
+            stats: ContextStats::default(),
+        };
+        Ok(Self { dev, w, contexts: Mutex::new(contexts) })
     }
 
     pub fn device(&self) -> &Arc<D> {
         &self.dev
+    }
+
+    fn contexts(&self) -> std::sync::MutexGuard<'_, Contexts<D>> {
+        self.contexts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How batches found their contexts so far.
+    pub fn context_stats(&self) -> ContextStats {
+        self.contexts().stats
+    }
+
+    /// Starts moving `session`'s context to pinned host memory (the
+    /// scheduler suspended it); the copy overlaps the next batch.
+    pub fn offload(&self, session: &str) -> Result<()> {
+        let mut c = self.contexts();
+        if c.store.device_buf(session).is_some() {
+            c.store.offload(session)?;
+            c.stats.offloaded += 1;
+        }
+        Ok(())
+    }
+
+    /// Starts bringing `session`'s context back (the scheduler resumed it);
+    /// the next batch's compute waits for the copy, nothing else does.
+    pub fn restore(&self, session: &str) -> Result<()> {
+        let mut c = self.contexts();
+        if c.store.on_device(session) == Some(false) {
+            c.store.restore(session)?;
+            c.stats.restored += 1;
+        }
+        Ok(())
+    }
+
+    /// Drops `session`'s context (it ended, or its state was replaced).
+    pub fn forget(&self, session: &str) {
+        let mut c = self.contexts();
+        c.store.remove(session);
+        c.tags.remove(session);
+    }
+
+    /// Whether `session`'s context is in device memory.
+    pub fn resident(&self, session: &str) -> Option<bool> {
+        self.contexts().store.on_device(session)
     }
 
     /// Denoises one chunk per item (step k of every member together) and
@@ -79,20 +157,21 @@ impl<D: Device> GpuVideo<D> {
             return Ok(Vec::new());
         }
         let dev = &*self.dev;
-        // Layout and host data.
+        let mut contexts = self.contexts();
+        // Layout, noise, and where each member's full context is.
         let mut lay = Vec::with_capacity(items.len());
-        let (mut x_host, mut ctx_host) = (Vec::new(), Vec::new());
-        let (mut xt, mut ct, mut kvt) = (0usize, 0usize, 0usize);
+        let mut x_host = Vec::new();
+        let mut temp: Vec<Option<D::Buf>> = Vec::new();
+        let (mut xt, mut kvt) = (0usize, 0usize);
         for it in items.iter() {
             let noise = VideoModel::noise(it.state, it.res, it.latent_frames);
-            let ctx = VideoModel::context_tokens(it.state, &it.fidelity);
-            let (n, m, side) = (noise.len() / CHANNELS, ctx.len() / CHANNELS, it.res.latent_side());
+            let m = VideoModel::context_tokens(it.state, &it.fidelity).len() / CHANNELS;
+            let (n, side) = (noise.len() / CHANNELS, it.res.latent_side());
             let blocks = m / side;
             let keep = blocks - ((blocks as f64) * it.fidelity.sparsity()).floor() as usize;
             lay.push(Layout {
                 x_off: xt,
                 n,
-                ctx_off: ct,
                 m,
                 kv_off: kvt,
                 side,
@@ -102,15 +181,12 @@ impl<D: Device> GpuVideo<D> {
                 steps: usize::from(it.fidelity.steps.max(1)),
             });
             x_host.extend_from_slice(&noise);
-            ctx_host.extend_from_slice(&ctx);
             xt += n;
-            ct += m;
             kvt += m + n;
+            temp.push(contexts.locate(dev, it)?);
         }
         let x = dev.alloc(xt * CHANNELS * 4)?;
         dev.upload(&x, 0, &f32_bytes(&x_host))?;
-        let ctx = dev.alloc(ct.max(1) * CHANNELS * 4)?;
-        dev.upload(&ctx, 0, &f32_bytes(&ctx_host))?;
         let (keys, vals) = (dev.alloc(kvt * DIM * 4)?, dev.alloc(kvt * DIM * 4)?);
         let q = dev.alloc(xt * DIM * 4)?;
         let attn = dev.alloc(xt * DIM * 4)?;
@@ -119,19 +195,31 @@ impl<D: Device> GpuVideo<D> {
         let (wq, wk, wv, wo, w1, w2, to_rgb) =
             (&self.w[0], &self.w[1], &self.w[2], &self.w[3], &self.w[4], &self.w[5], &self.w[6]);
 
-        // Context keys and values, once per chunk.
-        if ct > 0 {
-            let (mut src, mut dst, mut flag) = (Vec::new(), Vec::new(), Vec::new());
-            for l in &lay {
-                for j in 0..l.m {
-                    src.push((l.ctx_off + j) as i32);
-                    dst.push((l.kv_off + j) as i32);
-                    flag.push(i32::from(l.fp8));
-                }
+        // Context keys and values, once per chunk: the sink and the last W
+        // chunks, gathered from the member's full context.
+        for ((l, it), tmp) in lay.iter().zip(items.iter()).zip(&temp) {
+            if l.m == 0 {
+                continue;
             }
-            let idx = self.ints(&[&src, &dst, &flag])?;
+            let src = match (tmp, it.session) {
+                (Some(b), _) => b,
+                (None, Some(id)) => {
+                    contexts.store.device_buf(id).ok_or_else(|| DeviceError("context vanished".into()))?
+                }
+                (None, None) => return Err(DeviceError("a member without a context buffer".into())),
+            };
+            let chunk = l.n;
+            let sink = usize::from(it.state.sink.is_some()) * chunk;
+            let w = usize::from(it.fidelity.window).min(it.state.window.len());
+            let first = it.state.window.len() - w;
+            let mut src_idx: Vec<i32> = (0..sink as i32).collect();
+            src_idx.extend((0..w * chunk).map(|j| (sink + first * chunk + j) as i32));
+            debug_assert_eq!(src_idx.len(), l.m);
+            let dst: Vec<i32> = (0..l.m).map(|j| (l.kv_off + j) as i32).collect();
+            let flag = vec![i32::from(l.fp8); l.m];
+            let idx = self.ints(&[&src_idx, &dst, &flag])?;
             for (w, out) in [(wk, &keys), (wv, &vals)] {
-                self.project(&ctx, &idx, ct, w, out)?;
+                self.project(src, &idx, l.m, w, out)?;
             }
         }
 
@@ -266,8 +354,16 @@ impl<D: Device> GpuVideo<D> {
                 Arg::Buf(&rgb, 0),
             ],
         )?;
+        // Each session's next context, built on the device from its current
+        // one and the new chunk (the cpu backend's `finish_chunk`).
+        for ((l, it), tmp) in lay.iter().zip(items.iter()).zip(&temp) {
+            if let Some(id) = it.session {
+                contexts.advance(dev, id, it, tmp.as_ref(), (&x, l.x_off * CHANNELS * 4), l.n)?;
+            }
+        }
         let mut lat_bytes = vec![0u8; xt * CHANNELS * 4];
         dev.download(&x, 0, &mut lat_bytes)?;
+        contexts.store.settle()?;
         let mut pix = vec![0u8; px_total];
         dev.download(&rgb, 0, &mut pix)?;
         let latents = f32s(&lat_bytes);
@@ -321,12 +417,95 @@ impl<D: Device> GpuVideo<D> {
     }
 }
 
+impl<D: Device> Contexts<D> {
+    /// Makes the member's full context available on the device: resident
+    /// (nothing to do), offloaded (restore issued), or uploaded from the
+    /// host state. Returns a temporary buffer for a member without a
+    /// session; sessions' contexts stay in the store.
+    fn locate(&mut self, dev: &D, it: &BatchItem<'_>) -> Result<Option<D::Buf>> {
+        let tag = (it.state.seed, it.state.chunks);
+        let full = || -> Vec<u8> {
+            let mut v = Vec::new();
+            if let Some(s) = &it.state.sink {
+                v.extend_from_slice(&f32_bytes(s));
+            }
+            for c in &it.state.window {
+                v.extend_from_slice(&f32_bytes(c));
+            }
+            v
+        };
+        let Some(id) = it.session else {
+            let bytes = full();
+            let b = dev.alloc(bytes.len().max(4))?;
+            dev.upload(&b, 0, &bytes)?;
+            return Ok(Some(b));
+        };
+        match (self.tags.get(id) == Some(&tag), self.store.on_device(id)) {
+            (true, Some(true)) => self.stats.resident += 1,
+            (true, Some(false)) => {
+                self.store.restore(id)?;
+                self.stats.restored += 1;
+            }
+            _ => {
+                let bytes = full();
+                self.store.put(id, &bytes)?;
+                self.tags.insert(id.to_string(), tag);
+                self.stats.uploaded += 1;
+            }
+        }
+        Ok(None)
+    }
+
+    /// Replaces `id`'s context by the one after this chunk: the sink (or
+    /// the new chunk, for a first chunk), the window without its oldest
+    /// chunk when full, then the new chunk (`n` tokens at `latent`).
+    fn advance(
+        &mut self,
+        dev: &D,
+        id: &str,
+        it: &BatchItem<'_>,
+        tmp: Option<&D::Buf>,
+        latent: (&D::Buf, usize),
+        n: usize,
+    ) -> Result<()> {
+        let chunk = n * CHANNELS * 4;
+        let old = match tmp {
+            Some(b) => b,
+            None => self.store.device_buf(id).ok_or_else(|| DeviceError("context vanished".into()))?,
+        };
+        let has_sink = it.state.sink.is_some();
+        let window = it.state.window.len();
+        let drop = usize::from(window == MAX_WINDOW);
+        let kept = window - drop;
+        let next = dev.alloc((1 + kept + 1) * chunk)?;
+        if has_sink {
+            dev.copy((old, 0), (&next, 0), chunk)?;
+        } else {
+            dev.copy(latent, (&next, 0), chunk)?;
+        }
+        let from = (usize::from(has_sink) + drop) * chunk;
+        if kept > 0 {
+            dev.copy((old, from), (&next, chunk), kept * chunk)?;
+        }
+        dev.copy(latent, (&next, (1 + kept) * chunk), chunk)?;
+        self.store.put_buf(id, next, (2 + kept) * chunk);
+        self.tags.insert(id.to_string(), (it.state.seed, it.state.chunks + 1));
+        Ok(())
+    }
+}
+
 /// What the video scheduler calls on the cuda backend, whatever the device.
 pub trait VideoRunner: Send + Sync {
     /// Runs one coalesced batch; see [`GpuVideo::run_batch`].
     fn run(&self, model: &VideoModel, items: &mut [BatchItem<'_>]) -> Result<Vec<ChunkResult>>;
     /// The device, for logs.
     fn device_name(&self) -> String;
+    /// The scheduler suspended `session`: move its device state out.
+    fn offload(&self, _session: &str) {}
+    /// The scheduler resumed `session`: bring its device state back.
+    fn restore(&self, _session: &str) {}
+    /// `session` ended or its state was replaced.
+    fn forget(&self, _session: &str) {}
 }
 
 impl<D: Device> VideoRunner for GpuVideo<D> {
@@ -337,6 +516,24 @@ impl<D: Device> VideoRunner for GpuVideo<D> {
     fn device_name(&self) -> String {
         self.dev.name()
     }
+
+    fn offload(&self, session: &str) {
+        if let Err(e) = GpuVideo::offload(self, session) {
+            tracing::warn!(event = "gpu_offload_failed", session, error = %e);
+            self.forget(session);
+        }
+    }
+
+    fn restore(&self, session: &str) {
+        if let Err(e) = GpuVideo::restore(self, session) {
+            tracing::warn!(event = "gpu_restore_failed", session, error = %e);
+            self.forget(session);
+        }
+    }
+
+    fn forget(&self, session: &str) {
+        GpuVideo::forget(self, session);
+    }
 }
 
 /// One chunk of a scratch stream, so the first real batch does not pay for
@@ -344,6 +541,7 @@ impl<D: Device> VideoRunner for GpuVideo<D> {
 pub fn warm_up<D: Device>(gpu: &GpuVideo<D>, model: &VideoModel) -> Result<()> {
     let mut state = crate::video::model::StreamState::new("warm up");
     let mut items = [BatchItem {
+        session: None,
         state: &mut state,
         fidelity: policies::video::Fidelity::HIGHEST,
         res: Resolution::Tiny,

@@ -16,6 +16,7 @@ pub(crate) fn run_cpu_batch(model: &VideoModel, members: &mut [Member], threads:
     let items: Vec<BatchItem<'_>> = members
         .iter_mut()
         .map(|m| BatchItem {
+            session: None,
             state: &mut m.state,
             fidelity: m.pending.req.fidelity,
             res: m.res,
@@ -41,6 +42,7 @@ pub(crate) fn run_gpu_batch(
     let mut items: Vec<BatchItem<'_>> = members
         .iter_mut()
         .map(|m| BatchItem {
+            session: Some(&m.pending.id),
             state: &mut m.state,
             fidelity: m.pending.req.fidelity,
             res: m.res,
@@ -63,6 +65,9 @@ pub(crate) fn run_gpu_batch(
 
 /// One member of a coalesced batch.
 pub struct BatchItem<'a> {
+    /// The session, when the chunk belongs to one (the cuda backend keeps
+    /// its context on the device between chunks).
+    pub session: Option<&'a str>,
     pub state: &'a mut StreamState,
     pub fidelity: Fidelity,
     pub res: Resolution,

@@ -76,6 +76,7 @@ pub fn measure(
             let mut st = StreamState::new(p);
             for _ in 0..args.chunks {
                 let item = BatchItem {
+                    session: None,
                     state: &mut st,
                     fidelity: *fid,
                     res: args.resolution,
@@ -121,6 +122,7 @@ fn measure_batch_cost(model: &VideoModel, args: &VideoProfileArgs, runner: Runne
             let items = states
                 .iter_mut()
                 .map(|state| BatchItem {
+                    session: None,
                     state,
                     fidelity: Fidelity::HIGHEST,
                     res: args.resolution,

@@ -67,7 +67,7 @@ struct Session {
 }
 
 pub(crate) struct Pending {
-    id: String,
+    pub(crate) id: String,
     pub(crate) req: ChunkRequest,
     reply: oneshot::Sender<Result<ChunkOut, VideoError>>,
     enqueued: Instant,
@@ -258,6 +258,9 @@ impl Core {
         let s = self.sessions.get_mut(id).ok_or_else(|| VideoError::NoSession(id.into()))?;
         if let Place::Resident(state) = &s.place {
             s.place = Place::Suspended(state.to_bytes());
+            if let Some(gpu) = &self.cfg.gpu {
+                gpu.offload(id);
+            }
             self.load.suspends += 1;
             ::metrics::counter!(crate::metrics::VIDEO_SUSPENDS).increment(1);
         }
@@ -279,6 +282,9 @@ impl Core {
         if let Place::Suspended(bytes) = &s.place {
             let state = StreamState::from_bytes(bytes).ok_or(VideoError::BadState)?;
             s.place = Place::Resident(state);
+            if let Some(gpu) = &self.cfg.gpu {
+                gpu.restore(id);
+            }
             self.load.resumes += 1;
         }
         Ok(true)
@@ -341,6 +347,9 @@ impl Core {
                             _ => Place::Resident(StreamState::new(&prompt)),
                         };
                         s.prompt = prompt;
+                        if let Some(gpu) = &self.cfg.gpu {
+                            gpu.forget(&id);
+                        }
                         Ok(s.epoch)
                     }
                 };
@@ -379,6 +388,9 @@ impl Core {
             }
             Cmd::End(id, reply) => {
                 let result = self.sessions.remove(&id).map(|_| ()).ok_or(VideoError::NoSession(id.clone()));
+                if let Some(gpu) = &self.cfg.gpu {
+                    gpu.forget(&id);
+                }
                 self.fail_pending(&id);
                 let _ = reply.send(result);
             }
@@ -405,6 +417,9 @@ impl Core {
     fn export(&mut self, id: &str) -> Result<Vec<u8>, VideoError> {
         let s = self.sessions.remove(id).ok_or_else(|| VideoError::NoSession(id.into()))?;
         self.fail_pending(id);
+        if let Some(gpu) = &self.cfg.gpu {
+            gpu.forget(id);
+        }
         let state = match s.place {
             Place::Resident(st) => st.to_bytes(),
             Place::Suspended(b) => b,
@@ -444,6 +459,9 @@ impl Core {
             place: Place::Suspended(state),
             credit: meta.credit,
         };
+        if let Some(gpu) = &self.cfg.gpu {
+            gpu.forget(&id);
+        }
         self.sessions.insert(id, session);
         Ok(())
     }
