@@ -244,13 +244,22 @@ impl<D: Device> GpuLm<D> {
             return Ok(seqs.iter().map(|_| self.bos_logits.clone()).collect());
         }
         let stride = pos.iter().map(|&p| p as usize + 2).max().unwrap_or(2);
+        // One upload for every table the launches index; (buffer, byte offset).
+        let mut all = Vec::new();
+        let mut offsets = [0usize; 6];
+        for (o, v) in offsets.iter_mut().zip([&tokens, &pos, &slot, &table_off, &table, &last]) {
+            *o = all.len() * 4;
+            all.extend_from_slice(v);
+        }
+        let tables = i32_upload(dev, &all)?;
+        let [tok_at, pos_at, slot_at, toff_at, table_at, last_at] = offsets;
         let (tok_b, pos_b, slot_b, toff_b, table_b, last_b) = (
-            i32_upload(dev, &tokens)?,
-            i32_upload(dev, &pos)?,
-            i32_upload(dev, &slot)?,
-            i32_upload(dev, &table_off)?,
-            i32_upload(dev, &table)?,
-            i32_upload(dev, &last)?,
+            (&tables, tok_at),
+            (&tables, pos_at),
+            (&tables, slot_at),
+            (&tables, toff_at),
+            (&tables, table_at),
+            (&tables, last_at),
         );
         let scores = dev.alloc(rows * heads * stride * 4)?;
         let a = self.act(rows)?;
@@ -259,7 +268,7 @@ impl<D: Device> GpuLm<D> {
             (rows as u32, 1, 1),
             &[
                 Arg::Buf(&self.embed, 0),
-                Arg::Buf(&tok_b, 0),
+                Arg::Buf(tok_b.0, tok_b.1),
                 Arg::Buf(&a.x, 0),
                 Arg::I32(h as i32),
                 Arg::I32(v as i32),
@@ -274,8 +283,8 @@ impl<D: Device> GpuLm<D> {
                 (rows as u32, 1, 1),
                 &[
                     Arg::Buf(&a.qkv, 0),
-                    Arg::Buf(&pos_b, 0),
-                    Arg::Buf(&slot_b, 0),
+                    Arg::Buf(pos_b.0, pos_b.1),
+                    Arg::Buf(slot_b.0, slot_b.1),
                     Arg::Buf(&self.inv_freq, 0),
                     Arg::Buf(&self.k_cache, 0),
                     Arg::Buf(&self.v_cache, 0),
@@ -293,9 +302,9 @@ impl<D: Device> GpuLm<D> {
                     Arg::Buf(&self.v_cache, 0),
                     Arg::Buf(&l.bos_kv, 0),
                     Arg::Buf(&l.bos_kv, h * 4),
-                    Arg::Buf(&pos_b, 0),
-                    Arg::Buf(&table_b, 0),
-                    Arg::Buf(&toff_b, 0),
+                    Arg::Buf(pos_b.0, pos_b.1),
+                    Arg::Buf(table_b.0, table_b.1),
+                    Arg::Buf(toff_b.0, toff_b.1),
                     Arg::Buf(&scores, 0),
                     Arg::Buf(&a.att, 0),
                     Arg::I32(h as i32),
@@ -313,7 +322,7 @@ impl<D: Device> GpuLm<D> {
         dev.launch(
             "gather_rows",
             (last.len() as u32, 1, 1),
-            &[Arg::Buf(&a.x, 0), Arg::Buf(&last_b, 0), Arg::Buf(&lasts, 0), Arg::I32(h as i32)],
+            &[Arg::Buf(&a.x, 0), Arg::Buf(last_b.0, last_b.1), Arg::Buf(&lasts, 0), Arg::I32(h as i32)],
         )?;
         let logits = self.head(&a, &lasts, last.len())?;
         let mut chunks = logits.chunks_exact(v);

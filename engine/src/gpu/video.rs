@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use kernels::video::{CHANNELS, DIM, MF, MI};
-use kernels::{f32_bytes, f32s, i32_bytes, Arg, Device, DeviceError, Result, BLOCK};
+use kernels::{f32_bytes, f32s, Arg, Device, DeviceError, Result, BLOCK};
 use policies::video::Precision;
 
 use super::offload::StateStore;
@@ -152,6 +152,11 @@ impl<D: Device> GpuVideo<D> {
 
     /// Denoises one chunk per item (step k of every member together) and
     /// decodes its frames; advances each item's state like the cpu backend.
+    ///
+    /// Everything the launches index (per-step member tables, token lists,
+    /// gather lists) is built on the host first and uploaded in one copy,
+    /// with the noise in another; then the whole batch is launched without
+    /// waiting, and the one download at the end waits for it.
     pub fn run_batch(&self, model: &VideoModel, items: &mut [BatchItem<'_>]) -> Result<Vec<ChunkResult>> {
         if items.is_empty() {
             return Ok(Vec::new());
@@ -185,22 +190,70 @@ impl<D: Device> GpuVideo<D> {
             kvt += m + n;
             temp.push(contexts.locate(dev, it)?);
         }
+
+        // Host tables, one upload.
+        let mut stage = Staging::default();
+        // Context gathers: the sink and the last W chunks of the member's
+        // full context, into its kv region.
+        let ctx_proj: Vec<Option<[usize; 3]>> = lay
+            .iter()
+            .zip(items.iter())
+            .map(|(l, it)| {
+                (l.m > 0).then(|| {
+                    let sink = usize::from(it.state.sink.is_some()) * l.n;
+                    let w = usize::from(it.fidelity.window).min(it.state.window.len());
+                    let first = it.state.window.len() - w;
+                    let mut src: Vec<i32> = (0..sink as i32).collect();
+                    src.extend((0..w * l.n).map(|j| (sink + first * l.n + j) as i32));
+                    let dst: Vec<i32> = (0..l.m).map(|j| (l.kv_off + j) as i32).collect();
+                    [stage.ints(&src), stage.ints(&dst), stage.ints(&vec![i32::from(l.fp8); l.m])]
+                })
+            })
+            .collect();
+        let max_steps = lay.iter().map(|l| l.steps).max().unwrap_or(1);
+        let steps: Vec<StepTables> =
+            (0..max_steps).map(|k| StepTables::build(&mut stage, &lay, items, k)).collect();
+        let mut dmeta = Vec::new();
+        let (mut out_off, mut px_total, mut widest) = (Vec::new(), 0usize, 0usize);
+        for (l, it) in lay.iter().zip(items.iter()) {
+            dmeta.extend_from_slice(&[l.x_off as i32, l.n as i32, 0, 0, l.side as i32, 0, 0, 0]);
+            out_off.push(px_total as i32);
+            let pixels = (l.n / (l.side * l.side)) * 4 * it.res.pixels() * it.res.pixels();
+            widest = widest.max(pixels);
+            px_total += pixels * 3;
+        }
+        let (dmeta_at, out_off_at) = (stage.ints(&dmeta), stage.ints(&out_off));
+        let tables = stage.upload(dev)?;
         let x = dev.alloc(xt * CHANNELS * 4)?;
         dev.upload(&x, 0, &f32_bytes(&x_host))?;
+
         let (keys, vals) = (dev.alloc(kvt * DIM * 4)?, dev.alloc(kvt * DIM * 4)?);
         let q = dev.alloc(xt * DIM * 4)?;
         let attn = dev.alloc(xt * DIM * 4)?;
         let (bscore, flags, cols) = (dev.alloc(kvt * 4)?, dev.alloc(kvt * 4)?, dev.alloc(kvt * 4)?);
         let ncols = dev.alloc(items.len() * 4)?;
+        let rgb = dev.alloc(px_total)?;
         let (wq, wk, wv, wo, w1, w2, to_rgb) =
             (&self.w[0], &self.w[1], &self.w[2], &self.w[3], &self.w[4], &self.w[5], &self.w[6]);
+        let project = |src: &D::Buf, at: [usize; 3], count: usize, w: &D::Buf, out: &D::Buf| {
+            dev.launch(
+                "video_project",
+                grid(count),
+                &[
+                    Arg::Buf(src, 0),
+                    Arg::Buf(&tables, at[0]),
+                    Arg::Buf(&tables, at[1]),
+                    Arg::Buf(&tables, at[2]),
+                    Arg::Buf(w, 0),
+                    Arg::Buf(out, 0),
+                    Arg::I32(count as i32),
+                ],
+            )
+        };
 
-        // Context keys and values, once per chunk: the sink and the last W
-        // chunks, gathered from the member's full context.
-        for ((l, it), tmp) in lay.iter().zip(items.iter()).zip(&temp) {
-            if l.m == 0 {
-                continue;
-            }
+        // Context keys and values, once per chunk.
+        for (((l, it), tmp), at) in lay.iter().zip(items.iter()).zip(&temp).zip(&ctx_proj) {
+            let Some(at) = at else { continue };
             let src = match (tmp, it.session) {
                 (Some(b), _) => b,
                 (None, Some(id)) => {
@@ -208,89 +261,24 @@ impl<D: Device> GpuVideo<D> {
                 }
                 (None, None) => return Err(DeviceError("a member without a context buffer".into())),
             };
-            let chunk = l.n;
-            let sink = usize::from(it.state.sink.is_some()) * chunk;
-            let w = usize::from(it.fidelity.window).min(it.state.window.len());
-            let first = it.state.window.len() - w;
-            let mut src_idx: Vec<i32> = (0..sink as i32).collect();
-            src_idx.extend((0..w * chunk).map(|j| (sink + first * chunk + j) as i32));
-            debug_assert_eq!(src_idx.len(), l.m);
-            let dst: Vec<i32> = (0..l.m).map(|j| (l.kv_off + j) as i32).collect();
-            let flag = vec![i32::from(l.fp8); l.m];
-            let idx = self.ints(&[&src_idx, &dst, &flag])?;
             for (w, out) in [(wk, &keys), (wv, &vals)] {
-                self.project(src, &idx, l.m, w, out)?;
+                project(src, *at, l.m, w, out)?;
             }
         }
 
-        let max_steps = lay.iter().map(|l| l.steps).max().unwrap_or(1);
-        for k in 0..max_steps {
-            let active: Vec<usize> = (0..lay.len()).filter(|&i| lay[i].steps > k).collect();
-            let (mut meta, mut mparam) = (Vec::new(), Vec::new());
-            let (mut tok_g, mut tok_slot, mut kv_dst, mut flag) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            for (slot, &i) in active.iter().enumerate() {
-                let l = lay[i];
-                meta.extend_from_slice(&[
-                    l.x_off as i32,
-                    l.n as i32,
-                    l.kv_off as i32,
-                    l.m as i32,
-                    l.side as i32,
-                    l.keep as i32,
-                    l.col_off as i32,
-                    i32::from(l.fp8),
-                ]);
-                let s = l.steps;
-                let (t, t_next) = (1.0 - k as f32 / s as f32, 1.0 - (k + 1) as f32 / s as f32);
-                let mut row = items[i].state.prompt.clone();
-                row.resize(CHANNELS, 0.0);
-                row.extend_from_slice(&[
-                    items[i].state.chunks as f32,
-                    t,
-                    if t > 0.0 { t_next / t } else { 0.0 },
-                    0.0,
-                ]);
-                debug_assert_eq!(row.len(), MF);
-                mparam.extend_from_slice(&row);
-                for j in 0..l.n {
-                    tok_g.push((l.x_off + j) as i32);
-                    tok_slot.push(slot as i32);
-                    kv_dst.push((l.kv_off + l.m + j) as i32);
-                    flag.push(i32::from(l.fp8));
-                }
-            }
-            debug_assert_eq!(meta.len(), active.len() * MI);
-            let tokens = tok_g.len();
-            let idx = self.ints(&[&tok_g, &kv_dst, &flag, &tok_slot, &meta])?;
-            let at = |i: usize| i * tokens * 4;
-            let meta_at = at(4);
-            let mp = dev.alloc(mparam.len() * 4)?;
-            dev.upload(&mp, 0, &f32_bytes(&mparam))?;
+        for st in &steps {
             // Chunk keys and values (into each member's kv region after its
             // context) and queries (indexed like x).
-            for (w, out, dst) in [(wk, &keys, at(1)), (wv, &vals, at(1)), (wq, &q, at(0))] {
-                dev.launch(
-                    "video_project",
-                    grid(tokens),
-                    &[
-                        Arg::Buf(&x, 0),
-                        Arg::Buf(&idx, at(0)),
-                        Arg::Buf(&idx, dst),
-                        Arg::Buf(&idx, at(2)),
-                        Arg::Buf(w, 0),
-                        Arg::Buf(out, 0),
-                        Arg::I32(tokens as i32),
-                    ],
-                )?;
+            for (w, out, dst) in [(wk, &keys, st.kv_dst), (wv, &vals, st.kv_dst), (wq, &q, st.tok_g)] {
+                project(&x, [st.tok_g, dst, st.flag], st.tokens, w, out)?;
             }
             dev.launch(
                 "video_select",
-                (active.len() as u32, 1, 1),
+                (st.members as u32, 1, 1),
                 &[
                     Arg::Buf(&q, 0),
                     Arg::Buf(&keys, 0),
-                    Arg::Buf(&idx, meta_at),
+                    Arg::Buf(&tables, st.meta),
                     Arg::Buf(&bscore, 0),
                     Arg::Buf(&flags, 0),
                     Arg::Buf(&cols, 0),
@@ -299,14 +287,14 @@ impl<D: Device> GpuVideo<D> {
             )?;
             dev.launch(
                 "video_attend",
-                (tokens as u32, 1, 1),
+                (st.tokens as u32, 1, 1),
                 &[
                     Arg::Buf(&q, 0),
                     Arg::Buf(&keys, 0),
                     Arg::Buf(&vals, 0),
-                    Arg::Buf(&idx, at(0)),
-                    Arg::Buf(&idx, at(3)),
-                    Arg::Buf(&idx, meta_at),
+                    Arg::Buf(&tables, st.tok_g),
+                    Arg::Buf(&tables, st.tok_slot),
+                    Arg::Buf(&tables, st.meta),
                     Arg::Buf(&cols, 0),
                     Arg::Buf(&ncols, 0),
                     Arg::Buf(&attn, 0),
@@ -314,34 +302,23 @@ impl<D: Device> GpuVideo<D> {
             )?;
             dev.launch(
                 "video_update",
-                grid(tokens),
+                grid(st.tokens),
                 &[
                     Arg::Buf(&x, 0),
                     Arg::Buf(&attn, 0),
-                    Arg::Buf(&idx, at(0)),
-                    Arg::Buf(&idx, at(3)),
-                    Arg::Buf(&idx, meta_at),
-                    Arg::Buf(&mp, 0),
+                    Arg::Buf(&tables, st.tok_g),
+                    Arg::Buf(&tables, st.tok_slot),
+                    Arg::Buf(&tables, st.meta),
+                    Arg::Buf(&tables, st.mparam),
                     Arg::Buf(wo, 0),
                     Arg::Buf(w1, 0),
                     Arg::Buf(w2, 0),
-                    Arg::I32(tokens as i32),
+                    Arg::I32(st.tokens as i32),
                 ],
             )?;
         }
 
         // Frames of every member in one launch.
-        let mut meta = Vec::new();
-        let (mut out_off, mut px_total, mut widest) = (Vec::new(), 0usize, 0usize);
-        for (l, it) in lay.iter().zip(items.iter()) {
-            meta.extend_from_slice(&[l.x_off as i32, l.n as i32, 0, 0, l.side as i32, 0, 0, 0]);
-            out_off.push(px_total as i32);
-            let pixels = (l.n / (l.side * l.side)) * 4 * it.res.pixels() * it.res.pixels();
-            widest = widest.max(pixels);
-            px_total += pixels * 3;
-        }
-        let idx = self.ints(&[&meta, &out_off])?;
-        let rgb = dev.alloc(px_total)?;
         let g = grid(widest);
         dev.launch(
             "video_decode",
@@ -349,8 +326,8 @@ impl<D: Device> GpuVideo<D> {
             &[
                 Arg::Buf(&x, 0),
                 Arg::Buf(to_rgb, 0),
-                Arg::Buf(&idx, 0),
-                Arg::Buf(&idx, meta.len() * 4),
+                Arg::Buf(&tables, dmeta_at),
+                Arg::Buf(&tables, out_off_at),
                 Arg::Buf(&rgb, 0),
             ],
         )?;
@@ -381,39 +358,100 @@ impl<D: Device> GpuVideo<D> {
         }
         Ok(out)
     }
+}
 
-    /// Several i32 arrays of one length packed into one buffer, in order
-    /// (array `i` at byte `i · len · 4`); a last array may be shorter.
-    fn ints(&self, arrays: &[&[i32]]) -> Result<D::Buf> {
-        let len = arrays.first().map_or(0, |a| a.len());
-        let mut all = Vec::with_capacity(len * arrays.len());
-        for (i, a) in arrays.iter().enumerate() {
-            if a.len() != len && i + 1 != arrays.len() {
-                return Err(DeviceError("index arrays of different lengths".into()));
-            }
-            all.extend_from_slice(a);
-        }
-        let b = self.dev.alloc(all.len().max(1) * 4)?;
-        self.dev.upload(&b, 0, &i32_bytes(&all))?;
-        Ok(b)
+/// Host tables of a batch, gathered before anything launches and uploaded
+/// in one copy; each array is addressed by its byte offset.
+#[derive(Default)]
+struct Staging {
+    words: Vec<u32>,
+}
+
+impl Staging {
+    fn ints(&mut self, v: &[i32]) -> usize {
+        let at = self.words.len() * 4;
+        self.words.extend(v.iter().map(|x| *x as u32));
+        at
     }
 
-    /// `video_project` of `count` tokens whose src/dst/flag arrays are
-    /// packed in `idx` (see [`GpuVideo::ints`]).
-    fn project(&self, src: &D::Buf, idx: &D::Buf, count: usize, w: &D::Buf, out: &D::Buf) -> Result<()> {
-        self.dev.launch(
-            "video_project",
-            grid(count),
-            &[
-                Arg::Buf(src, 0),
-                Arg::Buf(idx, 0),
-                Arg::Buf(idx, count * 4),
-                Arg::Buf(idx, 2 * count * 4),
-                Arg::Buf(w, 0),
-                Arg::Buf(out, 0),
-                Arg::I32(count as i32),
-            ],
-        )
+    fn floats(&mut self, v: &[f32]) -> usize {
+        let at = self.words.len() * 4;
+        self.words.extend(v.iter().map(|x| x.to_bits()));
+        at
+    }
+
+    fn upload<D: Device>(self, dev: &D) -> Result<D::Buf> {
+        let bytes: Vec<u8> = self.words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let b = dev.alloc(bytes.len().max(4))?;
+        if !bytes.is_empty() {
+            dev.upload(&b, 0, &bytes)?;
+        }
+        Ok(b)
+    }
+}
+
+/// Where denoising step k's tables are: the members with more than k
+/// steps (`meta`: MI ints each, `mparam`: MF floats each) and their chunk
+/// tokens (index in x, member slot, destination in kv, fp8 flag).
+struct StepTables {
+    members: usize,
+    tokens: usize,
+    meta: usize,
+    mparam: usize,
+    tok_g: usize,
+    tok_slot: usize,
+    kv_dst: usize,
+    flag: usize,
+}
+
+impl StepTables {
+    fn build(stage: &mut Staging, lay: &[Layout], items: &[BatchItem<'_>], k: usize) -> Self {
+        let active: Vec<usize> = (0..lay.len()).filter(|&i| lay[i].steps > k).collect();
+        let (mut meta, mut mparam) = (Vec::new(), Vec::new());
+        let (mut tok_g, mut tok_slot, mut kv_dst, mut flag) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (slot, &i) in active.iter().enumerate() {
+            let l = lay[i];
+            meta.extend_from_slice(&[
+                l.x_off as i32,
+                l.n as i32,
+                l.kv_off as i32,
+                l.m as i32,
+                l.side as i32,
+                l.keep as i32,
+                l.col_off as i32,
+                i32::from(l.fp8),
+            ]);
+            let s = l.steps;
+            let (t, t_next) = (1.0 - k as f32 / s as f32, 1.0 - (k + 1) as f32 / s as f32);
+            let mut row = items[i].state.prompt.clone();
+            row.resize(CHANNELS, 0.0);
+            row.extend_from_slice(&[
+                items[i].state.chunks as f32,
+                t,
+                if t > 0.0 { t_next / t } else { 0.0 },
+                0.0,
+            ]);
+            debug_assert_eq!(row.len(), MF);
+            mparam.extend_from_slice(&row);
+            for j in 0..l.n {
+                tok_g.push((l.x_off + j) as i32);
+                tok_slot.push(slot as i32);
+                kv_dst.push((l.kv_off + l.m + j) as i32);
+                flag.push(i32::from(l.fp8));
+            }
+        }
+        debug_assert_eq!(meta.len(), active.len() * MI);
+        StepTables {
+            members: active.len(),
+            tokens: tok_g.len(),
+            meta: stage.ints(&meta),
+            mparam: stage.floats(&mparam),
+            tok_g: stage.ints(&tok_g),
+            tok_slot: stage.ints(&tok_slot),
+            kv_dst: stage.ints(&kv_dst),
+            flag: stage.ints(&flag),
+        }
     }
 }
 
