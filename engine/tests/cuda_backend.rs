@@ -31,10 +31,7 @@ fn device(what: &str) -> Option<Arc<CudaDevice>> {
 }
 
 fn assert_all_ok(results: &[Comparison]) {
-    for r in results {
-        eprintln!("{r}");
-    }
-    let failed: Vec<String> = results.iter().filter(|r| !r.ok()).map(|r| r.to_string()).collect();
+    let failed = check::report(results);
     assert!(failed.is_empty(), "outside tolerance: {failed:#?}");
 }
 

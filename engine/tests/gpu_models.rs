@@ -14,13 +14,12 @@ use engine::video::model::VideoModel;
 use engine::video::{BatchItem, ChunkRequest, CreateSession, Resolution, VideoConfig, VideoEngine};
 use kernel_emu::Emu;
 use kernels::DeviceError;
-use policies::video::{ConfigPoint, Fidelity, VideoProfile};
+use policies::video::Fidelity;
+
+mod common;
 
 fn assert_all_ok(results: &[Comparison]) {
-    for r in results {
-        eprintln!("{r}");
-    }
-    let failed: Vec<String> = results.iter().filter(|r| !r.ok()).map(|r| r.to_string()).collect();
+    let failed = check::report(results);
     assert!(failed.is_empty(), "outside tolerance: {failed:#?}");
 }
 
@@ -45,20 +44,6 @@ fn state_offloaded_to_pinned_memory_comes_back_exactly() {
     assert_all_ok(&check::offload_round_trip(Arc::new(Emu::new())).unwrap());
 }
 
-fn profile() -> VideoProfile {
-    let configs = Fidelity::sweep()
-        .into_iter()
-        .map(|f| ConfigPoint { fidelity: f, chunk_ms: f64::from(f.steps) * 10.0, quality: 0.9 })
-        .collect();
-    VideoProfile {
-        model: "m".into(),
-        engine_class: "gpu-test".into(),
-        latent_frames: 2,
-        batch_cost: 0.5,
-        configs,
-    }
-}
-
 /// A device that fails every batch.
 struct Broken;
 
@@ -74,7 +59,7 @@ impl VideoRunner for Broken {
 fn video_engine(runner: Arc<dyn VideoRunner>) -> VideoEngine {
     VideoEngine::spawn(VideoConfig {
         backend: BackendKind::Cuda,
-        profile: profile(),
+        profile: common::video_profile("gpu-test", 2),
         arena_slots: 4,
         max_batch: 4,
         threads: 1,

@@ -5,19 +5,11 @@
 
 use engine::backend::BackendKind;
 use engine::video::{ChunkRequest, CreateSession, Resolution, VideoConfig, VideoEngine, VideoError};
-use policies::video::{ConfigPoint, Fidelity, Precision, VideoProfile};
+use policies::video::{Fidelity, Precision, VideoProfile};
+
+mod common;
 fn profile() -> VideoProfile {
-    let configs = Fidelity::sweep()
-        .into_iter()
-        .map(|f| ConfigPoint { fidelity: f, chunk_ms: f64::from(f.steps) * 10.0, quality: 0.9 })
-        .collect();
-    VideoProfile {
-        model: "m".into(),
-        engine_class: "cpu-test".into(),
-        latent_frames: 3,
-        batch_cost: 0.5,
-        configs,
-    }
+    common::video_profile("cpu-test", 3)
 }
 
 fn engine(backend: BackendKind, arena_slots: u32) -> VideoEngine {

@@ -73,6 +73,15 @@ impl std::fmt::Display for Comparison {
     }
 }
 
+/// Prints every result (standard error) and returns the ones outside
+/// tolerance.
+pub fn report(results: &[Comparison]) -> Vec<String> {
+    for r in results {
+        eprintln!("{r}");
+    }
+    results.iter().filter(|r| !r.ok()).map(|r| r.to_string()).collect()
+}
+
 /// The video configurations compared: the highest fidelity, and cheap ones
 /// that exercise sparsity, short windows, fp8 and fewer steps.
 pub fn video_configs() -> Vec<Fidelity> {

@@ -107,15 +107,11 @@ pub fn run_check() -> Result<bool, String> {
         ("lm", check::lm_vs_cpu(Arc::clone(&dev), tol, lm, 16)),
         ("offload", check::offload_round_trip(Arc::clone(&dev))),
     ];
-    let mut all = Vec::new();
+    let mut failed = Vec::new();
     for (what, result) in results {
-        let results = result.map_err(|e| format!("{what}: {e}"))?;
-        for r in &results {
-            println!("{r}");
-        }
-        all.extend(results);
+        failed.extend(check::report(&result.map_err(|e| format!("{what}: {e}"))?));
     }
-    Ok(all.iter().all(check::Comparison::ok))
+    Ok(failed.is_empty())
 }
 
 /// `engine gpu-bench`: every benchmark of [`bench`] on the first GPU, as a

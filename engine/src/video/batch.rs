@@ -13,16 +13,7 @@ use crate::gpu::video::VideoRunner;
 /// whose configuration has more than k steps, members in parallel; then
 /// frames (PNG, base64) per member.
 pub(crate) fn run_cpu_batch(model: &VideoModel, members: &mut [Member], threads: usize) -> Vec<Vec<String>> {
-    let items: Vec<BatchItem<'_>> = members
-        .iter_mut()
-        .map(|m| BatchItem {
-            session: None,
-            state: &mut m.state,
-            fidelity: m.pending.req.fidelity,
-            res: m.res,
-            latent_frames: m.latent_frames as usize,
-        })
-        .collect();
+    let items = items_of(members, false);
     let res: Vec<Resolution> = items.iter().map(|i| i.res).collect();
     let latents = denoise_batch(model, items, threads);
     latents.iter().zip(res).map(|(l, r)| encode_frames(&model.decode(l, r), r)).collect()
@@ -39,16 +30,7 @@ pub(crate) fn run_gpu_batch(
     threads: usize,
 ) -> Vec<Vec<String>> {
     let saved: Vec<StreamState> = members.iter().map(|m| m.state.clone()).collect();
-    let mut items: Vec<BatchItem<'_>> = members
-        .iter_mut()
-        .map(|m| BatchItem {
-            session: Some(&m.pending.id),
-            state: &mut m.state,
-            fidelity: m.pending.req.fidelity,
-            res: m.res,
-            latent_frames: m.latent_frames as usize,
-        })
-        .collect();
+    let mut items = items_of(members, true);
     let res: Vec<Resolution> = items.iter().map(|i| i.res).collect();
     match gpu.run(model, &mut items) {
         Ok(out) => out.iter().zip(res).map(|(c, r)| encode_frames(&c.frames, r)).collect(),
@@ -61,6 +43,21 @@ pub(crate) fn run_gpu_batch(
             run_cpu_batch(model, members, threads)
         }
     }
+}
+
+/// The batch items of the scheduler's members (naming their sessions when
+/// the backend keeps state per session).
+fn items_of(members: &mut [Member], sessions: bool) -> Vec<BatchItem<'_>> {
+    members
+        .iter_mut()
+        .map(|m| BatchItem {
+            session: sessions.then_some(m.pending.id.as_str()),
+            state: &mut m.state,
+            fidelity: m.pending.req.fidelity,
+            res: m.res,
+            latent_frames: m.latent_frames as usize,
+        })
+        .collect()
 }
 
 /// One member of a coalesced batch.
