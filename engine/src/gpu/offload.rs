@@ -106,13 +106,20 @@ impl<D: Device> StateStore<D> {
     /// Waits for the issued copies and frees the buffers they replaced.
     pub fn settle(&mut self) -> Result<()> {
         self.dev.wait_copies()?;
-        for e in self.states.values_mut() {
-            let place = std::mem::replace(&mut e.place, Place::Device(self.dev.alloc(0)?));
-            e.place = match place {
+        let settling: Vec<String> = self
+            .states
+            .iter()
+            .filter(|(_, e)| matches!(e.place, Place::Offloading(..) | Place::Restoring(..)))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in settling {
+            let e = self.take(&id)?;
+            let place = match e.place {
                 Place::Offloading(host, _buf) => Place::Host(host),
                 Place::Restoring(buf, _host) => Place::Device(buf),
                 other => other,
             };
+            self.states.insert(id, Entry { bytes: e.bytes, place });
         }
         Ok(())
     }
