@@ -276,6 +276,7 @@ pub async fn run(args: EngineArgs) -> Result<(), StartError> {
     if let Some(url) = &args.redis {
         tokio::spawn(registry::register(url.clone(), engine.id.clone(), format!("http://{addr}")));
     }
+    let signal = shutdown_signal(args.exit_on_stdin_eof);
     println!(
         "engine ready id={} listen={} backend={} cold_start_ms={:.1}",
         engine.id,
@@ -287,7 +288,7 @@ pub async fn run(args: EngineArgs) -> Result<(), StartError> {
     let stop = {
         let engine = Arc::clone(&engine);
         async move {
-            if shutdown_signal(args.exit_on_stdin_eof).await == Shutdown::Drain {
+            if signal.await == Shutdown::Drain {
                 engine.start_drain();
                 tracing::info!(event = "drain_started", engine = %engine.id, why = "signal");
                 if tokio::time::timeout(DRAIN_DEADLINE, engine.scheduler.drain()).await.is_err() {
@@ -310,21 +311,28 @@ pub enum Shutdown {
 }
 
 /// Resolves on SIGINT, SIGTERM, or (when asked) standard input closing.
-pub async fn shutdown_signal(watch_stdin: bool) -> Shutdown {
-    let stdin_closed = async {
-        if watch_stdin {
-            let mut buf = [0u8; 64];
-            let mut stdin = tokio::io::stdin();
-            while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
-        } else {
-            std::future::pending::<()>().await;
+/// The signal handlers are installed by this call, not when the future is
+/// first polled: a signal sent right after the `ready` line (which callers
+/// print after calling this) must stop the process gracefully, not kill it
+/// with the default disposition. Call it inside the runtime.
+pub fn shutdown_signal(watch_stdin: bool) -> impl std::future::Future<Output = Shutdown> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler installs");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler installs");
+    async move {
+        let stdin_closed = async {
+            if watch_stdin {
+                let mut buf = [0u8; 64];
+                let mut stdin = tokio::io::stdin();
+                while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            _ = int.recv() => Shutdown::Drain,
+            _ = term.recv() => Shutdown::Drain,
+            () = stdin_closed => Shutdown::Orphaned,
         }
-    };
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler installs");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => Shutdown::Drain,
-        _ = term.recv() => Shutdown::Drain,
-        () = stdin_closed => Shutdown::Orphaned,
     }
 }

@@ -252,6 +252,7 @@ async fn serve_until_signal(
         })
         .await;
     });
+    let signal = engine::shutdown_signal(false);
     println!("gateway listening on https://{addr} (HTTP/2 and HTTP/1.1 over TLS)");
     println!("ready: {ready}/{total} engines");
     if let Some(ca) = ca {
@@ -261,7 +262,7 @@ async fn serve_until_signal(
     let public = Arc::clone(&app);
     let handler = move |req| service::handle(Arc::clone(&public), req);
     server::serve(handler, listener, tls, async {
-        engine::shutdown_signal(false).await;
+        signal.await;
     })
     .await;
     let _ = stop_tx.send(true);
