@@ -1,8 +1,8 @@
 // Host emulation of the CUDA C subset kernels/cuda uses, so the same
 // sources compile as C++ and run on the CPU: a block's BLOCK threads are
 // real threads meeting at a barrier for __syncthreads, blocks run one after
-// another, and __shared__ arrays are function statics (shared by the
-// block's threads; one launch at a time, so blocks never overlap).
+// another (last first), and __shared__ arrays are function statics (shared
+// by the block's threads; one launch at a time, so blocks never overlap).
 #include <barrier>
 #include <cmath>
 #include <cstddef>
@@ -67,9 +67,11 @@ static int emu_run(void (*thunk)(void**), unsigned gx, unsigned gy, unsigned gz,
     for (unsigned t = 0; t < BLOCK; t++) {
         threads.emplace_back([&, t] {
             threadIdx = {t, 0, 0};
-            for (unsigned z = 0; z < gz; z++)
-                for (unsigned y = 0; y < gy; y++)
-                    for (unsigned x = 0; x < gx; x++) {
+            // Blocks in reverse order: a GPU runs them in any order, so a
+            // kernel whose result depends on block order shows up here.
+            for (unsigned z = gz; z-- > 0;)
+                for (unsigned y = gy; y-- > 0;)
+                    for (unsigned x = gx; x-- > 0;) {
                         blockIdx = {x, y, z};
                         thunk(params);
                         // A block ends for all its threads before the next begins.

@@ -18,11 +18,17 @@ extern "C" {
         -> c_int;
 }
 
-/// A buffer of emulated device memory: 8-byte aligned, fixed address.
+/// A buffer of emulated device memory: 8-byte aligned, fixed address,
+/// followed by guard words that a kernel writing past its end overwrites
+/// (checked on every download and when the buffer is dropped).
 pub struct EmuBuf {
     words: Box<[u64]>,
     bytes: usize,
 }
+
+/// Guard words after each buffer, and their pattern.
+const GUARD_WORDS: usize = 64;
+const GUARD: u64 = 0xDEAD_BEEF_CAFE_F00D;
 
 /// The emulated device. Calls are serialised by one lock, as work on one
 /// stream would be.
@@ -49,6 +55,18 @@ impl EmuBuf {
         self.words.as_ptr() as *mut u8
     }
 
+    /// Panics when a kernel wrote into the guard after the buffer (or into
+    /// its padding to 8 bytes).
+    fn check_guard(&self) {
+        let data_words = self.bytes.div_ceil(8);
+        let pad_ok = self.bytes % 8 == 0 || {
+            let last = self.words[data_words - 1].to_le_bytes();
+            last[self.bytes % 8..].iter().all(|&b| b == 0)
+        };
+        let guard_ok = self.words[data_words..].iter().all(|&w| w == GUARD);
+        assert!(pad_ok && guard_ok, "a kernel wrote past the end of a {}-byte device buffer", self.bytes);
+    }
+
     fn bytes(&self) -> &[u8] {
         // SAFETY: `words` owns `bytes` (≤ 8 · words.len()) initialised bytes;
         // every access goes through `Emu`, which holds its lock.
@@ -60,6 +78,14 @@ impl EmuBuf {
         // SAFETY: as `bytes`; device memory is mutable through shared
         // handles, like a device pointer, and `Emu`'s lock serialises writers.
         unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.bytes) }
+    }
+}
+
+impl Drop for EmuBuf {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.check_guard();
+        }
     }
 }
 
@@ -78,7 +104,9 @@ impl Device for Emu {
     }
 
     fn alloc(&self, bytes: usize) -> Result<EmuBuf> {
-        Ok(EmuBuf { words: vec![0u64; bytes.div_ceil(8).max(1)].into_boxed_slice(), bytes })
+        let mut words = vec![0u64; bytes.div_ceil(8) + GUARD_WORDS];
+        words[bytes.div_ceil(8)..].fill(GUARD);
+        Ok(EmuBuf { words: words.into_boxed_slice(), bytes })
     }
 
     fn upload(&self, dst: &EmuBuf, offset: usize, src: &[u8]) -> Result<()> {
@@ -90,6 +118,7 @@ impl Device for Emu {
 
     fn download(&self, src: &EmuBuf, offset: usize, dst: &mut [u8]) -> Result<()> {
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        src.check_guard();
         let r = range(src, offset, dst.len())?;
         dst.copy_from_slice(&src.bytes()[r]);
         Ok(())
@@ -227,6 +256,15 @@ mod tests {
             }
         }
         assert!(dev.launch("no_such_kernel", (1, 1, 1), &[]).is_err());
+        // A launch told the buffer is longer than it is writes past its end.
+        let short = dev.alloc(10 * 4).unwrap();
+        dev.launch("add_into", (1, 1, 1), &[Arg::Buf(&short, 0), Arg::Buf(&by, 0), Arg::I32(12)]).unwrap();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut back = vec![0u8; 40];
+            let _ = dev.download(&short, 0, &mut back);
+        }));
+        assert!(caught.is_err(), "an out-of-bounds write goes unnoticed");
+        std::mem::forget(short);
         assert!(dev.upload(&bx, 3998, &i32_bytes(&[1])).is_err(), "out of bounds is an error, not a write");
     }
 }
