@@ -145,6 +145,24 @@ impl CudaDevice {
         for k in KERNELS {
             functions.insert(k, module.load_function(k).map_err(|e| err(&format!("finding kernel {k}"), e))?);
         }
+        // Batches allocate their work buffers stream-ordered from the
+        // device's default pool; keep freed memory in the pool instead of
+        // returning it to the driver at every synchronisation.
+        ctx.bind_to_thread().map_err(|e| err("binding the CUDA context", e))?;
+        let mut keep = u64::MAX;
+        // SAFETY: `cu_device` is the context's own device; the release
+        // threshold attribute takes a pointer to a u64, which `keep` is and
+        // outlives the call.
+        unsafe {
+            let pool = result::device::get_default_mem_pool(ctx.cu_device())
+                .map_err(|e| err("finding the default memory pool", e))?;
+            result::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut keep as *mut u64 as *mut c_void,
+            )
+            .map_err(|e| err("setting the memory pool's release threshold", e))?;
+        }
         let stream = ctx.new_stream().map_err(|e| err("creating the compute stream", e))?;
         let copy = ctx.new_stream().map_err(|e| err("creating the copy stream", e))?;
         let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| err("creating the cuBLAS handle", e))?;

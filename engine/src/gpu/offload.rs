@@ -42,8 +42,24 @@ impl<D: Device> StateStore<D> {
         Self { dev, states: HashMap::new() }
     }
 
+    /// Drops `id`'s entry, first waiting for its copies if any are in
+    /// flight: neither the pinned nor the device side of a copy may be freed
+    /// before the copy stream is done with it.
+    fn retire(&mut self, id: &str) -> Result<()> {
+        let busy = self
+            .states
+            .get(id)
+            .is_some_and(|e| matches!(e.place, Place::Offloading(..) | Place::Restoring(..)));
+        if busy {
+            self.dev.wait_copies()?;
+        }
+        self.states.remove(id);
+        Ok(())
+    }
+
     /// Puts `bytes` on the device as `id`'s state (replacing any).
     pub fn put(&mut self, id: &str, bytes: &[u8]) -> Result<()> {
+        self.retire(id)?;
         let buf = self.dev.alloc(bytes.len())?;
         if !bytes.is_empty() {
             self.dev.upload(&buf, 0, bytes)?;
@@ -53,8 +69,10 @@ impl<D: Device> StateStore<D> {
     }
 
     /// Makes `buf` (`bytes` long, already on the device) `id`'s state.
-    pub fn put_buf(&mut self, id: &str, buf: D::Buf, bytes: usize) {
+    pub fn put_buf(&mut self, id: &str, buf: D::Buf, bytes: usize) -> Result<()> {
+        self.retire(id)?;
         self.states.insert(id.to_string(), Entry { bytes, place: Place::Device(buf) });
+        Ok(())
     }
 
     /// `id`'s device buffer, when its state is on the device (or a restore
@@ -72,6 +90,10 @@ impl<D: Device> StateStore<D> {
 
     /// Starts moving `id`'s state to pinned host memory.
     pub fn offload(&mut self, id: &str) -> Result<()> {
+        if matches!(self.states.get(id).map(|e| &e.place), Some(Place::Restoring(..))) {
+            // The restore's pinned source is freed below: let it land first.
+            self.dev.wait_copies()?;
+        }
         let e = self.take(id)?;
         let place = match e.place {
             Place::Device(buf) | Place::Restoring(buf, _) => {
@@ -144,9 +166,9 @@ impl<D: Device> StateStore<D> {
         }
     }
 
-    /// Forgets `id`'s state.
-    pub fn remove(&mut self, id: &str) {
-        self.states.remove(id);
+    /// Forgets `id`'s state (after any copy of it in flight).
+    pub fn remove(&mut self, id: &str) -> Result<()> {
+        self.retire(id)
     }
 
     pub fn len(&self) -> usize {

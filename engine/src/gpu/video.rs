@@ -141,8 +141,10 @@ impl<D: Device> GpuVideo<D> {
     /// Drops `session`'s context (it ended, or its state was replaced).
     pub fn forget(&self, session: &str) {
         let mut c = self.contexts();
-        c.store.remove(session);
         c.tags.remove(session);
+        if let Err(e) = c.store.remove(session) {
+            tracing::warn!(event = "gpu_forget_failed", session, error = %e);
+        }
     }
 
     /// Whether `session`'s context is in device memory.
@@ -526,7 +528,7 @@ impl<D: Device> Contexts<D> {
             dev.copy((old, from), (&next, chunk), kept * chunk)?;
         }
         dev.copy(latent, (&next, (1 + kept) * chunk), chunk)?;
-        self.store.put_buf(id, next, (2 + kept) * chunk);
+        self.store.put_buf(id, next, (2 + kept) * chunk)?;
         self.tags.insert(id.to_string(), (it.state.seed, it.state.chunks + 1));
         Ok(())
     }
