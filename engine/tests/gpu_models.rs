@@ -156,6 +156,6 @@ fn the_gpu_benchmark_harness_runs_end_to_end_on_the_emulator() {
     .b;
     let results = engine::gpu::bench::run(Arc::new(Emu::new()), &args, |_| {}).unwrap();
     let names: Vec<&str> = results.iter().map(|m| m.name.as_str()).collect();
-    assert_eq!(results.len(), 8, "{names:?}");
+    assert_eq!(results.len(), 9, "{names:?}");
     assert!(results.iter().all(|m| m.value.is_finite() && m.value > 0.0), "{results:#?}");
 }

@@ -9,6 +9,7 @@
 //! - the video model's chunk at its largest configuration (highest
 //!   fidelity, full window, `--video-resolution`, `--video-latent-frames`):
 //!   achieved TFLOP/s of its denoising steps, and the ratio to the GEMM rate;
+//! - the same chunk on the cpu backend in the same run (the speed-up);
 //! - a coalesced batch of K = `--coalesce` chunks against K single runs;
 //! - state offload/restore bandwidth over pinned memory;
 //! - LM decode tokens/s at batch 1 and 32 (context `--lm-context`).
@@ -42,6 +43,9 @@ pub struct BenchArgs {
     /// Video: latent frames per chunk.
     #[arg(long, default_value_t = 5)]
     pub video_latent_frames: usize,
+    /// Skip timing the same video chunk on the cpu backend.
+    #[arg(long)]
+    pub no_cpu_baseline: bool,
     /// K of the coalescing measurement.
     #[arg(long, default_value_t = 8)]
     pub coalesce: usize,
@@ -203,6 +207,30 @@ pub fn run<D: Device>(
         },
         &mut out,
     );
+    if !args.no_cpu_baseline {
+        // The same chunk on the cpu backend (all host threads), same run.
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut samples = Vec::new();
+        for _ in 0..args.repeats.clamp(1, 3) {
+            let mut state = base.clone();
+            let item =
+                BatchItem { session: None, state: &mut state, fidelity: fid, res, latent_frames: frames };
+            let t = Instant::now();
+            let latent = crate::video::batch::denoise_batch(&model, vec![item], threads);
+            model.decode(&latent[0], res);
+            samples.push(t.elapsed().as_secs_f64());
+        }
+        let cpu = median(samples);
+        push(
+            Measurement {
+                name: "video chunk, largest configuration, cpu backend".into(),
+                value: cpu / one,
+                unit: "x (cpu time / gpu time)",
+                note: format!("cpu {:.1} ms on {threads} threads, gpu {:.2} ms", cpu * 1e3, one * 1e3),
+            },
+            &mut out,
+        );
+    }
     let k = args.coalesce.max(1);
     let batched = run_k(k)?;
     push(
