@@ -15,6 +15,7 @@
 //! Rounds interleave the three so machine noise hits all of them alike;
 //! medians over rounds are reported, with ratios to `naive` / `alone`.
 
+use engine::profile::median;
 use std::time::{Duration, Instant};
 
 use engine::api::{Event, GenerateRequest};
@@ -141,11 +142,6 @@ async fn run(o: Opts, clients: usize, max_batch: u32) -> Run {
         tbt_p99_ms: pct(&mut tbt, 0.99),
         ttft_p50_ms: pct(&mut ttft, 0.5),
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 #[tokio::main]

@@ -13,17 +13,13 @@
 //! (what a first implementation often does), on the same patterns at 50%
 //! occupancy so the scan has work to do.
 
+use engine::profile::median;
 use std::hint::black_box;
 use std::time::Instant;
 
 use engine::kv::{KvAllocator, KvConfig};
 
 const PAGES: u32 = 16_384;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// Nanoseconds per page for `pages_per_op` pages done `ops` times by `f`.
 fn time(rounds: usize, ops: usize, pages_per_op: usize, mut f: impl FnMut()) -> f64 {

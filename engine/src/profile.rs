@@ -242,7 +242,8 @@ fn step<B: Backend>(backend: &mut B, probes: &mut [Probe<B::Seq>], decode: bool)
     took
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of timing samples (the upper one of an even count).
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }

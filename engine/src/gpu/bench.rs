@@ -25,6 +25,7 @@ use super::lm::GpuLm;
 use super::offload::StateStore;
 use super::video::GpuVideo;
 use crate::backend::cpu::model::{ModelConfig, SeqInput};
+use crate::profile::median;
 use crate::video::model::{Resolution, StreamState, VideoModel, MAX_WINDOW};
 use crate::video::BatchItem;
 
@@ -82,11 +83,6 @@ pub struct Measurement {
     pub value: f64,
     pub unit: &'static str,
     pub note: String,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Seconds of `f` (median of `repeats` after one warm-up).
@@ -171,7 +167,7 @@ pub fn run<D: Device>(
     let fid = Fidelity::HIGHEST;
     let base = warmed_state(&model, "benchmark stream", res, frames);
     let n = VideoModel::chunk_tokens(res, frames);
-    let m = VideoModel::context_tokens(&base, &fid).len() / CHANNELS;
+    let m = VideoModel::context_len(&base, &fid);
     let run_k = |k: usize| -> Result<f64> {
         time(&*dev, args.repeats, || {
             let mut states: Vec<StreamState> = (0..k).map(|_| base.clone()).collect();

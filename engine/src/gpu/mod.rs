@@ -38,7 +38,30 @@ pub fn probe() -> Result<GpuInfo, String> {
 /// The first GPU, or why there is none.
 #[cfg(not(feature = "cuda"))]
 pub fn probe() -> Result<GpuInfo, String> {
-    Err("this engine was built without the `cuda` feature".into())
+    Err(NO_CUDA.into())
+}
+
+/// What every GPU entry point says in an engine built without the feature.
+#[cfg(not(feature = "cuda"))]
+const NO_CUDA: &str =
+    "this engine was built without the `cuda` feature (build with `--features engine/cuda`)";
+
+/// Device 0, kernels compiled.
+#[cfg(feature = "cuda")]
+fn open_device() -> Result<std::sync::Arc<cuda::CudaDevice>, String> {
+    cuda::CudaDevice::open(0).map(std::sync::Arc::new).map_err(|e| e.to_string())
+}
+
+/// The video model of `seed` on `dev`, warmed up by one chunk.
+#[cfg(feature = "cuda")]
+fn warm_video(
+    dev: &std::sync::Arc<cuda::CudaDevice>,
+    seed: u64,
+) -> Result<std::sync::Arc<dyn video::VideoRunner>, String> {
+    let model = crate::video::model::VideoModel::new(seed);
+    let gpu = video::GpuVideo::new(std::sync::Arc::clone(dev), &model).map_err(|e| e.to_string())?;
+    video::warm_up(&gpu, &model).map_err(|e| e.to_string())?;
+    Ok(std::sync::Arc::new(gpu))
 }
 
 /// The cuda backend's two halves on one GPU: the LM scheduler's backend
@@ -54,19 +77,17 @@ pub fn start_cuda(
 ) -> Result<(lm::GpuBackend<cuda::CudaDevice>, std::sync::Arc<dyn video::VideoRunner>), String> {
     use std::sync::Arc;
     let started = std::time::Instant::now();
-    let dev = Arc::new(cuda::CudaDevice::open(0).map_err(|e| e.to_string())?);
+    let dev = open_device()?;
     let compiled_ms = started.elapsed().as_secs_f64() * 1e3;
     let lm = lm::GpuLm::new(Arc::clone(&dev), cfg, pages, page_tokens).map_err(|e| e.to_string())?;
-    let model = crate::video::model::VideoModel::new(video_seed);
-    let video = video::GpuVideo::new(Arc::clone(&dev), &model).map_err(|e| e.to_string())?;
-    video::warm_up(&video, &model).map_err(|e| e.to_string())?;
+    let video = warm_video(&dev, video_seed)?;
     tracing::info!(
         event = "gpu_ready",
         device = %kernels::Device::name(&*dev),
         nvrtc_compile_ms = compiled_ms,
         ready_ms = started.elapsed().as_secs_f64() * 1e3
     );
-    Ok((lm::GpuBackend { lm }, Arc::new(video)))
+    Ok((lm::GpuBackend { lm }, video))
 }
 
 /// Without the `cuda` feature there is no cuda backend.
@@ -77,7 +98,7 @@ pub fn start_cuda(
     _page_tokens: u32,
     _video_seed: u64,
 ) -> Result<(crate::backend::cpu::Cpu, std::sync::Arc<dyn video::VideoRunner>), String> {
-    Err("this engine was built without the `cuda` feature (build with `--features engine/cuda`)".into())
+    Err(NO_CUDA.into())
 }
 
 /// `engine gpu-check`: every comparison of [`check`] on the first GPU,
@@ -90,7 +111,7 @@ pub fn run_check() -> Result<bool, String> {
         "device: {} (compute capability {}.{})",
         info.name, info.compute_capability.0, info.compute_capability.1
     );
-    let dev = Arc::new(cuda::CudaDevice::open(0).map_err(|e| e.to_string())?);
+    let dev = open_device()?;
     let tol = check::Tolerances::GPU;
     let lm = crate::backend::cpu::ModelConfig {
         layers: 4,
@@ -118,9 +139,8 @@ pub fn run_check() -> Result<bool, String> {
 /// markdown table on standard output (progress on standard error).
 #[cfg(feature = "cuda")]
 pub fn run_bench(args: &bench::BenchArgs) -> Result<(), String> {
-    use std::sync::Arc;
     let info = probe()?;
-    let dev = Arc::new(cuda::CudaDevice::open(0).map_err(|e| e.to_string())?);
+    let dev = open_device()?;
     let results =
         bench::run(dev, args, |m| eprintln!("{:<48} {:>12.3} {:<13} {}", m.name, m.value, m.unit, m.note))
             .map_err(|e| e.to_string())?;
@@ -138,28 +158,24 @@ pub fn run_bench(args: &bench::BenchArgs) -> Result<(), String> {
 /// Without the `cuda` feature there is nothing to check.
 #[cfg(not(feature = "cuda"))]
 pub fn run_check() -> Result<bool, String> {
-    Err("this engine was built without the `cuda` feature (build with `--features engine/cuda`)".into())
+    Err(NO_CUDA.into())
 }
 
 /// Without the `cuda` feature there is nothing to measure.
 #[cfg(not(feature = "cuda"))]
 pub fn run_bench(_args: &bench::BenchArgs) -> Result<(), String> {
-    Err("this engine was built without the `cuda` feature (build with `--features engine/cuda`)".into())
+    Err(NO_CUDA.into())
 }
 
 /// The video model alone on the first GPU (for `engine profile --video
 /// --backend cuda`).
 #[cfg(feature = "cuda")]
 pub fn open_video(seed: u64) -> Result<std::sync::Arc<dyn video::VideoRunner>, String> {
-    let dev = std::sync::Arc::new(cuda::CudaDevice::open(0).map_err(|e| e.to_string())?);
-    let model = crate::video::model::VideoModel::new(seed);
-    let gpu = video::GpuVideo::new(dev, &model).map_err(|e| e.to_string())?;
-    video::warm_up(&gpu, &model).map_err(|e| e.to_string())?;
-    Ok(std::sync::Arc::new(gpu))
+    warm_video(&open_device()?, seed)
 }
 
 /// Without the `cuda` feature there is no GPU to profile.
 #[cfg(not(feature = "cuda"))]
 pub fn open_video(_seed: u64) -> Result<std::sync::Arc<dyn video::VideoRunner>, String> {
-    Err("this engine was built without the `cuda` feature (build with `--features engine/cuda`)".into())
+    Err(NO_CUDA.into())
 }

@@ -155,6 +155,9 @@ impl<D: Device> GpuVideo<D> {
     /// Denoises one chunk per item (step k of every member together) and
     /// decodes its frames; advances each item's state like the cpu backend.
     ///
+    /// States advance only once every device call has succeeded: on an
+    /// error no item's state has changed.
+    ///
     /// Everything the launches index (per-step member tables, token lists,
     /// gather lists) is built on the host first and uploaded in one copy,
     /// with the noise in another; then the whole batch is launched without
@@ -172,7 +175,7 @@ impl<D: Device> GpuVideo<D> {
         let (mut xt, mut kvt) = (0usize, 0usize);
         for it in items.iter() {
             let noise = VideoModel::noise(it.state, it.res, it.latent_frames);
-            let m = VideoModel::context_tokens(it.state, &it.fidelity).len() / CHANNELS;
+            let m = VideoModel::context_len(it.state, &it.fidelity);
             let (n, side) = (noise.len() / CHANNELS, it.res.latent_side());
             let blocks = m / side;
             let keep = blocks - ((blocks as f64) * it.fidelity.sparsity()).floor() as usize;

@@ -22,14 +22,14 @@ pub(crate) fn run_cpu_batch(model: &VideoModel, members: &mut [Member], threads:
 /// The cuda backend's coalesced batch (one launch sequence per denoising
 /// step for all members, see `crate::gpu::video`), frames encoded here. A
 /// device error is logged and the batch recomputed on the host (the same
-/// math), so a stream never loses a chunk to it.
+/// math), so a stream never loses a chunk to it; a failed GPU batch has
+/// not advanced any state, so the host starts from where the GPU did.
 pub(crate) fn run_gpu_batch(
     gpu: &dyn VideoRunner,
     model: &VideoModel,
     members: &mut [Member],
     threads: usize,
 ) -> Vec<Vec<String>> {
-    let saved: Vec<StreamState> = members.iter().map(|m| m.state.clone()).collect();
     let mut items = items_of(members, true);
     let res: Vec<Resolution> = items.iter().map(|i| i.res).collect();
     match gpu.run(model, &mut items) {
@@ -37,9 +37,6 @@ pub(crate) fn run_gpu_batch(
         Err(e) => {
             tracing::error!(event = "gpu_batch_failed", device = %gpu.device_name(), error = %e, "recomputing the batch on the host");
             drop(items);
-            for (m, s) in members.iter_mut().zip(saved) {
-                m.state = s;
-            }
             run_cpu_batch(model, members, threads)
         }
     }

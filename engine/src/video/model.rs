@@ -212,6 +212,15 @@ impl VideoModel {
         ctx
     }
 
+    /// Tokens of the context a chunk attends to at `fid` (what
+    /// [`VideoModel::context_tokens`] returns, counted without copying).
+    pub fn context_len(state: &StreamState, fid: &Fidelity) -> usize {
+        let sink = state.sink.as_ref().map_or(0, Vec::len);
+        let w = usize::from(fid.window).min(state.window.len());
+        let window: usize = state.window[state.window.len() - w..].iter().map(Vec::len).sum();
+        (sink + window) / CHANNELS
+    }
+
     /// Tokens of one chunk.
     pub fn chunk_tokens(res: Resolution, latent_frames: usize) -> usize {
         latent_frames * res.latent_side() * res.latent_side()

@@ -16,6 +16,7 @@ use policies::video::{ConfigPoint, Fidelity, VideoProfile};
 use super::batch::{denoise_batch, BatchItem};
 use super::model::{ssim, Resolution, StreamState, VideoModel};
 use crate::gpu::video::VideoRunner;
+use crate::profile::median;
 
 /// Where the measured chunks run.
 #[derive(Clone, Copy)]
@@ -54,11 +55,6 @@ pub struct VideoProfileArgs {
     pub model_seed: u64,
     pub engine_class: String,
     pub model: String,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Runs the sweep on `runner`; `progress` is told each configuration as it
