@@ -8,10 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kernels::{bf16_bits, f32_bytes, f32s, i32_bytes, Arg, Device, Gemm, Result, BLOCK};
+use kernels::{bf16_bits, f32_bytes, f32s, i32_bytes, Arg, Device, DeviceError, Gemm, Result, BLOCK};
 
 use crate::api::GenerateRequest;
-use crate::backend::cpu::model::{inv_freq, SeqInput, Weights};
+use crate::backend::cpu::model::{inv_freq, per_sequence, SeqInput, Weights};
 use crate::backend::cpu::{run_step, CpuSeq, ModelConfig};
 use crate::backend::{Backend, BackendKind, Slot};
 
@@ -215,8 +215,46 @@ impl<D: Device> GpuLm<D> {
     /// for the token after its last one (the cpu backend's
     /// `Model::forward`).
     pub fn forward(&self, seqs: &[SeqInput<'_>]) -> Result<Vec<Vec<f32>>> {
-        let (h, hd, heads, v) = (self.cfg.hidden, self.cfg.head_dim(), self.cfg.heads, self.cfg.vocab);
+        let (h, heads) = (self.cfg.hidden, self.cfg.heads);
         let dev = &*self.dev;
+        let Some(t) = self.tables(seqs)? else {
+            return Ok(per_sequence(seqs, &[], self.cfg.vocab, &self.bos_logits));
+        };
+        let scores = dev.alloc(t.rows * heads * t.stride * 4)?;
+        let a = self.act(t.rows)?;
+        dev.launch(
+            "lm_embed",
+            (t.rows as u32, 1, 1),
+            &[
+                Arg::Buf(&self.embed, 0),
+                Arg::Buf(&t.buf, t.tokens),
+                Arg::Buf(&a.x, 0),
+                Arg::I32(h as i32),
+                Arg::I32(self.cfg.vocab as i32),
+            ],
+        )?;
+        for (li, l) in self.layers.iter().enumerate() {
+            self.rmsnorm(&a.x, &a.xn, t.rows)?;
+            self.linear(&a.xn, &a.xb, &l.wqkv, &a.qkv, (t.rows, 3 * h, h))?;
+            self.attention(li, l, &t, &a, &scores)?;
+            self.linear(&a.att, &a.xb, &l.wo, &a.tmp, (t.rows, h, h))?;
+            self.add(&a.x, &a.tmp, t.rows * h)?;
+            self.mlp(l, &a, t.rows)?;
+        }
+        let lasts = dev.alloc(t.lasts.max(1) * h * 4)?;
+        dev.launch(
+            "gather_rows",
+            (t.lasts as u32, 1, 1),
+            &[Arg::Buf(&a.x, 0), Arg::Buf(&t.buf, t.last), Arg::Buf(&lasts, 0), Arg::I32(h as i32)],
+        )?;
+        let logits = self.head(&a, &lasts, t.lasts)?;
+        Ok(per_sequence(seqs, &logits, self.cfg.vocab, &self.bos_logits))
+    }
+
+    /// The step's index tables, uploaded in one copy: each row's token,
+    /// position and cache slot, its sequence's page-table offset, the page
+    /// tables, and each sequence's last row. `None` for a step without rows.
+    fn tables(&self, seqs: &[SeqInput<'_>]) -> Result<Option<Tables<D::Buf>>> {
         let (mut tokens, mut pos, mut slot, mut table_off, mut table, mut last) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for inp in seqs {
@@ -225,10 +263,10 @@ impl<D: Device> GpuLm<D> {
             for (i, &t) in inp.tokens.iter().enumerate() {
                 let p = inp.start + i;
                 let page = *inp.pages.get(p / self.page_tokens).ok_or_else(|| {
-                    kernels::DeviceError(format!("position {p} has no page (the caller checks capacity)"))
+                    DeviceError(format!("position {p} has no page (the caller checks capacity)"))
                 })? as usize;
                 if page >= self.pages {
-                    return Err(kernels::DeviceError(format!("page {page} is outside the cache")));
+                    return Err(DeviceError(format!("page {page} is outside the cache")));
                 }
                 tokens.push(t as i32);
                 pos.push(p as i32);
@@ -239,104 +277,94 @@ impl<D: Device> GpuLm<D> {
                 last.push(tokens.len() as i32 - 1);
             }
         }
-        let rows = tokens.len();
-        if rows == 0 {
-            return Ok(seqs.iter().map(|_| self.bos_logits.clone()).collect());
+        if tokens.is_empty() {
+            return Ok(None);
         }
-        let stride = pos.iter().map(|&p| p as usize + 2).max().unwrap_or(2);
-        // One upload for every table the launches index; (buffer, byte offset).
         let mut all = Vec::new();
-        let mut offsets = [0usize; 6];
-        for (o, v) in offsets.iter_mut().zip([&tokens, &pos, &slot, &table_off, &table, &last]) {
+        let mut at = [0usize; 6];
+        for (o, v) in at.iter_mut().zip([&tokens, &pos, &slot, &table_off, &table, &last]) {
             *o = all.len() * 4;
             all.extend_from_slice(v);
         }
-        let tables = i32_upload(dev, &all)?;
-        let [tok_at, pos_at, slot_at, toff_at, table_at, last_at] = offsets;
-        let (tok_b, pos_b, slot_b, toff_b, table_b, last_b) = (
-            (&tables, tok_at),
-            (&tables, pos_at),
-            (&tables, slot_at),
-            (&tables, toff_at),
-            (&tables, table_at),
-            (&tables, last_at),
-        );
-        let scores = dev.alloc(rows * heads * stride * 4)?;
-        let a = self.act(rows)?;
-        dev.launch(
-            "lm_embed",
-            (rows as u32, 1, 1),
+        Ok(Some(Tables {
+            buf: i32_upload(&*self.dev, &all)?,
+            tokens: at[0],
+            pos: at[1],
+            slot: at[2],
+            table_off: at[3],
+            table: at[4],
+            last: at[5],
+            rows: tokens.len(),
+            lasts: last.len(),
+            stride: pos.iter().map(|&p| p as usize + 2).max().unwrap_or(2),
+        }))
+    }
+
+    /// Layer `li`'s attention: rotate Q and K and store every row's K/V,
+    /// then every row and head attends over the sink and its pages.
+    fn attention(
+        &self,
+        li: usize,
+        l: &Layer<D::Buf>,
+        t: &Tables<D::Buf>,
+        a: &Act<D::Buf>,
+        scores: &D::Buf,
+    ) -> Result<()> {
+        let (h, hd) = (self.cfg.hidden as i32, self.cfg.head_dim() as i32);
+        let layer_slots = (li * self.pages * self.page_tokens) as i64;
+        self.dev.launch(
+            "lm_rope_store",
+            (t.rows as u32, 1, 1),
             &[
-                Arg::Buf(&self.embed, 0),
-                Arg::Buf(tok_b.0, tok_b.1),
-                Arg::Buf(&a.x, 0),
-                Arg::I32(h as i32),
-                Arg::I32(v as i32),
+                Arg::Buf(&a.qkv, 0),
+                Arg::Buf(&t.buf, t.pos),
+                Arg::Buf(&t.buf, t.slot),
+                Arg::Buf(&self.inv_freq, 0),
+                Arg::Buf(&self.k_cache, 0),
+                Arg::Buf(&self.v_cache, 0),
+                Arg::I32(h),
+                Arg::I32(hd),
+                Arg::I64(layer_slots),
             ],
         )?;
-        for (li, l) in self.layers.iter().enumerate() {
-            let layer_slots = (li * self.pages * self.page_tokens) as i64;
-            self.rmsnorm(&a.x, &a.xn, rows)?;
-            self.linear(&a.xn, &a.xb, &l.wqkv, &a.qkv, (rows, 3 * h, h))?;
-            dev.launch(
-                "lm_rope_store",
-                (rows as u32, 1, 1),
-                &[
-                    Arg::Buf(&a.qkv, 0),
-                    Arg::Buf(pos_b.0, pos_b.1),
-                    Arg::Buf(slot_b.0, slot_b.1),
-                    Arg::Buf(&self.inv_freq, 0),
-                    Arg::Buf(&self.k_cache, 0),
-                    Arg::Buf(&self.v_cache, 0),
-                    Arg::I32(h as i32),
-                    Arg::I32(hd as i32),
-                    Arg::I64(layer_slots),
-                ],
-            )?;
-            dev.launch(
-                "lm_attention",
-                (rows as u32, heads as u32, 1),
-                &[
-                    Arg::Buf(&a.qkv, 0),
-                    Arg::Buf(&self.k_cache, 0),
-                    Arg::Buf(&self.v_cache, 0),
-                    Arg::Buf(&l.bos_kv, 0),
-                    Arg::Buf(&l.bos_kv, h * 4),
-                    Arg::Buf(pos_b.0, pos_b.1),
-                    Arg::Buf(table_b.0, table_b.1),
-                    Arg::Buf(toff_b.0, toff_b.1),
-                    Arg::Buf(&scores, 0),
-                    Arg::Buf(&a.att, 0),
-                    Arg::I32(h as i32),
-                    Arg::I32(hd as i32),
-                    Arg::I32(self.page_tokens as i32),
-                    Arg::I64(layer_slots),
-                    Arg::I32(stride as i32),
-                ],
-            )?;
-            self.linear(&a.att, &a.xb, &l.wo, &a.tmp, (rows, h, h))?;
-            self.add(&a.x, &a.tmp, rows * h)?;
-            self.mlp(l, &a, rows)?;
-        }
-        let lasts = dev.alloc(last.len().max(1) * h * 4)?;
-        dev.launch(
-            "gather_rows",
-            (last.len() as u32, 1, 1),
-            &[Arg::Buf(&a.x, 0), Arg::Buf(last_b.0, last_b.1), Arg::Buf(&lasts, 0), Arg::I32(h as i32)],
-        )?;
-        let logits = self.head(&a, &lasts, last.len())?;
-        let mut chunks = logits.chunks_exact(v);
-        Ok(seqs
-            .iter()
-            .map(|inp| {
-                if inp.tokens.is_empty() {
-                    self.bos_logits.clone()
-                } else {
-                    chunks.next().map(<[f32]>::to_vec).unwrap_or_default()
-                }
-            })
-            .collect())
+        self.dev.launch(
+            "lm_attention",
+            (t.rows as u32, self.cfg.heads as u32, 1),
+            &[
+                Arg::Buf(&a.qkv, 0),
+                Arg::Buf(&self.k_cache, 0),
+                Arg::Buf(&self.v_cache, 0),
+                Arg::Buf(&l.bos_kv, 0),
+                Arg::Buf(&l.bos_kv, self.cfg.hidden * 4),
+                Arg::Buf(&t.buf, t.pos),
+                Arg::Buf(&t.buf, t.table),
+                Arg::Buf(&t.buf, t.table_off),
+                Arg::Buf(scores, 0),
+                Arg::Buf(&a.att, 0),
+                Arg::I32(h),
+                Arg::I32(hd),
+                Arg::I32(self.page_tokens as i32),
+                Arg::I64(layer_slots),
+                Arg::I32(t.stride as i32),
+            ],
+        )
     }
+}
+
+/// A step's index tables in one device buffer (byte offsets into `buf`).
+struct Tables<B> {
+    buf: B,
+    tokens: usize,
+    pos: usize,
+    slot: usize,
+    table_off: usize,
+    table: usize,
+    last: usize,
+    /// Rows in the step, sequences with a last row, and the widest context
+    /// (+ the sink) an attention row reads.
+    rows: usize,
+    lasts: usize,
+    stride: usize,
 }
 
 /// The LM as an engine backend: the scheduler's batches run on the device.

@@ -200,6 +200,27 @@ impl Weights {
     }
 }
 
+/// Each sequence's logits from the rows of `logits` (`vocab` wide, one per
+/// sequence with tokens, in order); a sequence without tokens generates
+/// from the begin-of-sequence token, `bos`.
+pub(crate) fn per_sequence(
+    seqs: &[SeqInput<'_>],
+    logits: &[f32],
+    vocab: usize,
+    bos: &[f32],
+) -> Vec<Vec<f32>> {
+    let mut rows = logits.chunks_exact(vocab);
+    seqs.iter()
+        .map(|inp| {
+            if inp.tokens.is_empty() {
+                bos.to_vec()
+            } else {
+                rows.next().map(<[f32]>::to_vec).unwrap_or_default()
+            }
+        })
+        .collect()
+}
+
 /// Rotary frequency of each dimension pair of a head.
 pub fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
     (0..cfg.head_dim() / 2).map(|i| 10000f32.powf(-((2 * i) as f32) / cfg.head_dim() as f32)).collect()
@@ -347,18 +368,7 @@ impl Model {
                 last.extend_from_slice(&x[(row - 1) * h..row * h]);
             }
         }
-        let v = self.cfg.vocab;
-        let logits = self.head(&last);
-        let mut chunks = logits.chunks_exact(v);
-        seqs.iter()
-            .map(|inp| {
-                if inp.tokens.is_empty() {
-                    self.bos_logits.clone()
-                } else {
-                    chunks.next().map(<[f32]>::to_vec).unwrap_or_default()
-                }
-            })
-            .collect()
+        per_sequence(seqs, &self.head(&last), self.cfg.vocab, &self.bos_logits)
     }
 
     /// One row's attention at position `pos` of layer `l`: every head
