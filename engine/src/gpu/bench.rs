@@ -118,9 +118,7 @@ pub fn gemm_tflops<D: Device>(dev: &D, size: usize, repeats: usize) -> Result<f6
 /// the update's three small products.
 pub fn chunk_flops(fid: &Fidelity, m: usize, n: usize, side: usize) -> f64 {
     let (c, d, h) = (CHANNELS as f64, DIM as f64, HIDDEN as f64);
-    let blocks = m / side.max(1);
-    let kept = blocks - ((blocks as f64) * fid.sparsity()).floor() as usize;
-    let cols = (kept * side + n) as f64;
+    let cols = (fid.kept_blocks(m / side.max(1)) * side + n) as f64;
     let (m, n) = (m as f64, n as f64);
     let ctx = 2.0 * m * 2.0 * c * d;
     let step = 3.0 * n * 2.0 * c * d + n * cols * d * 4.0 + n * (2.0 * d * c + 4.0 * c * h);
@@ -142,180 +140,193 @@ fn warmed_state(model: &VideoModel, prompt: &str, res: Resolution, frames: usize
 pub fn run<D: Device>(
     dev: Arc<D>,
     args: &BenchArgs,
-    mut progress: impl FnMut(&Measurement),
+    progress: impl FnMut(&Measurement),
 ) -> Result<Vec<Measurement>> {
-    let mut out = Vec::new();
-    let mut push = |m: Measurement, out: &mut Vec<Measurement>| {
-        progress(&m);
-        out.push(m);
-    };
-    let gemm = gemm_tflops(&*dev, args.gemm_size, args.repeats)?;
-    push(
-        Measurement {
-            name: "dense bf16 GEMM (cuBLAS)".into(),
-            value: gemm,
-            unit: "TFLOP/s",
-            note: format!("m=n=k={}", args.gemm_size),
-        },
-        &mut out,
-    );
+    let mut b = Bench { dev, args, out: Vec::new(), progress };
+    let gemm = gemm_tflops(&*b.dev, args.gemm_size, args.repeats)?;
+    b.push("dense bf16 GEMM (cuBLAS)".into(), gemm, "TFLOP/s", format!("m=n=k={}", args.gemm_size));
+    b.video(gemm)?;
+    b.offload()?;
+    b.lm_decode()?;
+    Ok(b.out)
+}
 
-    // Video: the largest configuration, full context.
-    let model = VideoModel::new(7);
-    let gpu = GpuVideo::new(Arc::clone(&dev), &model)?;
-    let (res, frames) = (args.video_resolution, args.video_latent_frames);
-    let fid = Fidelity::HIGHEST;
-    let base = warmed_state(&model, "benchmark stream", res, frames);
-    let n = VideoModel::chunk_tokens(res, frames);
-    let m = VideoModel::context_len(&base, &fid);
-    let run_k = |k: usize| -> Result<f64> {
-        time(&*dev, args.repeats, || {
-            let mut states: Vec<StreamState> = (0..k).map(|_| base.clone()).collect();
-            let mut items: Vec<BatchItem<'_>> = states
-                .iter_mut()
-                .map(|state| BatchItem { session: None, state, fidelity: fid, res, latent_frames: frames })
-                .collect();
-            gpu.run_batch(&model, &mut items).map(|_| ())
-        })
-    };
-    let one = run_k(1)?;
-    let flops = chunk_flops(&fid, m, n, res.latent_side());
-    let rate = flops / one / 1e12;
-    push(
-        Measurement {
-            name: "video chunk, largest configuration".into(),
-            value: one * 1e3,
-            unit: "ms",
-            note: format!("{fid}, {n} chunk tokens, {m} context tokens"),
-        },
-        &mut out,
-    );
-    push(
-        Measurement {
-            name: "video denoising achieved rate".into(),
-            value: rate,
-            unit: "TFLOP/s",
-            note: format!(
-                "{:.1}% of the GEMM rate ({:.2} GFLOP per chunk)",
-                100.0 * rate / gemm.max(1e-12),
-                flops / 1e9
-            ),
-        },
-        &mut out,
-    );
-    if !args.no_cpu_baseline {
-        // The same chunk on the cpu backend (all host threads), same run.
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let mut samples = Vec::new();
-        for _ in 0..args.repeats.clamp(1, 3) {
-            let mut state = base.clone();
-            let item =
-                BatchItem { session: None, state: &mut state, fidelity: fid, res, latent_frames: frames };
+/// A benchmark run: where, with what, and what it measured so far.
+struct Bench<'a, D, P> {
+    dev: Arc<D>,
+    args: &'a BenchArgs,
+    out: Vec<Measurement>,
+    progress: P,
+}
+
+impl<D: Device, P: FnMut(&Measurement)> Bench<'_, D, P> {
+    fn push(&mut self, name: String, value: f64, unit: &'static str, note: String) {
+        let m = Measurement { name, value, unit, note };
+        (self.progress)(&m);
+        self.out.push(m);
+    }
+
+    /// The largest configuration with a full context: one chunk (time and
+    /// achieved rate against `gemm`), the same on the cpu backend, and a
+    /// coalesced batch against single runs.
+    fn video(&mut self, gemm: f64) -> Result<()> {
+        let args = self.args;
+        let model = VideoModel::new(7);
+        let gpu = GpuVideo::new(Arc::clone(&self.dev), &model)?;
+        let (res, frames, fid) = (args.video_resolution, args.video_latent_frames, Fidelity::HIGHEST);
+        let base = warmed_state(&model, "benchmark stream", res, frames);
+        let (n, m) = (VideoModel::chunk_tokens(res, frames), VideoModel::context_len(&base, &fid));
+        let run_k = |k: usize| -> Result<f64> {
+            time(&*self.dev, args.repeats, || {
+                let mut states: Vec<StreamState> = (0..k).map(|_| base.clone()).collect();
+                let mut items: Vec<BatchItem<'_>> = states
+                    .iter_mut()
+                    .map(|state| BatchItem {
+                        session: None,
+                        state,
+                        fidelity: fid,
+                        res,
+                        latent_frames: frames,
+                    })
+                    .collect();
+                gpu.run_batch(&model, &mut items).map(|_| ())
+            })
+        };
+        let (one, k) = (run_k(1)?, args.coalesce.max(1));
+        let batched = run_k(k)?;
+        let flops = chunk_flops(&fid, m, n, res.latent_side());
+        let rate = flops / one / 1e12;
+        let what = format!("{fid}, {n} chunk tokens, {m} context tokens");
+        self.push("video chunk, largest configuration".into(), one * 1e3, "ms", what);
+        let share = format!(
+            "{:.1}% of the GEMM rate ({:.2} GFLOP per chunk)",
+            100.0 * rate / gemm.max(1e-12),
+            flops / 1e9
+        );
+        self.push("video denoising achieved rate".into(), rate, "TFLOP/s", share);
+        if !args.no_cpu_baseline {
+            let (cpu, threads) = cpu_chunk(&model, &base, res, frames, args.repeats.clamp(1, 3));
+            let note = format!("cpu {:.1} ms on {threads} threads, gpu {:.2} ms", cpu * 1e3, one * 1e3);
+            self.push(
+                "video chunk, largest configuration, cpu backend".into(),
+                cpu / one,
+                "x (cpu time / gpu time)",
+                note,
+            );
+        }
+        let note = format!(
+            "batch {:.2} ms, single {:.2} ms; target >= {:.1}",
+            batched * 1e3,
+            one * 1e3,
+            0.8 * k as f64
+        );
+        self.push(
+            format!("coalesced batch of {k} vs {k} single runs"),
+            k as f64 * one / batched,
+            "x throughput",
+            note,
+        );
+        Ok(())
+    }
+
+    /// State offload and restore bandwidth over pinned memory.
+    fn offload(&mut self) -> Result<()> {
+        let bytes = self.args.offload_mib << 20;
+        let mut store = StateStore::new(Arc::clone(&self.dev));
+        store.put("bench", &vec![7u8; bytes])?;
+        let (mut out, mut back) = (Vec::new(), Vec::new());
+        for _ in 0..self.args.repeats.max(1) + 1 {
             let t = Instant::now();
-            let latent = crate::video::batch::denoise_batch(&model, vec![item], threads);
-            model.decode(&latent[0], res);
-            samples.push(t.elapsed().as_secs_f64());
+            store.offload("bench")?;
+            store.settle()?;
+            out.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            store.restore("bench")?;
+            store.settle()?;
+            self.dev.synchronize()?;
+            back.push(t.elapsed().as_secs_f64());
         }
-        let cpu = median(samples);
-        push(
-            Measurement {
-                name: "video chunk, largest configuration, cpu backend".into(),
-                value: cpu / one,
-                unit: "x (cpu time / gpu time)",
-                note: format!("cpu {:.1} ms on {threads} threads, gpu {:.2} ms", cpu * 1e3, one * 1e3),
-            },
-            &mut out,
-        );
-    }
-    let k = args.coalesce.max(1);
-    let batched = run_k(k)?;
-    push(
-        Measurement {
-            name: format!("coalesced batch of {k} vs {k} single runs"),
-            value: k as f64 * one / batched,
-            unit: "x throughput",
-            note: format!(
-                "batch {:.2} ms, single {:.2} ms; target >= {:.1}",
-                batched * 1e3,
-                one * 1e3,
-                0.8 * k as f64
-            ),
-        },
-        &mut out,
-    );
-
-    // Offload and restore over pinned memory.
-    let bytes = args.offload_mib << 20;
-    let mut store = StateStore::new(Arc::clone(&dev));
-    store.put("bench", &vec![7u8; bytes])?;
-    let mut samples = (Vec::new(), Vec::new());
-    for _ in 0..args.repeats.max(1) + 1 {
-        let t = Instant::now();
-        store.offload("bench")?;
-        store.settle()?;
-        samples.0.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        store.restore("bench")?;
-        store.settle()?;
-        dev.synchronize()?;
-        samples.1.push(t.elapsed().as_secs_f64());
-    }
-    samples.0.remove(0);
-    samples.1.remove(0);
-    for (what, s) in
-        [("offload (device to pinned host)", samples.0), ("restore (pinned host to device)", samples.1)]
-    {
-        push(
-            Measurement {
-                name: format!("state {what}"),
-                value: bytes as f64 / median(s) / 1e9,
-                unit: "GB/s",
-                note: format!("{} MiB; target >= 20", args.offload_mib),
-            },
-            &mut out,
-        );
+        // The first round trip is the warm-up.
+        for (what, mut s) in
+            [("offload (device to pinned host)", out), ("restore (pinned host to device)", back)]
+        {
+            s.remove(0);
+            let note = format!("{} MiB; target >= 20", self.args.offload_mib);
+            self.push(format!("state {what}"), bytes as f64 / median(s) / 1e9, "GB/s", note);
+        }
+        Ok(())
     }
 
-    // LM decode.
-    let cfg = ModelConfig {
-        layers: args.lm_layers,
-        hidden: args.lm_hidden,
-        heads: args.lm_heads,
-        ffn: args.lm_ffn,
-        vocab: args.lm_vocab,
-        seed: 0,
-    };
-    cfg.validate().map_err(kernels::DeviceError)?;
-    let page_tokens = 16usize;
-    let per_seq = (args.lm_context + args.lm_steps * (args.repeats + 2)).div_ceil(page_tokens);
-    let lm = GpuLm::new(Arc::clone(&dev), cfg, (32 * per_seq) as u32, page_tokens as u32)?;
-    for batch in [1usize, 32] {
-        let tables: Vec<Vec<u32>> =
-            (0..batch).map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect()).collect();
+    /// LM decode tokens/s at batch 1 and 32, each sequence prefilled to
+    /// `--lm-context` first.
+    fn lm_decode(&mut self) -> Result<()> {
+        let args = self.args;
+        let cfg = ModelConfig {
+            layers: args.lm_layers,
+            hidden: args.lm_hidden,
+            heads: args.lm_heads,
+            ffn: args.lm_ffn,
+            vocab: args.lm_vocab,
+            seed: 0,
+        };
+        cfg.validate().map_err(kernels::DeviceError)?;
+        let page_tokens = 16usize;
+        let per_seq = (args.lm_context + args.lm_steps * (args.repeats + 2)).div_ceil(page_tokens);
+        let lm = GpuLm::new(Arc::clone(&self.dev), cfg, (32 * per_seq) as u32, page_tokens as u32)?;
         let prompt: Vec<u32> = (0..args.lm_context as u32).map(|i| 1 + i % (cfg.vocab as u32 - 1)).collect();
-        for t in &tables {
-            lm.forward(&[SeqInput { tokens: &prompt, start: 0, pages: t }])?;
-        }
-        let mut pos = args.lm_context;
-        let token = [1u32];
-        let secs = time(&*dev, args.repeats, || {
-            for _ in 0..args.lm_steps {
-                let inputs: Vec<SeqInput<'_>> =
-                    tables.iter().map(|t| SeqInput { tokens: &token, start: pos, pages: t }).collect();
-                lm.forward(&inputs)?;
-                pos += 1;
+        for batch in [1usize, 32] {
+            let tables: Vec<Vec<u32>> =
+                (0..batch).map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect()).collect();
+            for t in &tables {
+                lm.forward(&[SeqInput { tokens: &prompt, start: 0, pages: t }])?;
             }
-            Ok(())
-        })?;
-        push(
-            Measurement {
-                name: format!("LM decode, batch {batch}"),
-                value: (batch * args.lm_steps) as f64 / secs,
-                unit: "tokens/s",
-                note: format!("{} layers, hidden {}, context {}", cfg.layers, cfg.hidden, args.lm_context),
-            },
-            &mut out,
-        );
+            let mut pos = args.lm_context;
+            let secs = time(&*self.dev, args.repeats, || {
+                for _ in 0..args.lm_steps {
+                    let inputs: Vec<SeqInput<'_>> =
+                        tables.iter().map(|t| SeqInput { tokens: &[1], start: pos, pages: t }).collect();
+                    lm.forward(&inputs)?;
+                    pos += 1;
+                }
+                Ok(())
+            })?;
+            let note = format!("{} layers, hidden {}, context {}", cfg.layers, cfg.hidden, args.lm_context);
+            self.push(
+                format!("LM decode, batch {batch}"),
+                (batch * args.lm_steps) as f64 / secs,
+                "tokens/s",
+                note,
+            );
+        }
+        Ok(())
     }
-    Ok(out)
+}
+
+/// Seconds of one chunk from `base` on the cpu backend (all host threads;
+/// median of `repeats`), and the threads.
+fn cpu_chunk(
+    model: &VideoModel,
+    base: &StreamState,
+    res: Resolution,
+    frames: usize,
+    repeats: usize,
+) -> (f64, usize) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let samples = (0..repeats)
+        .map(|_| {
+            let mut state = base.clone();
+            let item = BatchItem {
+                session: None,
+                state: &mut state,
+                fidelity: Fidelity::HIGHEST,
+                res,
+                latent_frames: frames,
+            };
+            let t = Instant::now();
+            let latent = crate::video::batch::denoise_batch(model, vec![item], threads);
+            model.decode(&latent[0], res);
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    (median(samples), threads)
 }

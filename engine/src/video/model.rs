@@ -262,7 +262,7 @@ impl VideoModel {
         // Block sparsity over the context: blocks are latent-frame rows.
         let block = side.max(1);
         let blocks = m / block;
-        let keep_blocks = blocks - ((blocks as f64) * fid.sparsity()).floor() as usize;
+        let keep_blocks = fid.kept_blocks(blocks);
         let mut kept: Vec<usize> = (0..blocks).collect();
         if keep_blocks < blocks {
             let mut qmean = vec![0f32; DIM];

@@ -42,6 +42,11 @@ impl Fidelity {
         f64::from(self.sparsity_pct) / 100.0
     }
 
+    /// Context blocks attention keeps out of `blocks`: all but ⌊ρ·blocks⌋.
+    pub fn kept_blocks(&self, blocks: usize) -> usize {
+        blocks - ((blocks as f64) * self.sparsity()).floor() as usize
+    }
+
     /// Every configuration `engine profile --video` measures:
     /// S ∈ {2,3,4}, ρ ∈ {0, 0.6, 0.7, 0.8, 0.9}, W ∈ {1,3,7}, Q ∈ {fp16, fp8}.
     pub fn sweep() -> Vec<Fidelity> {

@@ -146,8 +146,7 @@ impl Plan {
             let x = VideoModel::noise(it.state, it.res, it.latent_frames);
             let (n, m, side) =
                 (x.len() / CHANNELS, VideoModel::context_len(it.state, &it.fidelity), it.res.latent_side());
-            let blocks = m / side;
-            let keep = blocks - ((blocks as f64) * it.fidelity.sparsity()).floor() as usize;
+            let keep = it.fidelity.kept_blocks(m / side);
             let fp8 = it.fidelity.precision == Precision::Fp8;
             let steps = usize::from(it.fidelity.steps.max(1));
             lay.push(Layout { x_off: tokens, n, m, kv_off: kv, side, keep, col_off: kv, fp8, steps });
