@@ -140,36 +140,45 @@ pub fn video_vs_cpu<D: Device>(
             worst_ssim[i] = worst_ssim[i].min(ssim(&frames, &g.frames, res.pixels()));
         }
     }
-    // Contexts stayed on the device between chunks (uploaded once per
-    // stream) and came back from pinned memory after the offload.
-    let st = gpu.context_stats();
+    kept_on_device(gpu.context_stats(), prompts.len(), chunks)?;
+    let per_config = configs.iter().zip(worst_latent.iter().zip(&worst_ssim));
+    Ok(per_config
+        .flat_map(|(f, (&latent, &ssim))| {
+            [
+                Comparison {
+                    name: format!("video {f} latent max |diff|"),
+                    value: latent,
+                    limit: tol.latent,
+                    at_least: false,
+                },
+                Comparison {
+                    name: format!("video {f} frame SSIM vs cpu"),
+                    value: ssim,
+                    limit: tol.ssim,
+                    at_least: true,
+                },
+            ]
+        })
+        .collect())
+}
+
+/// That `streams` sessions' contexts stayed on the device over `chunks`
+/// chunks (uploaded once each) and came back from pinned memory after the
+/// offload before the third chunk.
+fn kept_on_device(st: ContextStats, streams: usize, chunks: usize) -> Result<()> {
+    let offloaded = if chunks > 2 { streams as u64 } else { 0 };
     let expected = ContextStats {
-        resident: (prompts.len() * chunks.saturating_sub(1)) as u64 - st.restored,
-        restored: if chunks > 2 { prompts.len() as u64 } else { 0 },
-        uploaded: prompts.len() as u64,
-        offloaded: if chunks > 2 { prompts.len() as u64 } else { 0 },
+        resident: (streams * chunks.saturating_sub(1)) as u64 - offloaded,
+        restored: offloaded,
+        uploaded: streams as u64,
+        offloaded,
     };
     if st != expected {
         return Err(kernels::DeviceError(format!(
             "contexts were not kept on the device: {st:?}, expected {expected:?}"
         )));
     }
-    let mut out = Vec::new();
-    for (i, f) in configs.iter().enumerate() {
-        out.push(Comparison {
-            name: format!("video {f} latent max |diff|"),
-            value: worst_latent[i],
-            limit: tol.latent,
-            at_least: false,
-        });
-        out.push(Comparison {
-            name: format!("video {f} frame SSIM vs cpu"),
-            value: worst_ssim[i],
-            limit: tol.ssim,
-            at_least: true,
-        });
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// A small LM on both backends: two prompts prefilled together into
@@ -194,55 +203,64 @@ pub fn lm_vs_cpu<D: Device>(
         (0..13).map(|i| (i * 37 + 5) % cfg.vocab as u32).collect(),
         (0..6).map(|i| (i * 11 + 3) % cfg.vocab as u32).collect(),
     ];
-    let (mut worst_rel, mut agree, mut total) = (0f64, 0usize, 0usize);
-    let mut compare = |c: &[Vec<f32>], g: &[Vec<f32>]| -> Vec<u32> {
-        let mut next = Vec::new();
-        for (cl, gl) in c.iter().zip(g) {
-            let n = cl.len() as f64;
-            let mean = cl.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-            let sd = (cl.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n).sqrt().max(1e-9);
-            let d = cl.iter().zip(gl).map(|(a, b)| f64::from((a - b).abs())).fold(0.0, f64::max);
-            worst_rel = worst_rel.max(d / sd);
-            let argmax = |l: &[f32]| l.iter().enumerate().fold(0, |b, (i, &v)| if v > l[b] { i } else { b });
-            agree += usize::from(argmax(cl) == argmax(gl));
-            total += 1;
-            next.push(argmax(cl) as u32);
-        }
-        next
-    };
-    let inputs = [
-        SeqInput { tokens: &toks[0], start: 0, pages: &pages_a },
-        SeqInput { tokens: &toks[1], start: 0, pages: &pages_b },
-    ];
-    let c = cpu.forward(&mut kv, &inputs);
-    let g = gpu.forward(&inputs)?;
-    let mut next = compare(&c, &g);
-    for _ in 0..decode_steps {
-        for (t, n) in toks.iter_mut().zip(&next) {
-            t.push(*n);
-        }
+    let mut stats = LogitStats::default();
+    for step in 0..=decode_steps {
+        // The prefill, then one decode step of each sequence's last token.
+        let start = |t: &Vec<u32>| if step == 0 { 0 } else { t.len() - 1 };
+        let (a, b) = (start(&toks[0]), start(&toks[1]));
         let inputs = [
-            SeqInput { tokens: &toks[0][toks[0].len() - 1..], start: toks[0].len() - 1, pages: &pages_a },
-            SeqInput { tokens: &toks[1][toks[1].len() - 1..], start: toks[1].len() - 1, pages: &pages_b },
+            SeqInput { tokens: &toks[0][a..], start: a, pages: &pages_a },
+            SeqInput { tokens: &toks[1][b..], start: b, pages: &pages_b },
         ];
-        let c = cpu.forward(&mut kv, &inputs);
-        let g = gpu.forward(&inputs)?;
-        next = compare(&c, &g);
+        let next = stats.add(&cpu.forward(&mut kv, &inputs), &gpu.forward(&inputs)?);
+        for (t, n) in toks.iter_mut().zip(next) {
+            t.push(n);
+        }
     }
     Ok(vec![
         Comparison {
             name: "lm logits max |diff| / logits sd (bf16)".into(),
-            value: worst_rel,
+            value: stats.worst_rel,
             limit: tol.logits,
             at_least: false,
         },
         Comparison {
             name: "lm greedy token agreement".into(),
-            value: agree as f64 / total.max(1) as f64,
+            value: stats.agree as f64 / stats.total.max(1) as f64,
             limit: tol.agreement,
             at_least: true,
         },
     ])
+}
+
+/// Differences of logits rows, cpu against GPU.
+#[derive(Default)]
+struct LogitStats {
+    /// Largest max |Δ| over the cpu row's standard deviation.
+    worst_rel: f64,
+    /// Rows whose argmax agrees, of all rows.
+    agree: usize,
+    total: usize,
+}
+
+impl LogitStats {
+    /// Adds one step's rows; returns the cpu backend's greedy tokens.
+    fn add(&mut self, cpu: &[Vec<f32>], gpu: &[Vec<f32>]) -> Vec<u32> {
+        let argmax = |l: &[f32]| l.iter().enumerate().fold(0, |b, (i, &v)| if v > l[b] { i } else { b });
+        cpu.iter()
+            .zip(gpu)
+            .map(|(c, g)| {
+                let n = c.len() as f64;
+                let mean = c.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+                let sd = (c.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n).sqrt().max(1e-9);
+                let d = c.iter().zip(g).map(|(a, b)| f64::from((a - b).abs())).fold(0.0, f64::max);
+                self.worst_rel = self.worst_rel.max(d / sd);
+                self.agree += usize::from(argmax(c) == argmax(g));
+                self.total += 1;
+                argmax(c) as u32
+            })
+            .collect()
+    }
 }
 
 /// Offload to pinned memory and restore: the bytes come back exactly.
