@@ -95,78 +95,79 @@ pub struct Measured {
 /// Runs `engine profile --video` and writes the file; returns the number
 /// of configurations.
 pub fn run_video(args: &ProfileArgs) -> Result<usize, ProfileError> {
-    use crate::video::profile as vp;
     let args = &ProfileArgs { engine: args.engine.clone().resolved(), ..args.clone() };
-    let e = &args.engine;
-    let host = host_cpu();
-    let profile = match (&args.rescale, args.reference_ms) {
-        (Some(from), Some(ms)) => {
-            let text = std::fs::read_to_string(from)
-                .map_err(|err| crate::StartError::ReadProfile(from.display().to_string(), err))?;
-            let measured = policies::video::VideoProfile::parse(&from.display().to_string(), &text)
-                .map_err(|err| ProfileError::Video(err.to_string()))?;
-            let class = args.engine_class.clone().unwrap_or_else(|| "emulated-video".into());
-            vp::rescale(&measured, ms, args.batch_cost, &class)
-        }
-        _ => {
-            let gpu = match e.backend {
-                BackendKind::Cpu => None,
-                BackendKind::Cuda => {
-                    Some(crate::gpu::open_video(e.model_seed).map_err(crate::StartError::Gpu)?)
-                }
-                _ => {
-                    return Err(ProfileError::Video(
-                        "measuring the video model needs --backend cpu or --backend cuda".into(),
-                    ))
-                }
-            };
-            let default_class = match (&gpu, e.backend) {
-                (Some(g), _) => format!("cuda-{}", slug(&g.device_name())),
-                _ => format!("cpu-{}", slug(&host)),
-            };
-            let vargs = vp::VideoProfileArgs {
-                resolution: args.video_resolution,
-                latent_frames: 3,
-                chunks: args.video_chunks.max(2),
-                prompts: vec![
-                    "a red fox running through snow".into(),
-                    "waves breaking on a rocky shore".into(),
-                ],
-                threads: e.cpu_threads(),
-                model_seed: e.model_seed,
-                engine_class: args.engine_class.clone().unwrap_or(default_class),
-                model: "synthetic-video".into(),
-            };
-            let runner = match &gpu {
-                Some(g) => vp::Runner::Gpu(&**g),
-                None => vp::Runner::Cpu { threads: vargs.threads },
-            };
-            vp::measure(&vargs, runner, |i, n, p| {
-                eprintln!(
-                    "[{i:>2}/{n}] {:<18} {:>8.2} ms  quality {:.4}",
-                    p.fidelity.to_string(),
-                    p.chunk_ms,
-                    p.quality
-                );
-            })
-        }
-    };
-    let source = match &args.rescale {
-        Some(from) => format!(
-            "quality from {}; chunk times from the GPU cost model of engine/src/video/profile.rs::rescale, {} ms at the highest fidelity, batch_cost {}",
-            from.display(),
-            args.reference_ms.unwrap_or(0.0),
-            args.batch_cost
-        ),
-        None if e.backend == BackendKind::Cuda => format!(
-            "engine profile --video --backend cuda on {}",
-            crate::gpu::probe().map_or_else(|_| "a GPU".to_string(), |g| g.name)
-        ),
-        None => format!("engine profile --video --backend cpu on {host}"),
+    let (profile, source) = match (&args.rescale, args.reference_ms) {
+        (Some(from), Some(ms)) => rescaled_video(args, from, ms)?,
+        _ => measured_video(args)?,
     };
     std::fs::write(&args.out, profile.to_toml(&source))
         .map_err(|err| ProfileError::Write(args.out.display().to_string(), err))?;
     Ok(profile.configs.len())
+}
+
+/// `--rescale FROM --reference-ms MS`: the profile and its source line.
+fn rescaled_video(
+    args: &ProfileArgs,
+    from: &std::path::Path,
+    ms: f64,
+) -> Result<(policies::video::VideoProfile, String), ProfileError> {
+    let text = std::fs::read_to_string(from)
+        .map_err(|err| crate::StartError::ReadProfile(from.display().to_string(), err))?;
+    let measured = policies::video::VideoProfile::parse(&from.display().to_string(), &text)
+        .map_err(|err| ProfileError::Video(err.to_string()))?;
+    let class = args.engine_class.clone().unwrap_or_else(|| "emulated-video".into());
+    let source = format!(
+        "quality from {}; chunk times from the GPU cost model of engine/src/video/profile.rs::rescale, {ms} ms at the highest fidelity, batch_cost {}",
+        from.display(),
+        args.batch_cost
+    );
+    Ok((crate::video::profile::rescale(&measured, ms, args.batch_cost, &class), source))
+}
+
+/// Every video configuration measured on the cpu backend or a GPU: the
+/// profile and its source line.
+fn measured_video(args: &ProfileArgs) -> Result<(policies::video::VideoProfile, String), ProfileError> {
+    use crate::video::profile as vp;
+    let e = &args.engine;
+    let (gpu, machine) = match e.backend {
+        BackendKind::Cpu => (None, host_cpu()),
+        BackendKind::Cuda => {
+            let gpu = crate::gpu::open_video(e.model_seed).map_err(crate::StartError::Gpu)?;
+            let name = gpu.device_name();
+            (Some(gpu), name)
+        }
+        _ => {
+            return Err(ProfileError::Video(
+                "measuring the video model needs --backend cpu or --backend cuda".into(),
+            ))
+        }
+    };
+    let vargs = vp::VideoProfileArgs {
+        resolution: args.video_resolution,
+        latent_frames: 3,
+        chunks: args.video_chunks.max(2),
+        prompts: vec!["a red fox running through snow".into(), "waves breaking on a rocky shore".into()],
+        threads: e.cpu_threads(),
+        model_seed: e.model_seed,
+        engine_class: args
+            .engine_class
+            .clone()
+            .unwrap_or_else(|| format!("{}-{}", e.backend.as_str(), slug(&machine))),
+        model: "synthetic-video".into(),
+    };
+    let runner = match &gpu {
+        Some(g) => vp::Runner::Gpu(&**g),
+        None => vp::Runner::Cpu { threads: vargs.threads },
+    };
+    let profile = vp::measure(&vargs, runner, |i, n, p| {
+        eprintln!(
+            "[{i:>2}/{n}] {:<18} {:>8.2} ms  quality {:.4}",
+            p.fidelity.to_string(),
+            p.chunk_ms,
+            p.quality
+        );
+    });
+    Ok((profile, format!("engine profile --video --backend {} on {machine}", e.backend.as_str())))
 }
 
 /// Runs `engine profile` and writes the file.
@@ -174,27 +175,25 @@ pub fn run(args: &ProfileArgs) -> Result<Measured, ProfileError> {
     let args = &ProfileArgs { engine: args.engine.clone().resolved(), ..args.clone() };
     let e = &args.engine;
     let kv = KvAllocator::new(e.kv_config());
-    let m = match e.backend {
+    // What was measured, and the machine it ran on (the GPU for cuda).
+    let (m, host) = match e.backend {
         BackendKind::Emulated => {
             let profile = crate::load_profile(e)?;
-            measure(&mut Emulated { profile }, &kv, args)?
+            (measure(&mut Emulated { profile }, &kv, args)?, host_cpu())
         }
         BackendKind::Cpu | BackendKind::Auto => {
             let model = e.model_config();
             model.validate().map_err(crate::StartError::Model)?;
-            measure(&mut Cpu::new(model, e.cpu_threads(), kv.total_pages(), e.page_tokens), &kv, args)?
+            let mut cpu = Cpu::new(model, e.cpu_threads(), kv.total_pages(), e.page_tokens);
+            (measure(&mut cpu, &kv, args)?, host_cpu())
         }
         BackendKind::Cuda => {
             let model = e.model_config();
             model.validate().map_err(crate::StartError::Model)?;
-            let (mut lm, _) = crate::gpu::start_cuda(model, kv.total_pages(), e.page_tokens, e.model_seed)
+            let (mut lm, gpu) = crate::gpu::open_lm(model, kv.total_pages(), e.page_tokens)
                 .map_err(crate::StartError::Gpu)?;
-            measure(&mut lm, &kv, args)?
+            (measure(&mut lm, &kv, args)?, gpu)
         }
-    };
-    let host = match e.backend {
-        BackendKind::Cuda => crate::gpu::probe().map_or_else(|_| host_cpu(), |g| g.name),
-        _ => host_cpu(),
     };
     let class =
         args.engine_class.clone().unwrap_or_else(|| format!("{}-{}", e.backend.as_str(), slug(&host)));
@@ -325,7 +324,11 @@ fn render(args: &ProfileArgs, class: &str, host: &str, m: &Measured) -> String {
     let points =
         |v: &[(u32, f64)]| v.iter().map(|(x, ms)| format!("[{x}, {ms:.3}]")).collect::<Vec<_>>().join(", ");
     let model = match e.backend {
-        BackendKind::Cpu | BackendKind::Cuda | BackendKind::Auto => format!(
+        BackendKind::Cuda => format!(
+            "model on the GPU (bf16 weights): {} layers, hidden {}, {} heads, MLP {}, vocab {}, seed {}",
+            e.model_layers, e.model_hidden, e.model_heads, e.model_ffn, e.model_vocab, e.model_seed
+        ),
+        BackendKind::Cpu | BackendKind::Auto => format!(
             "cpu model: {} layers, hidden {}, {} heads, MLP {}, vocab {}, seed {}; {} compute threads",
             e.model_layers,
             e.model_hidden,

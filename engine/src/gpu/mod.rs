@@ -90,6 +90,30 @@ pub fn start_cuda(
     Ok((lm::GpuBackend { lm }, video))
 }
 
+/// The LM alone on the first GPU (for `engine profile --backend cuda`),
+/// and the device's name.
+#[cfg(feature = "cuda")]
+pub fn open_lm(
+    cfg: crate::backend::cpu::ModelConfig,
+    pages: u32,
+    page_tokens: u32,
+) -> Result<(lm::GpuBackend<cuda::CudaDevice>, String), String> {
+    let dev = open_device()?;
+    let name = kernels::Device::name(&*dev);
+    let lm = lm::GpuLm::new(dev, cfg, pages, page_tokens).map_err(|e| e.to_string())?;
+    Ok((lm::GpuBackend { lm }, name))
+}
+
+/// Without the `cuda` feature there is no GPU to profile.
+#[cfg(not(feature = "cuda"))]
+pub fn open_lm(
+    _cfg: crate::backend::cpu::ModelConfig,
+    _pages: u32,
+    _page_tokens: u32,
+) -> Result<(crate::backend::cpu::Cpu, String), String> {
+    Err(NO_CUDA.into())
+}
+
 /// Without the `cuda` feature there is no cuda backend.
 #[cfg(not(feature = "cuda"))]
 pub fn start_cuda(
