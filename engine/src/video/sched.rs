@@ -233,6 +233,14 @@ impl Core {
         }
     }
 
+    /// The session's state was replaced or left: the GPU's device copy of
+    /// it (cuda backend) is stale.
+    fn forget_on_gpu(&self, id: &str) {
+        if let Some(gpu) = &self.cfg.gpu {
+            gpu.forget(id);
+        }
+    }
+
     fn resident(&self) -> u32 {
         self.sessions.values().filter(|s| !matches!(s.place, Place::Suspended(_))).count() as u32
     }
@@ -347,12 +355,12 @@ impl Core {
                             _ => Place::Resident(StreamState::new(&prompt)),
                         };
                         s.prompt = prompt;
-                        if let Some(gpu) = &self.cfg.gpu {
-                            gpu.forget(&id);
-                        }
                         Ok(s.epoch)
                     }
                 };
+                if result.is_ok() {
+                    self.forget_on_gpu(&id);
+                }
                 // Chunks queued for the old prompt are dropped.
                 let (stale, keep): (Vec<Pending>, Vec<Pending>) = self
                     .pending
@@ -388,9 +396,7 @@ impl Core {
             }
             Cmd::End(id, reply) => {
                 let result = self.sessions.remove(&id).map(|_| ()).ok_or(VideoError::NoSession(id.clone()));
-                if let Some(gpu) = &self.cfg.gpu {
-                    gpu.forget(&id);
-                }
+                self.forget_on_gpu(&id);
                 self.fail_pending(&id);
                 let _ = reply.send(result);
             }
@@ -417,9 +423,7 @@ impl Core {
     fn export(&mut self, id: &str) -> Result<Vec<u8>, VideoError> {
         let s = self.sessions.remove(id).ok_or_else(|| VideoError::NoSession(id.into()))?;
         self.fail_pending(id);
-        if let Some(gpu) = &self.cfg.gpu {
-            gpu.forget(id);
-        }
+        self.forget_on_gpu(id);
         let state = match s.place {
             Place::Resident(st) => st.to_bytes(),
             Place::Suspended(b) => b,
@@ -459,9 +463,7 @@ impl Core {
             place: Place::Suspended(state),
             credit: meta.credit,
         };
-        if let Some(gpu) = &self.cfg.gpu {
-            gpu.forget(&id);
-        }
+        self.forget_on_gpu(&id);
         self.sessions.insert(id, session);
         Ok(())
     }
