@@ -2,6 +2,14 @@
 //!
 //! Served with hyper's auto builder on plain TCP: the gateway speaks HTTP/2
 //! with prior knowledge, and HTTP/1.1 works for curl and debugging.
+//!
+//! Bounds: [`MAX_CONNECTIONS`] open connections (past it new ones are
+//! closed at once), [`MAX_STREAMS`] concurrent streams per connection (a
+//! gateway multiplexes thousands of generations over a few connections),
+//! as many streams reset by the gateway before we accepted them (a burst of
+//! client cancellations arrives as a burst of resets and must not close
+//! the connection that carries everyone else's streams), HTTP/2 keepalive
+//! PINGs, and a back-off after accept errors.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,7 +19,7 @@ use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
@@ -24,11 +32,25 @@ pub type EngineBody = Either<Full<Bytes>, ChannelBody>;
 
 /// Largest generate request body accepted (prompts are long, not huge).
 pub(crate) const MAX_REQUEST_BYTES: usize = 16 << 20;
+/// Open connections at most (gateways hold a few each).
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Concurrent HTTP/2 streams per connection.
+pub const MAX_STREAMS: u32 = 16_384;
+/// Accept errors (EMFILE: out of file descriptors) back off this long.
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Serves `engine` on `listener` until `shutdown` resolves.
 pub async fn serve(engine: Arc<Engine>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_STREAMS)
+        .max_pending_accept_reset_streams(MAX_STREAMS as usize)
+        .keep_alive_interval(std::time::Duration::from_secs(10))
+        .keep_alive_timeout(std::time::Duration::from_secs(10));
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {
@@ -36,10 +58,15 @@ pub async fn serve(engine: Arc<Engine>, listener: TcpListener, shutdown: impl Fu
                 Ok(a) => a,
                 Err(e) => {
                     tracing::warn!(event = "accept_failed", error = %e);
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
             },
             () = &mut shutdown => break,
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            tracing::warn!(event = "connection_refused", why = "max_connections");
+            continue;
         };
         let _ = stream.set_nodelay(true);
         let engine = Arc::clone(&engine);
@@ -47,6 +74,7 @@ pub async fn serve(engine: Arc<Engine>, listener: TcpListener, shutdown: impl Fu
         let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
+            let _permit = permit;
             if let Err(e) = conn.await {
                 tracing::debug!(event = "connection_error", error = %e);
             }

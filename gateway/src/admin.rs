@@ -88,7 +88,7 @@ async fn route(
             Ok(json_response(StatusCode::OK, &json!({"active": record, "file": file, "document": document})))
         }
         (Method::PUT, "/admin/policies") => {
-            let body = read_body(req, app.config.max_body_bytes).await?;
+            let body = read_body(req, &app.config).await?;
             let text = std::str::from_utf8(&body)
                 .map_err(|_| ApiError::BodyRead("the policy document must be UTF-8 TOML text".into()))?;
             let source = Source::Api { token_id };

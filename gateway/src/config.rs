@@ -28,6 +28,8 @@ pub struct GatewayConfig {
     pub admin: AdminConfig,
     /// Shared state of a fleet of gateways (Redis), or in memory.
     pub cluster: crate::cluster::ClusterConfig,
+    /// Bounds on connections, streams, buffers and waits.
+    pub limits: crate::limits::Limits,
 }
 
 /// The admin API (its own listener) and how policy changes are picked up.
@@ -141,6 +143,7 @@ impl Default for GatewayConfig {
             engines: Vec::new(),
             admin: AdminConfig::default(),
             cluster: crate::cluster::ClusterConfig::default(),
+            limits: crate::limits::Limits::default(),
         }
     }
 }
@@ -153,6 +156,8 @@ pub enum ConfigError {
     Parse(PathBuf, toml::de::Error),
     #[error("admin token `{0}`: {1}")]
     Token(String, &'static str),
+    #[error("{0}: {1}")]
+    Invalid(PathBuf, String),
 }
 
 impl GatewayConfig {
@@ -160,6 +165,8 @@ impl GatewayConfig {
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
         let Some(path) = path else { return Ok(Self::default()) };
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.to_path_buf(), e))?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse(path.to_path_buf(), e))
+        let config: Self = toml::from_str(&text).map_err(|e| ConfigError::Parse(path.to_path_buf(), e))?;
+        config.limits.validate().map_err(|e| ConfigError::Invalid(path.to_path_buf(), e))?;
+        Ok(config)
     }
 }

@@ -1,8 +1,13 @@
 //! The engines this gateway routes to: addresses, readiness, profiles, and
 //! the work the gateway has on each.
 //!
-//! One HTTP/2 client (prior knowledge, cleartext) multiplexes all requests
-//! to an engine over one connection. A poller reads each engine's load
+//! HTTP/2 clients (prior knowledge, cleartext) multiplex requests to each
+//! engine over `limits.engine_connections` connections, with keepalive
+//! PINGs: an engine that stops answering (hung, SIGSTOPped, partitioned)
+//! fails its connection and every stream on it within the ping timeout
+//! instead of leaving them silent. Readiness probes and profile fetches use
+//! a connection of their own, so a saturated request connection never looks
+//! like an engine that is not ready. A poller reads each engine's load
 //! report to track readiness (and fetches its latency profile once, the
 //! estimator's prior); a dispatch that cannot reach an engine marks it not
 //! ready at once, and the poller brings it back when it answers. The work
@@ -21,7 +26,7 @@ use engine::api::LoadReport;
 use http::Uri;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use policies::routing::EngineView;
 use policies::LatencyProfile;
 use tokio::sync::Notify;
@@ -138,33 +143,50 @@ pub struct Work {
     pub out_tokens: u64,
 }
 
-/// All engines plus the client that reaches them.
+/// All engines plus the clients that reach them.
 #[derive(Debug)]
 pub struct EnginePool {
     /// Append-only: engines discovered later (cluster registry) are added;
     /// an index always names the same engine.
     slots: std::sync::RwLock<Vec<Arc<EngineSlot>>>,
-    client: EngineClient,
+    /// One connection per engine each; requests go round-robin.
+    clients: Vec<EngineClient>,
+    next_client: AtomicU64,
+    /// Probes and profile fetches: a connection of their own.
+    probe_client: EngineClient,
     /// Notified whenever a lease ends (a slot frees).
     pub slot_freed: Notify,
 }
 
 impl EnginePool {
-    pub fn new(specs: Vec<EngineSpec>) -> Arc<Self> {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(1)));
-        let client = Client::builder(TokioExecutor::new())
-            .http2_only(true)
-            // A client that goes away cancels its engine stream (RST_STREAM)
-            // while the engine may still have frames in flight for it. h2
-            // remembers only 10 such streams by default and treats frames
-            // for forgotten ones as errors, counted towards closing the
-            // whole connection; remember as many as can be in flight.
-            .http2_max_concurrent_reset_streams(MAX_RESET_STREAMS)
-            .build(connector);
+    pub fn new(specs: Vec<EngineSpec>, limits: &crate::limits::Limits) -> Arc<Self> {
+        let client = || {
+            let mut connector = HttpConnector::new();
+            connector.set_nodelay(true);
+            connector.set_connect_timeout(Some(Duration::from_secs(1)));
+            Client::builder(TokioExecutor::new())
+                .http2_only(true)
+                .timer(TokioTimer::new())
+                .http2_keep_alive_interval(Duration::from_millis(limits.engine_keepalive_interval_ms))
+                .http2_keep_alive_timeout(Duration::from_millis(limits.engine_keepalive_timeout_ms))
+                .http2_keep_alive_while_idle(true)
+                // A client that goes away cancels its engine stream
+                // (RST_STREAM) while the engine may still have frames in
+                // flight for it. h2 remembers only 10 such streams by
+                // default and treats frames for forgotten ones as errors,
+                // counted towards closing the whole connection; remember as
+                // many as can be in flight.
+                .http2_max_concurrent_reset_streams(MAX_RESET_STREAMS)
+                .build(connector)
+        };
         let slots = specs.into_iter().map(|spec| Arc::new(EngineSlot::new(spec))).collect();
-        Arc::new(Self { slots: std::sync::RwLock::new(slots), client, slot_freed: Notify::new() })
+        Arc::new(Self {
+            slots: std::sync::RwLock::new(slots),
+            clients: (0..limits.engine_connections.max(1)).map(|_| client()).collect(),
+            next_client: AtomicU64::new(0),
+            probe_client: client(),
+            slot_freed: Notify::new(),
+        })
     }
 
     fn slots(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<EngineSlot>>> {
@@ -188,8 +210,10 @@ impl EnginePool {
         self.slots().iter().map(|s| s.spec.clone()).collect()
     }
 
+    /// A client for engine requests (the next connection, round-robin).
     pub fn client(&self) -> &EngineClient {
-        &self.client
+        let n = self.next_client.fetch_add(1, Ordering::Relaxed) as usize;
+        &self.clients[n % self.clients.len()]
     }
 
     pub fn len(&self) -> usize {
@@ -279,7 +303,7 @@ impl EnginePool {
     async fn fetch_profile(&self, spec: &EngineSpec) -> Option<LatencyProfile> {
         let uri = join(&spec.url, engine::api::PROFILE_PATH)?;
         let req = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
-        let resp = self.client.request(req).await.ok()?;
+        let resp = self.probe_client.request(req).await.ok()?;
         if !resp.status().is_success() {
             return None;
         }
@@ -297,7 +321,7 @@ impl EnginePool {
     async fn load_report(&self, base: &Uri) -> Option<LoadReport> {
         let uri = join(base, engine::api::LOAD_PATH)?;
         let req = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
-        let resp = self.client.request(req).await.ok()?;
+        let resp = self.probe_client.request(req).await.ok()?;
         let bytes = resp.into_body().collect().await.ok()?.to_bytes();
         serde_json::from_slice(&bytes).ok()
     }

@@ -51,6 +51,8 @@ pub enum ApiError {
     BodyTooLarge { limit: usize },
     #[error("could not read the request body: {0}")]
     BodyRead(String),
+    #[error("the request body did not arrive within {within:?}")]
+    BodyTimeout { within: std::time::Duration },
     #[error("unknown URL {0}")]
     UnknownUrl(String),
     #[error("method {0} is not allowed on this URL")]
@@ -114,6 +116,7 @@ impl ApiError {
             ApiError::ContextLengthExceeded { .. } => "context_length_exceeded",
             ApiError::BodyTooLarge { .. } => "request_too_large",
             ApiError::BodyRead(_) => "body_read_failed",
+            ApiError::BodyTimeout { .. } => "request_timeout",
             ApiError::UnknownUrl(_) => "unknown_url",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::NoReadyEngine => "no_ready_engine",
@@ -162,6 +165,7 @@ impl ApiError {
             ApiError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::ModelNotFound(_) | ApiError::UnknownUrl(_) => StatusCode::NOT_FOUND,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::NoReadyEngine | ApiError::EnginesAtCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::EngineFailed(_) => StatusCode::BAD_GATEWAY,

@@ -22,8 +22,10 @@ pub mod dispatch;
 pub mod engines;
 pub mod error;
 pub mod hints;
+pub mod limits;
 pub mod metrics;
 pub mod openai;
+pub mod outbox;
 pub mod policy_watch;
 pub mod relay;
 pub mod reload;
@@ -71,7 +73,7 @@ impl App {
             SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() ^ d.as_secs() as u32);
         let admission = admission::Admission::new(Arc::clone(&engines));
         let cluster = Arc::new(cluster::Cluster::new(config.cluster.clone(), config.listen));
-        let video = video::Streams::new(Arc::clone(&engines), Arc::clone(&cluster));
+        let video = video::Streams::new(Arc::clone(&engines), Arc::clone(&cluster), &config.limits);
         Self { config, policies, engines, admission, video, cluster, id_prefix, next_id: AtomicU64::new(0) }
     }
 }
@@ -190,7 +192,7 @@ async fn serve_until_signal(
     ca: Option<&Path>,
 ) -> Result<(), StartError> {
     metrics::handle(); // install the recorder before the first metric
-    let pool = EnginePool::new(config.engines.clone());
+    let pool = EnginePool::new(config.engines.clone(), &config.limits);
     let wait = Duration::from_secs(30);
     let deadline = tokio::time::Instant::now() + wait;
     loop {
@@ -245,9 +247,10 @@ async fn serve_until_signal(
     let admin = Arc::new(admin::Admin { app: Arc::clone(&app), tokens: admin_tokens });
     let admin_handler = move |req| admin::handle(Arc::clone(&admin), req);
     let admin_tls = Arc::clone(&tls);
+    let admin_limits = server::ListenerLimits::admin(&app.config.limits);
     let admin_task = tokio::spawn(async move {
         let mut stop = stop_rx;
-        server::serve(admin_handler, admin_listener, admin_tls, async move {
+        server::serve(admin_handler, admin_listener, admin_tls, admin_limits, async move {
             let _ = stop.wait_for(|s| *s).await;
         })
         .await;
@@ -261,7 +264,8 @@ async fn serve_until_signal(
     tracing::info!(event = "gateway_ready", %addr, ready, total, policy_version = %store.current().version);
     let public = Arc::clone(&app);
     let handler = move |req| service::handle(Arc::clone(&public), req);
-    server::serve(handler, listener, tls, async {
+    let public_limits = server::ListenerLimits::public(&app.config.limits);
+    server::serve(handler, listener, tls, public_limits, async {
         signal.await;
     })
     .await;

@@ -23,6 +23,12 @@
 //!   version, 0 for versions it replaced
 //! - `gateway_policy_reloads_total{source,result}`: policy changes applied
 //!   or rejected, by where they came from
+//! - `gateway_stream_resets_total{why}`: response streams reset because
+//!   the client stopped reading (`write_stall`) or a video feed's reader
+//!   fell behind (`video_feed_stall`)
+//! - `gateway_connections_open{listener}`, `gateway_connections_refused_total{listener}`
+//!   (over `limits.max_connections`), `gateway_connections_closed_total{listener,why}`
+//!   (`idle`, `header_timeout`)
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -52,6 +58,10 @@ pub const VIDEO_REHOMES: &str = "gateway_video_rehomes_total";
 pub const CLUSTER_REDIS_UP: &str = "gateway_cluster_redis_up";
 pub const POLICY_VERSION: &str = "gateway_policy_version_info";
 pub const POLICY_RELOADS: &str = "gateway_policy_reloads_total";
+pub const STREAM_RESETS: &str = "gateway_stream_resets_total";
+pub const CONNECTIONS_OPEN: &str = "gateway_connections_open";
+pub const CONNECTIONS_REFUSED: &str = "gateway_connections_refused_total";
+pub const CONNECTIONS_CLOSED: &str = "gateway_connections_closed_total";
 
 const LATENCY_BUCKETS: &[f64] =
     &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];

@@ -1,29 +1,25 @@
 //! Engine events to OpenAI responses: the SSE relay and the collected body.
 //!
-//! Streaming: each engine frame becomes SSE bytes immediately (no batching
-//! beyond what already arrived together), so tokens reach the client as they
-//! arrive. Non-streaming: events are collected into one JSON body; because
+//! Streaming: a task per response turns each engine event into SSE bytes
+//! at once and hands them to the client through a bounded [`outbox`], so
+//! tokens reach the client as they arrive and the engine side is released
+//! when the engine finishes, whether or not the client reads. Non-streaming: events are collected into one JSON body; because
 //! nothing has reached the client yet, an engine failure at any point moves
 //! the whole request to another engine.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, BytesMut};
 use engine::api::{Event, FinishReason, GenerateRequest, Usage};
-use http_body::{Body, Frame};
 use serde_json::{json, Value};
 
-use crate::dispatch::{self, Attempts, EventStream, Started};
+use crate::dispatch::{self, Attempts, Started};
 use crate::engines::{EngineLease, EnginePool, Work};
 use crate::error::ApiError;
 use crate::metrics::RequestObserver;
 use crate::openai::Kind;
-
-/// Flush what has been gathered once it reaches this size.
-const MAX_FRAME: usize = 16 << 10;
+use crate::outbox::{outbox, Outbox, OutboxBody, Stall, Stop};
 
 /// Builds OpenAI's response objects for one request.
 #[derive(Debug, Clone)]
@@ -122,34 +118,83 @@ fn sse(out: &mut BytesMut, v: &Value) {
     out.put_slice(b"\n\n");
 }
 
-/// The SSE response body relaying one started generation.
-#[derive(Debug)]
-pub struct SseRelay {
+/// What a streamed response may cost: its buffer and stall rule for the
+/// client, and the longest engine silence after the first token.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamBounds {
+    pub buffer_bytes: usize,
+    pub stall: Stall,
+    pub event_timeout: Duration,
+}
+
+/// Relays one started generation as SSE: a task reads the engine's events
+/// into a bounded [`outbox`] and the returned body hands them to hyper.
+/// The engine lease, the admission ticket and the tenant's hold (all in
+/// `observer` and `started`) are released the moment the engine finishes,
+/// fails, falls silent past `event_timeout`, or the client goes away or
+/// stalls, whichever comes first; a stalled client's stream is reset.
+pub fn spawn_sse(
     encoder: Encoder,
-    events: EventStream,
+    started: Started,
+    mut observer: RequestObserver,
+    pool: Arc<EnginePool>,
+    bounds: StreamBounds,
+) -> OutboxBody {
+    let (out, body) = outbox(bounds.buffer_bytes);
+    observer.first_token();
+    let first = started.first.clone();
+    let engine_id = started.inflight.engine_id().to_string();
+    let mut relay =
+        SseRelay { encoder, engine: Some((started, observer)), engine_id, pool, pending: BytesMut::new() };
+    relay.encoder.opening(&mut relay.pending);
+    relay.on_event(Ok(first));
+    tokio::spawn(relay.run(out, bounds));
+    body
+}
+
+/// The relay task's state.
+#[derive(Debug)]
+struct SseRelay {
+    encoder: Encoder,
+    /// What the engine side holds (the event stream, the engine lease, the
+    /// admission ticket and tenant hold in the observer) until it ends.
+    engine: Option<(Started, RequestObserver)>,
+    engine_id: String,
+    pool: Arc<EnginePool>,
+    /// Encoded bytes not yet in the outbox.
     pending: BytesMut,
-    /// Ends (in-flight gauge down) with the generation, like `inflight`.
-    observer: Option<RequestObserver>,
-    /// Released as soon as the generation ends, not when hyper drops us.
-    inflight: Option<EngineLease>,
-    done: bool,
 }
 
 impl SseRelay {
-    pub fn new(encoder: Encoder, started: Started, mut observer: RequestObserver) -> Self {
-        let Started { first, events, inflight } = started;
-        observer.first_token();
-        let mut relay = Self {
-            encoder,
-            events,
-            pending: BytesMut::new(),
-            observer: Some(observer),
-            inflight: Some(inflight),
-            done: false,
-        };
-        relay.encoder.opening(&mut relay.pending);
-        relay.on_event(Ok(first));
-        relay
+    async fn run(mut self, out: Outbox, bounds: StreamBounds) {
+        loop {
+            if !self.pending.is_empty() {
+                if let Err(stop) = out.room(bounds.stall).await {
+                    return self.stopped(out, stop);
+                }
+                if out.push(&self.pending.split()).is_err() {
+                    return self.stopped(out, Stop::Gone);
+                }
+            }
+            let Some((started, _)) = &mut self.engine else { break };
+            let event = tokio::select! {
+                e = tokio::time::timeout(bounds.event_timeout, started.events.next()) => e,
+                () = out.gone() => return self.stopped(out, Stop::Gone),
+            };
+            match event {
+                Ok(Some(e)) => self.on_event(e),
+                Ok(None) => self.fail("engine closed the stream before finishing".into(), true),
+                Err(_) => {
+                    self.fail(format!("no event from the engine for {:?}", bounds.event_timeout), false)
+                }
+            }
+        }
+        // The engine side is released; the client still has its bytes to
+        // read, under the same stall rule.
+        match out.drained(bounds.stall).await {
+            Ok(()) => out.finish(),
+            Err(stop) => self.stopped(out, stop),
+        }
     }
 
     fn on_event(&mut self, event: Result<Event, String>) {
@@ -157,61 +202,40 @@ impl SseRelay {
             Ok(Event::Token { text }) => self.encoder.token(&mut self.pending, &text),
             Ok(Event::Done { finish_reason, usage, prefill_ms, .. }) => {
                 self.encoder.finish(&mut self.pending, finish_reason, usage);
-                if let (Some(o), Some(l)) = (&mut self.observer, &self.inflight) {
-                    o.finished(l.engine_idx(), usage, prefill_ms);
+                if let Some((started, observer)) = &mut self.engine {
+                    observer.finished(started.inflight.engine_idx(), usage, prefill_ms);
                 }
-                self.end();
+                self.engine = None;
             }
-            Ok(Event::Error { code, message }) => self.fail(format!("{code}: {message}")),
-            Err(message) => self.fail(message),
+            Ok(Event::Error { code, message }) => self.fail(format!("{code}: {message}"), false),
+            Err(message) => self.fail(message, true),
         }
     }
 
-    /// Ends the stream with an OpenAI-style error event (no `[DONE]`).
-    fn fail(&mut self, message: String) {
-        let engine = self.inflight.as_ref().map_or("?", |i| i.engine_id()).to_string();
-        tracing::warn!(event = "stream_failed", engine = %engine, error = %message);
+    /// Ends the stream with an OpenAI-style error event (no `[DONE]`) and
+    /// cancels the engine side. `transport`: the engine connection failed,
+    /// so the engine leaves rotation until its next good probe.
+    fn fail(&mut self, message: String, transport: bool) {
+        tracing::warn!(event = "stream_failed", engine = %self.engine_id, error = %message);
         metrics::counter!(crate::metrics::ERRORS, "code" => "engine_failed_mid_stream").increment(1);
-        let err = ApiError::EngineFailed(format!("engine {engine} failed mid-stream: {message}"));
+        if let (true, Some((started, _))) = (transport, &self.engine) {
+            self.pool.mark_unreachable(started.inflight.engine_idx());
+        }
+        let err = ApiError::EngineFailed(format!("engine {} failed mid-stream: {message}", self.engine_id));
         sse(&mut self.pending, &err.body());
-        self.end();
+        // Dropping the event stream resets it at the engine; the lease and
+        // the holds go with it.
+        self.engine = None;
     }
 
-    fn end(&mut self) {
-        self.done = true;
-        self.inflight = None;
-        self.observer = None;
-    }
-}
-
-impl Body for SseRelay {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.get_mut();
-        while !this.done && this.pending.len() < MAX_FRAME {
-            match this.events.poll_event(cx) {
-                Poll::Ready(Some(event)) => this.on_event(event),
-                Poll::Ready(None) => this.fail("engine closed the stream before finishing".into()),
-                Poll::Pending => break,
-            }
+    /// The client went away or stalled: the engine side is cancelled and
+    /// released as `self` drops, and the client's stream is reset.
+    fn stopped(self, out: Outbox, stop: Stop) {
+        if stop == Stop::Stalled {
+            tracing::info!(event = "stream_reset", engine = %self.engine_id, why = "write_stall");
+            metrics::counter!(crate::metrics::STREAM_RESETS, "why" => "write_stall").increment(1);
         }
-        if !this.pending.is_empty() {
-            return Poll::Ready(Some(Ok(Frame::data(this.pending.split().freeze()))));
-        }
-        if this.done {
-            Poll::Ready(None)
-        } else {
-            Poll::Pending
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.done && self.pending.is_empty()
+        out.reset();
     }
 }
 
@@ -232,6 +256,7 @@ pub async fn collect(
     mut first: Option<EngineLease>,
     work: Work,
     timeout: Duration,
+    event_timeout: Duration,
     observer: &mut RequestObserver,
 ) -> Result<Collected, ApiError> {
     let mut attempts = Attempts::default();
@@ -252,7 +277,10 @@ pub async fn collect(
                 Some(Err(message)) => break message,
                 None => break "engine closed the stream before finishing".to_string(),
             }
-            next = started.events.next().await;
+            next = match tokio::time::timeout(event_timeout, started.events.next()).await {
+                Ok(n) => n,
+                Err(_) => break format!("no event from the engine for {event_timeout:?}"),
+            };
         };
         tracing::warn!(event = "collect_failed", request_id = %req.request_id, error = %failure);
         attempts.failed_after_start(&started, failure);

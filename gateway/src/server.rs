@@ -1,28 +1,72 @@
 //! An HTTPS listener: TCP accept, TLS handshake, HTTP/1.1 or HTTP/2 by
-//! ALPN, graceful shutdown. The public listener serves
-//! [`service::handle`](crate::service::handle), the admin listener
-//! [`admin::handle`](crate::admin::handle).
+//! ALPN, bounded connections, idle and header timeouts, graceful shutdown.
+//! The public listener serves [`service::handle`](crate::service::handle),
+//! the admin listener [`admin::handle`](crate::admin::handle).
+//!
+//! Bounds (from `[limits]`): at most `max_connections` open connections
+//! (past it a new connection is closed at once); the TLS handshake and an
+//! HTTP/1.1 request head within `header_read_timeout_ms`; a connection with
+//! no request or response stream open for `idle_timeout_ms` is shut down;
+//! at most `max_streams_per_connection` HTTP/2 streams per connection, and
+//! as many streams reset by the client before we accepted them (a burst of
+//! cancellations is normal client behaviour, not an attack, up to that
+//! count) before the connection is refused with GOAWAY.
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify, Semaphore};
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::body::GatewayBody;
+use crate::limits::Limits;
+use crate::metrics;
+use crate::outbox::StreamReset;
 
-/// A client that does not finish its TLS handshake in this time is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Open connections get this long to finish after shutdown begins.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Accept errors (EMFILE: out of file descriptors) back off this long.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The bounds of one listener.
+#[derive(Debug, Clone)]
+pub struct ListenerLimits {
+    /// `public` or `admin`: the metrics label.
+    pub name: &'static str,
+    pub max_connections: usize,
+    pub max_streams: u32,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+impl ListenerLimits {
+    pub fn public(l: &Limits) -> Self {
+        Self {
+            name: "public",
+            max_connections: l.max_connections,
+            max_streams: l.max_streams_per_connection,
+            header_read_timeout: l.header_read_timeout(),
+            idle_timeout: l.idle_timeout(),
+        }
+    }
+
+    pub fn admin(l: &Limits) -> Self {
+        Self { name: "admin", max_connections: l.max_admin_connections, ..Self::public(l) }
+    }
+}
 
 /// Serves `handler` on `listener` until `shutdown` resolves, then lets open
 /// connections finish (bounded by [`DRAIN_TIMEOUT`]).
@@ -30,20 +74,25 @@ pub async fn serve<H, F>(
     handler: H,
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
+    limits: ListenerLimits,
     shutdown: impl Future<Output = ()>,
 ) where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<GatewayBody>, Infallible>> + Send + 'static,
 {
     let acceptor = TlsAcceptor::from(tls);
-    let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(1024)
-        .keep_alive_interval(Duration::from_secs(20));
+        .max_concurrent_streams(limits.max_streams)
+        .max_pending_accept_reset_streams(limits.max_streams as usize)
+        .keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_timeout(Duration::from_secs(20));
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let limits = Arc::new(limits);
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -52,30 +101,209 @@ pub async fn serve<H, F>(
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
                     tracing::warn!(event = "accept_failed", error = %e);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
             },
             () = &mut shutdown => break,
         };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            ::metrics::counter!(metrics::CONNECTIONS_REFUSED, "listener" => limits.name).increment(1);
+            tracing::debug!(event = "connection_refused", %peer, why = "max_connections");
+            continue; // dropping the socket closes it
+        };
         let _ = tcp.set_nodelay(true);
-        let (acceptor, builder, watcher, handler) =
-            (acceptor.clone(), builder.clone(), graceful.watcher(), handler.clone());
+        let (acceptor, builder, handler, stop, limits) =
+            (acceptor.clone(), builder.clone(), handler.clone(), stop_rx.clone(), Arc::clone(&limits));
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+            let _permit = permit;
+            let _open = OpenGauge::new(limits.name);
+            let tls = match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => return tracing::debug!(event = "tls_handshake_failed", %peer, error = %e),
-                Err(_) => return tracing::debug!(event = "tls_handshake_timeout", %peer),
+                Err(_) => {
+                    ::metrics::counter!(metrics::CONNECTIONS_CLOSED, "listener" => limits.name, "why" => "header_timeout")
+                        .increment(1);
+                    return tracing::debug!(event = "tls_handshake_timeout", %peer);
+                }
             };
-            let svc = hyper::service::service_fn(handler);
+            let activity = Activity::new();
+            let svc = tracked(handler, Arc::clone(&activity));
             let conn = builder.serve_connection(TokioIo::new(tls), svc).into_owned();
-            if let Err(e) = watcher.watch(conn).await {
-                tracing::debug!(event = "connection_error", %peer, error = %e);
-            }
+            connection(conn, |c| c.graceful_shutdown(), activity, stop, &limits, peer).await;
         });
     }
-    tracing::info!(event = "draining_connections", open = graceful.count());
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
+    tracing::info!(event = "draining_connections", open = limits.max_connections - slots.available_permits());
+    let _ = stop_tx.send(true);
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    if tokio::time::timeout(DRAIN_TIMEOUT, slots.acquire_many(all)).await.is_err() {
         tracing::warn!(event = "drain_timeout", "connections still open after {DRAIN_TIMEOUT:?}");
     }
+}
+
+/// Drives one connection until it ends, shutting it down gracefully when
+/// the listener stops or the connection has been idle too long.
+async fn connection<C, E>(
+    conn: C,
+    shutdown: impl Fn(Pin<&mut C>),
+    activity: Arc<Activity>,
+    mut stop: watch::Receiver<bool>,
+    limits: &ListenerLimits,
+    peer: std::net::SocketAddr,
+) where
+    C: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    tokio::pin!(conn);
+    let mut shutting_down = false;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(event = "connection_error", %peer, error = %e);
+                }
+                return;
+            }
+            _ = stop.wait_for(|s| *s), if !shutting_down => {
+                shutting_down = true;
+                shutdown(conn.as_mut());
+            }
+            () = activity.idle_for(limits.idle_timeout), if !shutting_down => {
+                shutting_down = true;
+                ::metrics::counter!(metrics::CONNECTIONS_CLOSED, "listener" => limits.name, "why" => "idle").increment(1);
+                tracing::debug!(event = "connection_idle", %peer);
+                shutdown(conn.as_mut());
+            }
+        }
+    }
+}
+
+/// The open-connections gauge, up while this lives.
+struct OpenGauge(&'static str);
+
+impl OpenGauge {
+    fn new(name: &'static str) -> Self {
+        ::metrics::gauge!(metrics::CONNECTIONS_OPEN, "listener" => name).increment(1.0);
+        Self(name)
+    }
+}
+
+impl Drop for OpenGauge {
+    fn drop(&mut self) {
+        ::metrics::gauge!(metrics::CONNECTIONS_OPEN, "listener" => self.0).decrement(1.0);
+    }
+}
+
+/// Requests and response streams open on one connection, and since when
+/// there have been none.
+#[derive(Debug)]
+struct Activity {
+    open: AtomicUsize,
+    idle_since: Mutex<Instant>,
+    changed: Notify,
+}
+
+impl Activity {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            open: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
+            changed: Notify::new(),
+        })
+    }
+
+    fn enter(self: &Arc<Self>) -> ActiveGuard {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_one();
+        ActiveGuard(Arc::clone(self))
+    }
+
+    fn since(&self) -> Instant {
+        *self.idle_since.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Resolves once nothing has been open for `idle`.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            let changed = self.changed.notified();
+            if self.open.load(Ordering::Acquire) == 0 {
+                let since = self.since();
+                tokio::select! {
+                    () = tokio::time::sleep_until(since + idle) => {
+                        if self.open.load(Ordering::Acquire) == 0 && self.since() == since {
+                            return;
+                        }
+                    }
+                    () = changed => {}
+                }
+            } else {
+                changed.await;
+            }
+        }
+    }
+}
+
+/// One open request or response stream.
+#[derive(Debug)]
+struct ActiveGuard(Arc<Activity>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        if self.0.open.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *self.0.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        }
+        self.0.changed.notify_one();
+    }
+}
+
+/// A response body that counts as activity on its connection until it ends.
+#[derive(Debug)]
+pub struct TrackedBody {
+    inner: GatewayBody,
+    _active: ActiveGuard,
+}
+
+impl Body for TrackedBody {
+    type Data = Bytes;
+    type Error = StreamReset;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, StreamReset>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// `handler` as a hyper service whose requests and responses count as the
+/// connection's activity.
+fn tracked<H, F>(
+    handler: H,
+    activity: Arc<Activity>,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<TrackedBody>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<TrackedBody>, Infallible>> + Send + 'static,
+> + Clone
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<GatewayBody>, Infallible>> + Send + 'static,
+{
+    hyper::service::service_fn(move |req| {
+        let guard = activity.enter();
+        let fut = handler(req);
+        async move {
+            let resp = fut.await?;
+            Ok(resp.map(|inner| TrackedBody { inner, _active: guard }))
+        }
+    })
 }

@@ -27,7 +27,7 @@ use crate::dispatch::{self, Attempts};
 use crate::error::ApiError;
 use crate::metrics::{self, RequestObserver};
 use crate::openai::{self, Kind};
-use crate::relay::{self, Encoder, SseRelay};
+use crate::relay::{self, Encoder, StreamBounds};
 use crate::video::routes::VideoRoute;
 use crate::App;
 
@@ -149,7 +149,7 @@ async fn completions(
     let min_hint = policy.admission.min_hint_ms;
     let ttft_hint = slo_hint(req.headers(), "x-slo-ttft-ms", tier.ttft, min_hint)?; // per-request SLO, clamped to the tier
     let e2e_hint = slo_hint(req.headers(), "x-slo-e2e-ms", tier.e2e, min_hint)?;
-    let body = read_body(req, app.config.max_body_bytes).await?; // bounded memory per request
+    let body = read_body(req, &app.config).await?; // bounded memory and time per request
     let parsed = openai::parse(kind, &body)?; // typed and validated; unknown parameters named
     if policy.model(&parsed.model).is_none() {
         return Err(ApiError::ModelNotFound(parsed.model));
@@ -211,18 +211,28 @@ async fn completions(
         },
     };
     let timeout = admitted.e2e_budget.max(tier.e2e);
+    let limits = &app.config.limits;
     if encoder.stream {
         let started =
             dispatch::start(&app.engines, &gen, first, work, timeout, &mut Attempts::default()).await?;
         let engine_id = started.inflight.engine_id().to_string();
-        let mut resp = Response::new(SseRelay::new(encoder, started, observer).boxed_unsync());
+        let step_ms = app.engines.slot(started.inflight.engine_idx()).report().map(|r| r.decode_step_ms);
+        let bounds = StreamBounds {
+            buffer_bytes: limits.stream_buffer_bytes,
+            stall: limits.stall(),
+            event_timeout: limits.event_timeout(step_ms),
+        };
+        let body = relay::spawn_sse(encoder, started, observer, Arc::clone(&app.engines), bounds);
+        let mut resp = Response::new(body.boxed_unsync());
         let h = resp.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         insert_engine(h, &engine_id);
         Ok(resp)
     } else {
-        let done = relay::collect(&app.engines, &gen, first, work, timeout, &mut observer).await?;
+        let event_timeout = limits.event_timeout(None);
+        let done =
+            relay::collect(&app.engines, &gen, first, work, timeout, event_timeout, &mut observer).await?;
         let mut resp =
             json_response(StatusCode::OK, &encoder.complete(&done.text, done.finish_reason, done.usage));
         insert_engine(resp.headers_mut(), &done.engine_id);
@@ -335,7 +345,19 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")).map(str::trim)
 }
 
-pub(crate) async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
+/// The request body, at most `max_body_bytes` (413) and within
+/// `limits.body_read_timeout_ms` (408).
+pub(crate) async fn read_body(
+    req: Request<Incoming>,
+    config: &crate::config::GatewayConfig,
+) -> Result<Bytes, ApiError> {
+    let within = config.limits.body_read_timeout();
+    tokio::time::timeout(within, read_body_bounded(req, config.max_body_bytes))
+        .await
+        .unwrap_or(Err(ApiError::BodyTimeout { within }))
+}
+
+async fn read_body_bounded(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
     let declared =
         req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let http1 = req.version() < http::Version::HTTP_2;

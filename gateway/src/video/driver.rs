@@ -17,6 +17,7 @@ use serde_json::json;
 use super::engine as calls;
 use super::{chunk_time_s, fidelity_label, Stream, Streams};
 use crate::metrics as m;
+use crate::outbox::Stop;
 use crate::reload::PolicyStore;
 
 /// Streams are kept this long after they end (status and a late feed).
@@ -55,6 +56,24 @@ pub async fn drive(streams: Arc<Streams>, stream: Arc<Stream>, policies: Arc<Pol
         }
         if stream.abandoned(streams.now()) {
             break "abandoned";
+        }
+        if !stream.feed.has_room() {
+            // The reader is behind by a whole feed buffer: generate nothing
+            // more (the state waits in the engine's host memory) until it
+            // catches up; a reader that stops reading ends the stream.
+            suspend(&streams, &stream).await;
+            tokio::select! {
+                r = stream.feed.room(streams.feed_stall) => match r {
+                    Ok(()) => {}
+                    Err(Stop::Gone) => break "client_gone",
+                    Err(Stop::Stalled) => {
+                        ::metrics::counter!(m::STREAM_RESETS, "why" => "video_feed_stall").increment(1);
+                        break "reader_stalled";
+                    }
+                },
+                () = stream.wake.notified() => {}
+            }
+            continue;
         }
         let cfg = policies.current().video.clone();
         migrate_if_planned(&streams, &stream).await;
@@ -98,9 +117,16 @@ fn buffered_wait(streams: &Streams, stream: &Stream, cfg: &VideoConfig) -> Optio
 /// engine's host memory, freeing its arena slot (the engine resumes it
 /// with the next chunk).
 async fn suspend_if_idle(streams: &Streams, stream: &Stream) {
+    if stream.lock().playout.paused() {
+        suspend(streams, stream).await;
+    }
+}
+
+/// Moves the stream's state to its engine's host memory (once).
+async fn suspend(streams: &Streams, stream: &Stream) {
     let home = {
         let mut st = stream.lock();
-        if !st.playout.paused() || st.suspended {
+        if st.suspended || st.ended.is_some() {
             return;
         }
         st.suspended = true;
@@ -307,6 +333,7 @@ async fn finish(streams: &Arc<Streams>, stream: &Arc<Stream>, reason: &'static s
         }),
     );
     drop(st);
+    stream.feed.finish();
     ::metrics::gauge!(m::VIDEO_STREAMS).decrement(1.0);
     let (streams, id) = (Arc::clone(streams), stream.id.clone());
     tokio::spawn(async move {

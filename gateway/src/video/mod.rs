@@ -18,24 +18,18 @@ use std::time::Instant;
 
 use policies::video::{Fidelity, Playout, Urgency, VideoProfile};
 use serde::Serialize;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 
 use ::engine::video as engine_video;
 
 use crate::engines::EnginePool;
+use crate::limits::Limits;
+use crate::outbox::{outbox, Outbox, OutboxBody, Stall};
 use crate::video::engine::Profiles;
 
 /// A stream whose feed nobody opens within this many seconds is ended
 /// (`abandoned`): its events would pile up unread.
 pub const UNREAD_LIMIT_S: f64 = 30.0;
-
-/// One event of a stream's SSE feed.
-#[derive(Debug, Clone)]
-pub struct Event {
-    /// `chunk`, `stall` or `end`.
-    pub kind: &'static str,
-    pub data: serde_json::Value,
-}
 
 /// What a client asked for.
 #[derive(Debug, Clone, Serialize)]
@@ -87,8 +81,11 @@ pub struct Stream {
     pub state: Mutex<StreamState>,
     /// Wakes the driver (resume, prompt switch, delete, a planned move).
     pub wake: Notify,
-    events: mpsc::UnboundedSender<Event>,
-    feed: Mutex<Option<mpsc::UnboundedReceiver<Event>>>,
+    /// The SSE feed's bounded buffer: the driver writes events into it
+    /// and waits for room before asking for another chunk.
+    pub feed: Outbox,
+    /// The feed's body, until a client opens it.
+    feed_body: Mutex<Option<OutboxBody>>,
 }
 
 impl Stream {
@@ -101,19 +98,21 @@ impl Stream {
         f64::from(self.params.frames_per_chunk) / f64::from(self.params.fps)
     }
 
-    /// Sends an event to the feed; false when its reader has gone.
+    /// Writes an SSE event (`chunk`, `stall` or `end`) to the feed; false
+    /// when its reader has gone.
     pub fn emit(&self, kind: &'static str, data: serde_json::Value) -> bool {
-        self.events.send(Event { kind, data }).is_ok()
+        self.feed.push(format!("event: {kind}\ndata: {data}\n\n").as_bytes()).is_ok()
     }
 
     /// Nobody has opened the feed within [`UNREAD_LIMIT_S`] of creation.
     pub fn abandoned(&self, now: f64) -> bool {
-        now - self.created > UNREAD_LIMIT_S && self.feed.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+        now - self.created > UNREAD_LIMIT_S
+            && self.feed_body.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
-    /// The event feed; only the first caller gets it.
-    pub fn take_feed(&self) -> Option<mpsc::UnboundedReceiver<Event>> {
-        self.feed.lock().unwrap_or_else(|p| p.into_inner()).take()
+    /// The event feed's body; only the first caller gets it.
+    pub fn take_feed(&self) -> Option<OutboxBody> {
+        self.feed_body.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// Continuous play ratio so far.
@@ -158,11 +157,17 @@ pub struct Streams {
     /// Where stream ownership is recorded for the fleet.
     pub cluster: Arc<crate::cluster::Cluster>,
     next_id: std::sync::atomic::AtomicU64,
+    /// Each stream's feed buffer (`limits.video_feed_buffer_bytes`).
+    feed_bytes: usize,
+    /// When a feed's reader counts as stalled (the stream then ends).
+    pub feed_stall: Stall,
 }
 
 impl Streams {
-    pub fn new(pool: Arc<EnginePool>, cluster: Arc<crate::cluster::Cluster>) -> Arc<Self> {
+    pub fn new(pool: Arc<EnginePool>, cluster: Arc<crate::cluster::Cluster>, limits: &Limits) -> Arc<Self> {
         Arc::new(Self {
+            feed_bytes: limits.video_feed_buffer_bytes,
+            feed_stall: limits.stall(),
             origin: Instant::now(),
             streams: Mutex::new(HashMap::new()),
             profiles: Profiles::new(Arc::clone(&pool)),
@@ -248,7 +253,7 @@ impl Streams {
         let id = format!("vs_{:08x}{n:06}", self.origin.elapsed().subsec_nanos());
         let now = self.now();
         let chunk_s = f64::from(params.frames_per_chunk) / f64::from(params.fps);
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (feed, feed_body) = outbox(self.feed_bytes);
         let stream = Arc::new(Stream {
             id: id.clone(),
             tenant: tenant.to_string(),
@@ -276,8 +281,8 @@ impl Streams {
                 suspended: false,
             }),
             wake: Notify::new(),
-            events: tx,
-            feed: Mutex::new(Some(rx)),
+            feed,
+            feed_body: Mutex::new(Some(feed_body)),
         });
         self.map().insert(id, Arc::clone(&stream));
         stream

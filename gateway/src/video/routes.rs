@@ -2,23 +2,18 @@
 //! (SSE), pause, resume, switch prompt, read its status, delete it. A
 //! stream belongs to the tenant that created it; any other key gets 404.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use ::engine::video::{CreateSession, Resolution};
-use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use policies::video::placement;
 use policies::{PolicyDocument, Tenant, Tier};
 use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::mpsc;
 
-use super::{chunk_time_s, driver, engine as calls, Event, Stream, StreamParams};
+use super::{chunk_time_s, driver, engine as calls, Stream, StreamParams};
 use crate::body::GatewayBody;
 use crate::error::ApiError;
 use crate::metrics as m;
@@ -111,13 +106,13 @@ pub async fn handle(
         |id: &str| streams.get(id, &tenant.name).ok_or_else(|| ApiError::StreamNotFound(id.to_string()));
     match route {
         VideoRoute::Create => {
-            let body = read_body(req, app.config.max_body_bytes).await?;
+            let body = read_body(req, &app.config).await?;
             create(app, policy, tenant, tier, &body).await
         }
         VideoRoute::Status(id) => Ok(json_response(StatusCode::OK, &find(&id)?.status(streams.now()))),
         VideoRoute::Events(id) => {
             let feed = find(&id)?.take_feed().ok_or(ApiError::StreamAlreadyWatched)?;
-            let mut resp = Response::new(EventBody { feed, done: false }.boxed_unsync());
+            let mut resp = Response::new(feed.boxed_unsync());
             let h = resp.headers_mut();
             h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
             h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
@@ -143,7 +138,7 @@ pub async fn handle(
         }
         VideoRoute::Prompt(id) => {
             let s = find(&id)?;
-            let body = read_body(req, app.config.max_body_bytes).await?;
+            let body = read_body(req, &app.config).await?;
             let p: PromptBody = parse(&body)?;
             if p.prompt.trim().is_empty() {
                 return Err(invalid("prompt", "must not be empty"));
@@ -280,34 +275,4 @@ async fn switch_prompt(
     drop(st);
     s.wake.notify_one();
     Ok(())
-}
-
-/// The SSE feed of one stream; ends after the `end` event.
-struct EventBody {
-    feed: mpsc::UnboundedReceiver<Event>,
-    done: bool,
-}
-
-impl Body for EventBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.get_mut();
-        if this.done {
-            return Poll::Ready(None);
-        }
-        match this.feed.poll_recv(cx) {
-            Poll::Ready(Some(e)) => {
-                this.done = e.kind == "end";
-                let text = format!("event: {}\ndata: {}\n\n", e.kind, e.data);
-                Poll::Ready(Some(Ok(Frame::data(Bytes::from(text)))))
-            }
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
-    }
 }

@@ -1,0 +1,324 @@
+//! Bounds under hostile or broken peers, against a real `gateway up` with
+//! real engine processes: clients that never read, engines that hang,
+//! cancellation storms, connection caps, idle and slow (slowloris)
+//! connections, bodies that never finish. Small numbers and short
+//! timeouts here; the big figures are in the reliability suite
+//! (docs/reliability.md).
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use http::StatusCode;
+use http_body_util::BodyExt;
+use loadtest::client::{body_bytes, Proto};
+use loadtest::sse::SseParser;
+use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+/// A gateway config file with these `[limits]` lines, in the system's dir.
+fn limits_config(dir: &Path, lines: &str) -> String {
+    let path = dir.join(format!("limits-{}.toml", std::process::id()));
+    std::fs::write(&path, format!("[limits]\n{lines}\n")).unwrap();
+    path.display().to_string()
+}
+
+async fn start(profile: &str, engines: usize, limits: &str, policy: Option<&str>) -> System {
+    let dir = std::env::temp_dir().join(format!("limits-cfg-{}-{}", std::process::id(), rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = limits_config(&dir, limits);
+    System::start_with_policy(profile, engines, &["--config", &config], policy).await
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+}
+
+/// A TLS connection to the gateway that offers ALPN `alpn`.
+async fn tls(sys: &System, alpn: &[u8]) -> TlsStream<TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(&sys.ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![alpn.to_vec()];
+    let port = sys.base.rsplit(':').next().unwrap();
+    let tcp = TcpStream::connect(format!("127.0.0.1:{port}")).await.unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await.unwrap()
+}
+
+/// An HTTP/2 connection whose stream windows are zero: the gateway may send
+/// headers but not one byte of any body, as a client that never reads.
+async fn never_reading_h2(sys: &System) -> h2::client::SendRequest<Bytes> {
+    let io = tls(sys, b"h2").await;
+    let (send, conn) = h2::client::Builder::new().initial_window_size(0).handshake(io).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    send
+}
+
+fn h2_request(sys: &System, path: &str, key: &str) -> http::Request<()> {
+    http::Request::post(format!("{}{path}", sys.base))
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap()
+}
+
+/// Sends a streaming chat completion on a raw h2 connection; returns the
+/// response head (its body is never read).
+async fn open_unread_stream(
+    send: &mut h2::client::SendRequest<Bytes>,
+    sys: &System,
+    key: &str,
+    body: &str,
+) -> (http::Response<h2::RecvStream>, h2::SendStream<Bytes>) {
+    let mut send = send.clone().ready().await.unwrap();
+    let (resp, mut tx) = send.send_request(h2_request(sys, "/v1/chat/completions", key), false).unwrap();
+    tx.send_data(Bytes::from(body.to_string()), true).unwrap();
+    (resp.await.unwrap(), tx)
+}
+
+async fn gateway_active(sys: &System) -> u64 {
+    let r = sys.readyz().await;
+    r["detail"]["engines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["gateway_active_sequences"].as_u64().unwrap())
+        .sum()
+}
+
+#[tokio::test]
+async fn streams_nobody_reads_release_their_holds_when_the_engine_finishes_and_are_reset_after_the_stall() {
+    let bronze_at = |p: String| {
+        let at = p.find("[tiers.bronze]").unwrap();
+        let (head, tail) = p.split_at(at);
+        format!("{head}{}", tail.replacen("max_concurrency = 256", "max_concurrency = 8", 1))
+    };
+    let policy = bronze_at(default_policy());
+    let sys = start(&paced(0, 5), 2, "write_stall_timeout_ms = 1500", Some(&policy)).await;
+    // Bronze fills its whole concurrency with streams it never reads, over
+    // two connections.
+    let mut conns = [never_reading_h2(&sys).await, never_reading_h2(&sys).await];
+    let mut held = Vec::new();
+    for i in 0..8 {
+        let (resp, tx) =
+            open_unread_stream(&mut conns[i % 2], &sys, BRONZE, &chat_body("stall", 40, true)).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        held.push((resp, tx));
+    }
+    // The engines finish (40 tokens at 5 ms): the gateway lets go of every
+    // engine slot, ticket and tenant lease, though no byte was read.
+    let t = Instant::now();
+    while gateway_active(&sys).await > 0 {
+        assert!(t.elapsed() < Duration::from_secs(3), "engine slots still held after the engines finished");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // So bronze itself may start another request, and gold is served.
+    let conn = sys.conn(Proto::H2).await;
+    let resp =
+        conn.post_json("/v1/chat/completions", Some(BRONZE), chat_body("again", 4, false)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "bronze's lease was released with the engine");
+    for _ in 0..10 {
+        let t = Instant::now();
+        let resp =
+            conn.post_json("/v1/chat/completions", Some(GOLD), chat_body("hi", 8, true)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let events = sse_events(resp).await;
+        assert_eq!(events.last().unwrap().data, "[DONE]");
+        assert!(t.elapsed() < Duration::from_millis(500), "gold served in {:?}", t.elapsed());
+    }
+    // Past the stall timeout the unread streams are reset.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let metrics = sys.metrics().await;
+    let resets = metric(&metrics, "gateway_stream_resets_total{why=\"write_stall\"}").unwrap_or(0.0);
+    assert_eq!(resets, 8.0, "every unread stream reset after the stall");
+}
+
+#[tokio::test]
+async fn a_stalled_reader_of_a_long_stream_is_reset_and_the_engine_work_cancelled() {
+    // 250 tokens at 20 ms (~35 KB of SSE): far more than the 4 KiB buffer.
+    let sys =
+        start(&paced(0, 20), 1, "write_stall_timeout_ms = 1000\nstream_buffer_bytes = 4096", None).await;
+    let mut send = never_reading_h2(&sys).await;
+    let (resp, _tx) =
+        open_unread_stream(&mut send, &sys, GOLD, &chat_body(&long_prompt(250), 250, true)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let engine = resp.headers()["x-engine"].to_str().unwrap().to_string();
+    let t = Instant::now();
+    loop {
+        let load = sys.engine_load(&engine).await;
+        if load.inflight_sequences == 0 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(3), "the engine still runs the stalled stream");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Cancelled, not finished: 250 tokens take 5 s.
+    assert!(t.elapsed() < Duration::from_millis(3000));
+    assert_eq!(gateway_active(&sys).await, 0);
+}
+
+#[tokio::test]
+async fn a_hung_engine_ends_its_streams_with_an_error_and_new_requests_go_elsewhere() {
+    let sys = start(
+        &paced(0, 20),
+        2,
+        "engine_keepalive_interval_ms = 300\nengine_keepalive_timeout_ms = 700\nengine_event_timeout_ms = 2000",
+        None,
+    )
+    .await;
+    let conn = sys.conn(Proto::H2).await;
+    let mut resp = conn
+        .post_json("/v1/chat/completions", Some(GOLD), chat_body(&long_prompt(250), 250, true))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let victim = header(&resp, "x-engine").to_string();
+    let pid = sys.engines.iter().find(|e| e.id == victim).unwrap().pid;
+    let _ = resp.body_mut().frame().await.unwrap().unwrap();
+    signal(pid, "STOP");
+    let stopped = Instant::now();
+    let rest = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut body = Vec::new();
+        while let Some(Ok(f)) = resp.body_mut().frame().await {
+            body.extend_from_slice(&f.into_data().unwrap_or_default());
+        }
+        body
+    })
+    .await
+    .expect("the client hears about the hung engine within 10 s");
+    let took = stopped.elapsed();
+    let events = SseParser::new().push(&rest);
+    let last = json(events.last().unwrap().data.as_bytes());
+    assert_eq!(last["error"]["code"], "engine_failed", "{last}");
+    assert!(took < Duration::from_secs(3), "error after {took:?}");
+    // Requests sent after the engine stopped are all served, by the other.
+    for _ in 0..6 {
+        let r =
+            conn.post_json("/v1/chat/completions", Some(GOLD), chat_body("hello", 4, false)).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_ne!(header(&r, "x-engine"), victim);
+    }
+    signal(pid, "CONT");
+}
+
+#[tokio::test]
+async fn a_cancellation_storm_fails_no_other_stream() {
+    // Admission off: this is about the transport, not about who is admitted.
+    let policy = default_policy().replace("mode = \"slo\"", "mode = \"off\"");
+    let sys = start(&paced(0, 10), 1, "", Some(&policy)).await;
+    let conn = sys.conn(Proto::H2).await;
+    let mut streams = Vec::new();
+    for i in 0..150 {
+        let c = conn.clone();
+        let n = if i % 3 == 0 { 40 } else { 250 };
+        streams.push(tokio::spawn(async move {
+            let body = chat_body(&long_prompt(n), n, true);
+            (i % 3 == 0, c.post_json("/v1/chat/completions", Some(GOLD), body).await.unwrap())
+        }));
+    }
+    let mut keep = Vec::new();
+    let mut cancel = Vec::new();
+    for s in streams {
+        let (kept, mut resp) = s.await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let _ = resp.body_mut().frame().await.unwrap().unwrap();
+        if kept {
+            keep.push(resp);
+        } else {
+            cancel.push(resp);
+        }
+    }
+    drop(cancel); // 100 RST_STREAMs at once, all forwarded to the engine
+    for resp in keep {
+        let body = tokio::time::timeout(Duration::from_secs(20), body_bytes(resp)).await.unwrap().unwrap();
+        let events = SseParser::new().push(&body);
+        assert_eq!(events.last().unwrap().data, "[DONE]", "a kept stream finished");
+    }
+    // The engine connection survived: new requests are served.
+    let r = conn.post_json("/v1/chat/completions", Some(GOLD), chat_body("after", 4, false)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let t = Instant::now();
+    while gateway_active(&sys).await > 0 {
+        assert!(t.elapsed() < Duration::from_secs(2), "cancelled streams still counted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn connections_past_the_cap_are_closed_and_idle_ones_time_out() {
+    let sys = start(INSTANT, 1, "max_connections = 3\nidle_timeout_ms = 800", None).await;
+    let a = sys.conn(Proto::H2).await;
+    let b = sys.conn(Proto::H2).await;
+    let c = sys.conn(Proto::H2).await;
+    // The fourth is closed before its handshake completes.
+    let refused = loadtest::client::Conn::connect(&sys.base, Some(&sys.ca), Proto::H2).await;
+    assert!(refused.is_err(), "a fourth connection past max_connections = 3");
+    assert_eq!(a.get("/healthz", None).await.unwrap().status(), StatusCode::OK, "the first three are served");
+    // Idle connections are shut down; then there is room again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(a.is_closed() && b.is_closed() && c.is_closed(), "idle connections closed");
+    let d = sys.conn(Proto::H2).await;
+    assert_eq!(d.get("/healthz", None).await.unwrap().status(), StatusCode::OK);
+    let metrics = sys.metrics().await;
+    assert!(metric(&metrics, "gateway_connections_refused_total{listener=\"public\"}").unwrap() >= 1.0);
+}
+
+#[tokio::test]
+async fn slowloris_connections_and_bodies_are_bounded_in_time() {
+    let sys = start(INSTANT, 1, "header_read_timeout_ms = 500\nbody_read_timeout_ms = 700", None).await;
+    // A TCP connection that never starts TLS is closed.
+    let port = sys.base.rsplit(':').next().unwrap();
+    let mut tcp = TcpStream::connect(format!("127.0.0.1:{port}")).await.unwrap();
+    let t = Instant::now();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(3), tcp.read(&mut buf)).await.unwrap().unwrap_or(0);
+    assert_eq!(n, 0, "closed");
+    assert!(t.elapsed() >= Duration::from_millis(400) && t.elapsed() < Duration::from_secs(2));
+    // An HTTP/1.1 request head sent a byte at a time never completes.
+    let mut io = tls(&sys, b"http/1.1").await;
+    io.write_all(b"POST /v1/chat/completions HTTP/1.1\r\n").await.unwrap();
+    let t = Instant::now();
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            if io.write_all(b"x").await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let mut b = [0u8; 256];
+            match tokio::time::timeout(Duration::from_millis(1), io.read(&mut b)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(n)) => out.extend_from_slice(&b[..n]),
+                Err(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "a trickled request head is cut off");
+    assert!(t.elapsed() < Duration::from_secs(2));
+    // A body that never finishes gets a typed 408.
+    let mut send = never_reading_h2(&sys).await.ready().await.unwrap();
+    let (resp, mut tx) = send.send_request(h2_request(&sys, "/v1/chat/completions", GOLD), false).unwrap();
+    tx.send_data(Bytes::from_static(b"{\"model\":"), false).unwrap();
+    let t = Instant::now();
+    let resp = tokio::time::timeout(Duration::from_secs(3), resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+    assert!(t.elapsed() >= Duration::from_millis(600));
+    drop(tx);
+}
