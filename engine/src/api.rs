@@ -8,6 +8,10 @@
 //! - `GET /engine/v1/profile`: the latency profile in use (TOML text).
 //! - `GET /healthz` (alive), `GET /readyz` (ready to take work).
 //!
+//! Every route but `/healthz` and `/readyz` needs `Authorization: Bearer
+//! <token>` when the engine has an API token ([`TOKEN_ENV`] or
+//! `--api-token-file`); without one it must listen on loopback only.
+//!
 //! Video session operations (create, next chunks, suspend, resume, export,
 //! import, end) will live under `/engine/v1/sessions/...`; nothing here
 //! assumes generate is the only kind of work. Adding fields is compatible:
@@ -30,6 +34,31 @@ pub const DRAIN_PATH: &str = "/engine/v1/drain";
 pub const BATCHING_PATH: &str = "/engine/v1/batching";
 /// Content type of the generate event stream.
 pub const NDJSON: &str = "application/x-ndjson";
+/// Environment variable holding the engine API token (so it never appears
+/// on a command line).
+pub const TOKEN_ENV: &str = "ENGINE_API_TOKEN";
+/// Environment variable holding the fleet's Redis URL, which may carry a
+/// password (`--redis` is the same without the secrecy).
+pub const REDIS_ENV: &str = "ENGINE_REDIS_URL";
+/// Shortest API token accepted.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// Whether an `Authorization` header value carries `expected` as its bearer
+/// token, compared in constant time.
+pub fn bearer_matches(expected: &str, authorization: Option<&str>) -> bool {
+    let given = authorization
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map_or("", str::trim);
+    constant_time_eq(expected.as_bytes(), given.as_bytes())
+}
+
+/// Equality whose time does not depend on where the inputs differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
 
 /// One text-generation job, as the gateway sends it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -128,9 +128,15 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 8)]
     pub video_max_batch: u32,
     /// Register in this fleet's Redis (`redis://host:port`) so every
-    /// gateway of the fleet discovers this engine.
+    /// gateway of the fleet discovers this engine. A URL with a password
+    /// belongs in the `ENGINE_REDIS_URL` environment variable instead.
     #[arg(long)]
     pub redis: Option<String>,
+    /// File holding the API token every route but /healthz and /readyz
+    /// requires (or the `ENGINE_API_TOKEN` environment variable). Without a
+    /// token the engine refuses to listen on a non-loopback address.
+    #[arg(long)]
+    pub api_token_file: Option<PathBuf>,
     /// Exit when standard input closes. A supervising parent holds the other
     /// end of the pipe, so the engine never outlives it, even on SIGKILL.
     #[arg(long)]
@@ -138,6 +144,30 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
+    /// The API token: `--api-token-file`, else `ENGINE_API_TOKEN`, else none.
+    pub fn api_token(&self) -> Result<Option<String>, String> {
+        let token = match &self.api_token_file {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .map_err(|e| format!("reading {}: {e}", p.display()))?
+                    .trim()
+                    .to_string(),
+            ),
+            None => std::env::var(crate::api::TOKEN_ENV).ok().map(|t| t.trim().to_string()),
+        };
+        match token {
+            Some(t) if t.len() < crate::api::MIN_TOKEN_LEN => {
+                Err(format!("the API token must be at least {} characters", crate::api::MIN_TOKEN_LEN))
+            }
+            t => Ok(t),
+        }
+    }
+
+    /// The fleet's Redis URL: `--redis`, else `ENGINE_REDIS_URL`.
+    pub fn redis_url(&self) -> Option<String> {
+        self.redis.clone().or_else(|| std::env::var(crate::api::REDIS_ENV).ok().filter(|u| !u.is_empty()))
+    }
+
     /// These options with `--backend auto` resolved to this machine's
     /// backend; logs which and why.
     pub fn resolved(mut self) -> Self {

@@ -64,6 +64,8 @@ pub struct Engine {
     pub video: video::VideoEngine,
     /// The video profile's TOML text, served at `GET /engine/v1/video/profile`.
     pub video_profile_toml: String,
+    /// Required as a bearer token on every route but health and readiness.
+    pub api_token: Option<String>,
     ready: AtomicBool,
     draining: AtomicBool,
     /// Origin of the times fed to the KV slope (the allocator takes time as
@@ -134,6 +136,10 @@ pub enum StartError {
     VideoProfile(#[from] policies::video::fidelity::VideoProfileError),
     #[error("warm-up failed: {0}")]
     WarmUp(String),
+    #[error("API token: {0}")]
+    Token(String),
+    #[error("refusing to listen on {0} without an API token: set ENGINE_API_TOKEN or --api-token-file, or listen on loopback")]
+    InsecureBind(std::net::SocketAddr),
 }
 
 /// The latency profile an engine uses: `--profile`, or its backend's bundled one.
@@ -222,6 +228,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
         kv,
         video,
         video_profile_toml,
+        api_token: args.api_token().map_err(StartError::Token)?,
         ready: AtomicBool::new(false),
         draining: AtomicBool::new(false),
         started: Instant::now(),
@@ -269,12 +276,15 @@ pub async fn run(args: EngineArgs) -> Result<(), StartError> {
     metrics::handle(); // install the recorder before the first metric
     let args = args.resolved(); // `--backend auto`: probe for a GPU
     let engine = build(&args)?;
+    if engine.api_token.is_none() && !args.listen.ip().is_loopback() {
+        return Err(StartError::InsecureBind(args.listen));
+    }
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.map_err(|e| StartError::Bind(args.listen, e))?;
     let addr = listener.local_addr().map_err(|e| StartError::Bind(args.listen, e))?;
     let cold = warm_up(&engine).await?;
-    if let Some(url) = &args.redis {
-        tokio::spawn(registry::register(url.clone(), engine.id.clone(), format!("http://{addr}")));
+    if let Some(url) = args.redis_url() {
+        tokio::spawn(registry::register(url, engine.id.clone(), format!("http://{addr}")));
     }
     let signal = shutdown_signal(args.exit_on_stdin_eof);
     println!(

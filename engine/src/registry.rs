@@ -10,7 +10,8 @@ use std::time::Duration;
 pub async fn register(url: String, id: String, base: String) {
     let client = match redis::Client::open(url.as_str()) {
         Ok(c) => c,
-        Err(e) => return tracing::error!(event = "redis_url_invalid", %url, error = %e),
+        // The URL may carry a password: it is not logged.
+        Err(e) => return tracing::error!(event = "redis_url_invalid", error = %e),
     };
     let mut conn = None;
     loop {

@@ -84,6 +84,14 @@ pub async fn serve(engine: Arc<Engine>, listener: TcpListener, shutdown: impl Fu
 }
 
 async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<EngineBody>, Infallible> {
+    if let Some(token) = &engine.api_token {
+        let open = matches!(req.uri().path(), "/healthz" | "/readyz");
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        if !open && !api::bearer_matches(token, given) {
+            ::metrics::counter!(crate::metrics::REFUSALS, "reason" => "unauthorized").increment(1);
+            return Ok(error(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong engine API token"));
+        }
+    }
     let resp = match (req.method(), req.uri().path()) {
         (&Method::POST, api::GENERATE_PATH) => generate_route(engine, req).await,
         (&Method::GET, api::LOAD_PATH) => json(StatusCode::OK, &engine.load_report().await),

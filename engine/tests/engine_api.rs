@@ -188,3 +188,47 @@ async fn backend_auto_picks_a_backend_and_says_why() {
         || log.contains("found, but");
     assert!(why_present, "{log}");
 }
+
+#[tokio::test]
+async fn with_an_api_token_every_route_but_health_needs_it() {
+    let dir = std::env::temp_dir().join(format!("engine-token-{}-{}", std::process::id(), rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, "s3cret-engine-token-0123\n").unwrap();
+    let e = start(&["--api-token-file", token_file.to_str().unwrap()]).await;
+    for path in
+        ["/engine/v1/load", "/engine/v1/profile", "/engine/v1/batching", "/engine/v1/video/load", "/metrics"]
+    {
+        for key in [None, Some("wrong-token-wrong-token")] {
+            let resp = e.conn.get(path, key).await.unwrap();
+            assert_eq!(resp.status(), 401, "{path} with {key:?}");
+        }
+        assert_eq!(e.conn.get(path, Some("s3cret-engine-token-0123")).await.unwrap().status(), 200, "{path}");
+    }
+    for (path, body) in [("/engine/v1/generate", generate(2, 2)), ("/engine/v1/drain", String::new())] {
+        let resp = e.conn.post_json(path, None, body).await.unwrap();
+        assert_eq!(resp.status(), 401, "{path}");
+    }
+    let report =
+        body_bytes(e.conn.get("/engine/v1/load", Some("s3cret-engine-token-0123")).await.unwrap()).await;
+    let report: serde_json::Value = serde_json::from_slice(&report.unwrap()).unwrap();
+    assert_eq!(report["draining"], false, "the unauthorised drain did nothing");
+    for path in ["/healthz", "/readyz"] {
+        assert_eq!(e.conn.get(path, None).await.unwrap().status(), 200, "{path} stays open to probes");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_non_loopback_listener_without_a_token_is_refused_at_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(["--listen", "0.0.0.0:0", "--id", "t0"])
+        .env_remove(engine::api::TOKEN_ENV)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("without an API token"), "{stderr}");
+}

@@ -224,18 +224,11 @@ fn authorize(tokens: &[Token], headers: &HeaderMap) -> Result<String, ApiError> 
     // says nothing about how much of a guess matched.
     let mut found = None;
     for t in tokens {
-        if constant_time_eq(t.secret.as_bytes(), given.as_bytes()) {
+        if engine::api::constant_time_eq(t.secret.as_bytes(), given.as_bytes()) {
             found = Some(t.id.clone());
         }
     }
     found.ok_or(ApiError::InvalidAdminToken)
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The value of query parameter `name`.

@@ -90,7 +90,17 @@ fn write(path: &Path, contents: &str, mode: u32) -> Result<(), CertError> {
 /// digits, mode 0600) when absent. `gateway up` uses it when the config
 /// names no admin tokens.
 pub fn dev_admin_token(dir: &Path) -> Result<(PathBuf, String), CertError> {
-    let path = dir.join("admin.token");
+    dev_secret(dir, "admin.token")
+}
+
+/// The engine API token `gateway up` gives its engine children and sends
+/// them (`dir/engine.token`, made like the admin token).
+pub fn dev_engine_token(dir: &Path) -> Result<(PathBuf, String), CertError> {
+    dev_secret(dir, "engine.token")
+}
+
+fn dev_secret(dir: &Path, name: &str) -> Result<(PathBuf, String), CertError> {
+    let path = dir.join(name);
     if let Ok(existing) = fs::read_to_string(&path) {
         if existing.trim().len() >= 16 {
             return Ok((path, existing.trim().to_string()));

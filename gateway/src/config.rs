@@ -24,6 +24,9 @@ pub struct GatewayConfig {
     pub policies: PathBuf,
     /// Engines to route to (standalone `serve`; `up` adds its children).
     pub engines: Vec<EngineSpec>,
+    /// File holding the engines' API token (else the `ENGINE_API_TOKEN`
+    /// environment variable; `gateway up` makes one for its children).
+    pub engine_token_file: Option<PathBuf>,
     /// The admin listener and policy reload.
     pub admin: AdminConfig,
     /// Shared state of a fleet of gateways (Redis), or in memory.
@@ -141,6 +144,7 @@ impl Default for GatewayConfig {
             max_body_bytes: 1 << 20,
             policies: "policies/default.toml".into(),
             engines: Vec::new(),
+            engine_token_file: None,
             admin: AdminConfig::default(),
             cluster: crate::cluster::ClusterConfig::default(),
             limits: crate::limits::Limits::default(),
@@ -161,6 +165,22 @@ pub enum ConfigError {
 }
 
 impl GatewayConfig {
+    /// The engines' API token: `engine_token_file`, else `ENGINE_API_TOKEN`.
+    pub fn engine_token(&self) -> Result<Option<String>, ConfigError> {
+        let token = match &self.engine_token_file {
+            Some(p) => Some(
+                std::fs::read_to_string(p).map_err(|e| ConfigError::Read(p.clone(), e))?.trim().to_string(),
+            ),
+            None => std::env::var(engine::api::TOKEN_ENV).ok().map(|t| t.trim().to_string()),
+        };
+        match token {
+            Some(t) if t.len() < engine::api::MIN_TOKEN_LEN => {
+                Err(ConfigError::Token("engine".into(), "must be at least 16 characters"))
+            }
+            t => Ok(t),
+        }
+    }
+
     /// Reads `path`, or the defaults when `None`.
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
         let Some(path) = path else { return Ok(Self::default()) };

@@ -177,8 +177,7 @@ async fn try_engine(pool: &EnginePool, idx: usize, body: Bytes) -> Result<(Event
         .body(Full::new(body))
         .expect("static request parts are valid");
     let resp = pool
-        .client()
-        .request(req)
+        .send(req)
         .await
         .map_err(|e| EngineError::Unreachable { engine: engine.clone(), message: error_chain(&e) })?;
     let status = resp.status();

@@ -25,7 +25,7 @@ use bytes::Bytes;
 use engine::api::LoadReport;
 use http::Uri;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::client::legacy::{connect::HttpConnector, Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use policies::routing::EngineView;
 use policies::LatencyProfile;
@@ -80,12 +80,23 @@ pub struct EngineSlot {
     last_report: Mutex<Option<LoadReport>>,
     /// The engine's latency profile, fetched once it first answers.
     profile: Mutex<Option<LatencyProfile>>,
+    /// Found in the cluster registry (not configured): retired when it has
+    /// been gone from the registry and unready past the engine TTL.
+    discovered: bool,
+    /// Retired: never probed, routed to or listed; its index is reused by
+    /// the next engine discovered.
+    retired: AtomicBool,
+    /// When it last answered a probe (or was added).
+    last_seen: Mutex<std::time::Instant>,
 }
 
 impl EngineSlot {
-    fn new(spec: EngineSpec) -> Self {
+    fn new(spec: EngineSpec, discovered: bool) -> Self {
         Self {
             spec,
+            discovered,
+            retired: AtomicBool::new(false),
+            last_seen: Mutex::new(std::time::Instant::now()),
             ready: AtomicBool::new(false),
             inflight_tokens: AtomicU64::new(0),
             active: AtomicU32::new(0),
@@ -100,6 +111,10 @@ impl EngineSlot {
 
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
     }
 
     /// The gateway's count of sequences on this engine.
@@ -154,12 +169,15 @@ pub struct EnginePool {
     next_client: AtomicU64,
     /// Probes and profile fetches: a connection of their own.
     probe_client: EngineClient,
+    /// `Authorization` for every engine request (the engines' API token).
+    authorization: Option<http::HeaderValue>,
     /// Notified whenever a lease ends (a slot frees).
     pub slot_freed: Notify,
 }
 
 impl EnginePool {
-    pub fn new(specs: Vec<EngineSpec>, limits: &crate::limits::Limits) -> Arc<Self> {
+    /// `token`: the engines' API token, sent on every request.
+    pub fn new(specs: Vec<EngineSpec>, limits: &crate::limits::Limits, token: Option<&str>) -> Arc<Self> {
         let client = || {
             let mut connector = HttpConnector::new();
             connector.set_nodelay(true);
@@ -179,12 +197,17 @@ impl EnginePool {
                 .http2_max_concurrent_reset_streams(MAX_RESET_STREAMS)
                 .build(connector)
         };
-        let slots = specs.into_iter().map(|spec| Arc::new(EngineSlot::new(spec))).collect();
+        let slots = specs.into_iter().map(|spec| Arc::new(EngineSlot::new(spec, false))).collect();
         Arc::new(Self {
             slots: std::sync::RwLock::new(slots),
             clients: (0..limits.engine_connections.max(1)).map(|_| client()).collect(),
             next_client: AtomicU64::new(0),
             probe_client: client(),
+            authorization: token.and_then(|t| {
+                let mut v = http::HeaderValue::from_str(&format!("Bearer {t}")).ok()?;
+                v.set_sensitive(true); // never indexed by HPACK, redacted in Debug
+                Some(v)
+            }),
             slot_freed: Notify::new(),
         })
     }
@@ -193,16 +216,48 @@ impl EnginePool {
         self.slots.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds an engine found later (the cluster registry) unless one with
-    /// its id is known; returns its index.
+    /// Adds an engine found in the cluster registry; returns its index.
+    /// A known id keeps its index; if it came back at another URL (a
+    /// restarted engine on a new port or host) its slot is replaced so
+    /// requests go to the new URL. A new id takes a retired engine's index
+    /// when there is one, so the list is bounded by the engines alive at
+    /// once, not by every engine ever seen.
     pub fn add(&self, spec: EngineSpec) -> usize {
         let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
         if let Some(i) = slots.iter().position(|s| s.spec.id == spec.id) {
+            if slots[i].spec.url == spec.url && !slots[i].is_retired() {
+                return i;
+            }
+            tracing::info!(event = "engine_moved", engine = %spec.id, from = %slots[i].spec.url, to = %spec.url);
+            slots[i] = Arc::new(EngineSlot::new(spec, true));
             return i;
         }
         tracing::info!(event = "engine_discovered", engine = %spec.id, url = %spec.url);
-        slots.push(Arc::new(EngineSlot::new(spec)));
-        slots.len() - 1
+        let slot = Arc::new(EngineSlot::new(spec, true));
+        match slots.iter().position(|s| s.is_retired()) {
+            Some(i) => {
+                slots[i] = slot;
+                i
+            }
+            None => {
+                slots.push(slot);
+                slots.len() - 1
+            }
+        }
+    }
+
+    /// Retires discovered engines that are not in the registry's listing
+    /// `live` and have not answered a probe for `ttl`.
+    pub fn retire_gone(&self, live: &[String], ttl: Duration, now: std::time::Instant) {
+        for s in self.slots().iter() {
+            let silent =
+                now.saturating_duration_since(*s.last_seen.lock().unwrap_or_else(|p| p.into_inner()));
+            if s.discovered && !s.is_retired() && !s.is_ready() && !live.contains(&s.spec.id) && silent >= ttl
+            {
+                s.retired.store(true, Ordering::Release);
+                tracing::info!(event = "engine_retired", engine = %s.spec.id, silent_s = silent.as_secs());
+            }
+        }
     }
 
     /// The specs of every engine, in slot order.
@@ -210,10 +265,24 @@ impl EnginePool {
         self.slots().iter().map(|s| s.spec.clone()).collect()
     }
 
-    /// A client for engine requests (the next connection, round-robin).
-    pub fn client(&self) -> &EngineClient {
+    /// Sends `req` to an engine with the API token, on the next request
+    /// connection (round-robin).
+    pub fn send(&self, mut req: http::Request<Full<Bytes>>) -> ResponseFuture {
+        self.authorize(&mut req);
         let n = self.next_client.fetch_add(1, Ordering::Relaxed) as usize;
-        &self.clients[n % self.clients.len()]
+        self.clients[n % self.clients.len()].request(req)
+    }
+
+    /// As [`EnginePool::send`], on the probes' own connection.
+    fn probe_send(&self, mut req: http::Request<Full<Bytes>>) -> ResponseFuture {
+        self.authorize(&mut req);
+        self.probe_client.request(req)
+    }
+
+    fn authorize(&self, req: &mut http::Request<Full<Bytes>>) {
+        if let Some(v) = &self.authorization {
+            req.headers_mut().insert(http::header::AUTHORIZATION, v.clone());
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -271,6 +340,9 @@ impl EnginePool {
     pub async fn poll_once(self: &Arc<Self>) {
         let mut probes = tokio::task::JoinSet::new();
         for idx in 0..self.len() {
+            if self.slot(idx).is_retired() {
+                continue;
+            }
             let pool = Arc::clone(self);
             probes.spawn(async move { pool.probe(idx).await });
         }
@@ -296,6 +368,7 @@ impl EnginePool {
         }
         if report.is_some() {
             slot.leased_at_report.store(leased, Ordering::Release);
+            *slot.last_seen.lock().unwrap_or_else(|p| p.into_inner()) = std::time::Instant::now();
         }
         *slot.last_report.lock().unwrap_or_else(|p| p.into_inner()) = report;
     }
@@ -303,7 +376,7 @@ impl EnginePool {
     async fn fetch_profile(&self, spec: &EngineSpec) -> Option<LatencyProfile> {
         let uri = join(&spec.url, engine::api::PROFILE_PATH)?;
         let req = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
-        let resp = self.probe_client.request(req).await.ok()?;
+        let resp = self.probe_send(req).await.ok()?;
         if !resp.status().is_success() {
             return None;
         }
@@ -321,7 +394,7 @@ impl EnginePool {
     async fn load_report(&self, base: &Uri) -> Option<LoadReport> {
         let uri = join(base, engine::api::LOAD_PATH)?;
         let req = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
-        let resp = self.probe_client.request(req).await.ok()?;
+        let resp = self.probe_send(req).await.ok()?;
         let bytes = resp.into_body().collect().await.ok()?.to_bytes();
         serde_json::from_slice(&bytes).ok()
     }
@@ -341,6 +414,7 @@ impl EnginePool {
         let engines: Vec<_> = self
             .slots()
             .iter()
+            .filter(|s| !s.is_retired())
             .map(|s| {
                 serde_json::json!({
                     "id": s.spec.id,
@@ -401,5 +475,36 @@ impl Drop for EngineLease {
         s.active_out.fetch_sub(self.work.out_tokens, Ordering::AcqRel);
         s.active.fetch_sub(1, Ordering::AcqRel);
         self.pool.slot_freed.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: &str, port: u16) -> EngineSpec {
+        EngineSpec { id: id.into(), url: format!("http://127.0.0.1:{port}").parse().unwrap() }
+    }
+
+    #[tokio::test]
+    async fn an_engine_back_on_a_new_url_is_used_there_and_gone_ones_are_retired_and_reused() {
+        let pool = EnginePool::new(vec![spec("static", 9000)], &crate::limits::Limits::default(), None);
+        let a = pool.add(spec("a", 9001));
+        assert_eq!(pool.add(spec("a", 9001)), a, "same id, same URL: same slot");
+        assert_eq!(pool.add(spec("a", 9101)), a, "same id keeps its index");
+        assert_eq!(pool.slot(a).spec.url.port_u16(), Some(9101), "and is reached at its new URL");
+        let b = pool.add(spec("b", 9002));
+        // `b` leaves the registry and stays silent past the TTL; `a` is
+        // still listed; the configured engine is never retired.
+        let ttl = Duration::from_secs(30);
+        let later = std::time::Instant::now() + Duration::from_secs(31);
+        pool.retire_gone(&["a".into()], ttl, std::time::Instant::now());
+        assert!(!pool.slot(b).is_retired(), "not silent long enough yet");
+        pool.retire_gone(&["a".into()], ttl, later);
+        assert!(pool.slot(b).is_retired() && !pool.slot(a).is_retired() && !pool.slot(0).is_retired());
+        assert_eq!(pool.detail()["engines"].as_array().unwrap().len(), 2, "retired engines are not listed");
+        // The next new engine takes b's index: the list does not only grow.
+        assert_eq!(pool.add(spec("c", 9003)), b);
+        assert_eq!(pool.len(), 3);
     }
 }

@@ -43,7 +43,7 @@ async fn push(pool: &EnginePool, idx: usize, hints: &BatchHints) -> bool {
         .body(Full::new(Bytes::from(body)))
         .expect("valid request parts");
     let sent = tokio::time::timeout(PUSH_TIMEOUT, async {
-        let resp = pool.client().request(req).await.map_err(|e| e.to_string())?;
+        let resp = pool.send(req).await.map_err(|e| e.to_string())?;
         let status = resp.status();
         let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
         if status.is_success() {

@@ -162,13 +162,20 @@ pub async fn run_up(mut config: GatewayConfig, opts: UpOptions) -> Result<(), St
     let policy = load_policies(&config.policies)?;
     let tokens = admin_tokens(&config, Some(&opts.certs_dir))?;
     let tls = tls::server_config(&config.tls.cert, &config.tls.key)?;
-    let sup = Supervisor::start(&opts.launch).await?;
+    let mut launch = opts.launch.clone();
+    let token = match config.engine_token()? {
+        Some(t) => t,
+        None => certs::dev_engine_token(&opts.certs_dir)?.1,
+    };
+    launch.secrets.api_token = Some(token.clone());
+    launch.secrets.redis_url = config.cluster.redis.clone();
+    let sup = Supervisor::start(&launch).await?;
     for c in &sup.children {
         let url = c.spec.url.authority().map_or_else(|| c.spec.url.to_string(), |a| format!("http://{a}"));
         println!("engine {} pid={} url={url} backend={}", c.spec.id, c.pid, opts.launch.backend.as_str());
     }
     config.engines.extend(sup.specs());
-    let result = serve_until_signal(config, policy, tls, tokens, Some(&pki.ca_cert)).await;
+    let result = serve_until_signal(config, Some(token), policy, tls, tokens, Some(&pki.ca_cert)).await;
     sup.shutdown().await;
     result
 }
@@ -181,18 +188,20 @@ pub async fn run_serve(config: GatewayConfig) -> Result<(), StartError> {
     let policy = load_policies(&config.policies)?;
     let tokens = admin_tokens(&config, None)?;
     let tls = tls::server_config(&config.tls.cert, &config.tls.key)?;
-    serve_until_signal(config, policy, tls, tokens, None).await
+    let engine_token = config.engine_token()?;
+    serve_until_signal(config, engine_token, policy, tls, tokens, None).await
 }
 
 async fn serve_until_signal(
     config: GatewayConfig,
+    engine_token: Option<String>,
     policy: Loaded,
     tls: Arc<rustls::ServerConfig>,
     admin_tokens: Vec<admin::Token>,
     ca: Option<&Path>,
 ) -> Result<(), StartError> {
     metrics::handle(); // install the recorder before the first metric
-    let pool = EnginePool::new(config.engines.clone(), &config.limits);
+    let pool = EnginePool::new(config.engines.clone(), &config.limits, engine_token.as_deref());
     let wait = Duration::from_secs(30);
     let deadline = tokio::time::Instant::now() + wait;
     loop {

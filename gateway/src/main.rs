@@ -136,15 +136,19 @@ fn main() -> ExitCode {
                 if let Some(a) = admin_listen {
                     cfg.admin.listen = a;
                 }
-                let mut engine_args = engine_args;
-                if let Some(url) = redis.or(cfg.cluster.redis.clone()) {
-                    engine_args.push(format!("--redis={url}"));
-                    cfg.cluster.redis = Some(url);
+                if let Some(url) = redis {
+                    cfg.cluster.redis = Some(url); // the children get it in their environment
                 }
                 let overflow =
                     overflow_profile.filter(|_| overflow_engines > 0).map(|p| (overflow_engines, p));
-                let launch =
-                    EngineLaunch { count: engines, backend, profile, extra_args: engine_args, overflow };
+                let launch = EngineLaunch {
+                    count: engines,
+                    backend,
+                    profile,
+                    extra_args: engine_args,
+                    overflow,
+                    secrets: Default::default(),
+                };
                 let opts = gateway::UpOptions { launch, certs_dir: certs };
                 gateway::run_up(cfg, opts).await.map_err(|e| e.to_string())
             }

@@ -34,6 +34,26 @@ pub struct EngineLaunch {
     /// Engines of a second class (`o0`, `o1`, …) with their own profile:
     /// the overflow class a tier's `faster_class` degradation moves to.
     pub overflow: Option<(usize, PathBuf)>,
+    /// Secrets for every child, passed in its environment (never on its
+    /// command line, which any local user can read): the engine API token
+    /// and the fleet's Redis URL.
+    pub secrets: Secrets,
+}
+
+/// What engine children must know and nobody else should see.
+#[derive(Clone, Default)]
+pub struct Secrets {
+    pub api_token: Option<String>,
+    pub redis_url: Option<String>,
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secrets")
+            .field("api_token", &self.api_token.as_ref().map(|_| "<redacted>"))
+            .field("redis_url", &self.redis_url.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +100,12 @@ impl Supervisor {
                 .kill_on_drop(true);
             if let Some(p) = profile {
                 cmd.arg("--profile").arg(p);
+            }
+            if let Some(t) = &launch.secrets.api_token {
+                cmd.env(engine::api::TOKEN_ENV, t);
+            }
+            if let Some(u) = &launch.secrets.redis_url {
+                cmd.env(engine::api::REDIS_ENV, u);
             }
             cmd.args(&launch.extra_args);
             let child = cmd.spawn().map_err(|e| SupervisorError::Spawn(id.clone(), e))?;

@@ -358,16 +358,18 @@ fn policy_check_names_file_line_and_key_and_exits_nonzero() {
 }
 
 /// The limits engine `e` reports it forms batches with.
-async fn engine_limits(e: &EngineInfo) -> Value {
+async fn engine_limits(sys: &System, e: &EngineInfo) -> Value {
     let conn = Conn::connect(&e.url, None, Proto::H2).await.unwrap();
-    json(&body_bytes(conn.get("/engine/v1/batching", None).await.unwrap()).await.unwrap())
+    json(
+        &body_bytes(conn.get("/engine/v1/batching", Some(&sys.engine_token())).await.unwrap()).await.unwrap(),
+    )
 }
 
 /// Polls engine `e` until `check` holds for its limits.
-async fn wait_limits(e: &EngineInfo, check: impl Fn(&Value) -> bool) -> Value {
+async fn wait_limits(sys: &System, e: &EngineInfo, check: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let limits = engine_limits(e).await;
+        let limits = engine_limits(sys, e).await;
         if check(&limits) {
             return limits;
         }
@@ -384,7 +386,7 @@ async fn batching_hints_reach_every_engine_on_reload() {
     let token = sys.admin_token();
     let admin_conn = sys.admin_conn().await;
     for e in &sys.engines {
-        let limits = engine_limits(e).await;
+        let limits = engine_limits(&sys, e).await;
         assert_eq!(limits["split_ratio"], 6.0, "unset hints keep the engine's flag: {limits}");
         assert_eq!(limits["long_prompt_tokens"], 1024);
     }
@@ -395,7 +397,7 @@ async fn batching_hints_reach_every_engine_on_reload() {
     let (status, body) = admin(&admin_conn, "PUT", "/admin/policies", Some(&token), &text).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     for e in &sys.engines {
-        let limits = wait_limits(e, |l| l["split_ratio"] == 3.0).await;
+        let limits = wait_limits(&sys, e, |l| l["split_ratio"] == 3.0).await;
         assert_eq!(limits["max_long_per_prefill"], 2);
         assert_eq!(limits["long_prompt_tokens"], 700, "engines follow the routing lane");
         assert_eq!(limits["max_batch"], 64, "hardware limits stay engine flags");
@@ -404,7 +406,7 @@ async fn batching_hints_reach_every_engine_on_reload() {
     let (status, _) = admin(&admin_conn, "PUT", "/admin/policies", Some(&token), &default_policy()).await;
     assert_eq!(status, StatusCode::OK);
     for e in &sys.engines {
-        wait_limits(e, |l| l["split_ratio"] == 6.0 && l["max_long_per_prefill"] == 1).await;
+        wait_limits(&sys, e, |l| l["split_ratio"] == 6.0 && l["max_long_per_prefill"] == 1).await;
     }
     // A hint out of range is refused with its key, and nothing changes.
     let bad = default_policy().replacen("# ttft_fraction = 0.4", "ttft_fraction = 1.5", 1);

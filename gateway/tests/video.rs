@@ -218,7 +218,11 @@ async fn prompt_switch_resets_slack_and_pause_holds_it() {
     let engine = Conn::connect(&sys.engines[0].url, None, Proto::H2).await.unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let load = json(&body_bytes(engine.get("/engine/v1/video/load", None).await.unwrap()).await.unwrap());
+        let load = json(
+            &body_bytes(engine.get("/engine/v1/video/load", Some(&sys.engine_token())).await.unwrap())
+                .await
+                .unwrap(),
+        );
         if load["suspended"] == 1 {
             break;
         }

@@ -43,11 +43,21 @@ pub struct ClusterConfig {
     /// This gateway's name in the cluster (leader lease); default
     /// `gateway-<pid>-<port>`.
     pub node_id: Option<String>,
+    /// A discovered engine gone from the registry and silent this long is
+    /// dropped from routing and `/readyz` (its slot is reused).
+    pub engine_ttl_s: u64,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        Self { redis: None, timeout_ms: 50, local_fraction: 0.5, lease_ttl_s: 15, node_id: None }
+        Self {
+            redis: None,
+            timeout_ms: 50,
+            local_fraction: 0.5,
+            lease_ttl_s: 15,
+            node_id: None,
+            engine_ttl_s: 30,
+        }
     }
 }
 

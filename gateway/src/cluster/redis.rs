@@ -76,7 +76,7 @@ pub struct RedisState {
 
 impl std::fmt::Debug for RedisState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisState").field("url", &self.url).field("up", &self.is_up()).finish()
+        f.debug_struct("RedisState").field("url", &redacted(&self.url)).field("up", &self.is_up()).finish()
     }
 }
 
@@ -117,7 +117,7 @@ impl RedisState {
 
     fn mark_up(&self) {
         if !self.up.swap(true, Ordering::AcqRel) {
-            tracing::info!(event = "redis_up", url = %self.url);
+            tracing::info!(event = "redis_up", url = %redacted(&self.url));
             ::metrics::gauge!(m::CLUSTER_REDIS_UP).set(1.0);
         }
     }
@@ -249,6 +249,13 @@ impl RedisState {
         }
         let keys: Vec<String> = ids.iter().map(|id| format!("slo:engine:{id}")).collect();
         let urls: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?;
+        // Ids whose registration expired are gone: drop them from the set,
+        // which would otherwise only grow.
+        let gone: Vec<&String> =
+            ids.iter().zip(&urls).filter(|(_, u)| u.is_none()).map(|(id, _)| id).collect();
+        if !gone.is_empty() {
+            let _: redis::RedisResult<()> = conn.srem("slo:engines", gone).await;
+        }
         Ok(ids.into_iter().zip(urls).filter_map(|(id, url)| url.map(|u| (id, u))).collect())
     }
 
@@ -300,5 +307,29 @@ impl RedisState {
             .ignore()
             .query_async(&mut conn)
             .await
+    }
+}
+
+/// `url` with any password replaced by `***` (for logs and `Debug`).
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    match rest.split_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::redacted;
+
+    #[test]
+    fn passwords_never_reach_logs() {
+        assert_eq!(redacted("redis://:hunter2@10.0.0.1:6379/0"), "redis://:***@10.0.0.1:6379/0");
+        assert_eq!(redacted("rediss://app:hunter2@r:6380"), "rediss://app:***@r:6380");
+        assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
     }
 }

@@ -38,11 +38,14 @@ pub async fn run(cluster: Arc<Cluster>, pool: Arc<EnginePool>, store: Arc<Policy
         }
         match redis.engines().await {
             Ok(found) => {
+                let live: Vec<String> = found.iter().map(|(id, _)| id.clone()).collect();
                 for (id, url) in found {
                     if let Ok(url) = url.parse() {
                         pool.add(EngineSpec { id, url });
                     }
                 }
+                let ttl = Duration::from_secs(cluster.cfg.engine_ttl_s);
+                pool.retire_gone(&live, ttl, std::time::Instant::now());
             }
             Err(e) => tracing::debug!(event = "registry_read_failed", error = %e),
         }

@@ -51,7 +51,7 @@ async fn call(
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| fail(None, e.to_string()))?;
     let run = async {
-        let resp = pool.client().request(req).await.map_err(|e| fail(None, e.to_string()))?;
+        let resp = pool.send(req).await.map_err(|e| fail(None, e.to_string()))?;
         let status = resp.status();
         let bytes =
             resp.into_body().collect().await.map_err(|e| fail(Some(status), e.to_string()))?.to_bytes();

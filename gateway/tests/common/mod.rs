@@ -185,9 +185,12 @@ impl System {
         let policies = dir.join("policies.toml");
         std::fs::write(&policies, policy).unwrap();
         let certs = other.dir.join("certs");
+        // The fleet's engines take the API token of the first gateway's.
         let config = format!(
-            "listen = \"127.0.0.1:0\"\npolicies = {policies:?}\n[tls]\ncert = {:?}\nkey = {:?}\n\
+            "listen = \"127.0.0.1:0\"\npolicies = {policies:?}\nengine_token_file = {:?}\n\
+             [tls]\ncert = {:?}\nkey = {:?}\n\
              [admin]\nlisten = \"127.0.0.1:0\"\n[[admin.tokens]]\nid = \"ops\"\ntoken = \"{ADMIN_TOKEN}\"\n",
+            certs.join("engine.token"),
             certs.join("server.pem"),
             certs.join("server.key"),
         );
@@ -221,6 +224,14 @@ impl System {
             .map_or_else(|_| ADMIN_TOKEN.to_string(), |t| t.trim().to_string())
     }
 
+    /// The engine API token `gateway up` made for its children.
+    pub fn engine_token(&self) -> String {
+        std::fs::read_to_string(self.dir.join("certs/engine.token"))
+            .expect("gateway up made an engine token")
+            .trim()
+            .to_string()
+    }
+
     /// `/readyz` of this gateway.
     pub async fn readyz(&self) -> serde_json::Value {
         let conn = self.conn(Proto::H2).await;
@@ -231,7 +242,8 @@ impl System {
     pub async fn engine_load(&self, id: &str) -> LoadReport {
         let e = self.engines.iter().find(|e| e.id == id).expect("known engine id");
         let conn = Conn::connect(&e.url, None, Proto::H2).await.expect("engine reachable");
-        let body = body_bytes(conn.get("/engine/v1/load", None).await.unwrap()).await.unwrap();
+        let token = self.engine_token();
+        let body = body_bytes(conn.get("/engine/v1/load", Some(&token)).await.unwrap()).await.unwrap();
         serde_json::from_slice(&body).unwrap()
     }
 
