@@ -88,6 +88,41 @@ pub struct GenerateRequest {
     pub ttft_budget_ms: Option<u32>,
 }
 
+/// Bounds on every generate field (the body itself is at most 16 MiB).
+pub mod bounds {
+    /// Longest request id and model name.
+    pub const MAX_ID_BYTES: usize = 256;
+    /// Stop sequences per request, and bytes per stop sequence: each one is
+    /// checked after every token on the scheduler's single loop.
+    pub const MAX_STOPS: usize = 4;
+    pub const MAX_STOP_BYTES: usize = 256;
+    /// Output tokens one request may ask for.
+    pub const MAX_TOKENS: u32 = 1 << 17;
+}
+
+impl GenerateRequest {
+    /// Checks every field against [`bounds`]; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        use bounds::*;
+        if self.request_id.len() > MAX_ID_BYTES || self.model.len() > MAX_ID_BYTES {
+            return Err(format!("request_id and model are at most {MAX_ID_BYTES} bytes"));
+        }
+        if self.max_tokens > MAX_TOKENS {
+            return Err(format!("max_tokens: at most {MAX_TOKENS}"));
+        }
+        if self.stop.len() > MAX_STOPS || self.stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(format!("stop: at most {MAX_STOPS} sequences of at most {MAX_STOP_BYTES} bytes"));
+        }
+        if self.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
+            return Err("temperature: must be in [0, 2]".into());
+        }
+        if self.priority_key.is_some_and(|k| !k.is_finite()) {
+            return Err("priority_key: must be finite".into());
+        }
+        Ok(())
+    }
+}
+
 /// Why a generation ended, in OpenAI's vocabulary.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]

@@ -168,6 +168,9 @@ async fn generate_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response
         Ok(g) => g,
         Err(resp) => return resp,
     };
+    if let Err(message) = gen.validate() {
+        return error(StatusCode::BAD_REQUEST, "invalid_request", &message);
+    }
     let prompt_tokens = policies::tokens::count(&gen.prompt);
     let request_id = gen.request_id.clone();
     // Unbounded: the scheduler must never wait on one slow client; a

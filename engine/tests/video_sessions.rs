@@ -100,3 +100,42 @@ async fn coalesces_ready_chunks_and_drops_stale_epochs() {
     let bad = ChunkRequest { fidelity: odd, ..req(1, 1.0) };
     assert!(matches!(v.chunk("p", bad).await, Err(VideoError::UnknownFidelity(_))));
 }
+
+#[tokio::test]
+async fn a_malformed_import_is_refused_and_the_scheduler_keeps_serving() {
+    let v = engine(BackendKind::Cpu, 4);
+    v.create(create("a", "a lighthouse at dusk")).await.unwrap();
+    v.chunk("a", req(0, 1.0)).await.unwrap();
+    let good = v.export("a").await.unwrap();
+    let meta_len = u32::from_le_bytes(good[..4].try_into().unwrap()) as usize;
+    let meta: serde_json::Value = serde_json::from_slice(&good[4..4 + meta_len]).unwrap();
+    let with_meta = |m: serde_json::Value| {
+        let m = m.to_string().into_bytes();
+        let mut out = (m.len() as u32).to_le_bytes().to_vec();
+        out.extend_from_slice(&m);
+        out.extend_from_slice(&good[4 + meta_len..]);
+        out
+    };
+    let mut huge = meta.clone();
+    huge["latent_frames"] = 1_000_000.into(); // a chunk of gigabytes
+    let mut other_shape = meta.clone();
+    other_shape["latent_frames"] = 2.into(); // the stored chunks hold 3
+    let mut short_prompt = good.clone();
+    // The state's prompt vector length (right after seed and chunk count).
+    let at = 4 + meta_len + 16;
+    short_prompt[at..at + 8].copy_from_slice(&1u64.to_le_bytes());
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", Vec::new()),
+        ("truncated", good[..good.len() - 3].to_vec()),
+        ("meta length past the end", u32::MAX.to_le_bytes().to_vec()),
+        ("huge latent_frames", with_meta(huge)),
+        ("wrong chunk shape", with_meta(other_shape)),
+        ("short prompt vector", short_prompt),
+    ];
+    for (what, bytes) in cases {
+        assert_eq!(v.import("x", bytes).await.unwrap_err(), VideoError::BadState, "{what}");
+    }
+    // The good bytes still import, and the scheduler is alive.
+    v.import("a", good).await.unwrap();
+    assert_eq!(v.chunk("a", req(0, 1.0)).await.unwrap().index, 1);
+}

@@ -150,6 +150,9 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<CompletionRequest, ApiError> {
     };
     let raw = classify(kind, object)?;
     let model = raw.model.ok_or_else(|| field("model", "you must provide a model parameter"))?;
+    if model.len() > engine::api::bounds::MAX_ID_BYTES {
+        return Err(field("model", "is too long"));
+    }
     let prompt = match kind {
         Kind::Chat => render_chat(raw.messages.ok_or_else(|| field("messages", "`messages` is required"))?)?,
         Kind::Completion => prompt_text(raw.prompt.ok_or_else(|| field("prompt", "`prompt` is required"))?)?,
@@ -219,9 +222,17 @@ fn classify(kind: Kind, object: Map<String, Value>) -> Result<RawRequest, ApiErr
     })
 }
 
+/// Most chat messages, and content parts per message, in one request (the
+/// body size bounds their total; these bound the work per element).
+const MAX_MESSAGES: usize = 4096;
+const MAX_PARTS: usize = 256;
+
 fn render_chat(messages: Vec<Message>) -> Result<String, ApiError> {
     if messages.is_empty() {
         return Err(field("messages", "must contain at least one message"));
+    }
+    if messages.len() > MAX_MESSAGES {
+        return Err(field("messages", format!("at most {MAX_MESSAGES} messages are allowed")));
     }
     let mut prompt = String::new();
     for (i, m) in messages.into_iter().enumerate() {
@@ -240,6 +251,12 @@ fn render_chat(messages: Vec<Message>) -> Result<String, ApiError> {
 }
 
 fn content_parts(i: usize, parts: Vec<Value>) -> Result<String, ApiError> {
+    if parts.len() > MAX_PARTS {
+        return Err(field(
+            format!("messages[{i}].content"),
+            format!("at most {MAX_PARTS} parts are allowed"),
+        ));
+    }
     let mut text = String::new();
     for (j, part) in parts.iter().enumerate() {
         match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
@@ -287,8 +304,13 @@ fn stop_list(stop: Option<Value>) -> Result<Vec<String>, ApiError> {
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(field("stop", "must be a string or an array of strings")),
     };
-    if list.len() > 4 {
-        return Err(field("stop", "at most 4 stop sequences are allowed"));
+    let bounds = engine::api::bounds::MAX_STOPS;
+    if list.len() > bounds {
+        return Err(field("stop", format!("at most {bounds} stop sequences are allowed")));
+    }
+    let most = engine::api::bounds::MAX_STOP_BYTES;
+    if let Some(i) = list.iter().position(|s| s.len() > most) {
+        return Err(field(format!("stop[{i}]"), format!("a stop sequence is at most {most} bytes")));
     }
     Ok(list)
 }
@@ -313,6 +335,26 @@ mod tests {
         assert_eq!(r.prompt, "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n");
         assert_eq!((r.max_tokens, r.stream, r.include_usage), (Some(7), true, true));
         assert_eq!(r.stop, vec!["END".to_string()]);
+    }
+
+    #[test]
+    fn every_string_and_array_is_bounded() {
+        let user = json!({"role": "user", "content": "x"});
+        let long_stop = "s".repeat(engine::api::bounds::MAX_STOP_BYTES + 1);
+        let cases = [
+            (json!({"model": "m", "messages": [user], "stop": [long_stop]}), "stop[0]"),
+            (json!({"model": "m", "messages": [user], "stop": ["a", "b", "c", "d", "e"]}), "stop"),
+            (json!({"model": "m".repeat(300), "messages": [user]}), "model"),
+            (json!({"model": "m", "messages": vec![user.clone(); MAX_MESSAGES + 1]}), "messages"),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": vec![json!({"type": "text", "text": "x"}); MAX_PARTS + 1]}]}),
+                "messages[0].content",
+            ),
+        ];
+        for (body, param) in cases {
+            let e = chat(body).unwrap_err();
+            assert_eq!((e.param(), e.status().as_u16()), (Some(param), 400), "{e}");
+        }
     }
 
     #[test]

@@ -30,8 +30,30 @@ pub struct CreateSession {
     pub id: String,
     pub prompt: String,
     pub resolution: Resolution,
-    /// Latent frames per chunk (pixel frames / 4).
+    /// Latent frames per chunk (pixel frames / 4), 1 to [`MAX_LATENT_FRAMES`].
     pub latent_frames: u32,
+}
+
+/// Most latent frames per chunk (a chunk's memory and time grow with it).
+pub const MAX_LATENT_FRAMES: u32 = 16;
+/// Longest session id and prompt accepted.
+pub const MAX_ID_BYTES: usize = 256;
+pub const MAX_PROMPT_BYTES: usize = 64 << 10;
+
+impl CreateSession {
+    /// Checks every field's bounds; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_LATENT_FRAMES).contains(&self.latent_frames) {
+            return Err(format!("latent_frames: must be 1 to {MAX_LATENT_FRAMES}"));
+        }
+        if self.id.is_empty() || self.id.len() > MAX_ID_BYTES {
+            return Err(format!("id: 1 to {MAX_ID_BYTES} bytes"));
+        }
+        if self.prompt.len() > MAX_PROMPT_BYTES {
+            return Err(format!("prompt: at most {MAX_PROMPT_BYTES} bytes"));
+        }
+        Ok(())
+    }
 }
 
 /// `POST /engine/v1/video/sessions/{id}/chunk`.

@@ -140,6 +140,15 @@ impl StreamState {
         out
     }
 
+    /// Whether every vector has the length the model expects for chunks of
+    /// `latent_frames` at `res` (a deserialised state must, before use).
+    pub fn fits(&self, res: Resolution, latent_frames: usize) -> bool {
+        let chunk = VideoModel::chunk_tokens(res, latent_frames) * CHANNELS;
+        self.prompt.len() == CHANNELS
+            && self.sink.as_ref().is_none_or(|s| s.len() == chunk)
+            && self.window.iter().all(|w| w.len() == chunk)
+    }
+
     /// The state [`StreamState::to_bytes`] wrote; `None` if malformed.
     pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
         let mut at = 0usize;

@@ -53,7 +53,10 @@ pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineB
         }
         (Method::GET, ["load"]) => json(StatusCode::OK, &v.load().await),
         (Method::POST, ["sessions"]) => match read_json::<CreateSession>(req).await {
-            Ok(c) => done(StatusCode::CREATED, v.create(c).await.map(|()| serde_json::json!({}))),
+            Ok(c) => match c.validate() {
+                Ok(()) => done(StatusCode::CREATED, v.create(c).await.map(|()| serde_json::json!({}))),
+                Err(message) => error(StatusCode::BAD_REQUEST, "invalid_request", &message),
+            },
             Err(resp) => resp,
         },
         (Method::POST, ["sessions", id, "chunk"]) => match read_json::<ChunkRequest>(req).await {
@@ -61,6 +64,9 @@ pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineB
             Err(resp) => resp,
         },
         (Method::POST, ["sessions", id, "prompt"]) => match read_json::<PromptSwitch>(req).await {
+            Ok(p) if p.prompt.len() > super::MAX_PROMPT_BYTES => {
+                error(StatusCode::BAD_REQUEST, "invalid_request", "prompt: too long")
+            }
             Ok(p) => done(
                 StatusCode::OK,
                 v.prompt(id, p.prompt).await.map(|epoch| serde_json::json!({"epoch": epoch})),

@@ -454,7 +454,16 @@ impl Core {
         let meta: Meta =
             bytes.get(4..4 + len).and_then(|m| serde_json::from_slice(m).ok()).ok_or(VideoError::BadState)?;
         let state = bytes[4 + len..].to_vec();
-        StreamState::from_bytes(&state).ok_or(VideoError::BadState)?;
+        // An import is untrusted input: a state of the wrong shape would
+        // index out of bounds in the model, a huge chunk would exhaust memory.
+        let parsed = StreamState::from_bytes(&state).ok_or(VideoError::BadState)?;
+        let shape_ok = (1..=super::MAX_LATENT_FRAMES).contains(&meta.latent_frames)
+            && meta.prompt.len() <= super::MAX_PROMPT_BYTES
+            && meta.credit.is_finite()
+            && parsed.fits(meta.resolution, meta.latent_frames as usize);
+        if !shape_ok {
+            return Err(VideoError::BadState);
+        }
         let session = Session {
             prompt: meta.prompt,
             res: meta.resolution,

@@ -61,7 +61,7 @@ pub(super) fn enqueue(
     let quantum = policy.routing.drr_quantum_tokens;
     let gate = st.gates.entry(place.class).or_insert_with(|| Drr::new(quantum));
     gate.push(&r.tenant.name, place.weight, place.cost, place.key, w);
-    let budget = Duration::from_secs_f64(place.ttft_budget_ms / 1e3);
+    let budget = Duration::try_from_secs_f64(place.ttft_budget_ms / 1e3).unwrap_or(Duration::ZERO);
     let wait = budget.min(Duration::from_millis(policy.routing.max_queue_ms.into()));
     (rx, tokio::time::Instant::now() + wait)
 }

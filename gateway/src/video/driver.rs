@@ -110,7 +110,7 @@ fn buffered_wait(streams: &Streams, stream: &Stream, cfg: &VideoConfig) -> Optio
     }
     // Paused: slack stands still, wait for a resume (re-checked each second).
     let wait = if st.playout.paused() { 1.0 } else { excess.min(1.0) };
-    Some(Duration::from_secs_f64(wait.max(0.005)))
+    Some(Duration::try_from_secs_f64(wait.max(0.005)).unwrap_or(Duration::from_secs(1)))
 }
 
 /// A paused stream with a full buffer is idle: its state goes to the

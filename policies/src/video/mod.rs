@@ -87,21 +87,23 @@ impl Default for VideoConfig {
 impl VideoConfig {
     /// Range checks, naming the key.
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
-        let positive = |v: f64| v > 0.0 && v.is_finite();
-        if !positive(self.alpha) {
-            return Err(("video.alpha", "must be > 0".into()));
+        // Upper bounds too: times become `Duration`s and sleeps, where an
+        // absurd value (1e20 s) would overflow instead of meaning "never".
+        let within = |v: f64, most: f64| v > 0.0 && v <= most;
+        if !within(self.alpha, 100.0) {
+            return Err(("video.alpha", "must be in (0, 100]".into()));
         }
-        if !positive(self.initial_slack_factor) {
-            return Err(("video.initial_slack_factor", "must be > 0".into()));
+        if !within(self.initial_slack_factor, 100.0) {
+            return Err(("video.initial_slack_factor", "must be in (0, 100]".into()));
         }
-        if !positive(self.control_tick_s) {
-            return Err(("video.control_tick_s", "must be > 0".into()));
+        if !within(self.control_tick_s, 3600.0) {
+            return Err(("video.control_tick_s", "must be in (0, 3600]".into()));
         }
-        if self.rehome_cooldown_s.is_nan() || self.rehome_cooldown_s < 0.0 {
-            return Err(("video.rehome_cooldown_s", "must be >= 0".into()));
+        if !(0.0..=86_400.0).contains(&self.rehome_cooldown_s) {
+            return Err(("video.rehome_cooldown_s", "must be in [0, 86400]".into()));
         }
-        if !positive(self.max_buffer_s) {
-            return Err(("video.max_buffer_s", "must be > 0".into()));
+        if !within(self.max_buffer_s, 3600.0) {
+            return Err(("video.max_buffer_s", "must be in (0, 3600]".into()));
         }
         if self.default_fps == 0 || self.default_fps > 120 {
             return Err(("video.default_fps", "must be in [1, 120]".into()));
