@@ -99,6 +99,11 @@ pub fn dev_engine_token(dir: &Path) -> Result<(PathBuf, String), CertError> {
     dev_secret(dir, "engine.token")
 }
 
+/// The key `gateway up` signs policies in Redis with (`dir/policy.key`).
+pub fn dev_policy_key(dir: &Path) -> Result<(PathBuf, String), CertError> {
+    dev_secret(dir, "policy.key")
+}
+
 fn dev_secret(dir: &Path, name: &str) -> Result<(PathBuf, String), CertError> {
     let path = dir.join(name);
     if let Ok(existing) = fs::read_to_string(&path) {

@@ -67,12 +67,17 @@ pub struct App {
 }
 
 impl App {
-    pub fn new(config: GatewayConfig, policies: Arc<PolicyStore>, engines: Arc<EnginePool>) -> Self {
+    pub fn new(
+        config: GatewayConfig,
+        policies: Arc<PolicyStore>,
+        engines: Arc<EnginePool>,
+        policy_key: Option<cluster::signing::PolicyKey>,
+    ) -> Self {
         // Request ids are unique per process start without coordination.
         let id_prefix =
             SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() ^ d.as_secs() as u32);
         let admission = admission::Admission::new(Arc::clone(&engines));
-        let cluster = Arc::new(cluster::Cluster::new(config.cluster.clone(), config.listen));
+        let cluster = Arc::new(cluster::Cluster::new(config.cluster.clone(), config.listen, policy_key));
         let video = video::Streams::new(Arc::clone(&engines), Arc::clone(&cluster), &config.limits);
         Self { config, policies, engines, admission, video, cluster, id_prefix, next_id: AtomicU64::new(0) }
     }
@@ -95,6 +100,8 @@ pub enum StartError {
     Supervisor(#[from] supervisor::SupervisorError),
     #[error("binding {0}: {1}")]
     Bind(std::net::SocketAddr, std::io::Error),
+    #[error("cluster: {0}")]
+    PolicyKey(String),
     #[error("no engine became ready within {0:?}")]
     EnginesNotReady(Duration),
     #[error("no engines configured: add [[engines]] to the config, give --redis to discover them, or use `gateway up`")]
@@ -110,15 +117,21 @@ pub struct Loaded {
     pub file: Option<PathBuf>,
 }
 
-/// Reads the policy document; the bundled default stands in when the
-/// default path does not exist (running outside the repository).
-pub fn load_policies(path: &Path) -> Result<Loaded, StartError> {
+/// Reads the policy document. Only the embedded development mode
+/// (`bundled_ok`: `gateway up`) falls back to the bundled default, with its
+/// public demo keys, when the default path does not exist (running outside
+/// the repository); a production gateway without its policy file fails.
+pub fn load_policies(path: &Path, bundled_ok: bool) -> Result<Loaded, StartError> {
     match std::fs::read_to_string(path) {
         Ok(text) => {
             let doc = PolicyDocument::parse(&path.display().to_string(), &text)?;
             Ok(Loaded { doc, text, file: Some(path.to_path_buf()) })
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && path == Path::new("policies/default.toml") => {
+        Err(e)
+            if bundled_ok
+                && e.kind() == std::io::ErrorKind::NotFound
+                && path == Path::new("policies/default.toml") =>
+        {
             let doc = PolicyDocument::parse("bundled policies/default.toml", DEFAULT_POLICIES)?;
             Ok(Loaded { doc, text: DEFAULT_POLICIES.to_string(), file: None })
         }
@@ -159,7 +172,7 @@ pub async fn run_up(mut config: GatewayConfig, opts: UpOptions) -> Result<(), St
     }
     config.tls.cert = pki.server_cert.clone();
     config.tls.key = pki.server_key.clone();
-    let policy = load_policies(&config.policies)?;
+    let policy = load_policies(&config.policies, true)?;
     let tokens = admin_tokens(&config, Some(&opts.certs_dir))?;
     let tls = tls::server_config(&config.tls.cert, &config.tls.key)?;
     let mut launch = opts.launch.clone();
@@ -169,6 +182,14 @@ pub async fn run_up(mut config: GatewayConfig, opts: UpOptions) -> Result<(), St
     };
     launch.secrets.api_token = Some(token.clone());
     launch.secrets.redis_url = config.cluster.redis.clone();
+    if config.cluster.redis.is_some()
+        && config.cluster.policy_key_file.is_none()
+        && std::env::var_os(cluster::signing::KEY_ENV).is_none()
+    {
+        // The development fleet signs its policies with a key beside the
+        // dev certificates; gateways started beside it use the same file.
+        config.cluster.policy_key_file = Some(certs::dev_policy_key(&opts.certs_dir)?.0);
+    }
     let sup = Supervisor::start(&launch).await?;
     for c in &sup.children {
         let url = c.spec.url.authority().map_or_else(|| c.spec.url.to_string(), |a| format!("http://{a}"));
@@ -185,7 +206,7 @@ pub async fn run_serve(config: GatewayConfig) -> Result<(), StartError> {
     if config.engines.is_empty() && config.cluster.redis.is_none() {
         return Err(StartError::NoEngines);
     }
-    let policy = load_policies(&config.policies)?;
+    let policy = load_policies(&config.policies, false)?;
     let tokens = admin_tokens(&config, None)?;
     let tls = tls::server_config(&config.tls.cert, &config.tls.key)?;
     let engine_token = config.engine_token()?;
@@ -201,6 +222,13 @@ async fn serve_until_signal(
     ca: Option<&Path>,
 ) -> Result<(), StartError> {
     metrics::handle(); // install the recorder before the first metric
+    let policy_key = config.cluster.policy_key().map_err(StartError::PolicyKey)?;
+    if config.cluster.redis.is_some() && policy_key.is_none() {
+        tracing::warn!(
+            event = "policy_convergence_off",
+            why = "no cluster.policy_key_file or GATEWAY_POLICY_KEY"
+        );
+    }
     let pool = EnginePool::new(config.engines.clone(), &config.limits, engine_token.as_deref());
     let wait = Duration::from_secs(30);
     let deadline = tokio::time::Instant::now() + wait;
@@ -232,7 +260,7 @@ async fn serve_until_signal(
         admin_cfg.audit_log.clone(),
         admin_cfg.write_through,
     ));
-    let app = Arc::new(App::new(config, Arc::clone(&store), pool));
+    let app = Arc::new(App::new(config, Arc::clone(&store), pool, policy_key));
     tokio::spawn(Arc::clone(&app.admission).run(store.subscribe()));
     tokio::spawn(hints::follow(Arc::clone(&app.engines), store.subscribe()));
     tokio::spawn(video::control::run(Arc::clone(&app.video), Arc::clone(&store), Arc::clone(&app.cluster)));

@@ -23,6 +23,8 @@
 //!   version, 0 for versions it replaced
 //! - `gateway_policy_reloads_total{source,result}`: policy changes applied
 //!   or rejected, by where they came from
+//! - `gateway_cluster_policy_rejected_total{why}`: policy documents in
+//!   Redis refused (`unsigned`, `bad_signature`)
 //! - `gateway_stream_resets_total{why}`: response streams reset because
 //!   the client stopped reading (`write_stall`) or a video feed's reader
 //!   fell behind (`video_feed_stall`)
@@ -59,6 +61,7 @@ pub const CLUSTER_REDIS_UP: &str = "gateway_cluster_redis_up";
 pub const POLICY_VERSION: &str = "gateway_policy_version_info";
 pub const POLICY_RELOADS: &str = "gateway_policy_reloads_total";
 pub const STREAM_RESETS: &str = "gateway_stream_resets_total";
+pub const CLUSTER_POLICY_REJECTED: &str = "gateway_cluster_policy_rejected_total";
 pub const CONNECTIONS_OPEN: &str = "gateway_connections_open";
 pub const CONNECTIONS_REFUSED: &str = "gateway_connections_refused_total";
 pub const CONNECTIONS_CLOSED: &str = "gateway_connections_closed_total";

@@ -270,12 +270,22 @@ impl PolicyStore {
 }
 
 /// Writes `text` to `path` atomically: a temporary file beside it, then a
-/// rename over it.
+/// rename over it. The file keeps its mode (it holds API keys: a 0600 file
+/// stays 0600); a new file is created 0600.
 fn persist(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mode = std::fs::metadata(path).map_or(0o600, |m| m.permissions().mode() & 0o7777);
     let name = path.file_name().map_or_else(|| "policies".into(), |n| n.to_string_lossy().into_owned());
     let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
+    let write = || -> std::io::Result<()> {
+        let mut f =
+            std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        std::fs::rename(&tmp, path)
+    };
+    write().inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
 }
@@ -358,6 +368,22 @@ mod tests {
         assert_eq!(audit[0].outcome, Outcome::Rejected);
         assert_eq!(audit[0].source, "signal");
         assert_eq!(audit[1].source, "file");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_written_policy_file_keeps_its_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = scratch("mode");
+        let path = dir.join("policies.toml");
+        std::fs::write(&path, doc_text(500)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        persist(&path, &doc_text(250)).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), doc_text(250));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        persist(&path, &doc_text(300)).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o640);
         let _ = std::fs::remove_dir_all(dir);
     }
 

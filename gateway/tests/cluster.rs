@@ -85,6 +85,46 @@ async fn two_gateways_share_engines_limits_and_the_policy() {
     assert_eq!(json(&body)["entries"][0]["source"], "cluster");
 }
 
+#[tokio::test]
+async fn a_policy_written_into_redis_without_the_fleet_key_is_refused() {
+    let redis = Redis::start();
+    let url = redis.url();
+    let sys = System::start_with_policy(&paced(0, 1), 1, &["--redis", &url], Some(&default_policy())).await;
+    wait_ready(&sys, "Redis up", |r| r["detail"]["cluster"]["redis_up"] == true).await;
+    // Someone with write access to Redis publishes a policy with their own
+    // key, unsigned and then with a made-up signature.
+    let forged = default_policy().replacen(
+        "keys = [\"sk-demo-gold\"]",
+        "keys = [\"sk-demo-gold\", \"sk-attacker\"]",
+        1,
+    );
+    assert_ne!(forged, default_policy(), "the forged policy adds a key");
+    let version = PolicyVersion::of(&forged);
+    for mac in [None, Some("00".repeat(32))] {
+        let mut doc = serde_json::json!({"version": version, "text": forged});
+        if let Some(m) = &mac {
+            doc["mac"] = m.clone().into();
+        }
+        assert_eq!(redis.command(&["SET", "slo:policy", &doc.to_string()]), "+OK");
+        tokio::time::sleep(Duration::from_millis(1500)).await; // three sync rounds
+        let conn = sys.conn(Proto::H2).await;
+        let resp =
+            conn.post_json("/v1/chat/completions", Some("sk-attacker"), chat_body("hi", 2, false)).await;
+        assert_eq!(resp.unwrap().status(), StatusCode::UNAUTHORIZED, "forged policy applied ({mac:?})");
+    }
+    let metrics = sys.metrics().await;
+    assert!(
+        metric(&metrics, "gateway_cluster_policy_rejected_total{why=\"unsigned\"}").unwrap_or(0.0) >= 1.0
+    );
+    assert!(
+        metric(&metrics, "gateway_cluster_policy_rejected_total{why=\"bad_signature\"}").unwrap_or(0.0)
+            >= 1.0
+    );
+    // And the gateway put its own signed version back.
+    let raw = redis.command(&["GET", "slo:policy"]);
+    assert!(raw.starts_with('$'), "{raw}");
+}
+
 /// The version id of a policy text.
 struct PolicyVersion;
 

@@ -322,3 +322,25 @@ async fn slowloris_connections_and_bodies_are_bounded_in_time() {
     assert!(t.elapsed() >= Duration::from_millis(600));
     drop(tx);
 }
+
+#[tokio::test]
+async fn a_standalone_gateway_without_its_policy_file_does_not_fall_back_to_the_demo_keys() {
+    let dir = std::env::temp_dir().join(format!("no-policy-{}-{}", std::process::id(), rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("gateway.toml"),
+        "listen = \"127.0.0.1:0\"\n[[engines]]\nid = \"e0\"\nurl = \"http://127.0.0.1:9\"\n",
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .args(["serve", "--config", "gateway.toml"])
+        .current_dir(&dir) // no policies/default.toml here
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("reading policies policies/default.toml"), "{stderr}");
+    let _ = std::fs::remove_dir_all(dir);
+}

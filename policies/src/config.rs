@@ -369,7 +369,9 @@ keys = ["sk-acme-1", "sk-acme-2"]
 
     #[test]
     fn times_that_would_overflow_a_duration_are_refused_with_their_key() {
-        for (knob, value) in [("control_tick_s", "1e20"), ("max_buffer_s", "1e300"), ("rehome_cooldown_s", "1e19")] {
+        for (knob, value) in
+            [("control_tick_s", "1e20"), ("max_buffer_s", "1e300"), ("rehome_cooldown_s", "1e19")]
+        {
             let text = format!("{DOC}\n[video]\n{knob} = {value}\n");
             let e = PolicyDocument::parse("p.toml", &text).unwrap_err().to_string();
             assert!(e.contains(&format!("video.{knob}")), "{e}");

@@ -17,6 +17,7 @@
 
 pub mod local;
 pub mod redis;
+pub mod signing;
 pub mod sync;
 
 use std::net::SocketAddr;
@@ -43,9 +44,25 @@ pub struct ClusterConfig {
     /// This gateway's name in the cluster (leader lease); default
     /// `gateway-<pid>-<port>`.
     pub node_id: Option<String>,
+    /// File holding the key that signs policy documents in Redis (shared by
+    /// the fleet's gateways, never stored in Redis); else the
+    /// `GATEWAY_POLICY_KEY` environment variable. Without a key, gateways
+    /// do not converge on a policy through Redis.
+    pub policy_key_file: Option<std::path::PathBuf>,
     /// A discovered engine gone from the registry and silent this long is
     /// dropped from routing and `/readyz` (its slot is reused).
     pub engine_ttl_s: u64,
+}
+
+impl ClusterConfig {
+    /// The policy signing key: `policy_key_file`, else `GATEWAY_POLICY_KEY`.
+    pub fn policy_key(&self) -> Result<Option<signing::PolicyKey>, String> {
+        let secret = match &self.policy_key_file {
+            Some(p) => Some(std::fs::read_to_string(p).map_err(|e| format!("reading {}: {e}", p.display()))?),
+            None => std::env::var(signing::KEY_ENV).ok(),
+        };
+        secret.map(|s| signing::PolicyKey::new(&s)).transpose()
+    }
 }
 
 impl Default for ClusterConfig {
@@ -56,6 +73,7 @@ impl Default for ClusterConfig {
             local_fraction: 0.5,
             lease_ttl_s: 15,
             node_id: None,
+            policy_key_file: None,
             engine_ttl_s: 30,
         }
     }
@@ -129,20 +147,22 @@ pub struct Cluster {
     pub node_id: String,
     pub local: local::Local,
     pub redis: Option<redis::RedisState>,
+    /// Signs and checks policy documents shared through Redis.
+    pub policy_key: Option<signing::PolicyKey>,
     leader: AtomicBool,
 }
 
 impl Cluster {
     /// In-memory state, or Redis when configured. Never fails: Redis that
     /// is not there yet is connected to in the background.
-    pub fn new(cfg: ClusterConfig, listen: SocketAddr) -> Self {
+    pub fn new(cfg: ClusterConfig, listen: SocketAddr, policy_key: Option<signing::PolicyKey>) -> Self {
         let node_id = cfg
             .node_id
             .clone()
             .unwrap_or_else(|| format!("gateway-{}-{}", std::process::id(), listen.port()));
         let redis = cfg.redis.as_deref().map(|url| redis::RedisState::new(url, &cfg));
         let leader = AtomicBool::new(redis.is_none()); // alone, a gateway leads
-        Self { cfg, node_id, local: local::Local::default(), redis, leader }
+        Self { cfg, node_id, local: local::Local::default(), redis, policy_key, leader }
     }
 
     pub fn mode(&self) -> &'static str {

@@ -8,7 +8,7 @@
 //! | `slo:engines` | set of engine ids | none (ids whose key expired are skipped) | the registry's index |
 //! | `slo:engine:{id}` | string: base URL | 10 s, refreshed every 3 s by the engine | a live engine |
 //! | `slo:load:{id}` | string: JSON load report | 5 s, refreshed every 0.5 s | an engine's latest load |
-//! | `slo:policy` | string: JSON `{version, text}` | none | the active policy document |
+//! | `slo:policy` | string: JSON `{version, text, mac}` (`mac`: HMAC-SHA256, see `signing`) | none | the active policy document |
 //! | `slo:leader` | string: node id | 5 s, renewed every 0.5 s by the leader | the control-loop leader |
 //! | `slo:stream:{id}` | hash: engine, tenant | 1 h, refreshed per move | a video stream's home and owner |
 //!
@@ -259,19 +259,21 @@ impl RedisState {
         Ok(ids.into_iter().zip(urls).filter_map(|(id, url)| url.map(|u| (id, u))).collect())
     }
 
-    /// The published policy `(version, text)`, if any.
-    pub async fn policy(&self) -> redis::RedisResult<Option<(String, String)>> {
+    /// The published policy, if any (`Some` with empty fields when what
+    /// is there is not a well-formed document: it is then unsigned).
+    pub async fn policy(&self) -> redis::RedisResult<Option<Published>> {
         let mut conn = self.conn().await?;
         let raw: Option<String> = conn.get("slo:policy").await?;
-        Ok(raw.and_then(|r| {
-            let v: serde_json::Value = serde_json::from_str(&r).ok()?;
-            Some((v["version"].as_str()?.to_string(), v["text"].as_str()?.to_string()))
+        Ok(raw.map(|r| {
+            let v: serde_json::Value = serde_json::from_str(&r).unwrap_or_default();
+            let field = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+            Published { version: field("version"), text: field("text"), mac: field("mac") }
         }))
     }
 
-    pub async fn publish_policy(&self, version: &str, text: &str) -> redis::RedisResult<()> {
+    pub async fn publish_policy(&self, p: &Published) -> redis::RedisResult<()> {
         let mut conn = self.conn().await?;
-        let body = serde_json::json!({"version": version, "text": text}).to_string();
+        let body = serde_json::json!({"version": p.version, "text": p.text, "mac": p.mac}).to_string();
         conn.set("slo:policy", body).await
     }
 
@@ -308,6 +310,15 @@ impl RedisState {
             .query_async(&mut conn)
             .await
     }
+}
+
+/// A policy document as published in Redis, with its signature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    pub version: String,
+    pub text: String,
+    /// Hex HMAC-SHA256 (see [`super::signing`]).
+    pub mac: String,
 }
 
 /// `url` with any password replaced by `***` (for logs and `Debug`).

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::redis::Published;
 use super::{wall_ms, Cluster, SYNC_EVERY};
 use crate::audit::Source;
 use crate::engines::{EnginePool, EngineSpec};
@@ -59,7 +60,7 @@ pub async fn run(cluster: Arc<Cluster>, pool: Arc<EnginePool>, store: Arc<Policy
         if let Err(e) = redis.put_loads(&reports).await {
             tracing::debug!(event = "load_publish_failed", error = %e);
         }
-        synced = converge_policy(redis, &store, synced).await;
+        synced = converge_policy(&cluster, &store, synced).await;
         match redis.lead(&cluster.node_id, LEADER_TTL.as_millis() as u64).await {
             Ok(leads) => cluster.set_leader(leads),
             Err(_) => cluster.set_leader(false),
@@ -68,7 +69,10 @@ pub async fn run(cluster: Arc<Cluster>, pool: Arc<EnginePool>, store: Arc<Policy
 }
 
 /// One round of policy convergence; returns the version now agreed on.
-async fn converge_policy(redis: &super::redis::RedisState, store: &PolicyStore, synced: String) -> String {
+/// Only documents signed with the fleet's key are applied; without a key
+/// nothing is applied or published.
+async fn converge_policy(cluster: &Cluster, store: &PolicyStore, synced: String) -> String {
+    let (Some(redis), Some(key)) = (&cluster.redis, &cluster.policy_key) else { return synced };
     let active = store.current().version.clone();
     let remote = match redis.policy().await {
         Ok(r) => r,
@@ -77,21 +81,35 @@ async fn converge_policy(redis: &super::redis::RedisState, store: &PolicyStore, 
             return synced;
         }
     };
+    let remote = remote.filter(|p| {
+        let signed = key.verify(&p.version, &p.text, &p.mac);
+        if !signed {
+            let why = if p.mac.is_empty() { "unsigned" } else { "bad_signature" };
+            tracing::error!(event = "policy_from_cluster_refused", why, version = %p.version);
+            ::metrics::counter!(crate::metrics::CLUSTER_POLICY_REJECTED, "why" => why).increment(1);
+        }
+        signed
+    });
     let local_change = active != synced;
     match remote {
-        Some((version, text)) if !local_change && version != active => {
-            match store.apply("cluster", &text, Source::Cluster, Mode::Apply) {
+        Some(p) if !local_change && p.version != active => {
+            match store.apply("cluster", &p.text, Source::Cluster, Mode::Apply) {
                 Ok(a) => {
                     tracing::info!(event = "policy_from_cluster", version = %a.version, previous = %a.previous)
                 }
-                Err(e) => tracing::error!(event = "policy_from_cluster_rejected", %version, error = %e),
+                Err(e) => {
+                    tracing::error!(event = "policy_from_cluster_rejected", version = %p.version, error = %e)
+                }
             }
-            version
+            p.version
         }
-        Some((version, _)) if version == active => active,
+        Some(p) if p.version == active => active,
         _ => {
-            // Ours is newer (or none is published yet): publish it.
-            match redis.publish_policy(&active, &store.active_text()).await {
+            // Ours is newer, or none (or only a forged one) is published:
+            // publish ours, signed.
+            let text = store.active_text();
+            let published = Published { mac: key.sign(&active, &text), version: active.clone(), text };
+            match redis.publish_policy(&published).await {
                 Ok(()) => {
                     tracing::info!(event = "policy_published", version = %active);
                     active

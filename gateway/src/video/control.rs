@@ -21,7 +21,8 @@ use crate::reload::PolicyStore;
 pub async fn run(streams: Arc<Streams>, policies: Arc<PolicyStore>, cluster: Arc<crate::cluster::Cluster>) {
     loop {
         let mut cfg = policies.current().video.clone();
-        tokio::time::sleep(Duration::try_from_secs_f64(cfg.control_tick_s).unwrap_or(Duration::from_secs(3))).await;
+        tokio::time::sleep(Duration::try_from_secs_f64(cfg.control_tick_s).unwrap_or(Duration::from_secs(3)))
+            .await;
         cfg.rehoming &= cluster.is_leader();
         let moves = tick(&streams, &cfg);
         if !moves.is_empty() {

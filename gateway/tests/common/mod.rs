@@ -185,14 +185,17 @@ impl System {
         let policies = dir.join("policies.toml");
         std::fs::write(&policies, policy).unwrap();
         let certs = other.dir.join("certs");
-        // The fleet's engines take the API token of the first gateway's.
+        // The fleet's engines take the API token of the first gateway's, and
+        // the fleet signs its policies with its key.
         let config = format!(
             "listen = \"127.0.0.1:0\"\npolicies = {policies:?}\nengine_token_file = {:?}\n\
              [tls]\ncert = {:?}\nkey = {:?}\n\
-             [admin]\nlisten = \"127.0.0.1:0\"\n[[admin.tokens]]\nid = \"ops\"\ntoken = \"{ADMIN_TOKEN}\"\n",
+             [admin]\nlisten = \"127.0.0.1:0\"\n[[admin.tokens]]\nid = \"ops\"\ntoken = \"{ADMIN_TOKEN}\"\n\
+             [cluster]\npolicy_key_file = {:?}\n",
             certs.join("engine.token"),
             certs.join("server.pem"),
             certs.join("server.key"),
+            certs.join("policy.key"),
         );
         let config_path = dir.join("gateway.toml");
         std::fs::write(&config_path, config).unwrap();
