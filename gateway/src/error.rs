@@ -67,6 +67,10 @@ pub enum ApiError {
     InvalidHeader { header: &'static str, message: String },
     #[error("your organization already has {limit} requests in flight, the most its tier allows; retry when one finishes")]
     TenantConcurrency { limit: u32 },
+    #[error(
+        "your organization already has {limit} live video streams, the most its tier allows; end one first"
+    )]
+    VideoStreamLimit { limit: u32 },
     /// The tenant used its tier's requests or tokens for this minute.
     #[error("your organization has used its {limit} {what} per minute; retry in {retry_after_s} s")]
     RateLimited { what: &'static str, limit: u32, retry_after_s: u32 },
@@ -125,7 +129,9 @@ impl ApiError {
             ApiError::InvalidHeader { .. } => "invalid_header",
             ApiError::TenantConcurrency { .. } => "tenant_concurrency",
             ApiError::RateLimited { what: "requests", .. } => "rate_limit_requests",
-            ApiError::RateLimited { .. } => "rate_limit_tokens",
+            ApiError::RateLimited { what: "tokens", .. } => "rate_limit_tokens",
+            ApiError::RateLimited { .. } => "rate_limit_video_streams",
+            ApiError::VideoStreamLimit { .. } => "video_stream_limit",
             ApiError::Overloaded { reason, .. } => reason,
             ApiError::StreamNotFound(_) => "stream_not_found",
             ApiError::StreamEnded => "stream_ended",
@@ -159,9 +165,9 @@ impl ApiError {
             | ApiError::ContextLengthExceeded { .. }
             | ApiError::BodyRead(_)
             | ApiError::InvalidHeader { .. } => StatusCode::BAD_REQUEST,
-            ApiError::TenantConcurrency { .. } | ApiError::RateLimited { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            ApiError::TenantConcurrency { .. }
+            | ApiError::RateLimited { .. }
+            | ApiError::VideoStreamLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::ModelNotFound(_) | ApiError::UnknownUrl(_) => StatusCode::NOT_FOUND,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,

@@ -344,3 +344,44 @@ async fn a_standalone_gateway_without_its_policy_file_does_not_fall_back_to_the_
     assert!(stderr.contains("reading policies policies/default.toml"), "{stderr}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn a_video_feed_nobody_reads_stops_generating_and_ends() {
+    let sys = start(INSTANT, 1, "video_feed_buffer_bytes = 4096\nwrite_stall_timeout_ms = 1500", None).await;
+    let conn = sys.conn(Proto::H2).await;
+    let resp =
+        conn.post_json("/v1/video/streams", Some(GOLD), r#"{"prompt":"a fox in the snow"}"#).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let id = json(&body_bytes(resp).await.unwrap())["id"].as_str().unwrap().to_string();
+    // The feed is opened on a connection that never reads.
+    let mut send = never_reading_h2(&sys).await.ready().await.unwrap();
+    let req = http::Request::get(format!("{}/v1/video/streams/{id}/events", sys.base))
+        .header("authorization", format!("Bearer {GOLD}"))
+        .body(())
+        .unwrap();
+    let (resp, _) = send.send_request(req, true).unwrap();
+    let held = resp.await.unwrap(); // kept open, never read
+    assert_eq!(held.status(), StatusCode::OK);
+    let status = |conn: loadtest::client::Conn, id: String| async move {
+        json(
+            &body_bytes(conn.get(&format!("/v1/video/streams/{id}"), Some(GOLD)).await.unwrap())
+                .await
+                .unwrap(),
+        )
+    };
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let s = status(conn.clone(), id.clone()).await;
+    // One chunk fills the 4 KiB feed; with an unread feed the driver asks
+    // for nothing more (max_buffer_s alone would allow 8 chunks).
+    assert!(s["chunks"].as_u64().unwrap() <= 2, "{s}");
+    let t = Instant::now();
+    loop {
+        let s = status(conn.clone(), id.clone()).await;
+        if s["status"] == "ended" {
+            assert_eq!(s["end_reason"], "reader_stalled", "{s}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "the stream never ended: {s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

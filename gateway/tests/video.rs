@@ -274,3 +274,61 @@ async fn a_fleet_that_cannot_keep_up_refuses_new_streams_with_retry_after() {
     assert_eq!(status, StatusCode::CREATED);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn tenant_stream_limits_creation_rate_and_pause_time_are_bounded() {
+    let at = |p: &str, tier: &str, extra: &str| {
+        let i = p.find(&format!("[tiers.{tier}]")).unwrap();
+        let j = i + p[i..].find("degradations").unwrap();
+        format!("{}{extra}\n{}", &p[..j], &p[j..])
+    };
+    let policy = at(&default_policy(), "bronze", "max_video_streams = 2");
+    let policy = at(&policy, "silver", "video_streams_per_minute = 3");
+    let policy = policy.replacen("[video]\n", "[video]\nmax_pause_s = 1.0\n", 1);
+    let sys = System::start_with_policy(INSTANT, 1, &[], Some(&policy)).await;
+    let conn = sys.conn(Proto::H2).await;
+    let body = json!({"prompt": "a fox in the snow"});
+    // Bronze: two live streams at most.
+    let (s1, a, _) = create(&conn, BRONZE, body.clone()).await;
+    let (s2, _, _) = create(&conn, BRONZE, body.clone()).await;
+    assert_eq!((s1, s2), (StatusCode::CREATED, StatusCode::CREATED));
+    let (s3, refused, _) = create(&conn, BRONZE, body.clone()).await;
+    assert_eq!(s3, StatusCode::TOO_MANY_REQUESTS, "{refused}");
+    assert_eq!(refused["error"]["code"], "video_stream_limit");
+    let id = a["id"].as_str().unwrap();
+    assert_eq!(
+        call(&conn, "DELETE", &format!("/v1/video/streams/{id}"), BRONZE, json!({})).await.0,
+        StatusCode::OK
+    );
+    let mut freed = false;
+    for _ in 0..50 {
+        if create(&conn, BRONZE, body.clone()).await.0 == StatusCode::CREATED {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(freed, "an ended stream frees its place");
+    // Silver: three creations a minute, then 429 with Retry-After.
+    for _ in 0..3 {
+        assert_eq!(create(&conn, SILVER, body.clone()).await.0, StatusCode::CREATED);
+    }
+    let (s, refused, retry) = create(&conn, SILVER, body.clone()).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{refused}");
+    assert_eq!(refused["error"]["code"], "rate_limit_video_streams");
+    assert!(retry.unwrap().parse::<u32>().unwrap() >= 1);
+    // Gold: a stream paused past max_pause_s ends.
+    let (_, g, _) = create(&conn, GOLD, body.clone()).await;
+    let id = g["id"].as_str().unwrap().to_string();
+    let mut feed = Feed::open(&conn, &id, GOLD).await;
+    let (status, _) = call(&conn, "POST", &format!("/v1/video/streams/{id}/pause"), GOLD, json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    let end = loop {
+        match feed.next().await {
+            Some((kind, data)) if kind == "end" => break data,
+            Some(_) => {}
+            None => panic!("the feed ended without an end event"),
+        }
+    };
+    assert_eq!(end["reason"], "paused_too_long", "{end}");
+}

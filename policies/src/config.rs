@@ -83,6 +83,10 @@ pub struct Tier {
     pub max_concurrency: Option<NonZeroU32>,
     /// Requests one tenant may start per wall-clock minute (429 beyond).
     pub requests_per_minute: Option<NonZeroU32>,
+    /// Live video streams per tenant (429 `video_stream_limit` beyond).
+    pub max_video_streams: Option<NonZeroU32>,
+    /// Video streams a tenant may create per minute, per gateway.
+    pub video_streams_per_minute: Option<NonZeroU32>,
     /// Prompt + `max_tokens` tokens one tenant may ask for per minute.
     pub tokens_per_minute: Option<NonZeroU32>,
     /// Allowed degradations, in the order they are tried.
@@ -166,6 +170,10 @@ struct RawTier {
     output_floor_tokens: Option<u32>,
     max_concurrency: Option<NonZeroU32>,
     requests_per_minute: Option<NonZeroU32>,
+    #[serde(default)]
+    max_video_streams: Option<NonZeroU32>,
+    #[serde(default)]
+    video_streams_per_minute: Option<NonZeroU32>,
     tokens_per_minute: Option<NonZeroU32>,
     #[serde(default = "all_degradations")]
     degradations: Vec<Degradation>,
@@ -237,6 +245,8 @@ impl PolicyDocument {
                 output_floor_tokens: floor,
                 max_concurrency: t.max_concurrency,
                 requests_per_minute: t.requests_per_minute,
+                max_video_streams: t.max_video_streams,
+                video_streams_per_minute: t.video_streams_per_minute,
                 tokens_per_minute: t.tokens_per_minute,
                 degradations: t.degradations,
                 overflow_class: t.overflow_class,

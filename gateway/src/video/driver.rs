@@ -57,6 +57,9 @@ pub async fn drive(streams: Arc<Streams>, stream: Arc<Stream>, policies: Arc<Pol
         if stream.abandoned(streams.now()) {
             break "abandoned";
         }
+        if stream.lock().playout.paused_for(streams.now()) > policies.current().video.max_pause_s {
+            break "paused_too_long";
+        }
         if !stream.feed.has_room() {
             // The reader is behind by a whole feed buffer: generate nothing
             // more (the state waits in the engine's host memory) until it
@@ -195,8 +198,7 @@ async fn next_chunk(streams: &Streams, stream: &Arc<Stream>, cfg: &VideoConfig) 
             deliver(streams, stream, out, plan, home);
             Ok(())
         }
-        // A prompt switch overtook the chunk: it is dropped.
-        Err(e) if e.status == Some(http::StatusCode::CONFLICT) => Ok(()),
+        Err(e) if e.status == Some(http::StatusCode::CONFLICT) => after_conflict(streams, stream).await,
         Err(e) => {
             tracing::warn!(event = "video_chunk_failed", stream = %stream.id, engine = home, error = %e);
             if streams.pool.slot(home).is_ready() && e.status.is_some() {
@@ -213,6 +215,7 @@ fn deliver(streams: &Streams, stream: &Stream, out: ::engine::video::ChunkOut, p
     if out.epoch != st.epoch {
         return; // made for the previous prompt
     }
+    st.conflicts = 0;
     let (deadline, met) = st.playout.deliver(now);
     let index = st.next_index;
     st.next_index += 1;
@@ -249,6 +252,36 @@ fn deliver(streams: &Streams, stream: &Stream, out: ::engine::video::ChunkOut, p
     );
     if !delivered && st.ended.is_none() {
         st.ended = Some("client_gone"); // the reader disconnected
+    }
+}
+
+/// Conflicts in a row before the driver takes the engine's epoch.
+const MAX_CONFLICTS: u32 = 3;
+
+/// A chunk refused as of a stale epoch: a prompt switch overtook it, and
+/// it is dropped. Several in a row mean the gateway's epoch and the
+/// engine's disagree (an engine restarted, a switch cut short): the driver
+/// switches the engine to the stream's current prompt again and takes the
+/// epoch it answers, instead of asking again and again.
+async fn after_conflict(streams: &Streams, stream: &Stream) -> Result<(), &'static str> {
+    let (n, home, prompt) = {
+        let mut st = stream.lock();
+        st.conflicts += 1;
+        (st.conflicts, st.home, st.prompt.clone())
+    };
+    if n < MAX_CONFLICTS {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        return Ok(());
+    }
+    tracing::warn!(event = "video_epoch_resync", stream = %stream.id, conflicts = n);
+    match calls::prompt(&streams.pool, home, &stream.id, &prompt).await {
+        Ok(epoch) => {
+            let mut st = stream.lock();
+            st.epoch = epoch; // the engine's, whichever side was ahead
+            st.conflicts = 0;
+            Ok(())
+        }
+        Err(_) => Err("epoch_mismatch"),
     }
 }
 

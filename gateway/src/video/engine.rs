@@ -79,9 +79,14 @@ pub async fn chunk(pool: &EnginePool, idx: usize, id: &str, r: &ChunkRequest) ->
     serde_json::from_slice(&bytes).map_err(|e| CallError { status: None, message: e.to_string() })
 }
 
-pub async fn prompt(pool: &EnginePool, idx: usize, id: &str, prompt: &str) -> Result<(), CallError> {
+/// Switches the session's prompt; returns the engine's new epoch.
+pub async fn prompt(pool: &EnginePool, idx: usize, id: &str, prompt: &str) -> Result<u32, CallError> {
     let body = serde_json::to_vec(&serde_json::json!({"prompt": prompt})).expect("serialises");
-    call(pool, idx, Method::POST, &session_path(id, "/prompt"), body, CALL_TIMEOUT).await.map(|_| ())
+    let answer = call(pool, idx, Method::POST, &session_path(id, "/prompt"), body, CALL_TIMEOUT).await?;
+    serde_json::from_slice::<serde_json::Value>(&answer)
+        .ok()
+        .and_then(|v| u32::try_from(v["epoch"].as_u64()?).ok())
+        .ok_or_else(|| CallError { status: None, message: "prompt switch answered without an epoch".into() })
 }
 
 /// Moves the session's state to the engine's host memory (it resumes by

@@ -68,6 +68,8 @@ pub struct StreamState {
     pub ended: Option<&'static str>,
     /// The engine holds the state in host memory (idle while paused).
     pub suspended: bool,
+    /// Chunks refused in a row as of a stale epoch (see the driver).
+    pub conflicts: u32,
 }
 
 /// One stream.
@@ -131,6 +133,7 @@ impl Stream {
             "id": self.id,
             "object": "video.stream",
             "status": st.ended.map_or(if st.playout.paused() { "paused" } else { "active" }, |_| "ended"),
+            "end_reason": st.ended,
             "tier": self.tier,
             "prompt_epoch": st.epoch,
             "chunks": st.next_index,
@@ -161,12 +164,16 @@ pub struct Streams {
     feed_bytes: usize,
     /// When a feed's reader counts as stalled (the stream then ends).
     pub feed_stall: Stall,
+    /// Each tenant's stream creations in the last minute (at most its
+    /// tier's `video_streams_per_minute` entries; one entry per tenant).
+    creations: Mutex<HashMap<String, std::collections::VecDeque<f64>>>,
 }
 
 impl Streams {
     pub fn new(pool: Arc<EnginePool>, cluster: Arc<crate::cluster::Cluster>, limits: &Limits) -> Arc<Self> {
         Arc::new(Self {
             feed_bytes: limits.video_feed_buffer_bytes,
+            creations: Mutex::new(HashMap::new()),
             feed_stall: limits.stall(),
             origin: Instant::now(),
             streams: Mutex::new(HashMap::new()),
@@ -224,6 +231,27 @@ impl Streams {
         });
     }
 
+    /// Live streams of `tenant`.
+    pub fn live_of(&self, tenant: &str) -> u32 {
+        self.all().iter().filter(|s| s.tenant == tenant && s.lock().ended.is_none()).count() as u32
+    }
+
+    /// Takes one of `tenant`'s `per_minute` creations at `now` (seconds),
+    /// or says in how many seconds one frees.
+    pub fn take_creation(&self, tenant: &str, per_minute: u32, now: f64) -> Result<(), u32> {
+        let mut all = self.creations.lock().unwrap_or_else(|p| p.into_inner());
+        let times = all.entry(tenant.to_string()).or_default();
+        while times.front().is_some_and(|t| now - t >= 60.0) {
+            times.pop_front();
+        }
+        if times.len() >= per_minute as usize {
+            let oldest = times.front().copied().unwrap_or(now);
+            return Err(((60.0 - (now - oldest)).ceil() as u32).max(1));
+        }
+        times.push_back(now);
+        Ok(())
+    }
+
     /// Live streams homed on each engine.
     pub fn per_engine(&self) -> Vec<(usize, u32)> {
         let mut counts: Vec<(usize, u32)> =
@@ -279,6 +307,7 @@ impl Streams {
                 urgency: Urgency::Relaxed,
                 ended: None,
                 suspended: false,
+                conflicts: 0,
             }),
             wake: Notify::new(),
             feed,

@@ -194,6 +194,16 @@ async fn create(
         chunks: b.length_frames.map(|f| f.div_ceil(u64::from(fpc))),
     };
     let streams = &app.video;
+    if let Some(limit) = tier.max_video_streams.map(|v| v.get()) {
+        if streams.live_of(&tenant.name) >= limit {
+            return Err(ApiError::VideoStreamLimit { limit });
+        }
+    }
+    if let Some(limit) = tier.video_streams_per_minute.map(|v| v.get()) {
+        streams
+            .take_creation(&tenant.name, limit, streams.now())
+            .map_err(|retry_after_s| ApiError::RateLimited { what: "video streams", limit, retry_after_s })?;
+    }
     let chunk_s = f64::from(fpc) / f64::from(fps);
     let counts = streams.per_engine();
     let home = placement::home(&counts).ok_or(ApiError::NoReadyEngine)?;
@@ -218,14 +228,23 @@ async fn create(
         resolution: params.resolution,
         latent_frames: fpc / 4,
     };
-    if let Err(e) = calls::create(&streams.pool, home, &session).await {
-        streams.remove(&stream.id);
-        tracing::warn!(event = "video_create_failed", engine = home, error = %e);
-        return Err(ApiError::EngineFailed(e.to_string()));
-    }
-    ::metrics::gauge!(m::VIDEO_STREAMS).increment(1.0);
-    streams.record_home(&stream, home);
-    tokio::spawn(driver::drive(Arc::clone(streams), Arc::clone(&stream), Arc::clone(&app.policies)));
+    // From here to the driver's start in a task of its own: a client that
+    // goes away mid-way must not leave a registered stream with no driver
+    // (it would count against capacity forever). If it went away, the
+    // stream's feed is never opened and the driver ends it (`abandoned`).
+    let (streams2, stream2, policies) = (Arc::clone(streams), Arc::clone(&stream), Arc::clone(&app.policies));
+    let started = tokio::spawn(async move {
+        if let Err(e) = calls::create(&streams2.pool, home, &session).await {
+            streams2.remove(&stream2.id);
+            tracing::warn!(event = "video_create_failed", engine = home, error = %e);
+            return Err(ApiError::EngineFailed(e.to_string()));
+        }
+        ::metrics::gauge!(m::VIDEO_STREAMS).increment(1.0);
+        streams2.record_home(&stream2, home);
+        tokio::spawn(driver::drive(Arc::clone(&streams2), stream2, policies));
+        Ok(())
+    });
+    started.await.map_err(|e| ApiError::EngineFailed(format!("stream start: {e}")))??;
     let id = &stream.id;
     tracing::info!(event = "video_stream_created", stream = %id, tenant = %tenant.name, engine = home);
     Ok(json_response(
@@ -261,18 +280,25 @@ async fn switch_prompt(
         }
         st.home
     };
-    calls::prompt(&app.video.pool, home, &s.id, &prompt)
-        .await
-        .map_err(|e| ApiError::EngineFailed(e.to_string()))?;
     let profile = app.video.profiles.get(home).await.ok_or(ApiError::NoReadyEngine)?;
     let k = app.video.per_engine().iter().find(|(i, _)| *i == home).map_or(1, |(_, n)| *n);
     let budget = policy.video.initial_slack_factor * chunk_time_s(&profile, profile.best().chunk_ms, k);
-    let now = app.video.now();
-    let mut st = s.lock();
-    st.epoch += 1;
-    st.prompt = prompt;
-    st.playout.switch_prompt(now, budget);
-    drop(st);
-    s.wake.notify_one();
-    Ok(())
+    // The engine's switch and ours happen together or not at all, even if
+    // the client goes away in between: a task of its own.
+    let (streams, s) = (Arc::clone(&app.video), Arc::clone(s));
+    let switch = tokio::spawn(async move {
+        let epoch = calls::prompt(&streams.pool, home, &s.id, &prompt)
+            .await
+            .map_err(|e| ApiError::EngineFailed(e.to_string()))?;
+        let now = streams.now();
+        let mut st = s.lock();
+        st.epoch = st.epoch.max(epoch); // the engine's count, never backwards
+        st.conflicts = 0;
+        st.prompt = prompt;
+        st.playout.switch_prompt(now, budget);
+        drop(st);
+        s.wake.notify_one();
+        Ok(())
+    });
+    switch.await.map_err(|e| ApiError::EngineFailed(format!("prompt switch: {e}")))?
 }

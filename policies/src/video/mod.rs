@@ -63,6 +63,9 @@ pub struct VideoConfig {
     pub default_fps: u32,
     /// Pixel frames per chunk when the request gives none (4 per latent frame).
     pub default_frames_per_chunk: u32,
+    /// A stream paused longer than this ends (`paused_too_long`): a paused
+    /// stream still holds a place on its engine.
+    pub max_pause_s: f64,
 }
 
 impl Default for VideoConfig {
@@ -80,6 +83,7 @@ impl Default for VideoConfig {
             rehoming: true,
             default_fps: 16,
             default_frames_per_chunk: 12,
+            max_pause_s: 600.0,
         }
     }
 }
@@ -104,6 +108,9 @@ impl VideoConfig {
         }
         if !within(self.max_buffer_s, 3600.0) {
             return Err(("video.max_buffer_s", "must be in (0, 3600]".into()));
+        }
+        if !within(self.max_pause_s, 86_400.0) {
+            return Err(("video.max_pause_s", "must be in (0, 86400]".into()));
         }
         if self.default_fps == 0 || self.default_fps > 120 {
             return Err(("video.default_fps", "must be in [1, 120]".into()));

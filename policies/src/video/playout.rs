@@ -72,6 +72,11 @@ impl Playout {
         self.paused_since.is_some()
     }
 
+    /// How long the stream has been paused (0 when playing).
+    pub fn paused_for(&self, now: f64) -> f64 {
+        self.paused_since.map_or(0.0, |t| (now - t).max(0.0))
+    }
+
     /// Chunks delivered for the current prompt.
     pub fn ready(&self) -> u32 {
         self.ready
