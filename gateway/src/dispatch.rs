@@ -44,7 +44,55 @@ pub enum EngineError {
 #[derive(Debug)]
 pub struct EventStream {
     body: Incoming,
+    lines: EventLines,
+}
+
+/// Longest engine event line accepted: an engine that sends more without a
+/// newline is broken or hostile, and its stream fails instead of growing
+/// the gateway's buffer.
+pub const MAX_EVENT_LINE: usize = 1 << 20;
+
+/// Splits bytes into event lines. Each byte is scanned for a newline once,
+/// however the engine slices its frames (a byte per frame must not cost
+/// quadratic time), and at most [`MAX_EVENT_LINE`] bytes wait for one.
+#[derive(Debug, Default)]
+pub struct EventLines {
     buf: BytesMut,
+    /// Bytes of `buf` already known to hold no newline.
+    scanned: usize,
+}
+
+impl EventLines {
+    pub fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+    }
+
+    /// Bytes waiting for a newline.
+    pub fn pending(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The next complete event line, if there is one. `Some(Err)` for a
+    /// line that is not an event, or past [`MAX_EVENT_LINE`] bytes without
+    /// a newline.
+    pub fn next_event(&mut self) -> Option<Result<Event, String>> {
+        match self.buf[self.scanned..].iter().position(|b| *b == b'\n') {
+            Some(pos) => {
+                let line = self.buf.split_to(self.scanned + pos + 1);
+                self.scanned = 0;
+                Some(serde_json::from_slice(&line).map_err(|e| format!("bad event line: {e}")))
+            }
+            None if self.buf.len() > MAX_EVENT_LINE => {
+                self.buf.clear();
+                self.scanned = 0;
+                Some(Err(format!("an event line longer than {MAX_EVENT_LINE} bytes")))
+            }
+            None => {
+                self.scanned = self.buf.len();
+                None
+            }
+        }
+    }
 }
 
 impl EventStream {
@@ -52,20 +100,17 @@ impl EventStream {
     /// the body; a partial trailing line is an error.
     pub fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Event, String>>> {
         loop {
-            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
-                let line = self.buf.split_to(pos + 1);
-                return Poll::Ready(Some(
-                    serde_json::from_slice(&line).map_err(|e| format!("bad event line: {e}")),
-                ));
+            if let Some(event) = self.lines.next_event() {
+                return Poll::Ready(Some(event));
             }
             match Pin::new(&mut self.body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
-                        self.buf.extend_from_slice(&data);
+                        self.lines.push(&data);
                     }
                 }
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.to_string()))),
-                Poll::Ready(None) if self.buf.is_empty() => return Poll::Ready(None),
+                Poll::Ready(None) if self.lines.pending() == 0 => return Poll::Ready(None),
                 Poll::Ready(None) => return Poll::Ready(Some(Err("stream ended mid-line".into()))),
                 Poll::Pending => return Poll::Pending,
             }
@@ -188,7 +233,7 @@ async fn try_engine(pool: &EnginePool, idx: usize, body: Bytes) -> Result<(Event
             parsed.map_or_else(|| ("unknown".into(), String::new()), |b| (b.code, b.message));
         return Err(EngineError::Refused { engine, status, code, message });
     }
-    let mut events = EventStream { body: resp.into_body(), buf: BytesMut::new() };
+    let mut events = EventStream { body: resp.into_body(), lines: EventLines::default() };
     match events.next().await {
         Some(Ok(Event::Error { code, message })) => {
             Err(EngineError::Stream { engine, message: format!("{code}: {message}") })

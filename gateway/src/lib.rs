@@ -21,6 +21,8 @@ pub mod config;
 pub mod dispatch;
 pub mod engines;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod hints;
 pub mod limits;
 pub mod metrics;

@@ -72,6 +72,18 @@ impl SseParser {
     }
 }
 
+/// Fuzzing entry point (`fuzz/`, and the property test below): bytes fed in
+/// pieces whose size the first byte picks must give the same events as
+/// the bytes fed at once.
+#[doc(hidden)]
+pub fn fuzz(data: &[u8]) {
+    let Some((&step, rest)) = data.split_first() else { return };
+    let whole = SseParser::new().push(rest);
+    let mut p = SseParser::new();
+    let pieces: Vec<SseEvent> = rest.chunks(usize::from(step).max(1)).flat_map(|c| p.push(c)).collect();
+    assert_eq!(whole, pieces);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,7 +21,7 @@ use policies::video::Fidelity;
 use serde::{Deserialize, Serialize};
 
 pub use model::Resolution;
-pub use sched::{VideoConfig, VideoEngine};
+pub use sched::{parse_export, Meta, VideoConfig, VideoEngine};
 
 /// `POST /engine/v1/video/sessions`.
 #[derive(Debug, Clone, Serialize, Deserialize)]

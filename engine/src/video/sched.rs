@@ -166,13 +166,39 @@ impl VideoEngine {
 }
 
 /// Serialised session: meta JSON length (u32 LE), meta JSON, state bytes.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Meta {
-    prompt: String,
-    resolution: Resolution,
-    latent_frames: u32,
-    epoch: u32,
-    credit: f64,
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Meta {
+    pub prompt: String,
+    pub resolution: Resolution,
+    pub latent_frames: u32,
+    pub epoch: u32,
+    pub credit: f64,
+}
+
+/// Parses and checks an exported session (untrusted input: an import may
+/// come from anywhere): its meta within bounds and its state of exactly
+/// the shape the model expects. Returns the meta and the state's bytes.
+pub fn parse_export(bytes: &[u8]) -> Result<(Meta, Vec<u8>), VideoError> {
+    let len = bytes
+        .get(..4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .ok_or(VideoError::BadState)?;
+    let end = len.checked_add(4).ok_or(VideoError::BadState)?;
+    let meta: Meta =
+        bytes.get(4..end).and_then(|m| serde_json::from_slice(m).ok()).ok_or(VideoError::BadState)?;
+    let state = &bytes[end..];
+    // A state of the wrong shape would index out of bounds in the model; a
+    // huge chunk would exhaust memory.
+    let parsed = StreamState::from_bytes(state).ok_or(VideoError::BadState)?;
+    let shape_ok = (1..=super::MAX_LATENT_FRAMES).contains(&meta.latent_frames)
+        && meta.prompt.len() <= super::MAX_PROMPT_BYTES
+        && meta.credit.is_finite()
+        && parsed.fits(meta.resolution, meta.latent_frames as usize);
+    if shape_ok {
+        Ok((meta, state.to_vec()))
+    } else {
+        Err(VideoError::BadState)
+    }
 }
 
 struct Core {
@@ -447,23 +473,7 @@ impl Core {
         if self.sessions.contains_key(&id) {
             return Err(VideoError::Exists(id));
         }
-        let len = bytes
-            .get(..4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-            .ok_or(VideoError::BadState)?;
-        let meta: Meta =
-            bytes.get(4..4 + len).and_then(|m| serde_json::from_slice(m).ok()).ok_or(VideoError::BadState)?;
-        let state = bytes[4 + len..].to_vec();
-        // An import is untrusted input: a state of the wrong shape would
-        // index out of bounds in the model, a huge chunk would exhaust memory.
-        let parsed = StreamState::from_bytes(&state).ok_or(VideoError::BadState)?;
-        let shape_ok = (1..=super::MAX_LATENT_FRAMES).contains(&meta.latent_frames)
-            && meta.prompt.len() <= super::MAX_PROMPT_BYTES
-            && meta.credit.is_finite()
-            && parsed.fits(meta.resolution, meta.latent_frames as usize);
-        if !shape_ok {
-            return Err(VideoError::BadState);
-        }
+        let (meta, state) = parse_export(bytes)?;
         let session = Session {
             prompt: meta.prompt,
             res: meta.resolution,

@@ -1,0 +1,78 @@
+//! Entry points for fuzzing every parser of untrusted input, shared by the
+//! cargo-fuzz targets (`fuzz/`) and the property tests that run in CI
+//! (`gateway/tests/parsers.rs`). Each takes arbitrary bytes; none may
+//! panic, and each checks what must hold of the result besides.
+
+use crate::dispatch::{EventLines, MAX_EVENT_LINE};
+use crate::openai::{self, Kind};
+
+/// The OpenAI request parser, as both endpoints.
+pub fn openai_request(data: &[u8]) {
+    for kind in [Kind::Chat, Kind::Completion] {
+        if let Ok(r) = openai::parse(kind, data) {
+            assert!(r.stop.len() <= engine::api::bounds::MAX_STOPS);
+            assert!(r.max_tokens != Some(0));
+        }
+    }
+}
+
+/// The policy document parser and validator: a document that parses
+/// parses again to the same version.
+pub fn policy_document(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    if let Ok(doc) = policies::PolicyDocument::parse("fuzz.toml", text) {
+        let again = policies::PolicyDocument::parse("fuzz.toml", text).expect("parses twice");
+        assert_eq!(doc.version, again.version);
+    }
+}
+
+/// The engine event stream reader, fed in pieces whose sizes come from the
+/// input: its buffer never holds more than one line's bound plus a piece.
+pub fn engine_events(data: &[u8]) {
+    let Some((&step, rest)) = data.split_first() else { return };
+    let step = usize::from(step).max(1);
+    let mut lines = EventLines::default();
+    for piece in rest.chunks(step) {
+        lines.push(piece);
+        while lines.next_event().is_some() {}
+        assert!(lines.pending() <= MAX_EVENT_LINE + step);
+    }
+}
+
+/// Every engine API body: the first byte picks which.
+pub fn engine_api(data: &[u8]) {
+    let Some((&which, body)) = data.split_first() else { return };
+    match which % 5 {
+        0 => {
+            if let Ok(g) = serde_json::from_slice::<engine::api::GenerateRequest>(body) {
+                let _ = g.validate();
+            }
+        }
+        1 => {
+            if let Ok(c) = serde_json::from_slice::<engine::video::CreateSession>(body) {
+                if c.validate().is_ok() {
+                    assert!(c.latent_frames >= 1 && c.latent_frames <= engine::video::MAX_LATENT_FRAMES);
+                }
+            }
+        }
+        2 => {
+            let _ = serde_json::from_slice::<engine::video::ChunkRequest>(body);
+        }
+        3 => {
+            if let Ok(h) = serde_json::from_slice::<policies::batching::BatchHints>(body) {
+                let _ = h.validate();
+            }
+        }
+        _ => {
+            let _ = serde_json::from_slice::<engine::api::Event>(body);
+        }
+    }
+}
+
+/// The engine's video import: what it accepts has the model's shape.
+pub fn video_import(data: &[u8]) {
+    if let Ok((meta, state)) = engine::video::parse_export(data) {
+        let s = engine::video::model::StreamState::from_bytes(&state).expect("accepted states parse");
+        assert!(s.fits(meta.resolution, meta.latent_frames as usize));
+    }
+}
