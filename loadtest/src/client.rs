@@ -154,7 +154,7 @@ pub async fn body_bytes(resp: Response<Incoming>) -> Result<Bytes, ClientError> 
     Ok(resp.into_body().collect().await?.to_bytes())
 }
 
-fn tls_connector(ca: Option<&Path>, proto: Proto) -> Result<TlsConnector, ClientError> {
+pub(crate) fn tls_connector(ca: Option<&Path>, proto: Proto) -> Result<TlsConnector, ClientError> {
     let mut roots = rustls::RootCertStore::empty();
     if let Some(ca) = ca {
         let shown = ca.display().to_string();

@@ -20,6 +20,7 @@
 //! - [`stats`]: percentiles over samples.
 
 pub mod arrival;
+pub mod chaos;
 pub mod client;
 pub mod overhead;
 pub mod progress;

@@ -63,6 +63,11 @@ enum Command {
     /// Gateway overhead: the same requests through the gateway and straight
     /// to the engine, interleaved; prints added latency and TBT difference.
     Overhead(loadtest::overhead::OverheadArgs),
+    /// The reliability suite: stalled readers, engine SIGSTOP/SIGKILL, Redis
+    /// faults, a cancellation storm, 10,000 concurrent streams, policy
+    /// reloads and slow connections against a real `gateway up` on
+    /// loopback; writes results.json and table.md (docs/reliability.md).
+    Chaos(loadtest::chaos::ChaosArgs),
 }
 
 #[tokio::main]
@@ -77,6 +82,7 @@ async fn main() -> ExitCode {
         Command::VideoTable { files } => video_table(&files),
         Command::Sink(args) => loadtest::sink::serve(args).await,
         Command::Overhead(args) => overhead(&args).await,
+        Command::Chaos(args) => chaos(&args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -180,5 +186,12 @@ async fn overhead(args: &loadtest::overhead::OverheadArgs) -> Result<(), String>
         let json = serde_json::to_string_pretty(&r).expect("reports serialise");
         std::fs::write(path, json).map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
+    Ok(())
+}
+
+async fn chaos(args: &loadtest::chaos::ChaosArgs) -> Result<(), String> {
+    let outcomes = loadtest::chaos::run(args).await?;
+    println!("{}", loadtest::chaos::table(&outcomes));
+    println!("wrote {}/results.json and table.md", args.out.display());
     Ok(())
 }
