@@ -34,7 +34,7 @@ fn ready_engines(r: &Value) -> usize {
 
 #[tokio::test]
 async fn two_gateways_share_engines_limits_and_the_policy() {
-    let redis = Redis::start();
+    let redis = start_redis();
     let url = redis.url();
     let policy = default_policy().replacen("max_concurrency = 256", "max_concurrency = 2", 3);
     let a = System::start_with_policy(&paced(0, 40), 1, &["--redis", &url], Some(&policy)).await;
@@ -87,7 +87,7 @@ async fn two_gateways_share_engines_limits_and_the_policy() {
 
 #[tokio::test]
 async fn a_policy_written_into_redis_without_the_fleet_key_is_refused() {
-    let redis = Redis::start();
+    let redis = start_redis();
     let url = redis.url();
     let sys = System::start_with_policy(&paced(0, 1), 1, &["--redis", &url], Some(&default_policy())).await;
     wait_ready(&sys, "Redis up", |r| r["detail"]["cluster"]["redis_up"] == true).await;
@@ -136,7 +136,7 @@ impl PolicyVersion {
 
 #[tokio::test]
 async fn requests_per_minute_hold_across_gateways() {
-    let redis = Redis::start();
+    let redis = start_redis();
     let url = redis.url();
     let policy = default_policy().replacen(
         "priority_weight = 2\n",
@@ -174,7 +174,7 @@ async fn requests_per_minute_hold_across_gateways() {
 
 #[tokio::test]
 async fn the_leader_lease_moves_when_the_leader_dies() {
-    let redis = Redis::start();
+    let redis = start_redis();
     let url = redis.url();
     let mut a = System::start_with_policy(INSTANT, 1, &["--redis", &url], Some(&default_policy())).await;
     wait_ready(&a, "A leads", |r| r["detail"]["cluster"]["leader"] == true).await;
@@ -190,7 +190,7 @@ async fn the_leader_lease_moves_when_the_leader_dies() {
 
 #[tokio::test]
 async fn redis_dying_under_load_fails_no_request_and_state_comes_back() {
-    let mut redis = Redis::start();
+    let mut redis = start_redis();
     let url = redis.url();
     let sys = System::start_with_policy(&paced(1, 2), 2, &["--redis", &url], Some(&default_policy())).await;
     wait_ready(&sys, "Redis up", |r| r["detail"]["cluster"]["redis_up"] == true).await;
@@ -222,7 +222,7 @@ async fn redis_dying_under_load_fails_no_request_and_state_comes_back() {
     assert_eq!(r["ready"], true, "still ready without Redis");
     assert!(sys.metrics().await.contains("gateway_cluster_redis_up 0"));
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    redis.restart();
+    redis.restart().unwrap();
     wait_ready(&sys, "Redis back", |r| r["detail"]["cluster"]["redis_up"] == true).await;
     // The fresh Redis is filled again: the policy republished, both engines
     // registered again, the leader lease retaken.

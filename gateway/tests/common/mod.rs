@@ -355,85 +355,9 @@ pub fn header<'a>(resp: &'a http::Response<hyper::body::Incoming>, name: &str) -
 
 /// A real `redis-server` on a free loopback port, private to one test
 /// (`scripts/test-all` installs it from Debian's packages when missing).
-pub struct Redis {
-    pub port: u16,
-    child: Option<std::process::Child>,
-    dir: PathBuf,
-}
+pub use loadtest::chaos::system::Redis;
 
-impl Redis {
-    pub fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut r = Redis { port, child: None, dir: scratch_dir() };
-        r.restart();
-        r
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Starts the server (again, on the same port) and waits for PONG.
-    pub fn restart(&mut self) {
-        let child = std::process::Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server is installed (scripts/test-all installs it)");
-        self.child = Some(child);
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
-                use std::io::{Read, Write};
-                let mut buf = [0u8; 7];
-                if s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
-                {
-                    return;
-                }
-            }
-            assert!(std::time::Instant::now() < deadline, "redis-server did not start on {}", self.port);
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// One command over RESP; the reply's first line (`:1`, `+OK`, …).
-    pub fn command(&self, args: &[&str]) -> String {
-        use std::io::{BufRead, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("redis reachable");
-        let mut req = format!("*{}\r\n", args.len());
-        for a in args {
-            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-        }
-        s.write_all(req.as_bytes()).unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(s).read_line(&mut line).unwrap();
-        line.trim_end().to_string()
-    }
-
-    /// SIGKILLs the server.
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// Starts a [`Redis`] in a scratch directory of this test.
+pub fn start_redis() -> Redis {
+    Redis::start(&scratch_dir()).expect("redis-server is installed (scripts/test-all installs it)")
 }

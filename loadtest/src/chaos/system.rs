@@ -160,7 +160,9 @@ pub fn signal(pid: u32, sig: &str) {
     let _ = std::process::Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status();
 }
 
-/// A `redis-server` on a free loopback port.
+/// A `redis-server` on a free loopback port (`scripts/test-all` installs
+/// it from Debian's packages), killed when dropped. The gateway's cluster
+/// tests use it too.
 pub struct Redis {
     pub port: u16,
     child: Option<std::process::Child>,
@@ -168,6 +170,7 @@ pub struct Redis {
 }
 
 impl Redis {
+    /// Starts one with its files under `scratch`.
     pub fn start(scratch: &Path) -> Result<Self, String> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -188,6 +191,7 @@ impl Redis {
         self.child.as_ref().map_or(0, std::process::Child::id)
     }
 
+    /// Starts the server (again, on the same port) and waits for PONG.
     pub fn restart(&mut self) -> Result<(), String> {
         let child = std::process::Command::new("redis-server")
             .args([
@@ -207,15 +211,36 @@ impl Redis {
             .spawn()
             .map_err(|e| format!("redis-server (apt-get install redis-server): {e}"))?;
         self.child = Some(child);
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+        for _ in 0..400 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+                && self.command(&["PING"]) == "+PONG"
+            {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(25));
         }
-        Err("redis-server did not start".into())
+        Err(format!("redis-server did not start on {}", self.port))
     }
 
+    /// One command over RESP; the reply's first line (`:1`, `+OK`, …), or
+    /// empty when Redis does not answer.
+    pub fn command(&self, args: &[&str]) -> String {
+        use std::io::{BufRead, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else { return String::new() };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        if s.write_all(req.as_bytes()).is_err() {
+            return String::new();
+        }
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(s).read_line(&mut line);
+        line.trim_end().to_string()
+    }
+
+    /// SIGKILLs the server.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
