@@ -42,7 +42,7 @@ pub fn engine_events(data: &[u8]) {
 /// Every engine API body: the first byte picks which.
 pub fn engine_api(data: &[u8]) {
     let Some((&which, body)) = data.split_first() else { return };
-    match which % 5 {
+    match which % 6 {
         0 => {
             if let Ok(g) = serde_json::from_slice::<engine::api::GenerateRequest>(body) {
                 let _ = g.validate();
@@ -63,8 +63,17 @@ pub fn engine_api(data: &[u8]) {
                 let _ = h.validate();
             }
         }
-        _ => {
+        4 => {
             let _ = serde_json::from_slice::<engine::api::Event>(body);
+        }
+        _ => {
+            // A latency profile, as engines serve it to gateways.
+            let Ok(text) = std::str::from_utf8(body) else { return };
+            if let Ok(p) = policies::LatencyProfile::parse("fuzz", text) {
+                for n in [0, 1, 4096, u32::MAX] {
+                    let _ = (p.prefill(n), p.decode_step(n, n));
+                }
+            }
         }
     }
 }

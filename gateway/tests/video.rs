@@ -155,6 +155,7 @@ async fn another_tenant_gets_404_and_bad_input_is_a_typed_400() {
         (json!({"prompt": "x", "length_frames": 0}), "invalid_value", "length_frames"),
         (json!({"prompt": "x", "resolution": "8k"}), "invalid_value", "resolution"),
         (json!({"prompt": "x", "colour": "red"}), "unknown_parameter", "colour"),
+        (json!({"prompt": "p".repeat(65 << 10)}), "invalid_value", "prompt"),
     ] {
         let (status, err, _) = create(&conn, GOLD, body.clone()).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {err}");

@@ -100,8 +100,11 @@ impl LatencyProfile {
     }
 }
 
+/// Milliseconds as a `Duration`, at most a day: a profile comes from an
+/// engine, and no curve it sends (huge values, extrapolated slopes) may
+/// overflow a `Duration` or an `Instant` built from it.
 fn ms(v: f64) -> Duration {
-    Duration::from_secs_f64(v.max(0.0) / 1000.0)
+    Duration::from_secs_f64((v.max(0.0) / 1000.0).min(86_400.0))
 }
 
 fn check_curve(points: &[(f64, f64)]) -> Result<(), &'static str> {
@@ -153,6 +156,13 @@ mod tests {
         assert_eq!(p.decode_step(5, 0), Duration::from_millis(14));
         assert_eq!(p.decode_step(1, 1000), Duration::from_millis(12));
         assert_eq!(p.decode_step(0, 0), p.decode_step(1, 0), "batch 0 counts as 1");
+        let huge = LatencyProfile::parse(
+            "p",
+            "model = \"m\"\nengine_class = \"c\"\n[prefill]\npoints = [[0, 0.0], [1e-300, 1e300]]\n[decode]\nbatch_points = [[1, 1e308]]\nms_per_1k_context = 1e308\n",
+        )
+        .unwrap();
+        assert_eq!(huge.prefill(u32::MAX), Duration::from_secs(86_400), "saturates instead of overflowing");
+        assert_eq!(huge.decode_step(u32::MAX, u32::MAX), Duration::from_secs(86_400));
     }
 
     #[test]

@@ -140,9 +140,7 @@ pub async fn handle(
             let s = find(&id)?;
             let body = read_body(req, &app.config).await?;
             let p: PromptBody = parse(&body)?;
-            if p.prompt.trim().is_empty() {
-                return Err(invalid("prompt", "must not be empty"));
-            }
+            check_prompt(&p.prompt)?;
             switch_prompt(app, policy, &s, p.prompt).await?;
             Ok(json_response(StatusCode::OK, &s.status(streams.now())))
         }
@@ -161,6 +159,18 @@ pub async fn handle(
     }
 }
 
+/// A prompt is non-empty and within the engines' bound.
+fn check_prompt(prompt: &str) -> Result<(), ApiError> {
+    if prompt.trim().is_empty() {
+        return Err(invalid("prompt", "must not be empty"));
+    }
+    let most = ::engine::video::MAX_PROMPT_BYTES;
+    if prompt.len() > most {
+        return Err(invalid("prompt", &format!("at most {most} bytes")));
+    }
+    Ok(())
+}
+
 async fn create(
     app: &App,
     policy: &Arc<PolicyDocument>,
@@ -170,9 +180,7 @@ async fn create(
 ) -> Result<Response<GatewayBody>, ApiError> {
     let cfg = &policy.video;
     let b: CreateBody = parse(body)?;
-    if b.prompt.trim().is_empty() {
-        return Err(invalid("prompt", "must not be empty"));
-    }
+    check_prompt(&b.prompt)?;
     let fps = b.fps.unwrap_or(cfg.default_fps);
     if !(1..=60).contains(&fps) {
         return Err(invalid("fps", "must be between 1 and 60"));
