@@ -166,7 +166,7 @@ fn check_prompt(prompt: &str) -> Result<(), ApiError> {
     }
     let most = ::engine::video::MAX_PROMPT_BYTES;
     if prompt.len() > most {
-        return Err(invalid("prompt", &format!("at most {most} bytes")));
+        return Err(invalid("prompt", format!("at most {most} bytes")));
     }
     Ok(())
 }
