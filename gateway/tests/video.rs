@@ -333,3 +333,34 @@ async fn tenant_stream_limits_creation_rate_and_pause_time_are_bounded() {
     };
     assert_eq!(end["reason"], "paused_too_long", "{end}");
 }
+
+#[tokio::test]
+async fn a_create_cut_short_by_the_client_still_leaves_a_driven_stream() {
+    // Engine calls take 30 ms, so the clients below go away mid-create.
+    let sys = System::start(&paced(30, 0), 1).await;
+    let conn = sys.conn(Proto::H2).await;
+    for i in 0..12 {
+        let c = conn.clone();
+        let req = tokio::spawn(async move {
+            c.post_json("/v1/video/streams", Some(GOLD), json!({"prompt": format!("cut {i}")}).to_string())
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(5 + i * 3)).await;
+        req.abort(); // RST_STREAM: the gateway's handler is dropped wherever it is
+    }
+    // Every stream the gateway registered has a driver: it makes chunks
+    // (nobody reads them) and is never stuck at zero.
+    let admin = sys.admin_conn().await;
+    let token = sys.admin_token();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let body = body_bytes(admin.get("/admin/video/streams", Some(&token)).await.unwrap()).await.unwrap();
+        let streams = json(&body)["streams"].as_array().unwrap().clone();
+        let stuck: Vec<_> = streams.iter().filter(|s| s["status"] != "ended" && s["chunks"] == 0).collect();
+        if stuck.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "streams with no driver: {stuck:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
