@@ -138,6 +138,12 @@ impl EngineSlot {
             .saturating_sub(self.leased_at_report.load(Ordering::Acquire))
     }
 
+    /// The decode step time the engine last reported, ms (no report copy:
+    /// read on every streamed request).
+    pub fn decode_step_ms(&self) -> Option<f64> {
+        self.last_report.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|r| r.decode_step_ms)
+    }
+
     /// The latest load report, if the last probe got one.
     pub fn report(&self) -> Option<LoadReport> {
         self.last_report.lock().unwrap_or_else(|p| p.into_inner()).clone()

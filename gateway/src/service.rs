@@ -216,7 +216,7 @@ async fn completions(
         let started =
             dispatch::start(&app.engines, &gen, first, work, timeout, &mut Attempts::default()).await?;
         let engine_id = started.inflight.engine_id().to_string();
-        let step_ms = app.engines.slot(started.inflight.engine_idx()).report().map(|r| r.decode_step_ms);
+        let step_ms = app.engines.slot(started.inflight.engine_idx()).decode_step_ms();
         let bounds = StreamBounds {
             buffer_bytes: limits.stream_buffer_bytes,
             stall: limits.stall(),
