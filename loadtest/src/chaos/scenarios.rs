@@ -63,6 +63,22 @@ fn lifted_policy() -> String {
     FCFS_POLICY.replace("max_concurrency = 256\n", "")
 }
 
+/// Two engines with the bundled A100 8B profile and the shipped policy.
+fn shipped(limits: &str, extra: Vec<String>) -> Setup<'_> {
+    Setup { engines: 2, profile: REAL_PROFILE, policy: DEFAULT_POLICY, limits, extra }
+}
+
+/// Starts the system; returns it with its idle RSS and a peak watcher.
+async fn up_measured(
+    bin: &Path,
+    scratch: &Path,
+    setup: &Setup<'_>,
+) -> Result<(Gateway, u64, RssPeak), String> {
+    let gw = Gateway::up(bin, scratch, setup).await?;
+    let (idle, rss) = (gw.rss_kib(), RssPeak::watch(gw.pid));
+    Ok((gw, idle, rss))
+}
+
 /// Samples the gateway's RSS every 100 ms until dropped; `peak()` reads it.
 struct RssPeak(Arc<std::sync::atomic::AtomicU64>, tokio::task::JoinHandle<()>);
 
@@ -133,11 +149,8 @@ fn metric(text: &str, prefix: &str) -> f64 {
 /// 256 streams from one tenant (bronze) that never read a byte, while
 /// another (gold) sends 10 req/s for 20 s.
 pub async fn stalled_readers(bin: &Path, scratch: &Path) -> Result<Outcome, String> {
-    let setup =
-        Setup { engines: 2, profile: REAL_PROFILE, policy: DEFAULT_POLICY, limits: "", extra: Vec::new() };
-    let gw = Gateway::up(bin, scratch, &setup).await?;
-    let idle = gw.rss_kib();
-    let rss = RssPeak::watch(gw.pid);
+    let setup = shipped("", Vec::new());
+    let (gw, idle, rss) = up_measured(bin, scratch, &setup).await?;
     // All 256 sent at once; each response head awaited for 10 s at most
     // (a gateway may hold it: such a stream counts as not opened).
     let mut waiting = tokio::task::JoinSet::new();
@@ -195,9 +208,7 @@ pub async fn engine_fault(bin: &Path, scratch: &Path, sig: &'static str) -> Resu
     let profile = paced(5, 20);
     let policy = lifted_policy();
     let setup = Setup { engines: 2, profile: &profile, policy: &policy, limits: "", extra: Vec::new() };
-    let gw = Gateway::up(bin, scratch, &setup).await?;
-    let idle = gw.rss_kib();
-    let rss = RssPeak::watch(gw.pid);
+    let (gw, idle, rss) = up_measured(bin, scratch, &setup).await?;
     let (victim, pid) = gw.engines[0].clone();
     let c = conns(&gw, 4).await?;
     let t0 = Instant::now();
@@ -269,16 +280,8 @@ async fn wait_redis_up(gw: &Gateway, since: Instant) -> f64 {
 /// Redis killed and restarted, then paused and resumed, under load.
 pub async fn redis_faults(bin: &Path, scratch: &Path) -> Result<Outcome, String> {
     let mut redis = Redis::start(scratch)?;
-    let setup = Setup {
-        engines: 2,
-        profile: REAL_PROFILE,
-        policy: DEFAULT_POLICY,
-        limits: "",
-        extra: vec!["--redis".into(), redis.url()],
-    };
-    let gw = Gateway::up(bin, scratch, &setup).await?;
-    let idle = gw.rss_kib();
-    let rss = RssPeak::watch(gw.pid);
+    let setup = shipped("", vec!["--redis".into(), redis.url()]);
+    let (gw, idle, rss) = up_measured(bin, scratch, &setup).await?;
     let c = conns(&gw, 2).await?;
     let t0 = Instant::now();
     let body = chat(MODEL, 32);
@@ -325,9 +328,7 @@ pub async fn cancellation_storm(
     let policy = lifted_policy();
     let extra = vec!["--engine-arg=--max-batch=16384".into(), "--engine-arg=--kv-pages=262144".into()];
     let setup = Setup { engines: 1, profile: &profile, policy: &policy, limits: "", extra };
-    let gw = Gateway::up(bin, scratch, &setup).await?;
-    let idle = gw.rss_kib();
-    let rss = RssPeak::watch(gw.pid);
+    let (gw, idle, rss) = up_measured(bin, scratch, &setup).await?;
     let c = conns(&gw, 4).await?;
     let t0 = Instant::now();
     let body = chat(MODEL, 12);
@@ -442,11 +443,8 @@ pub async fn many_streams(bin: &Path, scratch: &Path, n: usize, hold_s: u32) -> 
 
 /// 20 policy reloads through the admin API under load.
 pub async fn reloads(bin: &Path, scratch: &Path) -> Result<Outcome, String> {
-    let setup =
-        Setup { engines: 2, profile: REAL_PROFILE, policy: DEFAULT_POLICY, limits: "", extra: Vec::new() };
-    let gw = Gateway::up(bin, scratch, &setup).await?;
-    let idle = gw.rss_kib();
-    let rss = RssPeak::watch(gw.pid);
+    let setup = shipped("", Vec::new());
+    let (gw, idle, rss) = up_measured(bin, scratch, &setup).await?;
     let c = conns(&gw, 4).await?;
     let t0 = Instant::now();
     let body = chat(MODEL, 32);
@@ -489,11 +487,8 @@ pub async fn reloads(bin: &Path, scratch: &Path) -> Result<Outcome, String> {
 /// Idle and slowloris connections while gold is served.
 pub async fn slow_connections(bin: &Path, scratch: &Path) -> Result<Outcome, String> {
     let limits = "header_read_timeout_ms = 5000\nidle_timeout_ms = 10000";
-    let setup =
-        Setup { engines: 2, profile: REAL_PROFILE, policy: DEFAULT_POLICY, limits, extra: Vec::new() };
-    let gw = Gateway::up(bin, scratch, &setup).await?;
-    let idle = gw.rss_kib();
-    let rss = RssPeak::watch(gw.pid);
+    let setup = shipped(limits, Vec::new());
+    let (gw, idle, rss) = up_measured(bin, scratch, &setup).await?;
     let port = gw.base.rsplit(':').next().unwrap_or_default().to_string();
     // 500 TCP connections that never start TLS, 200 HTTP/1.1 heads sent a
     // byte a second, 200 HTTP/2 connections that never send a request.
