@@ -134,11 +134,6 @@ impl Outbox {
         Ok(())
     }
 
-    /// Bytes waiting for the reader.
-    pub fn buffered(&self) -> usize {
-        self.shared.lock().buf.len()
-    }
-
     /// Whether a push now stays within the capacity.
     pub fn has_room(&self) -> bool {
         self.shared.lock().buf.len() < self.shared.capacity
@@ -164,11 +159,6 @@ impl Outbox {
             }
             notified.await;
         }
-    }
-
-    /// Whether the reader has gone.
-    pub fn is_gone(&self) -> bool {
-        self.shared.lock().gone
     }
 
     async fn wait(&self, stall: Stall, done: impl Fn(&State) -> bool) -> Result<(), Stop> {
