@@ -317,8 +317,8 @@ mod tests {
         let stall = Stall { timeout: Duration::from_secs(1), min_rate: 1000 };
         let (out, mut body) = outbox(64);
         out.push(&[7; 4096]).unwrap();
-        // Takes one 16 KiB frame at most per poll; here 4096 bytes at once,
-        // then nothing: 4096 B in the first window passes, the second fails.
+        // The reader takes the first 4096 bytes, then nothing more: over the
+        // next 1 s window it takes 0 of the 1,000 bytes the rate asks for.
         let _ = body.frame().await;
         out.push(&[7; 4096]).unwrap();
         assert_eq!(out.room(stall).await, Err(Stop::Stalled));
