@@ -154,15 +154,7 @@ impl EngineSlot {
     }
 }
 
-/// What one request counts against the engine running it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Work {
-    /// Prompt plus output budget (routing by in-flight tokens).
-    pub tokens: u64,
-    pub prompt_tokens: u64,
-    /// Expected output tokens.
-    pub out_tokens: u64,
-}
+pub use policies::admission::controller::Work;
 
 /// All engines plus the clients that reach them.
 #[derive(Debug)]

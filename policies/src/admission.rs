@@ -380,12 +380,32 @@ pub fn decide(
     })
 }
 
+/// Marks the long-prompt lane: the first `lane_engines` candidates of each
+/// class, in order, when the class has more engines than the lane (a lane
+/// that would be the whole class is no lane).
+pub fn assign_long_lanes(engines: &mut [Candidate], lane_engines: u32) {
+    let mut per_class: std::collections::HashMap<usize, u32> = std::collections::HashMap::new();
+    for e in engines.iter_mut() {
+        let nth = per_class.entry(e.class).or_default();
+        *nth += 1;
+        e.long_lane = *nth <= lane_engines;
+    }
+    for e in engines.iter_mut() {
+        if per_class[&e.class] <= lane_engines {
+            e.long_lane = false;
+        }
+    }
+}
+
 /// Queued work drains at one millisecond of wait per millisecond when no
 /// new work arrives, so the excess wait is the time to come back.
 pub fn retry_after(excess_ms: f64, cfg: &AdmissionConfig) -> u32 {
     let s = (excess_ms.max(0.0) / 1000.0).ceil();
     (s.min(f64::from(cfg.retry_after_max_s)) as u32).clamp(cfg.retry_after_min_s, cfg.retry_after_max_s)
 }
+
+pub mod controller;
+pub use controller::Controller;
 
 #[cfg(test)]
 mod tests;

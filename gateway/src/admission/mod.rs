@@ -1,36 +1,32 @@
-//! Admission as the gateway runs it: the state the pure decisions in
-//! `policies` read (estimator models, output histories, brownout windows,
-//! tenant counts, the gate queues), and the permits requests hold.
+//! Admission as the gateway runs it: an adapter around the pure state
+//! machine [`policies::admission::Controller`], which decides; this module
+//! only supplies what the machine cannot know by itself and carries out
+//! what it decides.
 //!
-//! Per request, in order: tenant concurrency (429) -> brownout caps
-//! (context ceiling and output cap of the current level) -> estimate ->
-//! `policies::admission::decide` over the ready engines -> a [`Ticket`]
-//! (concurrency lease, learning hooks) and where to start: an engine lease
-//! now, or a place in the gate's deficit round-robin queue of the class.
-//! The gate hands out engine slots as they free ([`Admission::pump`]); a
-//! waiter is re-checked when its turn comes (late binding: it is bound to
-//! whichever engine frees first, so it is never stuck behind an engine that
-//! got slower) and refused if it can no longer meet its TTFT budget.
-//! Waits have deadlines; refusals are fast and typed.
+//! - **Clock:** `now` is seconds since this adapter started, passed to every
+//!   event.
+//! - **Engines:** each decision gets a snapshot of the ready engines from the
+//!   [`EnginePool`] (the gateway's own exact counts plus the engines' last
+//!   load reports) as [`Candidate`]s.
+//! - **I/O:** a request that must wait at the gate gets a oneshot channel;
+//!   the [`Grant`]s of [`Admission::pump`] and of the tick are sent there as
+//!   engine leases or typed refusals.
+//! - **Errors and metrics:** a [`Refusal`] becomes an OpenAI-style
+//!   [`ApiError`] and decision headers; every decision is counted.
 //!
-//! Time in every decision is `now` since this controller's origin,
-//! passed to the pure functions. The gate and the control loop (brownout
-//! ticks, policy reloads) are in `gate.rs`, the permit in `ticket.rs`.
+//! The gate loop and brownout ticks are in `gate.rs`, the request's permit
+//! in `ticket.rs`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use policies::admission::{self as adm, Ask, Candidate, Decision, RejectReason};
-use policies::brownout::{Brownout, Window};
-use policies::estimate::{OutputHistory, ServiceModel};
-use policies::fairness::Drr;
-use policies::routing::{QueueOrder, RoutePolicy};
+use policies::admission::controller::{Admit, Grant, Outcome, Reason, Refusal, Request, WaiterId};
+use policies::admission::{Candidate, Controller};
 use policies::{PolicyDocument, Tenant, Tier};
 use tokio::sync::oneshot;
 
 use crate::engines::{EngineLease, EnginePool, Work};
-use gate::{Place, Waiter};
 pub use ticket::Ticket;
 
 mod gate;
@@ -51,13 +47,22 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    fn new(
-        decision: &'static str,
-        reason: String,
-        predicted_ttft_ms: Option<f64>,
-        brownout_level: usize,
-    ) -> Self {
-        Self { decision, reason, predicted_ttft_ms, brownout_level }
+    fn admitted(a: &Admit) -> Self {
+        Self {
+            decision: a.decision(),
+            reason: a.reason(),
+            predicted_ttft_ms: a.predicted_ttft_ms,
+            brownout_level: a.brownout_level,
+        }
+    }
+
+    fn refused(r: &Refusal) -> Self {
+        Self {
+            decision: "rejected",
+            reason: r.reason.label().into(),
+            predicted_ttft_ms: r.predicted_ttft_ms,
+            brownout_level: r.brownout_level,
+        }
     }
 }
 
@@ -109,30 +114,13 @@ pub struct Admitted {
     pub ticket: Ticket,
 }
 
+type Reply = oneshot::Sender<Result<EngineLease, Refused>>;
+
 #[derive(Debug, Default)]
 struct State {
-    models: Vec<ServiceModel>,
-    outputs: HashMap<(String, String), OutputHistory>,
-    queue_signal: Window,
-    ttft_signal: Window,
-    brownout: Brownout,
-    open: HashMap<String, u32>,
-    /// Gate queues by engine class.
-    gates: HashMap<usize, Drr<Waiter>>,
-    rr_turn: u64,
-}
-
-impl State {
-    /// The class index of `profile`'s engine class, registering its model.
-    fn class_of(&mut self, profile: &policies::LatencyProfile) -> usize {
-        match self.models.iter().position(|m| m.class == profile.engine_class) {
-            Some(i) => i,
-            None => {
-                self.models.push(ServiceModel::from_profile(profile));
-                self.models.len() - 1
-            }
-        }
-    }
+    ctl: Controller,
+    /// Where each gate waiter's grant goes, with its tier (for the error).
+    waiters: HashMap<WaiterId, (Reply, String)>,
 }
 
 /// The gateway's admission controller; one per process.
@@ -158,27 +146,25 @@ impl Admission {
     }
 
     pub fn brownout_level(&self) -> usize {
-        self.lock().brownout.level()
+        self.lock().ctl.brownout_level()
     }
 
     /// Requests waiting at the gate.
     pub fn waiting(&self) -> usize {
-        self.lock().gates.values().map(Drr::len).sum()
+        self.lock().ctl.waiting()
     }
 
     /// Candidates for admission: ready engines whose profile is known.
-    fn candidates(&self, st: &mut State, policy: &PolicyDocument) -> Vec<Candidate> {
+    fn candidates(&self, ctl: &mut Controller, policy: &PolicyDocument) -> Vec<Candidate> {
         let mut out = Vec::new();
-        let mut per_class: HashMap<usize, u32> = HashMap::new();
         for idx in 0..self.pool.len() {
             let slot = self.pool.slot(idx);
             let Some(profile) = slot.profile() else { continue };
-            let class = st.class_of(&profile);
+            let class = ctl.class_of(&profile);
             if !slot.is_ready() {
                 continue;
             }
             let report = slot.report().unwrap_or_default();
-            let backlog = slot.prefill_backlog_tokens();
             // Free KV above the low watermark per the last report, less
             // what this gateway sent since (not in the report yet).
             let headroom = if report.kv_page_tokens == 0 {
@@ -187,280 +173,143 @@ impl Admission {
                 let pages = u64::from(report.kv_pages_free.saturating_sub(report.kv_low_watermark_pages));
                 (pages * u64::from(report.kv_page_tokens)).saturating_sub(slot.leased_since_report())
             };
-            let nth = per_class.entry(class).or_default();
-            *nth += 1;
             out.push(Candidate {
                 idx,
                 class,
                 slots: report.batch_target.max(1),
                 active: slot.active(),
                 active_out_tokens: slot.active_out_tokens(),
-                prefill_backlog_tokens: backlog,
+                prefill_backlog_tokens: slot.prefill_backlog_tokens(),
                 kv_headroom_tokens: headroom,
-                long_lane: *nth <= policy.routing.long_lane_engines,
+                long_lane: false,
             });
         }
-        // A lane exists only in a class with more engines than the lane.
-        for c in &mut out {
-            if per_class[&c.class] <= policy.routing.long_lane_engines {
-                c.long_lane = false;
-            }
-        }
+        policies::admission::assign_long_lanes(&mut out, policy.routing.long_lane_engines);
         out
     }
 
-    /// Decides admit / degrade / reject for one request, in the order of
-    /// the module docs.
+    /// Decides admit / degrade / reject for one request
+    /// ([`Controller::request`]) and carries the decision out.
     pub fn admit(self: &Arc<Self>, policy: &PolicyDocument, r: &AdmitRequest) -> Result<Admitted, Refused> {
         let now = self.now();
         let tier = r.tier;
-        let mut st = self.lock();
-        let level = st.brownout.level();
-        if policy.admission.mode == adm::AdmissionMode::Off {
-            let v = Verdict::new("admitted", "admission_off".into(), None, level);
-            return Ok(self.admit_off(&mut st, policy, r, v));
-        }
-        self.tenant_limit(&st, r, level)?; // 429 beyond max_concurrency
-        let (max_tokens, mut steps) = self.brownout_caps(policy, r, level)?; // this level's caps
-        let ttft_budget = r.ttft_hint.unwrap_or(tier.ttft);
-        let e2e_budget = r.e2e_hint.unwrap_or(tier.e2e).max(ttft_budget);
-        let hist_key = (r.tenant.name.clone(), r.model.to_string());
-        let expected =
-            st.outputs.get(&hist_key).map_or(max_tokens, |h| h.expected(max_tokens, &policy.estimator));
-        let engines = self.candidates(&mut st, policy);
-        let overflow =
-            tier.overflow_class.as_ref().and_then(|name| st.models.iter().position(|m| &m.class == name));
-        // The primary class: the first ready engine's outside the overflow class.
-        let class =
-            engines.iter().find(|e| Some(e.class) != overflow).or(engines.first()).map_or(0, |e| e.class);
-        let weight = tier.priority_weight.get();
-        let n_hat = u64::from(r.prompt_tokens) + u64::from(expected);
-        let key = self.key(policy, r, now, expected, &st);
-        let ahead_tokens = st
-            .gates
-            .get(&class)
-            .filter(|g| !g.is_empty())
-            .map_or(0, |g| g.tokens_ahead(&r.tenant.name, weight, n_hat, key));
-        let ask = Ask {
-            n_in: r.prompt_tokens,
-            max_tokens,
-            expected_out: expected,
-            output_floor: tier.output_floor_tokens.min(max_tokens),
-            ttft_budget_ms: ms(ttft_budget),
-            e2e_budget_ms: ms(e2e_budget),
+        let req = Request {
+            tenant: &r.tenant.name,
+            tier,
+            model: r.model,
+            prompt_tokens: r.prompt_tokens,
+            max_tokens: r.max_tokens,
             sampling: r.sampling,
-            degradations: &tier.degradations,
-            class,
-            overflow_class: overflow,
-            long: r.prompt_tokens >= policy.routing.long_prompt_tokens,
-            // The gate counts prompt + expected output; the wait is decode
-            // work, the output part in the same proportion.
-            queue_ahead_out_tokens: ahead_tokens as f64 * f64::from(expected) / n_hat.max(1) as f64,
+            ttft_hint_ms: r.ttft_hint.map(ms),
+            e2e_hint_ms: r.e2e_hint.map(ms),
         };
-        let plan = match adm::decide(&ask, &engines, &st.models, &policy.estimator, &policy.admission) {
-            Decision::Reject(rej) => return Err(self.reject(&mut st, now, r, level, &rej, &ask)),
-            Decision::Admit(plan) => plan,
-        };
-        steps.extend(plan.steps.iter().map(|d| d.label()));
-        let (decision, reason) = if steps.is_empty() {
-            ("admitted", "slo_feasible".to_string())
+        let mut st = self.lock();
+        let engines = if policy.admission.mode == policies::admission::AdmissionMode::Off {
+            Vec::new()
         } else {
-            ("degraded", steps.join("+"))
+            self.candidates(&mut st.ctl, policy)
         };
-        let v = Verdict::new(decision, reason, Some(plan.ttft_ms), level);
-        st.queue_signal.push(now, plan.ttft_ms / ask.ttft_budget_ms);
-        let work = Work {
-            tokens: u64::from(r.prompt_tokens) + u64::from(plan.max_tokens),
-            prompt_tokens: u64::from(r.prompt_tokens),
-            out_tokens: u64::from(expected.min(plan.max_tokens)),
+        let loads = if policy.admission.mode == policies::admission::AdmissionMode::Off {
+            self.pool.views()
+        } else {
+            Vec::new()
         };
-        *st.open.entry(r.tenant.name.clone()).or_default() += 1;
-        let start = match plan.engine {
-            Some(idx) => Start::Now(self.pool.lease(idx, work)),
-            None => {
-                let place =
-                    Place { class: plan.class, weight, cost: n_hat, key, ttft_budget_ms: ask.ttft_budget_ms };
-                let (rx, deadline) = gate::enqueue(&mut st, policy, r, now, work, place, v.clone());
-                Start::Wait(rx, deadline, v.clone())
+        let outcome = st.ctl.request(now, policy, &req, &engines, &loads);
+        let (admit, start) = match outcome {
+            Outcome::Refuse(refusal) => return Err(refuse(tier, &refusal)),
+            Outcome::Start { engine, admit } => {
+                let lease = self.pool.lease(engine, admit.work);
+                (admit, Start::Now(lease))
+            }
+            Outcome::Anywhere { admit } => (admit, Start::Anywhere),
+            Outcome::Wait { id, deadline, admit } => {
+                let (tx, rx) = oneshot::channel();
+                st.waiters.insert(id, (tx, tier.name.clone()));
+                let wait = Duration::try_from_secs_f64((deadline - now).max(0.0)).unwrap_or(Duration::ZERO);
+                let v = Verdict::admitted(&admit);
+                (admit, Start::Wait(rx, tokio::time::Instant::now() + wait, v))
             }
         };
-        ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => decision, "reason" => v.reason.clone())
-            .increment(1);
-        let ticket = Ticket::new(self, &r.tenant.name, hist_key, r.prompt_tokens, ask.ttft_budget_ms);
         drop(st);
+        let verdict = Verdict::admitted(&admit);
+        ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => verdict.decision, "reason" => verdict.reason.clone())
+            .increment(1);
+        let ticket = Ticket::new(self, &r.tenant.name, r.model, r.prompt_tokens, admit.ttft_budget_ms);
         if matches!(start, Start::Wait(..)) {
             self.pump(policy); // a slot may be free already
         }
         Ok(Admitted {
-            verdict: v,
-            max_tokens: plan.max_tokens,
-            sampling: plan.sampling,
-            key,
-            ttft_budget,
-            e2e_budget,
-            work,
+            verdict,
+            max_tokens: admit.max_tokens,
+            sampling: admit.sampling,
+            key: admit.key,
+            ttft_budget: duration_ms(admit.ttft_budget_ms),
+            e2e_budget: duration_ms(admit.e2e_budget_ms),
+            work: admit.work,
             start,
             ticket,
         })
     }
 
-    /// 429 when the tenant already has its tier's `max_concurrency` open.
-    fn tenant_limit(&self, st: &State, r: &AdmitRequest, level: usize) -> Result<(), Refused> {
-        let open = st.open.get(&r.tenant.name).copied().unwrap_or(0);
-        match r.tier.max_concurrency.filter(|l| open >= l.get()) {
-            Some(limit) => {
-                let v = Verdict::new("rejected", "tenant_concurrency".into(), None, level);
-                Err(self.refuse(r.tier, v, ApiError::TenantConcurrency { limit: limit.get() }))
-            }
-            None => Ok(()),
-        }
-    }
-
-    /// The current level's caps: a prompt over the shrunken context ceiling
-    /// is refused; `max_tokens` over the shrunken output cap is lowered (not
-    /// below the tier's floor). Returns `max_tokens` and the steps taken.
-    fn brownout_caps(
-        &self,
-        policy: &PolicyDocument,
-        r: &AdmitRequest,
-        level: usize,
-    ) -> Result<(u32, Vec<&'static str>), Refused> {
-        let tier = r.tier;
-        let caps = policy.brownout.caps(level, &tier.name);
-        let ceiling = (f64::from(tier.max_context_tokens.get()) * caps.context_scale).floor() as u32;
-        if r.prompt_tokens > ceiling.max(1) {
-            let v = Verdict::new("rejected", "brownout_context".into(), None, level);
-            let err = ApiError::Overloaded {
-                reason: "brownout_context",
-                message: format!(
-                    "the system is in brownout level {level}: prompts of tier {} are limited to {ceiling} tokens for now (this one has {})",
-                    tier.name, r.prompt_tokens
-                ),
-                retry_after_s: policy.brownout.down_dwell_s.ceil() as u32,
-            };
-            return Err(self.refuse(tier, v, err));
-        }
-        let cap = ((f64::from(tier.max_output_tokens.get()) * caps.output_scale).floor() as u32)
-            .max(tier.output_floor_tokens);
-        if r.max_tokens > cap {
-            Ok((cap, vec!["brownout_output_cap"]))
-        } else {
-            Ok((r.max_tokens, Vec::new()))
-        }
-    }
-
-    /// A capacity refusal; it also feeds brownout with the wait it predicted.
-    fn reject(
-        &self,
-        st: &mut State,
-        now: f64,
-        r: &AdmitRequest,
-        level: usize,
-        rej: &adm::Rejection,
-        ask: &Ask,
-    ) -> Refused {
-        let ratio = rej.predicted_ttft_ms / ask.ttft_budget_ms;
-        st.queue_signal.push(now, if ratio.is_finite() { ratio } else { 10.0 });
-        let predicted = Some(rej.predicted_ttft_ms).filter(|x| x.is_finite());
-        let v = Verdict::new("rejected", rej.reason.label().into(), predicted, level);
-        let err = match rej.reason {
-            RejectReason::NoEngine => ApiError::NoReadyEngine,
-            reason => ApiError::Overloaded {
-                reason: reason.label(),
-                message: reject_message(reason, &r.tier.name, rej, ask),
-                retry_after_s: rej.retry_after_s,
-            },
-        };
-        self.refuse(r.tier, v, err)
-    }
-
-    /// Admission off (the FCFS baselines): route by the configured simple
-    /// policy, admit everything.
-    fn admit_off(
-        self: &Arc<Self>,
-        st: &mut State,
-        policy: &PolicyDocument,
-        r: &AdmitRequest,
-        v: Verdict,
-    ) -> Admitted {
-        let now = self.now();
-        let work = Work {
-            tokens: u64::from(r.prompt_tokens) + u64::from(r.max_tokens),
-            prompt_tokens: u64::from(r.prompt_tokens),
-            out_tokens: u64::from(r.max_tokens),
-        };
-        let views = self.pool.views();
-        let pick = match policy.routing.policy {
-            RoutePolicy::RoundRobin => {
-                st.rr_turn += 1;
-                policies::routing::round_robin(&views, &[], st.rr_turn - 1)
-            }
-            RoutePolicy::LeastLoaded => policies::routing::least_inflight_requests(&views, &[]),
-            RoutePolicy::PredictedFinish => policies::routing::least_inflight_tokens(&views, &[]),
-        };
-        let start = pick.map_or(Start::Anywhere, |idx| Start::Now(self.pool.lease(idx, work)));
-        let expected = u32::try_from(work.out_tokens).unwrap_or(u32::MAX);
-        let key = self.key(policy, r, now, expected, st);
-        ::metrics::counter!(m::ADMISSION, "tier" => r.tier.name.clone(), "decision" => "admitted", "reason" => "admission_off")
-            .increment(1);
-        *st.open.entry(r.tenant.name.clone()).or_default() += 1;
-        let hist_key = (r.tenant.name.clone(), r.model.to_string());
-        let ticket = Ticket::new(self, &r.tenant.name, hist_key, r.prompt_tokens, ms(r.tier.ttft));
-        Admitted {
-            verdict: v,
-            max_tokens: r.max_tokens,
-            sampling: r.sampling,
-            key,
-            ttft_budget: r.ttft_hint.unwrap_or(r.tier.ttft),
-            e2e_budget: r.e2e_hint.unwrap_or(r.tier.e2e),
-            work,
-            start,
-            ticket,
-        }
-    }
-
-    /// The engine-queue ordering key: milliseconds on this controller's
-    /// clock, so deadlines (EDF) and virtual finish times (WSRPT) compare.
-    fn key(&self, policy: &PolicyDocument, r: &AdmitRequest, now: f64, expected: u32, st: &State) -> f64 {
-        let arrival = now * 1e3;
-        match policy.routing.order {
-            QueueOrder::Fcfs => arrival,
-            QueueOrder::Wsrpt => match r.ttft_hint {
-                Some(d) => arrival + ms(d),
-                None => {
-                    let service = st.models.first().map_or(f64::from(expected), |m| {
-                        m.prefill_raw_ms(r.prompt_tokens) + m.decode_raw_ms(r.prompt_tokens, expected, 1.0)
-                    });
-                    arrival + service / f64::from(r.tier.priority_weight.get())
+    /// Carries out gate grants: leases to waiters, or their refusals.
+    /// A waiter gone by now drops its lease, which frees the slot again.
+    fn deliver(&self, st: &mut State, grants: Vec<Grant>) {
+        for g in grants {
+            let Some((tx, tier)) = st.waiters.remove(&g.id) else { continue };
+            let sent = match g.result {
+                Ok(engine) => Ok(self.pool.lease(engine, g.work)),
+                Err(refusal) => {
+                    ::metrics::counter!(m::ADMISSION, "tier" => tier.clone(), "decision" => "rejected", "reason" => refusal.reason.label())
+                        .increment(1);
+                    Err(Refused { error: api_error(&tier, &refusal), verdict: Verdict::refused(&refusal) })
                 }
-            },
+            };
+            let _ = tx.send(sent);
         }
     }
+}
 
-    fn refuse(&self, tier: &Tier, verdict: Verdict, error: ApiError) -> Refused {
-        ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => "rejected", "reason" => verdict.reason.clone())
-            .increment(1);
-        Refused { error, verdict }
-    }
+fn refuse(tier: &Tier, refusal: &Refusal) -> Refused {
+    ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => "rejected", "reason" => refusal.reason.label())
+        .increment(1);
+    Refused { error: api_error(&tier.name, refusal), verdict: Verdict::refused(refusal) }
 }
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn reject_message(reason: RejectReason, tier: &str, rej: &adm::Rejection, ask: &Ask) -> String {
-    match reason {
-        RejectReason::TtftInfeasible => format!(
-            "the system is overloaded: the first token is predicted in {:.0} ms, over tier {tier}'s {:.0} ms budget; retry after {} s",
-            rej.predicted_ttft_ms, ask.ttft_budget_ms, rej.retry_after_s
+fn duration_ms(v: f64) -> Duration {
+    Duration::try_from_secs_f64(v.max(0.0) / 1e3).unwrap_or(Duration::ZERO)
+}
+
+/// The OpenAI-style error for a refusal.
+fn api_error(tier: &str, r: &Refusal) -> ApiError {
+    let retry_after_s = r.retry_after_s;
+    let message = match r.reason {
+        Reason::TenantConcurrency => return ApiError::TenantConcurrency { limit: r.limit },
+        Reason::NoEngine => return ApiError::NoReadyEngine,
+        Reason::BrownoutContext => format!(
+            "the system is in brownout level {}: prompts of tier {tier} are limited to {} tokens for now",
+            r.brownout_level, r.limit
         ),
-        RejectReason::E2eInfeasible => format!(
-            "the system is overloaded: the answer cannot finish within tier {tier}'s {:.0} ms end-to-end budget even at {} output tokens; retry after {} s",
-            ask.e2e_budget_ms, ask.output_floor, rej.retry_after_s
+        Reason::TtftInfeasible => format!(
+            "the system is overloaded: the first token is predicted in {:.0} ms, over tier {tier}'s {:.0} ms budget; retry after {retry_after_s} s",
+            r.predicted_ttft_ms.unwrap_or(f64::INFINITY), r.ttft_budget_ms
         ),
-        RejectReason::KvHeadroom => {
-            "every engine's KV cache is at its low watermark; retry shortly".to_string()
-        }
-        RejectReason::NoEngine => "no engine is ready to serve this request".to_string(),
-    }
+        Reason::E2eInfeasible => format!(
+            "the system is overloaded: the answer cannot finish within tier {tier}'s {:.0} ms end-to-end budget even at {} output tokens; retry after {retry_after_s} s",
+            r.e2e_budget_ms, r.limit
+        ),
+        Reason::KvHeadroom => "every engine's KV cache is at its low watermark; retry shortly".to_string(),
+        Reason::DeadlineUnreachable => format!(
+            "waited {:.0} ms for an engine slot; with {:.0} ms of prefill the first token would miss its {:.0} ms budget",
+            r.waited_ms, r.prefill_ms, r.ttft_budget_ms
+        ),
+        Reason::QueueTimeout => format!(
+            "no engine slot freed within the {:.0} ms TTFT budget; retry shortly",
+            r.ttft_budget_ms
+        ),
+    };
+    ApiError::Overloaded { reason: r.reason.label(), message, retry_after_s }
 }

@@ -1,7 +1,7 @@
 //! The permit of an admitted request: its hold on the tenant's
 //! concurrency (released on drop, when the response stream ends) and its
 //! hooks into learning (TTFT for brownout, output length and timings for
-//! the estimator).
+//! the estimator), forwarded to the controller as events.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +16,7 @@ use super::{ms, Admission};
 pub struct Ticket {
     admission: Arc<Admission>,
     tenant: String,
-    hist_key: (String, String),
+    model: String,
     prompt_tokens: u32,
     ttft_budget_ms: f64,
     first_at: Option<f64>,
@@ -26,14 +26,14 @@ impl Ticket {
     pub(super) fn new(
         a: &Arc<Admission>,
         tenant: &str,
-        hist_key: (String, String),
+        model: &str,
         prompt_tokens: u32,
         ttft_budget_ms: f64,
     ) -> Self {
         Self {
             admission: Arc::clone(a),
             tenant: tenant.to_string(),
-            hist_key,
+            model: model.to_string(),
             prompt_tokens,
             ttft_budget_ms,
             first_at: None,
@@ -44,8 +44,7 @@ impl Ticket {
     pub fn first_token(&mut self, ttft: Duration) {
         let now = self.admission.now();
         self.first_at = Some(now);
-        let mut st = self.admission.lock();
-        st.ttft_signal.push(now, ms(ttft) / self.ttft_budget_ms.max(1.0));
+        self.admission.lock().ctl.first_token(now, ms(ttft), self.ttft_budget_ms);
     }
 
     /// The request finished on engine `engine`: learn its output length and
@@ -62,27 +61,24 @@ impl Ticket {
         let batch = slot.report().map_or(1.0, |r| r.batch_achieved.max(1.0));
         let profile = slot.profile();
         let mut st = self.admission.lock();
-        st.outputs.entry(self.hist_key.clone()).or_default().observe(completion_tokens, &policy.estimator);
-        if let (Some(p), Some(first)) = (profile, self.first_at) {
-            let class = st.class_of(&p);
-            let decode_ms = (now - first) * 1e3;
-            st.models[class].observe(
-                self.prompt_tokens,
-                prefill_ms,
-                completion_tokens,
-                decode_ms,
-                batch,
-                &policy.estimator,
-            );
-        }
+        let class = profile.map(|p| st.ctl.class_of(&p));
+        let decode_ms = self.first_at.map(|first| (now - first) * 1e3);
+        st.ctl.finished(
+            policy,
+            &self.tenant,
+            &self.model,
+            class,
+            self.prompt_tokens,
+            completion_tokens,
+            prefill_ms,
+            decode_ms,
+            batch,
+        );
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut st = self.admission.lock();
-        if let Some(n) = st.open.get_mut(&self.tenant) {
-            *n = n.saturating_sub(1);
-        }
+        self.admission.lock().ctl.release(&self.tenant);
     }
 }

@@ -1,0 +1,852 @@
+//! The admission controller as a deterministic state machine.
+//!
+//! It holds everything admission learns and remembers: the per-class
+//! service models, output-length histories per (tenant, model), the
+//! brownout signal windows and level, tenants' open requests, and the gate
+//! (one deficit round-robin queue per engine class of requests admitted
+//! while every slot was busy). It is driven by events that carry `now`
+//! (seconds on the caller's clock, real or virtual) and never reads a
+//! clock or does I/O:
+//!
+//! - [`Controller::request`] -> [`Outcome`]: start on an engine now, wait
+//!   at the gate, or a typed [`Refusal`].
+//! - [`Controller::pump`] (a slot freed, or any time): hands free slots to
+//!   waiters in DRR order, re-checking each (late binding) -> [`Grant`]s.
+//! - [`Controller::first_token`], [`Controller::finished`],
+//!   [`Controller::release`]: learning and the tenant's open count.
+//! - [`Controller::tick`]: one brownout step; expires waiters past their
+//!   deadline.
+//!
+//! Per request, in order: tenant concurrency -> brownout caps (context
+//! ceiling and output cap of the current level) -> expected output ->
+//! [`super::decide`] over the engines the caller sees -> start now or wait.
+//! The engines are the caller's snapshot ([`Candidate`]s); the gateway
+//! builds them from its engine pool, the simulator from its engines.
+
+use std::collections::HashMap;
+
+use super::{decide, retry_after, Ask, Candidate, Decision, Degradation, RejectReason};
+use crate::brownout::{Brownout, Window};
+use crate::estimate::{OutputHistory, ServiceModel};
+use crate::fairness::Drr;
+use crate::routing::{QueueOrder, RoutePolicy};
+use crate::{LatencyProfile, PolicyDocument, Tier};
+
+/// What one request counts against the engine running it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Work {
+    /// Prompt plus output budget (routing by in-flight tokens).
+    pub tokens: u64,
+    pub prompt_tokens: u64,
+    /// Expected output tokens.
+    pub out_tokens: u64,
+}
+
+/// One request as admission sees it.
+#[derive(Debug, Clone)]
+pub struct Request<'a> {
+    pub tenant: &'a str,
+    pub tier: &'a Tier,
+    pub model: &'a str,
+    pub prompt_tokens: u32,
+    /// After the tier's output cap.
+    pub max_tokens: u32,
+    pub sampling: bool,
+    /// Per-request budgets (`x-slo-*-ms`), already clamped to the tier.
+    pub ttft_hint_ms: Option<f64>,
+    pub e2e_hint_ms: Option<f64>,
+}
+
+/// A step that changed what the request asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The brownout level's output cap lowered `max_tokens`.
+    BrownoutOutputCap,
+    /// A rung of the tier's degradation ladder.
+    Ladder(Degradation),
+}
+
+impl Step {
+    pub fn label(self) -> &'static str {
+        match self {
+            Step::BrownoutOutputCap => "brownout_output_cap",
+            Step::Ladder(d) => d.label(),
+        }
+    }
+}
+
+/// Why a request is refused: a closed set, each with its wire label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The tenant already has its tier's `max_concurrency` open (429).
+    TenantConcurrency,
+    /// The prompt exceeds the brownout level's context ceiling.
+    BrownoutContext,
+    TtftInfeasible,
+    E2eInfeasible,
+    KvHeadroom,
+    NoEngine,
+    /// Waited at the gate; at its turn the first token can no longer make it.
+    DeadlineUnreachable,
+    /// No slot freed before its wait deadline.
+    QueueTimeout,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 8] = [
+        Reason::TenantConcurrency,
+        Reason::BrownoutContext,
+        Reason::TtftInfeasible,
+        Reason::E2eInfeasible,
+        Reason::KvHeadroom,
+        Reason::NoEngine,
+        Reason::DeadlineUnreachable,
+        Reason::QueueTimeout,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Reason::TenantConcurrency => "tenant_concurrency",
+            Reason::BrownoutContext => "brownout_context",
+            Reason::TtftInfeasible => RejectReason::TtftInfeasible.label(),
+            Reason::E2eInfeasible => RejectReason::E2eInfeasible.label(),
+            Reason::KvHeadroom => RejectReason::KvHeadroom.label(),
+            Reason::NoEngine => RejectReason::NoEngine.label(),
+            Reason::DeadlineUnreachable => "deadline_unreachable",
+            Reason::QueueTimeout => "queue_timeout",
+        }
+    }
+}
+
+impl From<RejectReason> for Reason {
+    fn from(r: RejectReason) -> Self {
+        match r {
+            RejectReason::TtftInfeasible => Reason::TtftInfeasible,
+            RejectReason::E2eInfeasible => Reason::E2eInfeasible,
+            RejectReason::KvHeadroom => Reason::KvHeadroom,
+            RejectReason::NoEngine => Reason::NoEngine,
+        }
+    }
+}
+
+/// A refusal with what its message and headers need.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    pub reason: Reason,
+    pub retry_after_s: u32,
+    /// The predicted TTFT it was refused on, when there was one.
+    pub predicted_ttft_ms: Option<f64>,
+    /// The TTFT budget the request had.
+    pub ttft_budget_ms: f64,
+    pub e2e_budget_ms: f64,
+    /// `tenant_concurrency`: the limit. `brownout_context`: the ceiling.
+    /// `e2e_infeasible`: the output floor. Otherwise 0.
+    pub limit: u32,
+    /// `deadline_unreachable`: milliseconds waited and of prefill.
+    pub waited_ms: f64,
+    pub prefill_ms: f64,
+    pub brownout_level: usize,
+}
+
+impl Refusal {
+    fn new(reason: Reason, retry_after_s: u32, level: usize) -> Self {
+        Self {
+            reason,
+            retry_after_s,
+            predicted_ttft_ms: None,
+            ttft_budget_ms: 0.0,
+            e2e_budget_ms: 0.0,
+            limit: 0,
+            waited_ms: 0.0,
+            prefill_ms: 0.0,
+            brownout_level: level,
+        }
+    }
+}
+
+/// What an admitted request got.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admit {
+    /// Empty: admitted as asked; otherwise degraded by these steps.
+    pub steps: Vec<Step>,
+    /// Admission is off: admitted without a prediction.
+    pub unchecked: bool,
+    pub predicted_ttft_ms: Option<f64>,
+    pub brownout_level: usize,
+    pub max_tokens: u32,
+    pub sampling: bool,
+    /// Ordering key for the engine queue (lower first), ms on this
+    /// controller's clock.
+    pub key: f64,
+    pub ttft_budget_ms: f64,
+    pub e2e_budget_ms: f64,
+    pub work: Work,
+}
+
+impl Admit {
+    /// `admitted` or `degraded`.
+    pub fn decision(&self) -> &'static str {
+        if self.steps.is_empty() {
+            "admitted"
+        } else {
+            "degraded"
+        }
+    }
+
+    /// `slo_feasible`, `admission_off`, or the steps joined by `+`.
+    pub fn reason(&self) -> String {
+        if self.unchecked {
+            "admission_off".into()
+        } else if self.steps.is_empty() {
+            "slo_feasible".into()
+        } else {
+            self.steps.iter().map(|s| s.label()).collect::<Vec<_>>().join("+")
+        }
+    }
+}
+
+/// Identifies a request waiting at the gate.
+pub type WaiterId = u64;
+
+/// The decision on one request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Start on engine `engine` (the caller's index) now.
+    Start { engine: usize, admit: Admit },
+    /// Wait at the gate until a [`Grant`] for `id`, at most until
+    /// `deadline` (seconds on the controller's clock).
+    Wait { id: WaiterId, deadline: f64, admit: Admit },
+    /// Admission off and no engine to pick: start anywhere.
+    Anywhere { admit: Admit },
+    Refuse(Refusal),
+}
+
+/// A gate decision for one waiter: an engine, or a refusal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grant {
+    pub id: WaiterId,
+    /// The waiter's work, to count against the engine granted.
+    pub work: Work,
+    pub result: Result<usize, Refusal>,
+}
+
+/// One request waiting at the gate.
+#[derive(Debug, Clone)]
+struct Waiter {
+    id: WaiterId,
+    work: Work,
+    n_in: u32,
+    arrived: f64,
+    deadline: f64,
+    /// Its TTFT budget times `recheck_factor`.
+    recheck_ms: f64,
+    ttft_budget_ms: f64,
+    level: usize,
+}
+
+/// The admission state machine; one per gateway (or simulated gateway).
+#[derive(Debug, Default)]
+pub struct Controller {
+    models: Vec<ServiceModel>,
+    /// Output histories by tenant, then model.
+    outputs: HashMap<String, HashMap<String, OutputHistory>>,
+    queue_signal: Window,
+    ttft_signal: Window,
+    brownout: Brownout,
+    open: HashMap<String, u32>,
+    /// Gate queues by engine class.
+    gates: HashMap<usize, Drr<Waiter>>,
+    rr_turn: u64,
+    next_waiter: WaiterId,
+}
+
+/// The brownout step a [`Controller::tick`] took.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TickReport {
+    pub level: usize,
+    /// The level changed at this tick.
+    pub changed: bool,
+    /// The signal (window p95 of queue latency and TTFT over budget).
+    pub signal: Option<f64>,
+    pub waiting: usize,
+}
+
+impl Controller {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn brownout_level(&self) -> usize {
+        self.brownout.level()
+    }
+
+    /// Requests waiting at the gate.
+    pub fn waiting(&self) -> usize {
+        self.gates.values().map(Drr::len).sum()
+    }
+
+    /// Requests `tenant` has open (admitted, not released).
+    pub fn open(&self, tenant: &str) -> u32 {
+        self.open.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// The class index of `profile`'s engine class, registering its model
+    /// (the estimator's prior) the first time.
+    pub fn class_of(&mut self, profile: &LatencyProfile) -> usize {
+        match self.models.iter().position(|m| m.class == profile.engine_class) {
+            Some(i) => i,
+            None => {
+                self.models.push(ServiceModel::from_profile(profile));
+                self.models.len() - 1
+            }
+        }
+    }
+
+    /// The service model of class `class`, as learned so far.
+    pub fn model(&self, class: usize) -> Option<&ServiceModel> {
+        self.models.get(class)
+    }
+
+    /// Decides admit / degrade / reject for one request, in the order of
+    /// the module docs. `engines`: the ready engines (the caller's snapshot);
+    /// `loads`: every engine's routing view, for admission `off`.
+    pub fn request(
+        &mut self,
+        now: f64,
+        policy: &PolicyDocument,
+        r: &Request,
+        engines: &[Candidate],
+        loads: &[crate::routing::EngineView],
+    ) -> Outcome {
+        let tier = r.tier;
+        let level = self.brownout.level();
+        if policy.admission.mode == super::AdmissionMode::Off {
+            return self.admit_off(now, policy, r, loads, level);
+        }
+        // 429 beyond the tier's max_concurrency.
+        if let Some(limit) = tier.max_concurrency.filter(|l| self.open(r.tenant) >= l.get()) {
+            let mut refusal = Refusal::new(Reason::TenantConcurrency, policy.admission.retry_after_min_s, level);
+            refusal.limit = limit.get();
+            return Outcome::Refuse(refusal);
+        }
+        // This level's caps: a prompt over the shrunken context ceiling is
+        // refused; max_tokens over the shrunken output cap is lowered (not
+        // below the tier's floor).
+        let caps = policy.brownout.caps(level, &tier.name);
+        let ceiling = (f64::from(tier.max_context_tokens.get()) * caps.context_scale).floor() as u32;
+        if r.prompt_tokens > ceiling.max(1) {
+            let mut refusal =
+                Refusal::new(Reason::BrownoutContext, policy.brownout.down_dwell_s.ceil() as u32, level);
+            refusal.limit = ceiling;
+            return Outcome::Refuse(refusal);
+        }
+        let cap = ((f64::from(tier.max_output_tokens.get()) * caps.output_scale).floor() as u32)
+            .max(tier.output_floor_tokens);
+        let mut steps = Vec::new();
+        let max_tokens = if r.max_tokens > cap {
+            steps.push(Step::BrownoutOutputCap);
+            cap
+        } else {
+            r.max_tokens
+        };
+        let ttft_budget_ms = r.ttft_hint_ms.unwrap_or(ms(tier.ttft));
+        let e2e_budget_ms = r.e2e_hint_ms.unwrap_or(ms(tier.e2e)).max(ttft_budget_ms);
+        let expected = self.expected(policy, r.tenant, r.model, max_tokens);
+        let overflow =
+            tier.overflow_class.as_ref().and_then(|name| self.models.iter().position(|m| &m.class == name));
+        // The primary class: the first ready engine's outside the overflow class.
+        let class =
+            engines.iter().find(|e| Some(e.class) != overflow).or(engines.first()).map_or(0, |e| e.class);
+        let weight = tier.priority_weight.get();
+        let n_hat = u64::from(r.prompt_tokens) + u64::from(expected);
+        let key = self.key(policy, r, now, expected);
+        let ahead_tokens = self
+            .gates
+            .get(&class)
+            .filter(|g| !g.is_empty())
+            .map_or(0, |g| g.tokens_ahead(r.tenant, weight, n_hat, key));
+        let ask = Ask {
+            n_in: r.prompt_tokens,
+            max_tokens,
+            expected_out: expected,
+            output_floor: tier.output_floor_tokens.min(max_tokens),
+            ttft_budget_ms,
+            e2e_budget_ms,
+            sampling: r.sampling,
+            degradations: &tier.degradations,
+            class,
+            overflow_class: overflow,
+            long: r.prompt_tokens >= policy.routing.long_prompt_tokens,
+            // The gate counts prompt + expected output; the wait is decode
+            // work, the output part in the same proportion.
+            queue_ahead_out_tokens: ahead_tokens as f64 * f64::from(expected) / n_hat.max(1) as f64,
+        };
+        let plan = match decide(&ask, engines, &self.models, &policy.estimator, &policy.admission) {
+            Decision::Reject(rej) => {
+                // A capacity refusal feeds brownout with the wait it predicted.
+                let ratio = rej.predicted_ttft_ms / ask.ttft_budget_ms;
+                self.queue_signal.push(now, if ratio.is_finite() { ratio } else { 10.0 });
+                let mut refusal = Refusal::new(rej.reason.into(), rej.retry_after_s, level);
+                refusal.predicted_ttft_ms = Some(rej.predicted_ttft_ms).filter(|x| x.is_finite());
+                refusal.ttft_budget_ms = ask.ttft_budget_ms;
+                refusal.e2e_budget_ms = ask.e2e_budget_ms;
+                refusal.limit = ask.output_floor;
+                return Outcome::Refuse(refusal);
+            }
+            Decision::Admit(plan) => plan,
+        };
+        steps.extend(plan.steps.iter().map(|d| Step::Ladder(*d)));
+        self.queue_signal.push(now, plan.ttft_ms / ask.ttft_budget_ms);
+        let work = Work {
+            tokens: u64::from(r.prompt_tokens) + u64::from(plan.max_tokens),
+            prompt_tokens: u64::from(r.prompt_tokens),
+            out_tokens: u64::from(expected.min(plan.max_tokens)),
+        };
+        self.hold(r.tenant);
+        let admit = Admit {
+            steps,
+            unchecked: false,
+            predicted_ttft_ms: Some(plan.ttft_ms),
+            brownout_level: level,
+            max_tokens: plan.max_tokens,
+            sampling: plan.sampling,
+            key,
+            ttft_budget_ms,
+            e2e_budget_ms,
+            work,
+        };
+        match plan.engine {
+            Some(engine) => Outcome::Start { engine, admit },
+            None => {
+                // Wait for a slot of the plan's class, at most the TTFT
+                // budget and `routing.max_queue_ms`.
+                let id = self.next_waiter;
+                self.next_waiter += 1;
+                let wait_ms = ttft_budget_ms.min(f64::from(policy.routing.max_queue_ms)).max(0.0);
+                let deadline = now + wait_ms / 1e3;
+                let w = Waiter {
+                    id,
+                    work,
+                    n_in: r.prompt_tokens,
+                    arrived: now,
+                    deadline,
+                    recheck_ms: ttft_budget_ms * policy.admission.recheck_factor,
+                    ttft_budget_ms,
+                    level,
+                };
+                let quantum = policy.routing.drr_quantum_tokens;
+                let gate = self.gates.entry(plan.class).or_insert_with(|| Drr::new(quantum));
+                gate.push(r.tenant, weight, n_hat, key, w);
+                Outcome::Wait { id, deadline, admit }
+            }
+        }
+    }
+
+    /// Admission off (the FCFS baselines): route by the configured simple
+    /// policy, admit everything.
+    fn admit_off(
+        &mut self,
+        now: f64,
+        policy: &PolicyDocument,
+        r: &Request,
+        loads: &[crate::routing::EngineView],
+        level: usize,
+    ) -> Outcome {
+        let work = Work {
+            tokens: u64::from(r.prompt_tokens) + u64::from(r.max_tokens),
+            prompt_tokens: u64::from(r.prompt_tokens),
+            out_tokens: u64::from(r.max_tokens),
+        };
+        let pick = match policy.routing.policy {
+            RoutePolicy::RoundRobin => {
+                self.rr_turn += 1;
+                crate::routing::round_robin(loads, &[], self.rr_turn - 1)
+            }
+            RoutePolicy::LeastLoaded => crate::routing::least_inflight_requests(loads, &[]),
+            RoutePolicy::PredictedFinish => crate::routing::least_inflight_tokens(loads, &[]),
+        };
+        let key = self.key(policy, r, now, r.max_tokens);
+        self.hold(r.tenant);
+        let admit = Admit {
+            steps: Vec::new(),
+            unchecked: true,
+            predicted_ttft_ms: None,
+            brownout_level: level,
+            max_tokens: r.max_tokens,
+            sampling: r.sampling,
+            key,
+            ttft_budget_ms: r.ttft_hint_ms.unwrap_or(ms(r.tier.ttft)),
+            e2e_budget_ms: r.e2e_hint_ms.unwrap_or(ms(r.tier.e2e)),
+            work,
+        };
+        match pick {
+            Some(engine) => Outcome::Start { engine, admit },
+            None => Outcome::Anywhere { admit },
+        }
+    }
+
+    /// The expected output of `tenant` on `model` under `max_tokens`.
+    fn expected(&self, policy: &PolicyDocument, tenant: &str, model: &str, max_tokens: u32) -> u32 {
+        self.outputs
+            .get(tenant)
+            .and_then(|m| m.get(model))
+            .map_or(max_tokens, |h| h.expected(max_tokens, &policy.estimator))
+    }
+
+    /// The engine-queue ordering key: milliseconds on this controller's
+    /// clock, so deadlines (EDF) and virtual finish times (WSRPT) compare.
+    fn key(&self, policy: &PolicyDocument, r: &Request, now: f64, expected: u32) -> f64 {
+        let arrival = now * 1e3;
+        match policy.routing.order {
+            QueueOrder::Fcfs => arrival,
+            QueueOrder::Wsrpt => match r.ttft_hint_ms {
+                Some(d) => arrival + d,
+                None => {
+                    let service = self.models.first().map_or(f64::from(expected), |m| {
+                        m.prefill_raw_ms(r.prompt_tokens) + m.decode_raw_ms(r.prompt_tokens, expected, 1.0)
+                    });
+                    arrival + service / f64::from(r.tier.priority_weight.get())
+                }
+            },
+        }
+    }
+
+    /// Hands free engine slots to waiters, in deficit round-robin order per
+    /// class; re-checks each waiter's TTFT prediction when its turn comes.
+    /// `engines`: the ready engines now; a grant counts against its engine
+    /// for the rest of this call. `alive`: whether a waiter still waits
+    /// (its client may have gone); the others are dropped first.
+    pub fn pump(
+        &mut self,
+        now: f64,
+        policy: &PolicyDocument,
+        engines: &[Candidate],
+        alive: impl Fn(WaiterId) -> bool,
+    ) -> Vec<Grant> {
+        let mut grants = Vec::new();
+        if self.gates.values().all(Drr::is_empty) {
+            return grants;
+        }
+        let mut engines = engines.to_vec();
+        for (class, gate) in self.gates.iter_mut() {
+            gate.retain(|w| alive(w.id));
+            let Some(model) = self.models.get(*class) else { continue };
+            while !gate.is_empty() {
+                // The free engine with the least prefill backlog.
+                let free = engines
+                    .iter_mut()
+                    .filter(|e| e.class == *class && e.active < e.slots)
+                    .min_by_key(|e| e.prefill_backlog_tokens);
+                let Some(e) = free else { break };
+                let Some((_, w)) = gate.pop() else { break };
+                if now > w.deadline {
+                    grants.push(Grant { id: w.id, work: w.work, result: Err(timeout(&w, policy)) });
+                    continue;
+                }
+                let waited_ms = (now - w.arrived) * 1e3;
+                let prefill = model.predict(w.n_in, 1, 1.0, &policy.estimator).prefill_ms;
+                if waited_ms + prefill > w.recheck_ms {
+                    let mut refusal = Refusal::new(
+                        Reason::DeadlineUnreachable,
+                        retry_after(waited_ms + prefill - w.recheck_ms, &policy.admission),
+                        w.level,
+                    );
+                    refusal.waited_ms = waited_ms;
+                    refusal.prefill_ms = prefill;
+                    refusal.ttft_budget_ms = w.recheck_ms;
+                    grants.push(Grant { id: w.id, work: w.work, result: Err(refusal) });
+                    continue;
+                }
+                e.active += 1;
+                e.prefill_backlog_tokens += w.work.prompt_tokens;
+                e.active_out_tokens += w.work.out_tokens;
+                grants.push(Grant { id: w.id, work: w.work, result: Ok(e.idx) });
+            }
+        }
+        grants
+    }
+
+    /// A waiter's client went away, or the caller timed it out: it leaves
+    /// the gate (its tenant's open count is released by [`Self::release`]).
+    pub fn cancel(&mut self, id: WaiterId) {
+        for gate in self.gates.values_mut() {
+            gate.retain(|w| w.id != id);
+        }
+    }
+
+    /// The first token reached the caller `ttft_ms` after arrival.
+    pub fn first_token(&mut self, now: f64, ttft_ms: f64, ttft_budget_ms: f64) {
+        self.ttft_signal.push(now, ttft_ms / ttft_budget_ms.max(1.0));
+    }
+
+    /// A request of `tenant` on `model` finished on an engine of `class`
+    /// (none: not known) with `completion_tokens`, after `prefill_ms` of
+    /// prefill and `decode_ms` from its first token to its last, at a batch
+    /// of `batch`: the estimator learns its output length and timings.
+    #[allow(clippy::too_many_arguments)]
+    pub fn finished(
+        &mut self,
+        policy: &PolicyDocument,
+        tenant: &str,
+        model: &str,
+        class: Option<usize>,
+        prompt_tokens: u32,
+        completion_tokens: u32,
+        prefill_ms: f64,
+        decode_ms: Option<f64>,
+        batch: f64,
+    ) {
+        let models = self.outputs.entry(tenant.to_string()).or_default();
+        match models.get_mut(model) {
+            Some(h) => h.observe(completion_tokens, &policy.estimator),
+            None => models.entry(model.to_string()).or_default().observe(completion_tokens, &policy.estimator),
+        }
+        if let (Some(c), Some(decode_ms)) = (class, decode_ms) {
+            if let Some(m) = self.models.get_mut(c) {
+                m.observe(prompt_tokens, prefill_ms, completion_tokens, decode_ms, batch, &policy.estimator);
+            }
+        }
+    }
+
+    fn hold(&mut self, tenant: &str) {
+        match self.open.get_mut(tenant) {
+            Some(n) => *n += 1,
+            None => {
+                self.open.insert(tenant.to_string(), 1);
+            }
+        }
+    }
+
+    /// An admitted request of `tenant` ended (its response stream ended).
+    pub fn release(&mut self, tenant: &str) {
+        if let Some(n) = self.open.get_mut(tenant) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// A new policy version: gates take its DRR quantum; brownout follows
+    /// its levels at the next tick. Waiters keep the budgets they were
+    /// admitted with.
+    pub fn reconfigure(&mut self, policy: &PolicyDocument) {
+        for gate in self.gates.values_mut() {
+            gate.set_quantum(policy.routing.drr_quantum_tokens);
+        }
+    }
+
+    /// One brownout step; waiters past their deadline leave the gate with
+    /// a `queue_timeout` refusal.
+    pub fn tick(&mut self, now: f64, policy: &PolicyDocument) -> (TickReport, Vec<Grant>) {
+        let cfg = &policy.brownout;
+        let q = self.queue_signal.p95(now, cfg.window_s, cfg.min_samples);
+        let t = self.ttft_signal.p95(now, cfg.window_s, cfg.min_samples);
+        let signal = match (q, t) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        let changed = self.brownout.update(now, signal, cfg).is_some();
+        let mut expired = Vec::new();
+        for gate in self.gates.values_mut() {
+            gate.retain(|w| {
+                if now > w.deadline {
+                    expired.push(Grant { id: w.id, work: w.work, result: Err(timeout(w, policy)) });
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        let report = TickReport { level: self.brownout.level(), changed, signal, waiting: self.waiting() };
+        (report, expired)
+    }
+}
+
+fn timeout(w: &Waiter, policy: &PolicyDocument) -> Refusal {
+    let mut refusal = Refusal::new(Reason::QueueTimeout, policy.admission.retry_after_min_s, w.level);
+    refusal.ttft_budget_ms = w.ttft_budget_ms;
+    refusal.waited_ms = (w.deadline - w.arrived) * 1e3;
+    refusal
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    //! The state machine in virtual time: the same events give the same
+    //! decisions, the gate binds late and expires on time, tenants' open
+    //! counts follow admissions and releases.
+
+    use super::*;
+
+    fn policy() -> PolicyDocument {
+        PolicyDocument::parse("default.toml", include_str!("../../default.toml")).unwrap()
+    }
+
+    fn profile() -> LatencyProfile {
+        LatencyProfile::parse("p.toml", include_str!("../../profiles/emulated-a100-8b.toml")).unwrap()
+    }
+
+    fn engines(ctl: &mut Controller, n: usize, slots: u32, active: u32) -> Vec<Candidate> {
+        let class = ctl.class_of(&profile());
+        (0..n)
+            .map(|idx| Candidate {
+                idx,
+                class,
+                slots,
+                active,
+                active_out_tokens: u64::from(active) * 200,
+                prefill_backlog_tokens: 0,
+                kv_headroom_tokens: 1 << 30,
+                long_lane: false,
+            })
+            .collect()
+    }
+
+    fn req<'a>(p: &'a PolicyDocument, tier: &str, tenant: &'a str, prompt: u32, max: u32) -> Request<'a> {
+        let tier = p.tiers.iter().find(|t| t.name == tier).unwrap();
+        Request {
+            tenant,
+            tier,
+            model: "m",
+            prompt_tokens: prompt,
+            max_tokens: max,
+            sampling: false,
+            ttft_hint_ms: None,
+            e2e_hint_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_free_slot_starts_at_once_and_a_full_fleet_waits_at_the_gate() {
+        let p = policy();
+        let mut ctl = Controller::new();
+        let free = engines(&mut ctl, 2, 8, 0);
+        match ctl.request(0.0, &p, &req(&p, "gold", "a", 100, 100), &free, &[]) {
+            Outcome::Start { engine, admit } => {
+                assert!(engine < 2);
+                assert_eq!(admit.reason(), "slo_feasible");
+                assert_eq!(admit.work.prompt_tokens, 100);
+            }
+            o => panic!("{o:?}"),
+        }
+        let full = engines(&mut ctl, 2, 8, 8);
+        let Outcome::Wait { id, deadline, .. } = ctl.request(1.0, &p, &req(&p, "gold", "a", 100, 100), &full, &[])
+        else {
+            panic!("a full fleet with a short queue makes the request wait")
+        };
+        assert!(deadline > 1.0 && deadline <= 1.0 + ms(p.tiers[0].ttft.max(p.tiers[2].ttft)) / 1e3);
+        assert_eq!(ctl.waiting(), 1);
+        // No slot yet: nothing granted. A slot frees: it goes to the waiter.
+        assert!(ctl.pump(1.05, &p, &full, |_| true).is_empty());
+        let one_free = engines(&mut ctl, 2, 8, 7);
+        let grants = ctl.pump(1.1, &p, &one_free, |_| true);
+        assert_eq!(grants.len(), 1);
+        assert_eq!(grants[0].id, id);
+        assert!(grants[0].result.is_ok());
+        assert_eq!(ctl.waiting(), 0);
+    }
+
+    #[test]
+    fn a_waiter_past_its_deadline_is_refused_at_the_tick_and_one_that_waited_too_long_at_its_turn() {
+        let p = policy();
+        let mut ctl = Controller::new();
+        let full = engines(&mut ctl, 1, 8, 8);
+        let Outcome::Wait { id, deadline, .. } = ctl.request(0.0, &p, &req(&p, "gold", "a", 100, 50), &full, &[])
+        else {
+            panic!()
+        };
+        let (_, expired) = ctl.tick(deadline - 1e-3, &p);
+        assert!(expired.is_empty(), "not yet");
+        let (_, expired) = ctl.tick(deadline + 1e-3, &p);
+        assert_eq!(expired.len(), 1);
+        assert_eq!(expired[0].id, id);
+        assert_eq!(expired[0].result.as_ref().unwrap_err().reason, Reason::QueueTimeout);
+        // Turn comes after nearly the whole budget: prefill cannot fit.
+        let o = ctl.request(10.0, &p, &req(&p, "silver", "a", 1500, 50), &full, &[]);
+        let Outcome::Wait { deadline, .. } = o else { panic!("{o:?}") };
+        let free = engines(&mut ctl, 1, 8, 0);
+        let grants = ctl.pump(deadline - 1e-4, &p, &free, |_| true);
+        let refusal = grants[0].result.as_ref().unwrap_err();
+        assert_eq!(refusal.reason, Reason::DeadlineUnreachable);
+        assert!(refusal.waited_ms > 0.0 && refusal.prefill_ms > 0.0);
+    }
+
+    #[test]
+    fn a_gone_waiter_never_takes_a_slot() {
+        let p = policy();
+        let mut ctl = Controller::new();
+        let full = engines(&mut ctl, 1, 8, 8);
+        let Outcome::Wait { id: gone, .. } = ctl.request(0.0, &p, &req(&p, "gold", "a", 100, 50), &full, &[])
+        else {
+            panic!()
+        };
+        let Outcome::Wait { id: kept, .. } = ctl.request(0.0, &p, &req(&p, "gold", "a", 100, 50), &full, &[])
+        else {
+            panic!()
+        };
+        let one_free = engines(&mut ctl, 1, 8, 7);
+        let grants = ctl.pump(0.01, &p, &one_free, |id| id != gone);
+        assert_eq!(grants.iter().map(|g| g.id).collect::<Vec<_>>(), vec![kept]);
+    }
+
+    #[test]
+    fn tenant_concurrency_counts_admissions_and_releases() {
+        let mut p = policy();
+        p.tiers[0].max_concurrency = std::num::NonZeroU32::new(2);
+        let gold = p.tiers[0].name.clone();
+        let mut ctl = Controller::new();
+        let free = engines(&mut ctl, 4, 8, 0);
+        for _ in 0..2 {
+            assert!(matches!(
+                ctl.request(0.0, &p, &req(&p, &gold, "t", 50, 50), &free, &[]),
+                Outcome::Start { .. }
+            ));
+        }
+        match ctl.request(0.0, &p, &req(&p, &gold, "t", 50, 50), &free, &[]) {
+            Outcome::Refuse(r) => {
+                assert_eq!(r.reason, Reason::TenantConcurrency);
+                assert_eq!(r.limit, 2);
+            }
+            o => panic!("{o:?}"),
+        }
+        assert!(matches!(ctl.request(0.0, &p, &req(&p, &gold, "u", 50, 50), &free, &[]), Outcome::Start { .. }));
+        ctl.release("t");
+        assert_eq!(ctl.open("t"), 1);
+        assert!(matches!(ctl.request(0.0, &p, &req(&p, &gold, "t", 50, 50), &free, &[]), Outcome::Start { .. }));
+    }
+
+    #[test]
+    fn the_same_events_give_the_same_decisions() {
+        let p = policy();
+        let run = || {
+            let mut ctl = Controller::new();
+            let mut out = Vec::new();
+            for i in 0..400u32 {
+                let now = f64::from(i) * 0.01;
+                let active = (i % 9).min(8);
+                let es = engines(&mut ctl, 3, 8, active);
+                let tier = ["gold", "silver", "bronze"][(i % 3) as usize];
+                let o = ctl.request(now, &p, &req(&p, tier, "t", 100 + (i * 37) % 3000, 64 + i % 500), &es, &[]);
+                out.push(format!("{o:?}"));
+                if i % 5 == 0 {
+                    ctl.finished(&p, "t", "m", Some(0), 100, 40 + i % 300, 12.0, Some(900.0), 4.0);
+                    ctl.release("t");
+                }
+                if i % 25 == 0 {
+                    out.push(format!("{:?}", ctl.tick(now, &p)));
+                }
+                let es = engines(&mut ctl, 3, 8, 7);
+                out.push(format!("{:?}", ctl.pump(now, &p, &es, |_| true)));
+            }
+            out
+        };
+        assert_eq!(run(), run());
+    }
+
+    #[test]
+    fn refusal_labels_are_distinct() {
+        let labels: std::collections::HashSet<_> = Reason::ALL.iter().map(|r| r.label()).collect();
+        assert_eq!(labels.len(), Reason::ALL.len());
+    }
+}
