@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::admission::{AdmissionConfig, Degradation};
+use crate::autoscale::AutoscaleConfig;
 use crate::batching::BatchHints;
 use crate::brownout::BrownoutConfig;
 use crate::estimate::EstimatorConfig;
@@ -59,6 +60,40 @@ impl fmt::Debug for ApiKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let prefix: String = self.0.chars().take(4).collect();
         write!(f, "ApiKey({prefix}…redacted)")
+    }
+}
+
+/// `[cost]`: what an engine costs, for GPU-seconds in money.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CostConfig {
+    /// Price of one GPU-hour (one engine) of a class not listed below.
+    pub default_gpu_hour: f64,
+    /// Price per GPU-hour by engine class (`engine_class` of its profile).
+    pub gpu_hour: BTreeMap<String, f64>,
+}
+
+impl Default for CostConfig {
+    fn default() -> Self {
+        Self { default_gpu_hour: 2.0, gpu_hour: BTreeMap::new() }
+    }
+}
+
+impl CostConfig {
+    /// Price of one GPU-hour of `class`.
+    pub fn price(&self, class: &str) -> f64 {
+        self.gpu_hour.get(class).copied().unwrap_or(self.default_gpu_hour)
+    }
+
+    fn validate(&self) -> Result<(), (String, String)> {
+        let ok = |v: f64| v.is_finite() && v >= 0.0;
+        if !ok(self.default_gpu_hour) {
+            return Err(("cost.default_gpu_hour".into(), "must be a price >= 0".into()));
+        }
+        match self.gpu_hour.iter().find(|(_, v)| !ok(**v)) {
+            Some((class, _)) => Err((format!("cost.gpu_hour.{class}"), "must be a price >= 0".into())),
+            None => Ok(()),
+        }
     }
 }
 
@@ -130,6 +165,10 @@ pub struct PolicyDocument {
     pub batching: BatchHints,
     /// Streaming video scheduling (`[video]`).
     pub video: VideoConfig,
+    /// `[autoscale]`: engines serving and warm (policies::autoscale).
+    pub autoscale: AutoscaleConfig,
+    /// `[cost]`: prices per GPU-hour.
+    pub cost: CostConfig,
     /// Content hash of the document text (12 hex digits): the version in
     /// response headers and metrics.
     pub version: String,
@@ -156,6 +195,10 @@ struct RawDocument {
     batching: BatchHints,
     #[serde(default)]
     video: VideoConfig,
+    #[serde(default)]
+    autoscale: AutoscaleConfig,
+    #[serde(default)]
+    cost: CostConfig,
 }
 
 #[derive(Deserialize)]
@@ -283,6 +326,8 @@ impl PolicyDocument {
         }
         raw.batching.validate().map_err(|(key, message)| invalid(key, message))?;
         raw.video.validate().map_err(section)?;
+        raw.autoscale.validate().map_err(section)?;
+        raw.cost.validate().map_err(|(key, message)| invalid(key, message))?;
         let explicit = raw.brownout.is_some();
         let brownout = raw.brownout.unwrap_or_default();
         brownout.validate().map_err(|(key, message)| invalid(key, message))?;
@@ -301,6 +346,8 @@ impl PolicyDocument {
             routing: raw.routing,
             batching: raw.batching,
             video: raw.video,
+            autoscale: raw.autoscale,
+            cost: raw.cost,
             version: version_of(text),
             keys,
         })

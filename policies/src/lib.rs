@@ -12,6 +12,9 @@
 //! - [`estimate`]: expected output, prefill and decode time per engine class.
 //! - [`admission`]: feasibility against the tier's SLO, the degradation
 //!   ladder, rejections with Retry-After, predicted-finish routing.
+//! - [`autoscale`]: how many engines serve and how many stand warm:
+//!   hysteresis target tracking, queue-latency triggers, volatility levels,
+//!   warm-pool sizing, restart backoff.
 //! - [`brownout`]: overload levels with hysteresis and their per-tier caps.
 //! - [`fairness`]: deficit round-robin across tenants, in tokens.
 //! - [`routing`]: the `[routing]` knobs and the baseline routing policies.
@@ -24,6 +27,7 @@
 //! - [`rng`]: the seeded generator behind every reproducible random choice.
 
 pub mod admission;
+pub mod autoscale;
 pub mod batching;
 pub mod brownout;
 pub mod config;

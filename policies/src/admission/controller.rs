@@ -212,12 +212,21 @@ pub type WaiterId = u64;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// Start on engine `engine` (the caller's index) now.
-    Start { engine: usize, admit: Admit },
+    Start {
+        engine: usize,
+        admit: Admit,
+    },
     /// Wait at the gate until a [`Grant`] for `id`, at most until
     /// `deadline` (seconds on the controller's clock).
-    Wait { id: WaiterId, deadline: f64, admit: Admit },
+    Wait {
+        id: WaiterId,
+        deadline: f64,
+        admit: Admit,
+    },
     /// Admission off and no engine to pick: start anywhere.
-    Anywhere { admit: Admit },
+    Anywhere {
+        admit: Admit,
+    },
     Refuse(Refusal),
 }
 
@@ -325,7 +334,8 @@ impl Controller {
         }
         // 429 beyond the tier's max_concurrency.
         if let Some(limit) = tier.max_concurrency.filter(|l| self.open(r.tenant) >= l.get()) {
-            let mut refusal = Refusal::new(Reason::TenantConcurrency, policy.admission.retry_after_min_s, level);
+            let mut refusal =
+                Refusal::new(Reason::TenantConcurrency, policy.admission.retry_after_min_s, level);
             refusal.limit = limit.get();
             return Outcome::Refuse(refusal);
         }
@@ -599,7 +609,9 @@ impl Controller {
         let models = self.outputs.entry(tenant.to_string()).or_default();
         match models.get_mut(model) {
             Some(h) => h.observe(completion_tokens, &policy.estimator),
-            None => models.entry(model.to_string()).or_default().observe(completion_tokens, &policy.estimator),
+            None => {
+                models.entry(model.to_string()).or_default().observe(completion_tokens, &policy.estimator)
+            }
         }
         if let (Some(c), Some(decode_ms)) = (class, decode_ms) {
             if let Some(m) = self.models.get_mut(c) {
@@ -731,7 +743,8 @@ mod tests {
             o => panic!("{o:?}"),
         }
         let full = engines(&mut ctl, 2, 8, 8);
-        let Outcome::Wait { id, deadline, .. } = ctl.request(1.0, &p, &req(&p, "gold", "a", 100, 100), &full, &[])
+        let Outcome::Wait { id, deadline, .. } =
+            ctl.request(1.0, &p, &req(&p, "gold", "a", 100, 100), &full, &[])
         else {
             panic!("a full fleet with a short queue makes the request wait")
         };
@@ -752,7 +765,8 @@ mod tests {
         let p = policy();
         let mut ctl = Controller::new();
         let full = engines(&mut ctl, 1, 8, 8);
-        let Outcome::Wait { id, deadline, .. } = ctl.request(0.0, &p, &req(&p, "gold", "a", 100, 50), &full, &[])
+        let Outcome::Wait { id, deadline, .. } =
+            ctl.request(0.0, &p, &req(&p, "gold", "a", 100, 50), &full, &[])
         else {
             panic!()
         };
@@ -810,10 +824,16 @@ mod tests {
             }
             o => panic!("{o:?}"),
         }
-        assert!(matches!(ctl.request(0.0, &p, &req(&p, &gold, "u", 50, 50), &free, &[]), Outcome::Start { .. }));
+        assert!(matches!(
+            ctl.request(0.0, &p, &req(&p, &gold, "u", 50, 50), &free, &[]),
+            Outcome::Start { .. }
+        ));
         ctl.release("t");
         assert_eq!(ctl.open("t"), 1);
-        assert!(matches!(ctl.request(0.0, &p, &req(&p, &gold, "t", 50, 50), &free, &[]), Outcome::Start { .. }));
+        assert!(matches!(
+            ctl.request(0.0, &p, &req(&p, &gold, "t", 50, 50), &free, &[]),
+            Outcome::Start { .. }
+        ));
     }
 
     #[test]
@@ -827,7 +847,8 @@ mod tests {
                 let active = (i % 9).min(8);
                 let es = engines(&mut ctl, 3, 8, active);
                 let tier = ["gold", "silver", "bronze"][(i % 3) as usize];
-                let o = ctl.request(now, &p, &req(&p, tier, "t", 100 + (i * 37) % 3000, 64 + i % 500), &es, &[]);
+                let o =
+                    ctl.request(now, &p, &req(&p, tier, "t", 100 + (i * 37) % 3000, 64 + i % 500), &es, &[]);
                 out.push(format!("{o:?}"));
                 if i % 5 == 0 {
                     ctl.finished(&p, "t", "m", Some(0), 100, 40 + i % 300, 12.0, Some(900.0), 4.0);

@@ -1,0 +1,592 @@
+//! Autoscaling and warm pools: how many engines should serve, and how many
+//! should stand ready beside them.
+//!
+//! A pure state machine ticked with the fleet's own measurements
+//! ([`Signals`]) and `now`; the live supervisor and the simulator run the
+//! same one and carry out its [`Decision`].
+//!
+//! - **Load signal** ρ = N_req / (M · K): sequences running plus waiting at
+//!   the gate over the serving engines' slots (tokens in flight as
+//!   pressure, in units of decode slots).
+//! - **Target tracking with hysteresis** (TurboServe §5.2.2): scale out when
+//!   ρ > ρ̂ + δ, in when ρ < ρ̂ − δ; the target is
+//!   M_target = ⌈N_req / (K · ρ̂)⌉, bounded by `[min_engines, max_engines]`.
+//! - **Queue latency** (Vennamaneni §4.4): scale out when the p95 of queue
+//!   latency over the TTFT budget exceeds θ for `up_sustain_s`, even if ρ
+//!   looks fine (at least one engine more).
+//! - **Conservative scale-in:** only after `down_windows` consecutive windows
+//!   of `down_window_s` in which ρ stayed below ρ̂ − δ, queue latency below
+//!   θ/2 and brownout at level 0; at most `max_step_in` engines at a time;
+//!   engines leave by draining at token boundaries (the caller's job).
+//! - **Dwell:** no scale-out within `up_cooldown_s` of a change, no scale-in
+//!   within `down_cooldown_s`: a noisy signal never flaps the fleet.
+//! - **Volatility levels** (TurboServe Appendix A): the standard deviation
+//!   over the mean of arrivals per `volatility_bin_s` bin, over the last
+//!   `volatility_bins` bins, picks a row of the `levels` table: calmer
+//!   traffic packs denser (higher ρ̂), bursty traffic keeps headroom.
+//! - **Warm pool** (Vennamaneni §4.4): N_warm = ⌈λ_burst · T_cold · margin⌉
+//!   ready engines beyond the serving ones, where T_cold is the measured
+//!   cold start (the prior until one was measured) and λ_burst the rate at
+//!   which the level's burst adds engine demand,
+//!   (burst_factor − 1) · M_target / `burst_ramp_s` engines per second
+//!   (T_cold capped at the ramp: a pool never exceeds the whole burst).
+
+use std::collections::VecDeque;
+
+use serde::Deserialize;
+
+/// One row of the volatility table.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolatilityLevel {
+    /// The row applies when volatility (std / mean of arrivals per bin) is
+    /// at least this (rows in increasing order; the first row's is 0).
+    pub above: f64,
+    /// ρ̂: the serving engines' target slot occupancy.
+    pub target_utilization: f64,
+    /// Expected burst at this volatility: demand multiplies by this.
+    pub burst_factor: f64,
+}
+
+/// `[autoscale]` in the policy document.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AutoscaleConfig {
+    /// Off: the fleet keeps the engines it was started with (restarts of
+    /// engines that exit still happen).
+    pub enabled: bool,
+    pub min_engines: u32,
+    pub max_engines: u32,
+    /// δ: the hysteresis band around ρ̂.
+    pub band: f64,
+    /// θ: queue latency p95 over D_TTFT that triggers scale-out.
+    pub queue_theta: f64,
+    /// A scale-out trigger must hold this long.
+    pub up_sustain_s: f64,
+    /// Scale-in needs this many consecutive quiet windows ...
+    pub down_windows: u32,
+    /// ... of this length.
+    pub down_window_s: f64,
+    pub up_cooldown_s: f64,
+    pub down_cooldown_s: f64,
+    /// Engines removed per scale-in decision at most.
+    pub max_step_in: u32,
+    pub volatility_bin_s: f64,
+    pub volatility_bins: usize,
+    pub levels: Vec<VolatilityLevel>,
+    /// Keep a warm pool.
+    pub warm_pool: bool,
+    /// Safety margin on the warm pool.
+    pub warm_margin: f64,
+    /// The burst ramp the warm pool is sized for, seconds.
+    pub burst_ramp_s: f64,
+    /// Cold start assumed until one is measured, seconds.
+    pub cold_start_prior_s: f64,
+    /// Restarts of an engine that exited: first delay, doubling to the max.
+    pub restart_backoff_s: f64,
+    pub restart_backoff_max_s: f64,
+}
+
+impl Default for AutoscaleConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            min_engines: 1,
+            max_engines: 8,
+            band: 0.1,
+            queue_theta: 0.5,
+            up_sustain_s: 2.0,
+            down_windows: 3,
+            down_window_s: 20.0,
+            up_cooldown_s: 5.0,
+            down_cooldown_s: 60.0,
+            max_step_in: 1,
+            volatility_bin_s: 5.0,
+            volatility_bins: 12,
+            levels: vec![
+                VolatilityLevel { above: 0.0, target_utilization: 0.8, burst_factor: 1.5 },
+                VolatilityLevel { above: 0.25, target_utilization: 0.65, burst_factor: 2.0 },
+                VolatilityLevel { above: 0.5, target_utilization: 0.5, burst_factor: 3.0 },
+            ],
+            warm_pool: true,
+            warm_margin: 1.25,
+            burst_ramp_s: 30.0,
+            cold_start_prior_s: 10.0,
+            restart_backoff_s: 1.0,
+            restart_backoff_max_s: 30.0,
+        }
+    }
+}
+
+impl AutoscaleConfig {
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.min_engines > self.max_engines || self.max_engines == 0 {
+            return Err((
+                "autoscale.max_engines",
+                "need 1 <= max_engines and min_engines <= max_engines".into(),
+            ));
+        }
+        if !(self.band.is_finite() && (0.0..0.5).contains(&self.band)) {
+            return Err(("autoscale.band", "must be in [0, 0.5)".into()));
+        }
+        if !(self.queue_theta.is_finite() && self.queue_theta > 0.0) {
+            return Err(("autoscale.queue_theta", "must be > 0".into()));
+        }
+        let times = [
+            ("autoscale.up_sustain_s", self.up_sustain_s),
+            ("autoscale.down_window_s", self.down_window_s),
+            ("autoscale.up_cooldown_s", self.up_cooldown_s),
+            ("autoscale.down_cooldown_s", self.down_cooldown_s),
+            ("autoscale.volatility_bin_s", self.volatility_bin_s),
+            ("autoscale.burst_ramp_s", self.burst_ramp_s),
+            ("autoscale.cold_start_prior_s", self.cold_start_prior_s),
+            ("autoscale.restart_backoff_s", self.restart_backoff_s),
+            ("autoscale.restart_backoff_max_s", self.restart_backoff_max_s),
+        ];
+        for (key, v) in times {
+            if !(v.is_finite() && v >= 0.0 && v <= 86_400.0) {
+                return Err((key, "must be a duration in [0, 86400] seconds".into()));
+            }
+        }
+        if self.volatility_bin_s <= 0.0 || self.down_window_s <= 0.0 || self.burst_ramp_s <= 0.0 {
+            return Err(("autoscale.down_window_s", "windows, bins and the ramp must be > 0 s".into()));
+        }
+        if self.down_windows == 0 || self.max_step_in == 0 || self.volatility_bins < 2 {
+            return Err((
+                "autoscale.down_windows",
+                "down_windows, max_step_in >= 1 and volatility_bins >= 2".into(),
+            ));
+        }
+        if !(self.warm_margin.is_finite() && self.warm_margin >= 1.0) {
+            return Err(("autoscale.warm_margin", "must be >= 1".into()));
+        }
+        if self.levels.is_empty() || self.levels[0].above != 0.0 {
+            return Err(("autoscale.levels", "need at least one level, the first with above = 0".into()));
+        }
+        for w in self.levels.windows(2) {
+            if w[1].above <= w[0].above {
+                return Err(("autoscale.levels", "levels must be in increasing order of `above`".into()));
+            }
+        }
+        for l in &self.levels {
+            if !(l.target_utilization > 0.0 && l.target_utilization <= 1.0)
+                || l.target_utilization <= self.band
+            {
+                return Err(("autoscale.levels", "target_utilization must be in (band, 1]".into()));
+            }
+            if !(l.burst_factor.is_finite() && l.burst_factor >= 1.0) {
+                return Err(("autoscale.levels", "burst_factor must be >= 1".into()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the fleet measured, at one tick.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Signals {
+    /// Engines serving (ready and routed to).
+    pub serving: u32,
+    /// K: decode slots per engine.
+    pub slots_per_engine: u32,
+    /// N_req: sequences running plus waiting at the gate.
+    pub demand: f64,
+    /// Queue latency p95 over the TTFT budget (admission's prediction
+    /// window), when there are enough samples.
+    pub queue_ratio_p95: Option<f64>,
+    pub brownout_level: usize,
+    /// Requests arrived so far (a counter; the volatility reads its steps).
+    pub arrivals: u64,
+    /// The measured cold start, seconds, when one was measured.
+    pub cold_start_s: Option<f64>,
+}
+
+/// Why the target changed (or did not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// No change.
+    Hold,
+    /// ρ above ρ̂ + δ for long enough.
+    Utilization,
+    /// Queue latency p95 above θ · D_TTFT for long enough.
+    QueueLatency,
+    /// Quiet for every scale-in window.
+    Quiet,
+    /// Brought into `[min_engines, max_engines]` (start, or a reload).
+    Bounds,
+}
+
+impl Why {
+    pub fn label(self) -> &'static str {
+        match self {
+            Why::Hold => "hold",
+            Why::Utilization => "utilization",
+            Why::QueueLatency => "queue_latency",
+            Why::Quiet => "quiet",
+            Why::Bounds => "bounds",
+        }
+    }
+}
+
+/// The autoscaler's answer at one tick.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decision {
+    /// Engines that should serve.
+    pub serving: u32,
+    /// Ready engines to keep beside them, not routed to.
+    pub warm: u32,
+    pub why: Why,
+    /// ρ and the ρ̂ and M_target it was judged against.
+    pub utilization: f64,
+    pub target_utilization: f64,
+    pub m_target: u32,
+    /// The volatility level in force (index into `levels`).
+    pub level: usize,
+}
+
+/// The autoscaler's memory between ticks.
+#[derive(Debug, Clone, Default)]
+pub struct Autoscaler {
+    target: Option<u32>,
+    /// Since when a scale-out trigger holds, and which.
+    out_since: Option<(f64, Why)>,
+    /// The current quiet window's start, and quiet windows completed.
+    window_start: Option<f64>,
+    window_quiet: bool,
+    quiet_windows: u32,
+    /// When the target last changed (adopting the fleet is not a change).
+    last_change: Option<f64>,
+    /// Arrivals per volatility bin: (bin index, count).
+    bins: VecDeque<(i64, u64)>,
+    last_arrivals: Option<u64>,
+}
+
+impl Autoscaler {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The current serving target (None before the first tick).
+    pub fn target(&self) -> Option<u32> {
+        self.target
+    }
+
+    /// Volatility: std / mean of arrivals per bin over the full bins kept.
+    fn volatility(&mut self, now: f64, arrivals: u64, cfg: &AutoscaleConfig) -> f64 {
+        let bin = (now / cfg.volatility_bin_s).floor() as i64;
+        let new = arrivals.saturating_sub(self.last_arrivals.unwrap_or(arrivals));
+        self.last_arrivals = Some(arrivals);
+        match self.bins.back_mut() {
+            Some((b, n)) if *b == bin => *n += new,
+            _ => {
+                // Bins with no tick in them had no arrivals counted.
+                let from = self.bins.back().map_or(bin, |(b, _)| b + 1);
+                for empty in from.max(bin - cfg.volatility_bins as i64)..bin {
+                    self.bins.push_back((empty, 0));
+                }
+                self.bins.push_back((bin, new));
+            }
+        }
+        while self.bins.len() > cfg.volatility_bins + 1 {
+            self.bins.pop_front();
+        }
+        // The newest bin is still filling: judge the complete ones.
+        let full: Vec<f64> = self.bins.iter().rev().skip(1).map(|(_, n)| *n as f64).collect();
+        if full.len() < 2 {
+            return 0.0;
+        }
+        let mean = full.iter().sum::<f64>() / full.len() as f64;
+        if mean <= 0.0 {
+            return 0.0;
+        }
+        let var = full.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / full.len() as f64;
+        var.sqrt() / mean
+    }
+
+    /// One tick at `now` (seconds).
+    pub fn tick(&mut self, now: f64, s: &Signals, cfg: &AutoscaleConfig) -> Decision {
+        let vol = self.volatility(now, s.arrivals, cfg);
+        let level = cfg.levels.iter().rposition(|l| vol >= l.above).unwrap_or(0);
+        let rho_hat = cfg.levels[level].target_utilization;
+        let k = f64::from(s.slots_per_engine.max(1));
+        let serving = s.serving.max(1);
+        let rho = s.demand / (f64::from(serving) * k);
+        let m_target = ((s.demand / (k * rho_hat)).ceil() as u32).clamp(cfg.min_engines, cfg.max_engines);
+        let mut target = self.target.unwrap_or(s.serving.clamp(cfg.min_engines, cfg.max_engines));
+        let mut why = Why::Hold;
+        if self.target.is_some_and(|t| !(cfg.min_engines..=cfg.max_engines).contains(&t)) {
+            target = target.clamp(cfg.min_engines, cfg.max_engines);
+            why = Why::Bounds;
+            self.last_change = Some(now);
+        } else if self.target.is_none() && target != s.serving {
+            why = Why::Bounds;
+        }
+        let since_change = self.last_change.map_or(f64::INFINITY, |t| now - t);
+        let queue = s.queue_ratio_p95.unwrap_or(0.0);
+        // Scale-out triggers, each sustained.
+        let trigger = if rho > rho_hat + cfg.band {
+            Some(Why::Utilization)
+        } else if queue > cfg.queue_theta {
+            Some(Why::QueueLatency)
+        } else {
+            None
+        };
+        match (trigger, self.out_since) {
+            (None, _) => self.out_since = None,
+            (Some(t), None) => self.out_since = Some((now, t)),
+            (Some(t), Some((since, _))) => self.out_since = Some((since, t)),
+        }
+        if let Some((since, t)) = self.out_since {
+            if now - since >= cfg.up_sustain_s
+                && since_change >= cfg.up_cooldown_s
+                && target < cfg.max_engines
+            {
+                let want = match t {
+                    Why::QueueLatency => m_target.max(target + 1),
+                    _ => m_target.max(target + 1).max(((rho / rho_hat) * f64::from(target)).ceil() as u32),
+                };
+                target = want.min(cfg.max_engines);
+                why = t;
+                self.last_change = Some(now);
+                self.out_since = None;
+                self.reset_quiet(now);
+            }
+        }
+        // Scale-in: consecutive quiet windows.
+        let quiet = rho < rho_hat - cfg.band && queue < cfg.queue_theta / 2.0 && s.brownout_level == 0;
+        match self.window_start {
+            None => self.reset_quiet(now),
+            Some(start) => {
+                self.window_quiet &= quiet;
+                if now - start >= cfg.down_window_s {
+                    self.quiet_windows = if self.window_quiet { self.quiet_windows + 1 } else { 0 };
+                    self.window_start = Some(now);
+                    self.window_quiet = true;
+                }
+            }
+        }
+        if why == Why::Hold
+            && self.quiet_windows >= cfg.down_windows
+            && since_change >= cfg.down_cooldown_s
+            && target > cfg.min_engines
+        {
+            let floor = target.saturating_sub(cfg.max_step_in).max(cfg.min_engines);
+            let next = m_target.max(floor);
+            if next < target {
+                target = next;
+                why = Why::Quiet;
+                self.last_change = Some(now);
+            }
+            self.quiet_windows = 0;
+        }
+        self.target = Some(target);
+        let warm = if cfg.warm_pool {
+            warm_pool(target, cfg.levels[level].burst_factor, s.cold_start_s, cfg)
+        } else {
+            0
+        };
+        Decision {
+            serving: target,
+            warm,
+            why,
+            utilization: rho,
+            target_utilization: rho_hat,
+            m_target,
+            level,
+        }
+    }
+
+    fn reset_quiet(&mut self, now: f64) {
+        self.window_start = Some(now);
+        self.window_quiet = true;
+        self.quiet_windows = 0;
+    }
+}
+
+/// N_warm = ⌈λ_burst · T_cold · margin⌉, with
+/// λ_burst = (burst_factor − 1) · serving / burst_ramp_s engines per second
+/// and T_cold capped at the ramp; never beyond the whole burst's engines
+/// nor `max_engines − serving`.
+pub fn warm_pool(serving: u32, burst_factor: f64, cold_start_s: Option<f64>, cfg: &AutoscaleConfig) -> u32 {
+    let t_cold = cold_start_s.unwrap_or(cfg.cold_start_prior_s).min(cfg.burst_ramp_s);
+    let lambda = (burst_factor - 1.0) * f64::from(serving) / cfg.burst_ramp_s;
+    let n = (lambda * t_cold * cfg.warm_margin - 1e-9).ceil().max(0.0) as u32;
+    let whole_burst = ((burst_factor - 1.0) * f64::from(serving)).ceil() as u32;
+    n.min(whole_burst).min(cfg.max_engines.saturating_sub(serving))
+}
+
+/// The delay before restart number `attempt` (0-based) of an engine that
+/// exited: `restart_backoff_s`, doubling, at most `restart_backoff_max_s`.
+pub fn restart_delay_s(attempt: u32, cfg: &AutoscaleConfig) -> f64 {
+    (cfg.restart_backoff_s * 2f64.powi(attempt.min(30) as i32)).min(cfg.restart_backoff_max_s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> AutoscaleConfig {
+        AutoscaleConfig { enabled: true, min_engines: 1, max_engines: 16, ..AutoscaleConfig::default() }
+    }
+
+    fn signals(serving: u32, demand: f64, arrivals: u64) -> Signals {
+        Signals { serving, slots_per_engine: 8, demand, arrivals, ..Signals::default() }
+    }
+
+    #[test]
+    fn the_target_tracks_load_with_the_proportional_rule() {
+        let c = cfg();
+        let mut a = Autoscaler::new();
+        // 4 engines x 8 slots, 40 sequences: rho = 1.25 > 0.8 + 0.1.
+        let mut t = 0.0;
+        let d = a.tick(t, &signals(4, 40.0, 0), &c);
+        assert_eq!(d.serving, 4, "the first tick only adopts the fleet");
+        let mut change = None;
+        while t < 3.0 {
+            t += 0.5;
+            let d = a.tick(t, &signals(4, 40.0, (t * 10.0) as u64), &c);
+            if d.why != Why::Hold {
+                change.get_or_insert((t, d.serving, d.why));
+            }
+        }
+        // Sustained for 2 s; M_target = ceil(40 / (8 * 0.8)) = 7.
+        assert_eq!(change, Some((2.0, 7, Why::Utilization)));
+    }
+
+    #[test]
+    fn a_noisy_signal_around_the_target_never_flaps() {
+        let c = cfg();
+        let mut a = Autoscaler::new();
+        let mut changes = 0;
+        let mut last = None;
+        let mut rng = crate::rng::SplitMix(7);
+        for i in 0..20_000 {
+            let t = f64::from(i) * 0.25;
+            // rho wanders in [0.72, 0.88]: inside the band, never a reason.
+            let rho = 0.72 + 0.16 * rng.unit_f64();
+            let d = a.tick(t, &signals(4, rho * 32.0, i as u64), &c);
+            if last.is_some_and(|l| l != d.serving) {
+                changes += 1;
+            }
+            last = Some(d.serving);
+        }
+        assert_eq!(changes, 0);
+    }
+
+    #[test]
+    fn spikes_shorter_than_the_sustain_time_do_not_scale_out_and_scale_in_waits_for_every_window() {
+        let c = cfg();
+        let mut a = Autoscaler::new();
+        let mut serving = 6;
+        let mut t = 0.0;
+        let mut history = Vec::new();
+        for i in 0..4000u32 {
+            t = f64::from(i) * 0.25;
+            // One-second spikes every 30 s over a low base.
+            let spike = (t % 30.0) < 1.0;
+            let demand = if spike { 60.0 } else { 8.0 };
+            let d = a.tick(t, &signals(serving, demand, u64::from(i)), &c);
+            if d.serving != serving {
+                history.push((t, d.serving, d.why));
+            }
+            serving = d.serving;
+        }
+        assert!(history.iter().all(|(_, _, w)| *w == Why::Quiet), "{history:?}");
+        // Quiet 0.25-rho windows exist only between spikes (a spike resets
+        // nothing: spikes above the band are not quiet, so a window with a
+        // spike is not quiet): with 20 s windows every window holds a spike.
+        assert!(history.is_empty(), "{history:?} (t = {t})");
+    }
+
+    #[test]
+    fn quiet_load_scales_in_one_step_at_a_time_after_the_windows_and_cooldown() {
+        let c = cfg();
+        let mut a = Autoscaler::new();
+        let mut serving = 8;
+        let mut steps = Vec::new();
+        for i in 0..2400u32 {
+            let t = f64::from(i) * 0.25;
+            let d = a.tick(t, &signals(serving, 6.0, u64::from(i)), &c);
+            if d.serving != serving {
+                steps.push((t, d.serving));
+            }
+            serving = d.serving;
+        }
+        assert!(!steps.is_empty());
+        assert!(steps[0].0 >= 60.0, "3 windows of 20 s first: {steps:?}");
+        assert!(steps.windows(2).all(|w| w[1].1 + 1 == w[0].1 && w[1].0 - w[0].0 >= 60.0), "{steps:?}");
+        assert_eq!(steps.last().unwrap().1, 1, "6 sequences fit one engine at rho_hat: {steps:?}");
+    }
+
+    #[test]
+    fn queue_latency_scales_out_even_when_utilization_looks_fine() {
+        let c = cfg();
+        let mut a = Autoscaler::new();
+        let s = Signals { queue_ratio_p95: Some(0.9), ..signals(4, 16.0, 0) };
+        let mut whys = vec![a.tick(0.0, &s, &c).why];
+        let mut d = None;
+        for i in 1..=12 {
+            let x = a.tick(f64::from(i) * 0.25, &s, &c);
+            whys.push(x.why);
+            d = Some(x);
+        }
+        assert_eq!(d.unwrap().serving, 5);
+        assert!(whys.contains(&Why::QueueLatency), "{whys:?}");
+    }
+
+    #[test]
+    fn warm_pool_is_burst_rate_times_cold_start_with_margin() {
+        let c = cfg();
+        // 8 serving, burst x3 over 30 s: 16 engines more in 30 s, 0.533/s;
+        // cold start 10 s: 5.33 engines, x1.25 = 6.67 -> 7.
+        assert_eq!(warm_pool(8, 3.0, Some(10.0), &c), 7);
+        // Half the cold start, about half the pool.
+        assert_eq!(warm_pool(8, 3.0, Some(5.0), &c), 4);
+        // A cold start longer than the ramp is capped: the whole burst.
+        assert_eq!(warm_pool(4, 3.0, Some(300.0), &c), 8.min(c.max_engines - 4));
+        assert_eq!(warm_pool(8, 1.0, Some(10.0), &c), 0, "no burst expected, no pool");
+        assert_eq!(warm_pool(15, 3.0, Some(10.0), &c), 1, "bounded by max_engines");
+    }
+
+    #[test]
+    fn volatile_arrivals_lower_the_target_utilization() {
+        let c = cfg();
+        let run = |bursty: bool| {
+            let mut a = Autoscaler::new();
+            let mut arrivals = 0u64;
+            let mut d = None;
+            for i in 0..400 {
+                let t = f64::from(i) * 0.25;
+                arrivals += if bursty && (t % 20.0) < 5.0 {
+                    40
+                } else if bursty {
+                    0
+                } else {
+                    10
+                };
+                d = Some(a.tick(t, &signals(4, 16.0, arrivals), &c));
+            }
+            d.unwrap()
+        };
+        let (steady, bursty) = (run(false), run(true));
+        assert_eq!(steady.level, 0);
+        assert!(bursty.level > steady.level && bursty.target_utilization < steady.target_utilization);
+    }
+
+    #[test]
+    fn restart_backoff_doubles_to_its_cap() {
+        let c = cfg();
+        let d: Vec<f64> = (0..7).map(|i| restart_delay_s(i, &c)).collect();
+        assert_eq!(d, vec![1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]);
+    }
+
+    #[test]
+    fn the_shipped_defaults_are_valid_and_bad_values_are_named() {
+        assert!(AutoscaleConfig::default().validate().is_ok());
+        let bad = AutoscaleConfig { min_engines: 5, max_engines: 2, ..AutoscaleConfig::default() };
+        assert_eq!(bad.validate().unwrap_err().0, "autoscale.max_engines");
+        let mut bad = AutoscaleConfig::default();
+        bad.levels[1].above = 0.0;
+        assert_eq!(bad.validate().unwrap_err().0, "autoscale.levels");
+    }
+}
