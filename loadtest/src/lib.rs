@@ -18,6 +18,8 @@
 //! - [`sweep`]: several targets at stepped rates (proxy overhead, capacity).
 //! - [`overhead`]: the interleaved gateway-vs-engine latency benchmark.
 //! - [`stats`]: percentiles over samples.
+//! - [`sim`]: the discrete-event fleet simulator over the production
+//!   policy code, in virtual time.
 
 pub mod arrival;
 pub mod chaos;
@@ -29,6 +31,7 @@ pub mod report;
 pub mod results;
 pub mod run;
 pub mod runner;
+pub mod sim;
 pub mod sink;
 pub mod sse;
 pub mod stats;

@@ -68,6 +68,13 @@ enum Command {
     /// reloads and slow connections against a real `gateway up` on
     /// loopback; writes results.json and table.md (docs/reliability.md).
     Chaos(loadtest::chaos::ChaosArgs),
+    /// The fleet simulator: the same workload and schedule flags as `run`,
+    /// sent in virtual time to simulated engines (timed by a latency
+    /// profile) behind the production admission, routing, batching and
+    /// autoscaling code; 16-256 engines, hours of traffic in seconds.
+    /// Writes results.json (with engines over time, GPU-seconds and cost)
+    /// and report.html to --out.
+    Sim(loadtest::sim::SimArgs),
 }
 
 #[tokio::main]
@@ -83,6 +90,7 @@ async fn main() -> ExitCode {
         Command::Sink(args) => loadtest::sink::serve(args).await,
         Command::Overhead(args) => overhead(&args).await,
         Command::Chaos(args) => chaos(&args).await,
+        Command::Sim(args) => sim(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -91,6 +99,22 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn sim(args: &loadtest::sim::SimArgs) -> Result<(), String> {
+    let r = loadtest::sim::run(args).map_err(|e| e.to_string())?;
+    if !args.quiet {
+        print!("{}", loadtest::text::summary(&r.results));
+    }
+    let virtual_s = args.load.duration.as_secs_f64();
+    eprintln!(
+        "simulated {virtual_s:.0} s in {:.2} s of wall time ({} events, {:.0}x real time); wrote {}",
+        r.wall_s,
+        r.events,
+        virtual_s / r.wall_s.max(1e-9),
+        args.out.join("results.json").display()
+    );
+    Ok(())
 }
 
 async fn run(args: &loadtest::run::RunArgs) -> Result<(), String> {

@@ -23,6 +23,45 @@ pub struct Results {
     pub summary: RunSummary,
     pub timeseries: TimeSeries,
     pub records: Vec<Record>,
+    /// The fleet over the run: engines, autoscaling decisions, GPU-seconds
+    /// and cost (simulated runs; absent from plain live runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<Fleet>,
+}
+
+/// Engines over time and what they cost.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Fleet {
+    /// `simulated`, or the live backend (`emulated`, `cpu`, `cuda`).
+    pub backend: String,
+    /// Sample spacing of the series, seconds.
+    pub bin_s: f64,
+    /// Engines serving (routed to), warm (ready, not routed to), starting
+    /// (cold), draining, and the autoscaler's serving target, per sample.
+    pub serving: Vec<f64>,
+    pub warm: Vec<f64>,
+    pub starting: Vec<f64>,
+    pub draining: Vec<f64>,
+    pub desired: Vec<f64>,
+    /// Every autoscaling decision that changed the target.
+    pub decisions: Vec<ScaleEvent>,
+    pub cold_starts: u64,
+    /// Engine-seconds from start to stop (warm and draining included).
+    pub gpu_seconds: f64,
+    pub cost_usd: f64,
+    pub output_tokens: u64,
+    pub cost_per_1m_output_tokens: Option<f64>,
+    /// Device-busy seconds over GPU-seconds.
+    pub device_utilization: Option<f64>,
+}
+
+/// One autoscaling decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScaleEvent {
+    pub at_s: f64,
+    pub serving: u32,
+    pub warm: u32,
+    pub why: String,
 }
 
 /// How the run was configured.

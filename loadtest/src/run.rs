@@ -27,6 +27,37 @@ pub struct RunArgs {
     /// (tiers for reporting still come from the mix).
     #[arg(long)]
     pub key: Option<String>,
+    /// The workload and its arrival schedule.
+    #[command(flatten)]
+    pub load: ScheduleArgs,
+    /// Directory for results.json and report.html.
+    #[arg(long, default_value = "loadtest-out")]
+    pub out: PathBuf,
+    /// Name for this run in reports and comparisons.
+    #[arg(long)]
+    pub label: Option<String>,
+    /// HTTP version.
+    #[arg(long, value_enum, default_value_t = Proto::H2)]
+    pub proto: Proto,
+    /// Wire API of the target.
+    #[arg(long, value_enum, default_value_t = Api::Openai)]
+    pub api: Api,
+    /// HTTP/2 connections to spread requests over (HTTP/1.1: opened up
+    /// front; more are opened while all are busy).
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Give up on a request this long after its scheduled send time.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// Do not print the summary table.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// What is sent and when: shared by `loadtest run` and `loadtest sim`, so
+/// the same flags give the same requests at the same times.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ScheduleArgs {
     /// Workload: a shipped name (chat, rag, tiny) or a TOML file.
     #[arg(long, default_value = "chat")]
     pub workload: String,
@@ -64,28 +95,6 @@ pub struct RunArgs {
     /// Seed for arrivals, tenants, sizes and prompts.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Directory for results.json and report.html.
-    #[arg(long, default_value = "loadtest-out")]
-    pub out: PathBuf,
-    /// Name for this run in reports and comparisons.
-    #[arg(long)]
-    pub label: Option<String>,
-    /// HTTP version.
-    #[arg(long, value_enum, default_value_t = Proto::H2)]
-    pub proto: Proto,
-    /// Wire API of the target.
-    #[arg(long, value_enum, default_value_t = Api::Openai)]
-    pub api: Api,
-    /// HTTP/2 connections to spread requests over (HTTP/1.1: opened up
-    /// front; more are opened while all are busy).
-    #[arg(long, default_value_t = 4)]
-    pub connections: usize,
-    /// Give up on a request this long after its scheduled send time.
-    #[arg(long, default_value = "120s", value_parser = parse_duration)]
-    pub timeout: Duration,
-    /// Do not print the summary table.
-    #[arg(long)]
-    pub quiet: bool,
 }
 
 /// `500ms`, `30s`, `2m`, `1h` or plain seconds.
@@ -138,7 +147,7 @@ pub fn tier_slos(path: &Path) -> Result<BTreeMap<String, Slo>, RunError> {
         .collect())
 }
 
-fn schedule(a: &RunArgs) -> Result<(Schedule, String), RunError> {
+pub fn schedule(a: &ScheduleArgs) -> Result<(Schedule, String), RunError> {
     let duration_s = a.duration.as_secs_f64();
     if let Some(path) = &a.trace {
         let shown = path.display().to_string();
@@ -170,10 +179,10 @@ fn schedule(a: &RunArgs) -> Result<(Schedule, String), RunError> {
 
 /// Runs the load test and writes its outputs; returns the results.
 pub async fn run(a: &RunArgs) -> Result<Results, RunError> {
-    let workload = Workload::load(&a.workload)?;
-    let slos = tier_slos(&a.policies)?;
-    let (sched, words) = schedule(a)?;
-    let planned = plan(&workload, &sched, a.seed);
+    let workload = Workload::load(&a.load.workload)?;
+    let slos = tier_slos(&a.load.policies)?;
+    let (sched, words) = schedule(&a.load)?;
+    let planned = plan(&workload, &sched, a.load.seed);
     std::fs::create_dir_all(&a.out).map_err(|e| RunError::Write(a.out.display().to_string(), e))?;
     let target = Target {
         url: a.target.trim_end_matches('/').to_string(),
@@ -185,11 +194,11 @@ pub async fn run(a: &RunArgs) -> Result<Results, RunError> {
         key: a.key.clone(),
     };
     let live = Arc::new(Live::default());
-    let duration_s = a.duration.as_secs_f64();
+    let duration_s = a.load.duration.as_secs_f64();
     let progress = tokio::spawn(crate::progress::watch_run(live.clone(), planned.len(), duration_s));
     let started_unix_s =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-    let records = execute(&target, &workload, &planned, a.seed, live).await;
+    let records = execute(&target, &workload, &planned, a.load.seed, live).await;
     let records = match records {
         Ok(r) => {
             let _ = progress.await;
@@ -211,7 +220,7 @@ pub async fn run(a: &RunArgs) -> Result<Results, RunError> {
             workload: workload.name.clone(),
             schedule: words,
             duration_s,
-            seed: a.seed,
+            seed: a.load.seed,
             planned: planned.len(),
             started_unix_s,
             harness_version: env!("CARGO_PKG_VERSION").into(),
@@ -220,6 +229,7 @@ pub async fn run(a: &RunArgs) -> Result<Results, RunError> {
         timeseries: time_series(&records, duration_s),
         slos,
         records,
+        fleet: None,
     };
     write(&a.out.join("results.json"), &results.to_json())?;
     write(&a.out.join("report.html"), &crate::report::html(&results))?;

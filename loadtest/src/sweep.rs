@@ -121,7 +121,7 @@ pub async fn sweep(a: &SweepArgs) -> Result<SweepReport, RunError> {
             let mut args = a.run.clone();
             args.target = arm.url.clone();
             args.api = arm.api;
-            args.rate = rate;
+            args.load.rate = rate;
             args.label = Some(format!("{} @ {rate}", arm.label));
             args.out = a.run.out.join(format!("{}-{rate}", arm.label));
             args.quiet = true;
@@ -150,8 +150,8 @@ pub async fn sweep(a: &SweepArgs) -> Result<SweepReport, RunError> {
         })
         .collect();
     let report = SweepReport {
-        workload: a.run.workload.clone(),
-        duration_s: a.run.duration.as_secs_f64(),
+        workload: a.run.load.workload.clone(),
+        duration_s: a.run.load.duration.as_secs_f64(),
         max_ttft_p99_ms: a.max_ttft_p99_ms,
         arms,
     };

@@ -242,6 +242,7 @@ mod tests {
                 ttft_p95_ms_by_tier: BTreeMap::new(),
             },
             records: vec![],
+            fleet: None,
         }
     }
 

@@ -86,6 +86,20 @@ impl LatencyProfile {
         })
     }
 
+    /// The same curves with every time multiplied by `factor` (a slower or
+    /// faster device; the simulator's predictor-error runs).
+    pub fn scaled(&self, factor: f64) -> Self {
+        let f = if factor.is_finite() && factor > 0.0 { factor } else { 1.0 };
+        let times = |pts: &[(f64, f64)]| pts.iter().map(|&(x, ms)| (x, ms * f)).collect();
+        Self {
+            model: self.model.clone(),
+            engine_class: self.engine_class.clone(),
+            prefill: times(&self.prefill),
+            decode_batch: times(&self.decode_batch),
+            decode_ms_per_1k_context: self.decode_ms_per_1k_context * f,
+        }
+    }
+
     /// Time to prefill a prompt of `prompt_tokens` tokens.
     pub fn prefill(&self, prompt_tokens: u32) -> Duration {
         ms(interpolate(&self.prefill, f64::from(prompt_tokens)))

@@ -294,6 +294,14 @@ impl Controller {
         self.gates.values().map(Drr::len).sum()
     }
 
+    /// The p95 of predicted queue latency over the TTFT budget, over the
+    /// brownout window (the autoscaler's queue signal); `None` with too few
+    /// samples.
+    pub fn queue_ratio_p95(&mut self, now: f64, policy: &PolicyDocument) -> Option<f64> {
+        let cfg = &policy.brownout;
+        self.queue_signal.p95(now, cfg.window_s, cfg.min_samples)
+    }
+
     /// Requests `tenant` has open (admitted, not released).
     pub fn open(&self, tenant: &str) -> u32 {
         self.open.get(tenant).copied().unwrap_or(0)

@@ -1,0 +1,391 @@
+//! A simulated engine: the emulated backend's timing and the engine
+//! scheduler's turn structure, in virtual time.
+//!
+//! Like `engine::scheduler`, every turn is one token boundary that runs
+//! either a prefill batch formed by `policies::batching::form_prefill` (the
+//! same function, the same limits) or one decode step over every running
+//! sequence (continuous batching). Device time comes from the latency
+//! profile exactly as the emulated backend takes it: `prefill(Σ prompt
+//! tokens)` for a prefill batch, `decode_step(batch, Σ context)` per step.
+//!
+//! To be fast, decode steps are not events: between two moments that
+//! matter to the outside (a sequence finishing, a sequence arriving) the
+//! running batch is fixed, so a run of decode steps up to the next finish
+//! is summed in one go; an arrival in the middle cuts the run at the token
+//! boundary after it (the step in progress completes, as on a GPU).
+//!
+//! Simplifications, measured against live runs in the calibration table
+//! (docs/benchmarks.md): KV is counted in tokens and reserved up front at
+//! admission for the whole answer (the engine reserves prompt + 64 and grows
+//! page by page, preempting when full: the simulation never preempts);
+//! a cancelled sequence leaves the queue at once but a running one runs to
+//! its end.
+
+use std::time::Duration;
+
+use policies::batching::{form_prefill, BatchLimits, Queued};
+use policies::LatencyProfile;
+
+/// How every engine of the simulated fleet is configured.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub limits: BatchLimits,
+    pub profile: LatencyProfile,
+    /// KV capacity, tokens (pages × tokens per page).
+    pub kv_tokens: u64,
+    /// Admission stops when less than this fraction would stay free.
+    pub kv_low_watermark: f64,
+}
+
+/// A sequence handed to an engine.
+#[derive(Debug, Clone)]
+pub struct SimSeq {
+    /// The request's index in the simulation.
+    pub req: usize,
+    pub prompt: u32,
+    /// Tokens it will produce (its natural end or `max_tokens`).
+    pub out: u32,
+    pub key: f64,
+    pub enqueued_at: f64,
+    pub ttft_budget_ms: f64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Running {
+    req: usize,
+    prompt: u32,
+    /// Engine step count at which it has produced its last token.
+    end_step: u64,
+    /// Engine step count when it joined.
+    start_step: u64,
+    kv: u64,
+    prefill_ms: f64,
+    first_at: f64,
+}
+
+#[derive(Debug, Clone)]
+enum Phase {
+    Idle,
+    Prefill { batch: Vec<(SimSeq, u64)>, started: f64 },
+    /// `steps` decode steps of a fixed batch, starting at `start`.
+    Decode { start: f64, steps: u64 },
+}
+
+/// What a token boundary produced, for the gateway.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Out {
+    FirstToken { req: usize },
+    Finished { req: usize, tokens: u32, prefill_ms: f64, decode_ms: f64, batch: f64 },
+}
+
+/// Why an engine refused a sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    Kv,
+    Draining,
+}
+
+/// One simulated engine.
+#[derive(Debug)]
+pub struct SimEngine {
+    queue: Vec<(SimSeq, u64)>,
+    running: Vec<Running>,
+    steps_done: u64,
+    ctx_sum: u64,
+    phase: Phase,
+    kv_used: u64,
+    pub draining: bool,
+    /// Device-busy seconds, for utilization.
+    pub busy_s: f64,
+    /// Bumped whenever the scheduled wake-up changes; stale wakes are ignored.
+    pub gen: u64,
+    batch_avg: f64,
+}
+
+impl Default for SimEngine {
+    fn default() -> Self {
+        Self {
+            queue: Vec::new(),
+            running: Vec::new(),
+            steps_done: 0,
+            ctx_sum: 0,
+            phase: Phase::Idle,
+            kv_used: 0,
+            draining: false,
+            busy_s: 0.0,
+            gen: 0,
+            batch_avg: 0.0,
+        }
+    }
+}
+
+fn step_s(cfg: &EngineConfig, batch: u32, context: u64) -> f64 {
+    cfg.profile.decode_step(batch, context.min(u64::from(u32::MAX)) as u32).as_secs_f64()
+}
+
+fn secs(v: f64) -> Duration {
+    Duration::from_secs_f64(v.max(0.0))
+}
+
+impl SimEngine {
+    /// Sequences queued or running (none: it may stop).
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty() && self.running.is_empty() && matches!(self.phase, Phase::Idle)
+    }
+
+    /// KV tokens free above the low watermark.
+    pub fn kv_headroom(&self, cfg: &EngineConfig) -> u64 {
+        let usable = (cfg.kv_tokens as f64 * (1.0 - cfg.kv_low_watermark)) as u64;
+        usable.saturating_sub(self.kv_used)
+    }
+
+    /// Admits `seq` at `now`. Returns when the engine must wake next if
+    /// that changed (the caller bumps nothing: `gen` is bumped here).
+    pub fn enqueue(&mut self, now: f64, seq: SimSeq, cfg: &EngineConfig) -> Result<Option<f64>, Refused> {
+        if self.draining {
+            return Err(Refused::Draining);
+        }
+        let kv = u64::from(seq.prompt) + u64::from(seq.out);
+        if kv > self.kv_headroom(cfg) {
+            return Err(Refused::Kv);
+        }
+        self.kv_used += kv;
+        self.queue.push((seq, kv));
+        match self.phase {
+            Phase::Idle => {
+                self.gen += 1;
+                Ok(Some(now))
+            }
+            Phase::Prefill { .. } => Ok(None), // it looks at the queue when the batch ends
+            Phase::Decode { start, steps } => {
+                // Cut the run at the first token boundary at or after now.
+                let b = self.running.len() as u32;
+                let mut t = start;
+                let mut done = 0;
+                while done < steps && t < now {
+                    t += step_s(cfg, b, self.ctx_sum + done * u64::from(b));
+                    done += 1;
+                }
+                if done == steps {
+                    return Ok(None); // the run ends by now anyway
+                }
+                self.busy_s -= (start + self.run_len(cfg, steps)) - t;
+                self.phase = Phase::Decode { start, steps: done };
+                self.gen += 1;
+                Ok(Some(t))
+            }
+        }
+    }
+
+    fn run_len(&self, cfg: &EngineConfig, steps: u64) -> f64 {
+        let b = self.running.len() as u32;
+        (0..steps).map(|i| step_s(cfg, b, self.ctx_sum + i * u64::from(b))).sum()
+    }
+
+    /// Removes `req` if it is still queued (its client gave up).
+    pub fn cancel(&mut self, req: usize) -> bool {
+        match self.queue.iter().position(|(s, _)| s.req == req) {
+            Some(i) => {
+                let (_, kv) = self.queue.remove(i);
+                self.kv_used -= kv;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The token boundary the engine scheduled for `now`: completes the
+    /// phase in progress, reports first tokens and finishes into `outs`,
+    /// starts the next phase; returns when to wake next (None: idle).
+    pub fn wake(&mut self, now: f64, cfg: &EngineConfig, outs: &mut Vec<Out>) -> Option<f64> {
+        match std::mem::replace(&mut self.phase, Phase::Idle) {
+            Phase::Idle => {}
+            Phase::Prefill { batch, started } => {
+                let prefill_ms = (now - started) * 1e3;
+                for (s, kv) in batch {
+                    outs.push(Out::FirstToken { req: s.req });
+                    let r = Running {
+                        req: s.req,
+                        prompt: s.prompt,
+                        end_step: self.steps_done + u64::from(s.out.max(1)) - 1,
+                        start_step: self.steps_done,
+                        kv,
+                        prefill_ms,
+                        first_at: now,
+                    };
+                    self.running.push(r);
+                    self.ctx_sum += u64::from(s.prompt) + 1;
+                }
+            }
+            Phase::Decode { steps, .. } => {
+                let b = self.running.len() as u64;
+                self.ctx_sum += steps * b;
+                self.steps_done += steps;
+                self.batch_avg = if self.batch_avg == 0.0 { b as f64 } else { 0.9 * self.batch_avg + 0.1 * b as f64 };
+            }
+        }
+        // Finished sequences leave at this boundary.
+        let steps_done = self.steps_done;
+        let batch = self.batch_avg.max(1.0);
+        let mut i = 0;
+        while i < self.running.len() {
+            let r = self.running[i];
+            if r.end_step <= steps_done {
+                self.running.swap_remove(i);
+                let produced = r.end_step - r.start_step + 1;
+                self.ctx_sum -= u64::from(r.prompt) + produced;
+                self.kv_used -= r.kv;
+                outs.push(Out::Finished {
+                    req: r.req,
+                    tokens: produced as u32,
+                    prefill_ms: r.prefill_ms,
+                    decode_ms: (now - r.first_at) * 1e3,
+                    batch,
+                });
+            } else {
+                i += 1;
+            }
+        }
+        // The next turn: a prefill batch if batch formation picks one.
+        if !self.queue.is_empty() {
+            let views: Vec<Queued> = self
+                .queue
+                .iter()
+                .map(|(s, _)| Queued {
+                    id: s.req as u64,
+                    prompt_tokens: s.prompt,
+                    key: s.key,
+                    enqueued_at: secs(s.enqueued_at),
+                    ttft_budget: secs(s.ttft_budget_ms / 1e3),
+                })
+                .collect();
+            let plan = form_prefill(&views, self.running.len() as u32, &cfg.limits, &cfg.profile, secs(now));
+            if !plan.admit.is_empty() {
+                let mut batch = Vec::with_capacity(plan.admit.len());
+                for id in &plan.admit {
+                    let i = self.queue.iter().position(|(s, _)| s.req as u64 == *id).expect("planned from the queue");
+                    batch.push(self.queue.swap_remove(i));
+                }
+                let d = plan.prefill.as_secs_f64();
+                self.busy_s += d;
+                self.phase = Phase::Prefill { batch, started: now };
+                return Some(now + d);
+            }
+        }
+        if self.running.is_empty() {
+            return None;
+        }
+        // Decode up to the next finish.
+        let next = self.running.iter().map(|r| r.end_step).min().expect("non-empty");
+        let steps = (next - self.steps_done).max(1);
+        let d = self.run_len(cfg, steps);
+        self.busy_s += d;
+        self.phase = Phase::Decode { start: now, steps };
+        Some(now + d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(max_batch: u32) -> EngineConfig {
+        let text = r#"
+            model = "m"
+            engine_class = "c"
+            [prefill]
+            points = [[1, 10.0], [1000, 10.0]]
+            [decode]
+            batch_points = [[1, 10.0], [8, 10.0]]
+            ms_per_1k_context = 0.0
+        "#;
+        EngineConfig {
+            limits: BatchLimits { max_batch, ..BatchLimits::default() },
+            profile: LatencyProfile::parse("t", text).unwrap(),
+            kv_tokens: 1 << 20,
+            kv_low_watermark: 0.05,
+        }
+    }
+
+    fn seq(req: usize, out: u32, at: f64) -> SimSeq {
+        SimSeq { req, prompt: 100, out, key: at, enqueued_at: at, ttft_budget_ms: 1000.0 }
+    }
+
+    /// Runs the engine alone until idle; returns (time, out) in order.
+    fn drive(e: &mut SimEngine, c: &EngineConfig, mut wake: Option<f64>, arrivals: &[(f64, SimSeq)]) -> Vec<(f64, Out)> {
+        let mut log = Vec::new();
+        let mut pending: Vec<(f64, SimSeq)> = arrivals.to_vec();
+        loop {
+            let next_arrival = pending.first().map(|(t, _)| *t);
+            match (wake, next_arrival) {
+                (None, None) => return log,
+                (w, Some(a)) if w.is_none_or(|w| a < w) => {
+                    let (t, s) = pending.remove(0);
+                    if let Some(nw) = e.enqueue(t, s, c).unwrap() {
+                        wake = Some(nw);
+                    }
+                }
+                (Some(w), _) => {
+                    let mut outs = Vec::new();
+                    wake = e.wake(w, c, &mut outs);
+                    log.extend(outs.into_iter().map(|o| (w, o)));
+                }
+                _ => unreachable!(),
+            }
+        }
+    }
+
+    #[test]
+    fn one_sequence_takes_prefill_plus_a_step_per_further_token() {
+        let c = cfg(8);
+        let mut e = SimEngine::default();
+        let log = drive(&mut e, &c, None, &[(0.0, seq(0, 5, 0.0))]);
+        assert_eq!(log[0], (0.01, Out::FirstToken { req: 0 }));
+        let (t, Out::Finished { tokens, .. }) = log[1] else { panic!("{log:?}") };
+        assert!((t - 0.05).abs() < 1e-9, "10 ms prefill + 4 steps of 10 ms: {t}");
+        assert_eq!(tokens, 5);
+        assert!(e.is_empty());
+    }
+
+    #[test]
+    fn an_arrival_mid_run_is_prefilled_at_the_next_token_boundary() {
+        let c = cfg(8);
+        let mut e = SimEngine::default();
+        // A long answer decodes; a second request arrives at 34 ms: the
+        // step in progress ends at 40 ms, its prefill runs 40-50 ms.
+        let log = drive(&mut e, &c, None, &[(0.0, seq(0, 100, 0.0)), (0.034, seq(1, 3, 0.034))]);
+        let first1 = log.iter().find(|(_, o)| *o == Out::FirstToken { req: 1 }).unwrap().0;
+        assert!((first1 - 0.05).abs() < 1e-9, "{first1}");
+        // Then both decode together: req 1 needs 2 more steps -> 70 ms.
+        let fin1 = log.iter().find(|(_, o)| matches!(o, Out::Finished { req: 1, .. })).unwrap().0;
+        assert!((fin1 - 0.07).abs() < 1e-9, "{fin1}");
+        // req 0: 10 ms prefill + 99 steps + the 10 ms prefill that paused it.
+        let fin0 = log.iter().find(|(_, o)| matches!(o, Out::Finished { req: 0, .. })).unwrap().0;
+        assert!((fin0 - 1.01).abs() < 1e-9, "{fin0}");
+    }
+
+    #[test]
+    fn the_batch_cap_makes_the_ninth_sequence_wait_for_a_slot() {
+        let c = cfg(8);
+        let mut e = SimEngine::default();
+        let arrivals: Vec<(f64, SimSeq)> = (0..9).map(|i| (0.0, seq(i, 10, 0.0))).collect();
+        let log = drive(&mut e, &c, None, &arrivals);
+        let firsts: Vec<f64> =
+            log.iter().filter(|(_, o)| matches!(o, Out::FirstToken { .. })).map(|(t, _)| *t).collect();
+        assert_eq!(firsts.len(), 9);
+        assert!(firsts[..8].iter().all(|t| (t - 0.01).abs() < 1e-9), "{firsts:?}");
+        assert!(firsts[8] > 0.09, "the ninth starts once the first eight finish: {firsts:?}");
+    }
+
+    #[test]
+    fn kv_headroom_refuses_and_finishing_gives_it_back() {
+        let mut c = cfg(8);
+        c.kv_tokens = 1000;
+        let mut e = SimEngine::default();
+        assert!(e.enqueue(0.0, seq(0, 500, 0.0), &c).is_ok());
+        assert_eq!(e.enqueue(0.0, seq(1, 500, 0.0), &c), Err(Refused::Kv));
+        let log = drive(&mut e, &c, Some(0.0), &[]);
+        assert!(log.iter().any(|(_, o)| matches!(o, Out::Finished { req: 0, .. })));
+        assert!(e.enqueue(1.0, seq(1, 500, 1.0), &c).is_ok());
+    }
+}

@@ -1,0 +1,749 @@
+//! The simulated fleet: a gateway running the production admission state
+//! machine and autoscaler over simulated engines, in virtual time.
+//!
+//! Per request, as in the live gateway: tier context ceiling and output cap
+//! (`context_length_exceeded`, max_tokens clamp) -> `Controller::request`
+//! over the serving engines -> start, wait at the gate, or a typed refusal.
+//! Slots freed (a finish) pump the gate; every 250 ms the gate ticks
+//! (brownout, expired waiters), as the gateway's loop does. Dispatched work
+//! is counted against its engine exactly as `EngineLease` counts it
+//! (active, expected output, prefill backlog until the first token). A
+//! request with no first token within its end-to-end budget fails
+//! (`engine_timeout`, as the gateway's first-event timeout) and leaves the
+//! engine's queue.
+//!
+//! The supervisor: engines are `Starting` for the cold start, then `Warm`
+//! (ready, not routed to) or `Serving`; scale-in drains an engine (no new
+//! work, running sequences finish at token boundaries) before it stops or
+//! returns to the warm pool. Every engine not stopped is billed.
+//!
+//! Time is one `f64` of seconds; events at equal times run in the order
+//! they were scheduled, so a run is deterministic for its seed.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+
+use policies::admission::controller::{Admit, Controller, Grant, Outcome, Reason, Refusal, Request, WaiterId};
+use policies::admission::{assign_long_lanes, Candidate};
+use policies::autoscale::{Autoscaler, Signals};
+use policies::routing::EngineView;
+use policies::PolicyDocument;
+
+use super::engine::{EngineConfig, Out, SimEngine, SimSeq};
+use crate::record::{Admission as Headers, Outcome as Done, Record};
+use crate::results::{Fleet, ScaleEvent};
+
+/// Latency of the network and the gateway itself, per direction.
+#[derive(Debug, Clone, Copy)]
+pub struct Hops {
+    /// Client <-> gateway, one way (TLS, HTTP/2, parsing), seconds.
+    pub client_s: f64,
+    /// Gateway <-> engine, one way, seconds.
+    pub engine_s: f64,
+}
+
+/// The fleet's size and how it changes.
+#[derive(Debug, Clone)]
+pub struct FleetPlan {
+    /// Engines serving at the start (the autoscaler's start too).
+    pub engines: u32,
+    pub autoscale: bool,
+    /// Seconds from start to ready.
+    pub cold_start_s: f64,
+    /// Engine class name (its price) of every engine.
+    pub class: String,
+    /// The profile engines report (admission's prior; the engines' real
+    /// timing is `EngineConfig::profile`).
+    pub advertised: policies::LatencyProfile,
+}
+
+/// One request of the run.
+#[derive(Debug, Clone)]
+pub struct SimRequest {
+    pub at_s: f64,
+    pub key: String,
+    pub tier: String,
+    pub key_index: usize,
+    pub prompt: u32,
+    pub max_tokens: u32,
+    /// Where the emulated model would end by itself.
+    pub natural_len: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    Starting { ready_at: f64, to_warm: bool },
+    Warm,
+    Serving,
+    Draining { to_warm: bool },
+    Stopped,
+}
+
+#[derive(Debug)]
+struct Slot {
+    engine: SimEngine,
+    state: State,
+    started_at: f64,
+    /// The gateway's counts (EngineLease).
+    active: u32,
+    active_out: u64,
+    backlog: u64,
+    inflight_tokens: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Ev {
+    Arrive(usize),
+    Dispatch(usize),
+    Wake { engine: usize, gen: u64 },
+    FirstToken(usize),
+    Finished { req: usize, tokens: u32, prefill_ms: f64, decode_ms: f64, batch: f64 },
+    FirstTimeout(usize),
+    GateTick,
+    ScaleTick,
+    Ready(usize),
+}
+
+struct Scheduled {
+    t: f64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Scheduled {
+    /// Earliest first in a max-heap.
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.t.total_cmp(&self.t).then(o.seq.cmp(&self.seq))
+    }
+}
+
+/// Where one request is.
+#[derive(Debug, Clone)]
+struct Live {
+    admit: Option<Admit>,
+    engine: Option<usize>,
+    /// When the gateway saw it (its TTFT clock), seconds.
+    arrived: f64,
+    first_at: Option<f64>,
+    done: bool,
+    tenant: String,
+}
+
+/// What one run produced.
+pub struct RunOutput {
+    pub records: Vec<Record>,
+    pub fleet: Fleet,
+    /// Events processed (for the speed figure).
+    pub events: u64,
+}
+
+/// The simulation's state.
+pub struct Sim<'a> {
+    policy: &'a PolicyDocument,
+    cfg: &'a EngineConfig,
+    hops: Hops,
+    plan: FleetPlan,
+    reqs: &'a [SimRequest],
+    records: Vec<Record>,
+    live: Vec<Live>,
+    slots: Vec<Slot>,
+    heap: BinaryHeap<Scheduled>,
+    seq: u64,
+    ctl: Controller,
+    class: usize,
+    waiters: HashMap<WaiterId, usize>,
+    scaler: Autoscaler,
+    arrivals: u64,
+    outs: Vec<Out>,
+    fleet: Fleet,
+    output_tokens: u64,
+    end_s: f64,
+    events: u64,
+    /// Highest time any request can still be in flight (the last arrival
+    /// plus its budgets): ticks stop after it.
+    horizon: f64,
+}
+
+impl<'a> Sim<'a> {
+    pub fn new(
+        policy: &'a PolicyDocument,
+        cfg: &'a EngineConfig,
+        hops: Hops,
+        plan: FleetPlan,
+        reqs: &'a [SimRequest],
+        duration_s: f64,
+    ) -> Self {
+        let mut ctl = Controller::new();
+        let class = ctl.class_of(&plan.advertised);
+        let max_e2e = policy.tiers.iter().map(|t| t.e2e.as_secs_f64()).fold(0.0, f64::max);
+        let horizon = reqs.last().map_or(0.0, |r| r.at_s) + 2.0 * max_e2e + 5.0;
+        let mut sim = Self {
+            policy,
+            cfg,
+            hops,
+            plan,
+            reqs,
+            records: Vec::with_capacity(reqs.len()),
+            live: Vec::with_capacity(reqs.len()),
+            slots: Vec::new(),
+            heap: BinaryHeap::new(),
+            seq: 0,
+            ctl,
+            class,
+            waiters: HashMap::new(),
+            scaler: Autoscaler::new(),
+            arrivals: 0,
+            outs: Vec::new(),
+            fleet: Fleet { backend: "simulated".into(), bin_s: 1.0, ..Fleet::default() },
+            output_tokens: 0,
+            end_s: duration_s,
+            events: 0,
+            horizon,
+        };
+        for _ in 0..sim.plan.engines {
+            sim.slots.push(Slot::new(State::Serving, 0.0));
+        }
+        for (i, r) in reqs.iter().enumerate() {
+            let mut rec = Record::planned(i as u64, &r.tier, r.key_index, r.at_s * 1e3, r.prompt, r.max_tokens);
+            rec.sent_at_ms = rec.scheduled_at_ms;
+            sim.records.push(rec);
+            sim.live.push(Live {
+                admit: None,
+                engine: None,
+                arrived: 0.0,
+                first_at: None,
+                done: false,
+                tenant: String::new(),
+            });
+            sim.push(r.at_s + hops.client_s, Ev::Arrive(i));
+        }
+        sim.push(0.25, Ev::GateTick);
+        sim.push(0.0, Ev::ScaleTick);
+        sim
+    }
+
+    fn push(&mut self, t: f64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Scheduled { t, seq: self.seq, ev });
+    }
+
+    /// Runs every event; `progress` is called with the virtual time now and then.
+    pub fn run(mut self, mut progress: impl FnMut(f64)) -> RunOutput {
+        let mut next_report = 0.0;
+        while let Some(Scheduled { t, ev, .. }) = self.heap.pop() {
+            self.events += 1;
+            if t >= next_report {
+                progress(t);
+                next_report = t + self.end_s.max(1.0) / 100.0;
+            }
+            match ev {
+                Ev::Arrive(r) => self.arrive(t, r),
+                Ev::Dispatch(r) => self.dispatch(t, r),
+                Ev::Wake { engine, gen } => self.wake(t, engine, gen),
+                Ev::FirstToken(r) => self.first_token(t, r),
+                Ev::Finished { req, tokens, prefill_ms, decode_ms, batch } => {
+                    self.finished(t, req, tokens, prefill_ms, decode_ms, batch)
+                }
+                Ev::FirstTimeout(r) => self.first_timeout(t, r),
+                Ev::GateTick => {
+                    let (_, expired) = self.ctl.tick(t, self.policy);
+                    self.deliver(t, expired);
+                    self.pump(t);
+                    if t < self.horizon {
+                        self.push(t + 0.25, Ev::GateTick);
+                    }
+                }
+                Ev::ScaleTick => {
+                    self.scale(t);
+                    if t < self.horizon {
+                        self.push(t + 1.0, Ev::ScaleTick);
+                    }
+                }
+                Ev::Ready(e) => self.ready(t, e),
+            }
+        }
+        let end = self.fleet_end();
+        self.bill(end);
+        self.fleet.output_tokens = self.output_tokens;
+        self.fleet.cost_usd = self.fleet.gpu_seconds * self.policy.cost.price(&self.plan.class) / 3600.0;
+        self.fleet.cost_per_1m_output_tokens =
+            (self.output_tokens > 0).then(|| self.fleet.cost_usd / self.output_tokens as f64 * 1e6);
+        let busy: f64 = self.slots.iter().map(|s| s.engine.busy_s).sum();
+        self.fleet.device_utilization = (self.fleet.gpu_seconds > 0.0).then(|| busy / self.fleet.gpu_seconds);
+        RunOutput { records: self.records, fleet: self.fleet, events: self.events }
+    }
+
+    /// The end of billing: the run's schedule, or later if work ran on.
+    fn fleet_end(&self) -> f64 {
+        let last = self.records.iter().filter_map(|r| r.done_ms.map(|d| (r.scheduled_at_ms + d) / 1e3)).fold(0.0, f64::max);
+        last.max(self.end_s)
+    }
+
+    fn bill(&mut self, end: f64) {
+        for s in &mut self.slots {
+            if s.state != State::Stopped {
+                self.fleet.gpu_seconds += (end - s.started_at).max(0.0);
+                s.state = State::Stopped;
+            }
+        }
+    }
+
+    fn candidates(&self) -> Vec<Candidate> {
+        let mut out: Vec<Candidate> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.state == State::Serving)
+            .map(|(idx, s)| Candidate {
+                idx,
+                class: self.class,
+                slots: self.cfg.limits.max_batch.max(1),
+                active: s.active,
+                active_out_tokens: s.active_out,
+                prefill_backlog_tokens: s.backlog,
+                kv_headroom_tokens: s.engine.kv_headroom(self.cfg),
+                long_lane: false,
+            })
+            .collect();
+        assign_long_lanes(&mut out, self.policy.routing.long_lane_engines);
+        out
+    }
+
+    fn views(&self) -> Vec<EngineView> {
+        self.slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| EngineView {
+                id: format!("s{i}"),
+                ready: s.state == State::Serving,
+                inflight_tokens: s.inflight_tokens,
+                inflight_requests: s.active,
+            })
+            .collect()
+    }
+
+    fn arrive(&mut self, now: f64, r: usize) {
+        self.arrivals += 1;
+        let req = &self.reqs[r];
+        let Some((tenant, tier)) = self.policy.authenticate(&req.key) else {
+            return self.refuse_plain(now, r, 401, "invalid_api_key");
+        };
+        self.live[r].arrived = now;
+        self.live[r].tenant = tenant.name.clone();
+        if req.prompt > tier.max_context_tokens.get() {
+            return self.refuse_plain(now, r, 400, "context_length_exceeded");
+        }
+        let max_tokens = req.max_tokens.min(tier.max_output_tokens.get());
+        let request = Request {
+            tenant: &tenant.name,
+            tier,
+            model: "m",
+            prompt_tokens: req.prompt,
+            max_tokens,
+            sampling: false,
+            ttft_hint_ms: None,
+            e2e_hint_ms: None,
+        };
+        let off = self.policy.admission.mode == policies::admission::AdmissionMode::Off;
+        let engines = if off { Vec::new() } else { self.candidates() };
+        let loads = if off { self.views() } else { Vec::new() };
+        match self.ctl.request(now, self.policy, &request, &engines, &loads) {
+            Outcome::Refuse(refusal) => self.refuse(now, r, &refusal),
+            Outcome::Start { engine, admit } => {
+                self.admitted(r, admit);
+                self.lease(now, r, engine);
+            }
+            Outcome::Wait { id, admit, .. } => {
+                self.admitted(r, admit);
+                self.waiters.insert(id, r);
+                self.pump(now);
+            }
+            Outcome::Anywhere { admit } => {
+                self.admitted(r, admit);
+                self.fail(now, r, "no_ready_engine");
+            }
+        }
+    }
+
+    fn admitted(&mut self, r: usize, admit: Admit) {
+        let rec = &mut self.records[r];
+        rec.admission = Headers {
+            decision: Some(admit.decision().into()),
+            reason: Some(admit.reason()),
+            predicted_ttft_ms: admit.predicted_ttft_ms,
+            policy_version: Some(self.policy.version.clone()),
+            retry_after_s: None,
+        };
+        rec.max_tokens = admit.max_tokens;
+        self.live[r].admit = Some(admit);
+    }
+
+    fn refuse_plain(&mut self, now: f64, r: usize, status: u16, reason: &str) {
+        let rec = &mut self.records[r];
+        rec.outcome = Done::Rejected;
+        rec.status = status;
+        rec.reason = Some(reason.into());
+        rec.done_ms = Some((now + self.hops.client_s) * 1e3 - rec.scheduled_at_ms);
+        self.live[r].done = true;
+    }
+
+    fn refuse(&mut self, now: f64, r: usize, refusal: &Refusal) {
+        let status = if refusal.reason == Reason::TenantConcurrency { 429 } else { 503 };
+        self.refuse_plain(now, r, status, refusal.reason.label());
+        let rec = &mut self.records[r];
+        rec.admission.decision = Some("rejected".into());
+        rec.admission.reason = Some(refusal.reason.label().into());
+        rec.admission.predicted_ttft_ms = refusal.predicted_ttft_ms;
+        rec.admission.retry_after_s = Some(f64::from(refusal.retry_after_s));
+    }
+
+    /// An admitted request that will not run: the tenant's hold is released.
+    fn fail(&mut self, now: f64, r: usize, why: &str) {
+        let rec = &mut self.records[r];
+        rec.outcome = Done::Failed;
+        rec.reason = Some(why.into());
+        rec.done_ms = Some((now + self.hops.client_s) * 1e3 - rec.scheduled_at_ms);
+        self.live[r].done = true;
+        let tenant = std::mem::take(&mut self.live[r].tenant);
+        self.ctl.release(&tenant);
+    }
+
+    /// Counts `r` against `engine` and sends it there.
+    fn lease(&mut self, now: f64, r: usize, engine: usize) {
+        let work = self.live[r].admit.as_ref().expect("admitted").work;
+        let s = &mut self.slots[engine];
+        s.active += 1;
+        s.active_out += work.out_tokens;
+        s.backlog += work.prompt_tokens;
+        s.inflight_tokens += work.tokens;
+        self.live[r].engine = Some(engine);
+        self.push(now + self.hops.engine_s, Ev::Dispatch(r));
+        let budget = self.live[r].admit.as_ref().map_or(0.0, |a| a.e2e_budget_ms / 1e3);
+        let tier_e2e = self.policy.tier(&self.reqs[r].tier).map_or(budget, |t| t.e2e.as_secs_f64());
+        self.push(now + budget.max(tier_e2e), Ev::FirstTimeout(r));
+    }
+
+    /// Takes `r`'s counts off its engine (EngineLease drop); a slot freed.
+    fn unlease(&mut self, r: usize) {
+        let Some(engine) = self.live[r].engine.take() else { return };
+        let work = self.live[r].admit.as_ref().expect("admitted").work;
+        let first = self.live[r].first_at.is_some();
+        let s = &mut self.slots[engine];
+        s.active -= 1;
+        s.active_out -= work.out_tokens;
+        if !first {
+            s.backlog -= work.prompt_tokens;
+        }
+        s.inflight_tokens -= work.tokens;
+    }
+
+    fn dispatch(&mut self, now: f64, r: usize) {
+        if self.live[r].done {
+            return;
+        }
+        let Some(engine) = self.live[r].engine else { return };
+        let admit = self.live[r].admit.as_ref().expect("admitted");
+        let out = admit.max_tokens.min(self.reqs[r].natural_len).max(1);
+        let seq = SimSeq {
+            req: r,
+            prompt: self.reqs[r].prompt,
+            out,
+            key: admit.key,
+            enqueued_at: now,
+            ttft_budget_ms: admit.ttft_budget_ms,
+        };
+        match self.slots[engine].engine.enqueue(now, seq, self.cfg) {
+            Ok(Some(at)) => {
+                let gen = self.slots[engine].engine.gen;
+                self.push(at, Ev::Wake { engine, gen });
+            }
+            Ok(None) => {}
+            Err(_) => {
+                self.unlease(r);
+                self.fail(now, r, "engine_refused");
+                self.pump(now);
+            }
+        }
+    }
+
+    fn wake(&mut self, now: f64, engine: usize, gen: u64) {
+        if self.slots[engine].engine.gen != gen {
+            return;
+        }
+        let mut outs = std::mem::take(&mut self.outs);
+        outs.clear();
+        let next = self.slots[engine].engine.wake(now, self.cfg, &mut outs);
+        if let Some(at) = next {
+            self.slots[engine].engine.gen += 1;
+            let gen = self.slots[engine].engine.gen;
+            self.push(at, Ev::Wake { engine, gen });
+        }
+        let back = now + self.hops.engine_s;
+        for o in &outs {
+            match *o {
+                Out::FirstToken { req } => self.push(back, Ev::FirstToken(req)),
+                Out::Finished { req, tokens, prefill_ms, decode_ms, batch } => {
+                    self.push(back, Ev::Finished { req, tokens, prefill_ms, decode_ms, batch })
+                }
+            }
+        }
+        self.outs = outs;
+        self.settle(engine, now);
+    }
+
+    /// A draining engine with nothing left stops (or joins the warm pool).
+    fn settle(&mut self, engine: usize, now: f64) {
+        let s = &mut self.slots[engine];
+        if let State::Draining { to_warm } = s.state {
+            if s.active == 0 && s.engine.is_empty() {
+                if to_warm {
+                    s.state = State::Warm;
+                    s.engine.draining = false;
+                } else {
+                    s.state = State::Stopped;
+                    self.fleet.gpu_seconds += now - s.started_at;
+                }
+            }
+        }
+    }
+
+    fn first_token(&mut self, now: f64, r: usize) {
+        if self.live[r].done || self.live[r].first_at.is_some() {
+            return;
+        }
+        self.live[r].first_at = Some(now);
+        if let Some(e) = self.live[r].engine {
+            let prompt = self.live[r].admit.as_ref().map_or(0, |a| a.work.prompt_tokens);
+            self.slots[e].backlog -= prompt;
+        }
+        let rec = &mut self.records[r];
+        rec.ttft_ms = Some((now + self.hops.client_s) * 1e3 - rec.scheduled_at_ms);
+        let ttft_ms = (now - self.live[r].arrived) * 1e3;
+        let budget = self.live[r].admit.as_ref().map_or(1.0, |a| a.ttft_budget_ms);
+        self.ctl.first_token(now, ttft_ms, budget);
+    }
+
+    fn finished(&mut self, now: f64, r: usize, tokens: u32, prefill_ms: f64, decode_ms: f64, batch: f64) {
+        if self.live[r].done {
+            return;
+        }
+        let engine = self.live[r].engine;
+        self.unlease(r);
+        let rec = &mut self.records[r];
+        let end = (now + self.hops.client_s) * 1e3 - rec.scheduled_at_ms;
+        rec.outcome = Done::Ok;
+        rec.status = 200;
+        rec.tlet_ms = Some(end);
+        rec.done_ms = Some(end);
+        rec.tokens_out = tokens;
+        if let (Some(ttft), true) = (rec.ttft_ms, tokens > 1) {
+            rec.tbt_ms = vec![(end - ttft) / f64::from(tokens - 1)];
+        }
+        self.output_tokens += u64::from(tokens);
+        self.live[r].done = true;
+        let tenant = std::mem::take(&mut self.live[r].tenant);
+        let prompt = self.reqs[r].prompt;
+        self.ctl.finished(self.policy, &tenant, "m", Some(self.class), prompt, tokens, prefill_ms, Some(decode_ms), batch);
+        self.ctl.release(&tenant);
+        if let Some(e) = engine {
+            self.settle(e, now);
+        }
+        self.pump(now);
+    }
+
+    fn first_timeout(&mut self, now: f64, r: usize) {
+        if self.live[r].done || self.live[r].first_at.is_some() {
+            return;
+        }
+        if let Some(e) = self.live[r].engine {
+            self.slots[e].engine.cancel(r);
+        }
+        let engine = self.live[r].engine;
+        self.unlease(r);
+        self.fail(now, r, "engine_timeout");
+        if let Some(e) = engine {
+            self.settle(e, now);
+        }
+        self.pump(now);
+    }
+
+    fn pump(&mut self, now: f64) {
+        if self.ctl.waiting() == 0 {
+            return;
+        }
+        let engines = self.candidates();
+        let grants = self.ctl.pump(now, self.policy, &engines, |_| true);
+        self.deliver(now, grants);
+    }
+
+    fn deliver(&mut self, now: f64, grants: Vec<Grant>) {
+        for g in grants {
+            let Some(r) = self.waiters.remove(&g.id) else { continue };
+            match g.result {
+                Ok(engine) => self.lease(now, r, engine),
+                Err(refusal) => {
+                    self.refuse(now, r, &refusal);
+                    let tenant = std::mem::take(&mut self.live[r].tenant);
+                    self.ctl.release(&tenant);
+                }
+            }
+        }
+    }
+
+    fn count(&self, f: impl Fn(&State) -> bool) -> u32 {
+        self.slots.iter().filter(|s| f(&s.state)).count() as u32
+    }
+
+    /// One autoscaler tick and the supervisor's reconciliation; samples
+    /// the fleet for the report.
+    fn scale(&mut self, now: f64) {
+        let serving = self.count(|s| *s == State::Serving);
+        if self.plan.autoscale {
+            let demand = self.slots.iter().map(|s| f64::from(s.active)).sum::<f64>() + self.ctl.waiting() as f64;
+            let signals = Signals {
+                serving,
+                slots_per_engine: self.cfg.limits.max_batch,
+                demand,
+                queue_ratio_p95: self.ctl.queue_ratio_p95(now, self.policy),
+                brownout_level: self.ctl.brownout_level(),
+                arrivals: self.arrivals,
+                cold_start_s: Some(self.plan.cold_start_s),
+            };
+            let d = self.scaler.tick(now, &signals, &self.policy.autoscale);
+            if d.why != policies::autoscale::Why::Hold {
+                self.fleet.decisions.push(ScaleEvent {
+                    at_s: now,
+                    serving: d.serving,
+                    warm: d.warm,
+                    why: d.why.label().into(),
+                });
+            }
+            self.reconcile(now, d.serving, d.warm);
+            self.fleet.desired.push(f64::from(d.serving));
+        } else {
+            self.fleet.desired.push(f64::from(self.plan.engines));
+        }
+        let starting = self.count(|s| matches!(s, State::Starting { .. }));
+        self.fleet.serving.push(f64::from(self.count(|s| *s == State::Serving)));
+        self.fleet.warm.push(f64::from(self.count(|s| *s == State::Warm)));
+        self.fleet.starting.push(f64::from(starting));
+        self.fleet.draining.push(f64::from(self.count(|s| matches!(s, State::Draining { .. }))));
+    }
+
+    /// Moves the fleet toward `serving` + `warm` engines.
+    fn reconcile(&mut self, now: f64, serving: u32, warm: u32) {
+        let max = self.policy.autoscale.max_engines;
+        let mut have = self.count(|s| *s == State::Serving)
+            + self.count(|s| matches!(s, State::Starting { to_warm: false, .. }));
+        // Scale out: warm engines first (instant), then cold starts.
+        while have < serving {
+            if let Some(i) = self.slots.iter().position(|s| s.state == State::Warm) {
+                self.slots[i].state = State::Serving;
+            } else if let Some(i) =
+                self.slots.iter().position(|s| matches!(s.state, State::Starting { to_warm: true, .. }))
+            {
+                if let State::Starting { ready_at, .. } = self.slots[i].state {
+                    self.slots[i].state = State::Starting { ready_at, to_warm: false };
+                }
+            } else if let Some(i) = self.slots.iter().position(|s| matches!(s.state, State::Draining { .. })) {
+                // Take back an engine that was leaving.
+                self.slots[i].state = State::Serving;
+                self.slots[i].engine.draining = false;
+            } else if self.alive() < max {
+                self.start(now, false);
+            } else {
+                break;
+            }
+            have += 1;
+        }
+        // Scale in: drain the least loaded serving engines.
+        while have > serving {
+            let Some(i) = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.state == State::Serving)
+                .min_by_key(|(_, s)| s.active)
+                .map(|(i, _)| i)
+            else {
+                break;
+            };
+            let pool = self.count(|s| *s == State::Warm || matches!(s, State::Starting { to_warm: true, .. }));
+            self.slots[i].state = State::Draining { to_warm: pool < warm };
+            self.slots[i].engine.draining = true;
+            self.settle(i, now);
+            have -= 1;
+        }
+        // The warm pool.
+        let mut pool = self.count(|s| {
+            *s == State::Warm || matches!(s, State::Starting { to_warm: true, .. } | State::Draining { to_warm: true })
+        });
+        while pool < warm && self.alive() < max {
+            self.start(now, true);
+            pool += 1;
+        }
+        while pool > warm {
+            match self.slots.iter().position(|s| s.state == State::Warm) {
+                Some(i) => {
+                    self.slots[i].state = State::Stopped;
+                    self.fleet.gpu_seconds += now - self.slots[i].started_at;
+                }
+                None => break,
+            }
+            pool -= 1;
+        }
+    }
+
+    fn alive(&self) -> u32 {
+        self.count(|s| *s != State::Stopped)
+    }
+
+    fn start(&mut self, now: f64, to_warm: bool) {
+        let ready_at = now + self.plan.cold_start_s;
+        let slot = Slot::new(State::Starting { ready_at, to_warm }, now);
+        let i = match self.slots.iter().position(|s| s.state == State::Stopped) {
+            Some(i) => {
+                self.slots[i] = slot;
+                i
+            }
+            None => {
+                self.slots.push(slot);
+                self.slots.len() - 1
+            }
+        };
+        self.fleet.cold_starts += 1;
+        self.push(ready_at, Ev::Ready(i));
+    }
+
+    fn ready(&mut self, _now: f64, e: usize) {
+        if let State::Starting { to_warm, .. } = self.slots[e].state {
+            self.slots[e].state = if to_warm { State::Warm } else { State::Serving };
+            self.pump(_now);
+        }
+    }
+}
+
+impl Slot {
+    fn new(state: State, started_at: f64) -> Self {
+        Self {
+            engine: SimEngine::default(),
+            state,
+            started_at,
+            active: 0,
+            active_out: 0,
+            backlog: 0,
+            inflight_tokens: 0,
+        }
+    }
+}
