@@ -164,6 +164,9 @@ pub struct Plan {
     pub sampling: bool,
     pub ttft_ms: f64,
     pub e2e_ms: f64,
+    /// The part of `ttft_ms` spent waiting (for a slot, or behind the
+    /// engine's prefill backlog and batch fill), not prefilling.
+    pub wait_ms: f64,
     /// The ladder steps taken, in order (empty: admitted as asked).
     pub steps: Vec<Degradation>,
 }
@@ -198,6 +201,8 @@ pub struct Rejection {
     pub reason: RejectReason,
     pub retry_after_s: u32,
     pub predicted_ttft_ms: f64,
+    /// The predicted wait part of it.
+    pub predicted_wait_ms: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -213,6 +218,7 @@ struct Fit {
     engine: Option<usize>,
     ttft_ms: f64,
     e2e_ms: f64,
+    wait_ms: f64,
     /// Decode time per output token, for `reduce_output`.
     per_token_ms: f64,
 }
@@ -251,6 +257,7 @@ fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit
             engine: (e.active < e.slots).then_some(e.idx),
             ttft_ms: ttft,
             e2e_ms: ttft + decode,
+            wait_ms: wait,
             per_token_ms: decode / f64::from(out.max(1)),
         }
     };
@@ -319,6 +326,7 @@ pub fn decide(
             reason,
             retry_after_s: cfg.retry_after_min_s,
             predicted_ttft_ms: f64::INFINITY,
+            predicted_wait_ms: f64::INFINITY,
         });
     };
     for step in ask.degradations {
@@ -365,6 +373,7 @@ pub fn decide(
             sampling,
             ttft_ms: best.ttft_ms,
             e2e_ms: best.e2e_ms,
+            wait_ms: best.wait_ms,
             steps,
         });
     }
@@ -377,6 +386,7 @@ pub fn decide(
         reason,
         retry_after_s: retry_after(excess, cfg),
         predicted_ttft_ms: best.ttft_ms,
+        predicted_wait_ms: best.wait_ms,
     })
 }
 

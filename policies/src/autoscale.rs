@@ -16,7 +16,8 @@
 //!   looks fine (at least one engine more).
 //! - **Conservative scale-in:** only after `down_windows` consecutive windows
 //!   of `down_window_s` in which ρ stayed below ρ̂ − δ, queue latency below
-//!   θ/2 and brownout at level 0; at most `max_step_in` engines at a time;
+//!   θ/2 and brownout at level 0; at most `max_step_in` of the serving
+//!   engines at a time (at least one);
 //!   engines leave by draining at token boundaries (the caller's job).
 //! - **Dwell:** no scale-out within `up_cooldown_s` of a change, no scale-in
 //!   within `down_cooldown_s`: a noisy signal never flaps the fleet.
@@ -69,8 +70,8 @@ pub struct AutoscaleConfig {
     pub down_window_s: f64,
     pub up_cooldown_s: f64,
     pub down_cooldown_s: f64,
-    /// Engines removed per scale-in decision at most.
-    pub max_step_in: u32,
+    /// Share of the serving engines one scale-in may remove (at least one).
+    pub max_step_in: f64,
     pub volatility_bin_s: f64,
     pub volatility_bins: usize,
     pub levels: Vec<VolatilityLevel>,
@@ -97,10 +98,10 @@ impl Default for AutoscaleConfig {
             queue_theta: 0.5,
             up_sustain_s: 2.0,
             down_windows: 3,
-            down_window_s: 20.0,
+            down_window_s: 10.0,
             up_cooldown_s: 5.0,
-            down_cooldown_s: 60.0,
-            max_step_in: 1,
+            down_cooldown_s: 30.0,
+            max_step_in: 0.25,
             volatility_bin_s: 5.0,
             volatility_bins: 12,
             levels: vec![
@@ -151,11 +152,11 @@ impl AutoscaleConfig {
         if self.volatility_bin_s <= 0.0 || self.down_window_s <= 0.0 || self.burst_ramp_s <= 0.0 {
             return Err(("autoscale.down_window_s", "windows, bins and the ramp must be > 0 s".into()));
         }
-        if self.down_windows == 0 || self.max_step_in == 0 || self.volatility_bins < 2 {
-            return Err((
-                "autoscale.down_windows",
-                "down_windows, max_step_in >= 1 and volatility_bins >= 2".into(),
-            ));
+        if self.down_windows == 0 || self.volatility_bins < 2 {
+            return Err(("autoscale.down_windows", "need down_windows >= 1 and volatility_bins >= 2".into()));
+        }
+        if !(self.max_step_in > 0.0 && self.max_step_in <= 1.0) {
+            return Err(("autoscale.max_step_in", "must be in (0, 1]".into()));
         }
         if !(self.warm_margin.is_finite() && self.warm_margin >= 1.0) {
             return Err(("autoscale.warm_margin", "must be >= 1".into()));
@@ -370,7 +371,8 @@ impl Autoscaler {
             && since_change >= cfg.down_cooldown_s
             && target > cfg.min_engines
         {
-            let floor = target.saturating_sub(cfg.max_step_in).max(cfg.min_engines);
+            let step = ((f64::from(target) * cfg.max_step_in).floor() as u32).max(1);
+            let floor = target.saturating_sub(step).max(cfg.min_engines);
             let next = m_target.max(floor);
             if next < target {
                 target = next;
@@ -492,9 +494,8 @@ mod tests {
             serving = d.serving;
         }
         assert!(history.iter().all(|(_, _, w)| *w == Why::Quiet), "{history:?}");
-        // Quiet 0.25-rho windows exist only between spikes (a spike resets
-        // nothing: spikes above the band are not quiet, so a window with a
-        // spike is not quiet): with 20 s windows every window holds a spike.
+        // A window holding a spike is not quiet; with 10 s windows two of
+        // three are, but never three in a row.
         assert!(history.is_empty(), "{history:?} (t = {t})");
     }
 
@@ -513,8 +514,10 @@ mod tests {
             serving = d.serving;
         }
         assert!(!steps.is_empty());
-        assert!(steps[0].0 >= 60.0, "3 windows of 20 s first: {steps:?}");
-        assert!(steps.windows(2).all(|w| w[1].1 + 1 == w[0].1 && w[1].0 - w[0].0 >= 60.0), "{steps:?}");
+        assert!(steps[0].0 >= 30.0, "3 windows of 10 s first: {steps:?}");
+        // 8 -> 6 (a quarter) -> 5 -> 4 ... one step per cooldown at most.
+        assert_eq!(steps[0].1, 6, "{steps:?}");
+        assert!(steps.windows(2).all(|w| w[1].1 < w[0].1 && w[1].0 - w[0].0 >= 30.0), "{steps:?}");
         assert_eq!(steps.last().unwrap().1, 1, "6 sequences fit one engine at rho_hat: {steps:?}");
     }
 

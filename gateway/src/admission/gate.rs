@@ -61,7 +61,11 @@ impl Admission {
         let (report, expired) = st.ctl.tick(now, policy);
         self.deliver(&mut st, expired);
         if report.changed {
-            tracing::warn!(event = "brownout_level", level = report.level, signal = report.signal.unwrap_or(0.0));
+            tracing::warn!(
+                event = "brownout_level",
+                level = report.level,
+                signal = report.signal.unwrap_or(0.0)
+            );
         }
         ::metrics::gauge!(m::BROWNOUT_LEVEL).set(report.level as f64);
         ::metrics::gauge!(m::BROWNOUT_SIGNAL).set(report.signal.unwrap_or(0.0));

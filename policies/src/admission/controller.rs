@@ -260,6 +260,9 @@ pub struct Controller {
     /// Output histories by tenant, then model.
     outputs: HashMap<String, HashMap<String, OutputHistory>>,
     queue_signal: Window,
+    /// Predicted wait alone (no prefill) over the TTFT budget: queue latency
+    /// for the autoscaler.
+    wait_signal: Window,
     ttft_signal: Window,
     brownout: Brownout,
     open: HashMap<String, u32>,
@@ -294,12 +297,12 @@ impl Controller {
         self.gates.values().map(Drr::len).sum()
     }
 
-    /// The p95 of predicted queue latency over the TTFT budget, over the
-    /// brownout window (the autoscaler's queue signal); `None` with too few
-    /// samples.
+    /// The p95 of predicted queue latency (the wait before prefill) over
+    /// the TTFT budget, over the brownout window: the autoscaler's queue
+    /// signal. `None` with too few samples.
     pub fn queue_ratio_p95(&mut self, now: f64, policy: &PolicyDocument) -> Option<f64> {
         let cfg = &policy.brownout;
-        self.queue_signal.p95(now, cfg.window_s, cfg.min_samples)
+        self.wait_signal.p95(now, cfg.window_s, cfg.min_samples)
     }
 
     /// Requests `tenant` has open (admitted, not released).
@@ -404,6 +407,8 @@ impl Controller {
                 // A capacity refusal feeds brownout with the wait it predicted.
                 let ratio = rej.predicted_ttft_ms / ask.ttft_budget_ms;
                 self.queue_signal.push(now, if ratio.is_finite() { ratio } else { 10.0 });
+                let wait = rej.predicted_wait_ms / ask.ttft_budget_ms;
+                self.wait_signal.push(now, if wait.is_finite() { wait } else { 10.0 });
                 let mut refusal = Refusal::new(rej.reason.into(), rej.retry_after_s, level);
                 refusal.predicted_ttft_ms = Some(rej.predicted_ttft_ms).filter(|x| x.is_finite());
                 refusal.ttft_budget_ms = ask.ttft_budget_ms;
@@ -415,6 +420,7 @@ impl Controller {
         };
         steps.extend(plan.steps.iter().map(|d| Step::Ladder(*d)));
         self.queue_signal.push(now, plan.ttft_ms / ask.ttft_budget_ms);
+        self.wait_signal.push(now, plan.wait_ms / ask.ttft_budget_ms);
         let work = Work {
             tokens: u64::from(r.prompt_tokens) + u64::from(plan.max_tokens),
             prompt_tokens: u64::from(r.prompt_tokens),
