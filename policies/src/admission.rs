@@ -246,9 +246,16 @@ fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit
         return None;
     }
     let sample = if sampling { cfg.sampling_cost } else { 1.0 };
+    // Predictions depend on an engine only through its batch size:
+    // computed once per size, not once per engine.
+    let cache: std::cell::RefCell<Vec<Option<ServiceTime>>> = std::cell::RefCell::new(Vec::new());
     let predict = |e: &Candidate| {
-        let batch = f64::from((e.active + 1).min(e.slots.max(1)));
-        model.predict(ask.n_in, out, batch, est)
+        let b = (e.active + 1).min(e.slots.max(1));
+        let mut c = cache.borrow_mut();
+        if c.len() <= b as usize {
+            c.resize(b as usize + 1, None);
+        }
+        *c[b as usize].get_or_insert_with(|| model.predict(ask.n_in, out, f64::from(b), est))
     };
     let finish = |e: &Candidate, s: &ServiceTime, wait: f64| -> Fit {
         let ttft = wait + s.prefill_ms;
@@ -285,11 +292,20 @@ fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit
         }
     }
     // Every slot busy (or others already waiting): wait at the gateway.
+    let mut full_step: Vec<(u32, f64)> = Vec::new(); // by slot count
     let mu: f64 = of_class
         .iter()
         .map(|e| {
-            let full = model.predict(ask.n_in, 1, f64::from(e.slots.max(1)), est).step_ms;
-            f64::from(e.slots.max(1)) / full.max(1e-3)
+            let slots = e.slots.max(1);
+            let step = match full_step.iter().find(|(s, _)| *s == slots) {
+                Some(&(_, step)) => step,
+                None => {
+                    let step = model.predict(ask.n_in, 1, f64::from(slots), est).step_ms;
+                    full_step.push((slots, step));
+                    step
+                }
+            };
+            f64::from(slots) / step.max(1e-3)
         })
         .sum();
     let (active, out_tokens) =
@@ -394,14 +410,17 @@ pub fn decide(
 /// class, in order, when the class has more engines than the lane (a lane
 /// that would be the whole class is no lane).
 pub fn assign_long_lanes(engines: &mut [Candidate], lane_engines: u32) {
-    let mut per_class: std::collections::HashMap<usize, u32> = std::collections::HashMap::new();
+    // Classes are small indices into the models list.
+    let mut per_class: Vec<u32> = Vec::new();
     for e in engines.iter_mut() {
-        let nth = per_class.entry(e.class).or_default();
-        *nth += 1;
-        e.long_lane = *nth <= lane_engines;
+        if per_class.len() <= e.class {
+            per_class.resize(e.class + 1, 0);
+        }
+        per_class[e.class] += 1;
+        e.long_lane = per_class[e.class] <= lane_engines;
     }
     for e in engines.iter_mut() {
-        if per_class[&e.class] <= lane_engines {
+        if per_class[e.class] <= lane_engines {
             e.long_lane = false;
         }
     }

@@ -191,9 +191,10 @@ impl ServiceModel {
 
     /// Raw decode step time `b` at `batch` and the context factor.
     fn step_raw_ms(&self, batch: f64, ctx_per_seq: f64) -> f64 {
-        let b = ms(self.profile.decode_step(batch.max(1.0).round() as u32, 0));
+        let n = batch.max(1.0).round() as u32;
+        let b = self.profile.decode_step_ms(n, 0);
         let ctx_total = (batch.max(1.0) * ctx_per_seq).min(f64::from(u32::MAX));
-        let with_ctx = ms(self.profile.decode_step(batch.max(1.0).round() as u32, ctx_total as u32));
+        let with_ctx = self.profile.decode_step_ms(n, ctx_total as u32);
         // f(ctx) = with_ctx / b, kept as the product b·f(ctx).
         with_ctx.max(b)
     }

@@ -102,15 +102,34 @@ impl LatencyProfile {
 
     /// Time to prefill a prompt of `prompt_tokens` tokens.
     pub fn prefill(&self, prompt_tokens: u32) -> Duration {
-        ms(interpolate(&self.prefill, f64::from(prompt_tokens)))
+        ms(self.prefill_ms(prompt_tokens))
     }
 
     /// Time of one decode step for a batch of `batch` sequences holding
     /// `context_tokens` tokens of context in total.
     pub fn decode_step(&self, batch: u32, context_tokens: u32) -> Duration {
+        ms(self.decode_step_ms(batch, context_tokens))
+    }
+
+    /// [`Self::prefill`] in milliseconds (no `Duration` on hot paths).
+    pub fn prefill_ms(&self, prompt_tokens: u32) -> f64 {
+        clamp_ms(interpolate(&self.prefill, f64::from(prompt_tokens)))
+    }
+
+    /// [`Self::decode_step`] in milliseconds.
+    pub fn decode_step_ms(&self, batch: u32, context_tokens: u32) -> f64 {
         let base = interpolate(&self.decode_batch, f64::from(batch.max(1)));
         let ctx = f64::from(context_tokens) / 1000.0 * self.decode_ms_per_1k_context;
-        ms(base + ctx)
+        clamp_ms(base + ctx)
+    }
+}
+
+/// At most a day, never negative or NaN.
+fn clamp_ms(v: f64) -> f64 {
+    if v.is_nan() {
+        0.0
+    } else {
+        v.clamp(0.0, 86_400_000.0)
     }
 }
 
@@ -118,7 +137,7 @@ impl LatencyProfile {
 /// engine, and no curve it sends (huge values, extrapolated slopes) may
 /// overflow a `Duration` or an `Instant` built from it.
 fn ms(v: f64) -> Duration {
-    Duration::from_secs_f64((v.max(0.0) / 1000.0).min(86_400.0))
+    Duration::from_secs_f64(clamp_ms(v) / 1000.0)
 }
 
 fn check_curve(points: &[(f64, f64)]) -> Result<(), &'static str> {

@@ -66,9 +66,15 @@ struct Running {
 #[derive(Debug, Clone)]
 enum Phase {
     Idle,
-    Prefill { batch: Vec<(SimSeq, u64)>, started: f64 },
+    Prefill {
+        batch: Vec<(SimSeq, u64)>,
+        started: f64,
+    },
     /// `steps` decode steps of a fixed batch, starting at `start`.
-    Decode { start: f64, steps: u64 },
+    Decode {
+        start: f64,
+        steps: u64,
+    },
 }
 
 /// What a token boundary produced, for the gateway.
@@ -120,7 +126,7 @@ impl Default for SimEngine {
 }
 
 fn step_s(cfg: &EngineConfig, batch: u32, context: u64) -> f64 {
-    cfg.profile.decode_step(batch, context.min(u64::from(u32::MAX)) as u32).as_secs_f64()
+    cfg.profile.decode_step_ms(batch, context.min(u64::from(u32::MAX)) as u32) / 1e3
 }
 
 fn secs(v: f64) -> Duration {
@@ -221,7 +227,8 @@ impl SimEngine {
                 let b = self.running.len() as u64;
                 self.ctx_sum += steps * b;
                 self.steps_done += steps;
-                self.batch_avg = if self.batch_avg == 0.0 { b as f64 } else { 0.9 * self.batch_avg + 0.1 * b as f64 };
+                self.batch_avg =
+                    if self.batch_avg == 0.0 { b as f64 } else { 0.9 * self.batch_avg + 0.1 * b as f64 };
             }
         }
         // Finished sequences leave at this boundary.
@@ -263,7 +270,11 @@ impl SimEngine {
             if !plan.admit.is_empty() {
                 let mut batch = Vec::with_capacity(plan.admit.len());
                 for id in &plan.admit {
-                    let i = self.queue.iter().position(|(s, _)| s.req as u64 == *id).expect("planned from the queue");
+                    let i = self
+                        .queue
+                        .iter()
+                        .position(|(s, _)| s.req as u64 == *id)
+                        .expect("planned from the queue");
                     batch.push(self.queue.swap_remove(i));
                 }
                 let d = plan.prefill.as_secs_f64();
@@ -312,7 +323,12 @@ mod tests {
     }
 
     /// Runs the engine alone until idle; returns (time, out) in order.
-    fn drive(e: &mut SimEngine, c: &EngineConfig, mut wake: Option<f64>, arrivals: &[(f64, SimSeq)]) -> Vec<(f64, Out)> {
+    fn drive(
+        e: &mut SimEngine,
+        c: &EngineConfig,
+        mut wake: Option<f64>,
+        arrivals: &[(f64, SimSeq)],
+    ) -> Vec<(f64, Out)> {
         let mut log = Vec::new();
         let mut pending: Vec<(f64, SimSeq)> = arrivals.to_vec();
         loop {

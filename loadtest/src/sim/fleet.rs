@@ -23,7 +23,9 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
-use policies::admission::controller::{Admit, Controller, Grant, Outcome, Reason, Refusal, Request, WaiterId};
+use policies::admission::controller::{
+    Admit, Controller, Grant, Outcome, Reason, Refusal, Request, WaiterId,
+};
 use policies::admission::{assign_long_lanes, Candidate};
 use policies::autoscale::{Autoscaler, Signals};
 use policies::routing::EngineView;
@@ -215,7 +217,8 @@ impl<'a> Sim<'a> {
             sim.slots.push(Slot::new(State::Serving, 0.0));
         }
         for (i, r) in reqs.iter().enumerate() {
-            let mut rec = Record::planned(i as u64, &r.tier, r.key_index, r.at_s * 1e3, r.prompt, r.max_tokens);
+            let mut rec =
+                Record::planned(i as u64, &r.tier, r.key_index, r.at_s * 1e3, r.prompt, r.max_tokens);
             rec.sent_at_ms = rec.scheduled_at_ms;
             sim.records.push(rec);
             sim.live.push(Live {
@@ -286,7 +289,11 @@ impl<'a> Sim<'a> {
 
     /// The end of billing: the run's schedule, or later if work ran on.
     fn fleet_end(&self) -> f64 {
-        let last = self.records.iter().filter_map(|r| r.done_ms.map(|d| (r.scheduled_at_ms + d) / 1e3)).fold(0.0, f64::max);
+        let last = self
+            .records
+            .iter()
+            .filter_map(|r| r.done_ms.map(|d| (r.scheduled_at_ms + d) / 1e3))
+            .fold(0.0, f64::max);
         last.max(self.end_s)
     }
 
@@ -554,7 +561,17 @@ impl<'a> Sim<'a> {
         self.live[r].done = true;
         let tenant = std::mem::take(&mut self.live[r].tenant);
         let prompt = self.reqs[r].prompt;
-        self.ctl.finished(self.policy, &tenant, "m", Some(self.class), prompt, tokens, prefill_ms, Some(decode_ms), batch);
+        self.ctl.finished(
+            self.policy,
+            &tenant,
+            "m",
+            Some(self.class),
+            prompt,
+            tokens,
+            prefill_ms,
+            Some(decode_ms),
+            batch,
+        );
         self.ctl.release(&tenant);
         if let Some(e) = engine {
             self.settle(e, now);
@@ -610,7 +627,8 @@ impl<'a> Sim<'a> {
     fn scale(&mut self, now: f64) {
         let serving = self.count(|s| *s == State::Serving);
         if self.plan.autoscale {
-            let demand = self.slots.iter().map(|s| f64::from(s.active)).sum::<f64>() + self.ctl.waiting() as f64;
+            let demand =
+                self.slots.iter().map(|s| f64::from(s.active)).sum::<f64>() + self.ctl.waiting() as f64;
             let signals = Signals {
                 serving,
                 slots_per_engine: self.cfg.limits.max_batch,
@@ -656,7 +674,8 @@ impl<'a> Sim<'a> {
                 if let State::Starting { ready_at, .. } = self.slots[i].state {
                     self.slots[i].state = State::Starting { ready_at, to_warm: false };
                 }
-            } else if let Some(i) = self.slots.iter().position(|s| matches!(s.state, State::Draining { .. })) {
+            } else if let Some(i) = self.slots.iter().position(|s| matches!(s.state, State::Draining { .. }))
+            {
                 // Take back an engine that was leaving.
                 self.slots[i].state = State::Serving;
                 self.slots[i].engine.draining = false;
@@ -679,7 +698,8 @@ impl<'a> Sim<'a> {
             else {
                 break;
             };
-            let pool = self.count(|s| *s == State::Warm || matches!(s, State::Starting { to_warm: true, .. }));
+            let pool =
+                self.count(|s| *s == State::Warm || matches!(s, State::Starting { to_warm: true, .. }));
             self.slots[i].state = State::Draining { to_warm: pool < warm };
             self.slots[i].engine.draining = true;
             self.settle(i, now);
@@ -687,7 +707,8 @@ impl<'a> Sim<'a> {
         }
         // The warm pool.
         let mut pool = self.count(|s| {
-            *s == State::Warm || matches!(s, State::Starting { to_warm: true, .. } | State::Draining { to_warm: true })
+            *s == State::Warm
+                || matches!(s, State::Starting { to_warm: true, .. } | State::Draining { to_warm: true })
         });
         while pool < warm && self.alive() < max {
             self.start(now, true);

@@ -175,7 +175,9 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
         policy.estimator.guard_factor = g;
     }
     if let Some(cap) = a.bronze_output_cap {
-        if let (Some(t), Some(c)) = (policy.tiers.iter_mut().find(|t| t.name == "bronze"), std::num::NonZeroU32::new(cap)) {
+        if let (Some(t), Some(c)) =
+            (policy.tiers.iter_mut().find(|t| t.name == "bronze"), std::num::NonZeroU32::new(cap))
+        {
             t.max_output_tokens = c;
         }
     }
