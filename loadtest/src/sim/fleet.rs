@@ -172,6 +172,11 @@ pub struct Sim<'a> {
     output_tokens: u64,
     end_s: f64,
     events: u64,
+    /// (start, stop) of every engine life that ended: billed at the end,
+    /// up to the end of the run.
+    lives: Vec<(f64, f64)>,
+    /// Requests not finished yet: ticks stop once none is left after the end.
+    open_requests: usize,
     /// Highest time any request can still be in flight (the last arrival
     /// plus its budgets): ticks stop after it.
     horizon: f64,
@@ -211,6 +216,8 @@ impl<'a> Sim<'a> {
             output_tokens: 0,
             end_s: duration_s,
             events: 0,
+            lives: Vec::new(),
+            open_requests: reqs.len(),
             horizon,
         };
         for _ in 0..sim.plan.engines {
@@ -263,13 +270,13 @@ impl<'a> Sim<'a> {
                     let (_, expired) = self.ctl.tick(t, self.policy);
                     self.deliver(t, expired);
                     self.pump(t);
-                    if t < self.horizon {
+                    if self.ticking(t) {
                         self.push(t + 0.25, Ev::GateTick);
                     }
                 }
                 Ev::ScaleTick => {
                     self.scale(t);
-                    if t < self.horizon {
+                    if self.ticking(t) {
                         self.push(t + 1.0, Ev::ScaleTick);
                     }
                 }
@@ -297,13 +304,33 @@ impl<'a> Sim<'a> {
         last.max(self.end_s)
     }
 
+    /// Every engine-second from start to stop, up to `end`.
     fn bill(&mut self, end: f64) {
         for s in &mut self.slots {
             if s.state != State::Stopped {
-                self.fleet.gpu_seconds += (end - s.started_at).max(0.0);
+                self.lives.push((s.started_at, end));
                 s.state = State::Stopped;
             }
         }
+        self.fleet.gpu_seconds = self.lives.iter().map(|&(a, b)| (b.min(end) - a.min(end)).max(0.0)).sum();
+    }
+
+    /// Engine `i` stops now.
+    fn stop(&mut self, i: usize, now: f64) {
+        self.slots[i].state = State::Stopped;
+        self.lives.push((self.slots[i].started_at, now));
+    }
+
+    fn close(&mut self, r: usize) {
+        if !self.live[r].done {
+            self.live[r].done = true;
+            self.open_requests -= 1;
+        }
+    }
+
+    /// Ticks go on while the schedule runs or requests are open.
+    fn ticking(&self, t: f64) -> bool {
+        (t < self.end_s || self.open_requests > 0) && t < self.horizon
     }
 
     fn candidates(&self) -> Vec<Candidate> {
@@ -402,7 +429,7 @@ impl<'a> Sim<'a> {
         rec.status = status;
         rec.reason = Some(reason.into());
         rec.done_ms = Some((now + self.hops.client_s) * 1e3 - rec.scheduled_at_ms);
-        self.live[r].done = true;
+        self.close(r);
     }
 
     fn refuse(&mut self, now: f64, r: usize, refusal: &Refusal) {
@@ -421,7 +448,7 @@ impl<'a> Sim<'a> {
         rec.outcome = Done::Failed;
         rec.reason = Some(why.into());
         rec.done_ms = Some((now + self.hops.client_s) * 1e3 - rec.scheduled_at_ms);
-        self.live[r].done = true;
+        self.close(r);
         let tenant = std::mem::take(&mut self.live[r].tenant);
         self.ctl.release(&tenant);
     }
@@ -518,8 +545,7 @@ impl<'a> Sim<'a> {
                     s.state = State::Warm;
                     s.engine.draining = false;
                 } else {
-                    s.state = State::Stopped;
-                    self.fleet.gpu_seconds += now - s.started_at;
+                    self.stop(engine, now);
                 }
             }
         }
@@ -558,7 +584,7 @@ impl<'a> Sim<'a> {
             rec.tbt_ms = vec![(end - ttft) / f64::from(tokens - 1)];
         }
         self.output_tokens += u64::from(tokens);
-        self.live[r].done = true;
+        self.close(r);
         let tenant = std::mem::take(&mut self.live[r].tenant);
         let prompt = self.reqs[r].prompt;
         self.ctl.finished(
@@ -716,10 +742,7 @@ impl<'a> Sim<'a> {
         }
         while pool > warm {
             match self.slots.iter().position(|s| s.state == State::Warm) {
-                Some(i) => {
-                    self.slots[i].state = State::Stopped;
-                    self.fleet.gpu_seconds += now - self.slots[i].started_at;
-                }
+                Some(i) => self.stop(i, now),
                 None => break,
             }
             pool -= 1;
