@@ -37,6 +37,18 @@ enum Command {
         #[arg(long, value_parser = parse_window)]
         window: Option<(f64, f64)>,
     },
+    /// The simulator against a live run of the same scenario: TTFT p50 and
+    /// p95, goodput and deadline-miss rate per tier, with the simulator's
+    /// error (Markdown). Exits 1 if any figure is off by more than
+    /// --tolerance.
+    Calibrate {
+        /// results.json of the live run.
+        live: PathBuf,
+        /// results.json of `loadtest sim` with the same flags.
+        sim: PathBuf,
+        #[arg(long, default_value_t = 0.10)]
+        tolerance: f64,
+    },
     /// Re-render report.html from a results.json.
     Report {
         results: PathBuf,
@@ -82,6 +94,7 @@ async fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Run(args) => run(&args).await,
         Command::Compare { a, b } => compare(&a, &b),
+        Command::Calibrate { live, sim, tolerance } => calibrate(&live, &sim, tolerance),
         Command::Table { results, window } => table(&results, window),
         Command::Report { results, out } => report(&results, out),
         Command::Sweep(args) => sweep(&args).await,
@@ -183,6 +196,17 @@ fn compare(a: &std::path::Path, b: &std::path::Path) -> Result<(), String> {
     let (a, b) = (Results::load(a).map_err(|e| e.to_string())?, Results::load(b).map_err(|e| e.to_string())?);
     print!("{}", loadtest::text::compare(&a, &b));
     Ok(())
+}
+
+fn calibrate(live: &std::path::Path, sim: &std::path::Path, tolerance: f64) -> Result<(), String> {
+    let (live, sim) = (Results::load(live).map_err(|e| e.to_string())?, Results::load(sim).map_err(|e| e.to_string())?);
+    let (table, ok) = loadtest::text::calibration(&live, &sim, tolerance);
+    print!("{table}");
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("the simulation is off by more than {:.0}% somewhere (rows marked no)", tolerance * 100.0))
+    }
 }
 
 fn report(path: &std::path::Path, out: Option<PathBuf>) -> Result<(), String> {

@@ -116,6 +116,50 @@ pub fn compare(a: &Results, b: &Results) -> String {
     out
 }
 
+/// The simulator's calibration against a live run of the same scenario
+/// (Markdown): per tier and overall, TTFT p50 and p95, goodput tokens per
+/// second and the deadline-miss rate of accepted requests, live and
+/// simulated, with the simulator's error. Latencies and goodput agree when
+/// within `tolerance` (relative); a rate agrees when within `tolerance`
+/// relative or one percentage point absolute (a miss rate of 0.2% against
+/// 0.1% is not a 100% error). Returns the table and whether all agree.
+pub fn calibration(live: &Results, sim: &Results, tolerance: f64) -> (String, bool) {
+    let mut out = String::from(
+        "| tier | figure | live | simulated | sim / live | agrees |\n|---|---|---:|---:|---:|:---:|\n",
+    );
+    let mut all = true;
+    let mut groups: Vec<(&str, &crate::summary::Group, &crate::summary::Group, f64, f64)> = Vec::new();
+    for (tier, g) in &live.summary.tiers {
+        if let Some(s) = sim.summary.tiers.get(tier) {
+            let d = live.summary.duration_s.max(1e-9);
+            groups.push((tier, g, s, g.goodput_tokens as f64 / d, s.goodput_tokens as f64 / d));
+        }
+    }
+    groups.push(("all", &live.summary.overall, &sim.summary.overall, live.summary.goodput_tokens_per_s, sim.summary.goodput_tokens_per_s));
+    for (tier, l, s, gl, gs) in groups {
+        let rows: [(&str, Option<f64>, Option<f64>, bool); 4] = [
+            ("TTFT p50 ms", l.ttft_ms.map(|x| x.p50), s.ttft_ms.map(|x| x.p50), false),
+            ("TTFT p95 ms", l.ttft_ms.map(|x| x.p95), s.ttft_ms.map(|x| x.p95), false),
+            ("goodput tok/s", Some(gl), Some(gs), false),
+            ("deadline-miss rate", l.deadline_miss_rate, s.deadline_miss_rate, true),
+        ];
+        for (name, a, b, rate) in rows {
+            let (Some(a), Some(b)) = (a, b) else { continue };
+            let rel = if a != 0.0 { b / a - 1.0 } else if b == 0.0 { 0.0 } else { f64::INFINITY };
+            let ok = rel.abs() <= tolerance || (rate && (a - b).abs() <= 0.01);
+            all &= ok;
+            let (sa, sb) = if rate {
+                (format!("{:.2}%", a * 100.0), format!("{:.2}%", b * 100.0))
+            } else {
+                (format!("{a:.1}"), format!("{b:.1}"))
+            };
+            let ratio = if a != 0.0 { format!("{:.3}", b / a) } else { "-".into() };
+            let _ = writeln!(out, "| {tier} | {name} | {sa} | {sb} | {ratio} | {} |", if ok { "yes" } else { "**no**" });
+        }
+    }
+    (out, all)
+}
+
 /// Per tier, one row per run (Markdown): requests, share that met the SLO,
 /// deadline-miss rate of accepted requests, TTFT p95/p99 (and p99 inside
 /// `window`, seconds from the start, when given), TLET p95, goodput tokens
