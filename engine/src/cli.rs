@@ -132,6 +132,11 @@ pub struct EngineArgs {
     /// belongs in the `ENGINE_REDIS_URL` environment variable instead.
     #[arg(long)]
     pub redis: Option<String>,
+    /// The base URL gateways reach this engine at, as registered in Redis
+    /// (default `http://<listen address>`; behind Kubernetes, the pod's
+    /// address: `--advertise=http://$(POD_IP):9000`).
+    #[arg(long)]
+    pub advertise: Option<String>,
     /// File holding the API token every route but /healthz and /readyz
     /// requires (or the `ENGINE_API_TOKEN` environment variable). Without a
     /// token the engine refuses to listen on a non-loopback address.

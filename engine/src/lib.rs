@@ -284,7 +284,8 @@ pub async fn run(args: EngineArgs) -> Result<(), StartError> {
     let addr = listener.local_addr().map_err(|e| StartError::Bind(args.listen, e))?;
     let cold = warm_up(&engine).await?;
     if let Some(url) = args.redis_url() {
-        tokio::spawn(registry::register(url, engine.id.clone(), format!("http://{addr}")));
+        let base = args.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));
+        tokio::spawn(registry::register(url, engine.id.clone(), base));
     }
     let signal = shutdown_signal(args.exit_on_stdin_eof);
     println!(

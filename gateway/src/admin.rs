@@ -120,6 +120,7 @@ async fn route(
             | "/admin/policies/history"
             | "/admin/policies/audit",
         ) => Err(ApiError::MethodNotAllowed(req.method().to_string())),
+        (Method::GET, "/admin/fleet") => Ok(json_response(StatusCode::OK, &app.fleet.detail())),
         (Method::GET, "/admin/video/streams") => {
             let now = app.video.now();
             let all: Vec<_> = app.video.all().iter().map(|s| s.status(now)).collect();

@@ -88,6 +88,10 @@ pub struct EngineSlot {
     retired: AtomicBool,
     /// When it last answered a probe (or was added).
     last_seen: Mutex<std::time::Instant>,
+    /// In the warm pool: ready, probed and given hints, but not routed to.
+    standby: AtomicBool,
+    /// Leaving (scale-in): no new work; its running sequences finish.
+    draining: AtomicBool,
 }
 
 impl EngineSlot {
@@ -106,7 +110,32 @@ impl EngineSlot {
             leased_at_report: AtomicU64::new(0),
             last_report: Mutex::new(None),
             profile: Mutex::new(None),
+            standby: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
         }
+    }
+
+    /// Ready and neither warm standby nor draining: new work may go here.
+    pub fn routable(&self) -> bool {
+        self.is_ready() && !self.is_standby() && !self.is_draining() && !self.is_retired()
+    }
+
+    pub fn is_standby(&self) -> bool {
+        self.standby.load(Ordering::Acquire)
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Puts the engine in (or takes it out of) the warm pool.
+    pub fn set_standby(&self, on: bool) {
+        self.standby.store(on, Ordering::Release);
+    }
+
+    /// Starts (or cancels) draining: routing stops sending it work.
+    pub fn set_draining(&self, on: bool) {
+        self.draining.store(on, Ordering::Release);
     }
 
     pub fn is_ready(&self) -> bool {
@@ -221,17 +250,27 @@ impl EnginePool {
     /// when there is one, so the list is bounded by the engines alive at
     /// once, not by every engine ever seen.
     pub fn add(&self, spec: EngineSpec) -> usize {
+        self.insert(spec, true)
+    }
+
+    /// Adds an engine this gateway's supervisor started (never retired by
+    /// the registry's TTL: the supervisor retires it when it stops it).
+    pub fn add_owned(&self, spec: EngineSpec) -> usize {
+        self.insert(spec, false)
+    }
+
+    fn insert(&self, spec: EngineSpec, discovered: bool) -> usize {
         let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
         if let Some(i) = slots.iter().position(|s| s.spec.id == spec.id) {
             if slots[i].spec.url == spec.url && !slots[i].is_retired() {
                 return i;
             }
             tracing::info!(event = "engine_moved", engine = %spec.id, from = %slots[i].spec.url, to = %spec.url);
-            slots[i] = Arc::new(EngineSlot::new(spec, true));
+            slots[i] = Arc::new(EngineSlot::new(spec, discovered));
             return i;
         }
-        tracing::info!(event = "engine_discovered", engine = %spec.id, url = %spec.url);
-        let slot = Arc::new(EngineSlot::new(spec, true));
+        tracing::info!(event = "engine_added", engine = %spec.id, url = %spec.url, discovered);
+        let slot = Arc::new(EngineSlot::new(spec, discovered));
         match slots.iter().position(|s| s.is_retired()) {
             Some(i) => {
                 slots[i] = slot;
@@ -301,7 +340,7 @@ impl EnginePool {
             .iter()
             .map(|s| EngineView {
                 id: s.spec.id.clone(),
-                ready: s.ready.load(Ordering::Acquire),
+                ready: s.routable(),
                 inflight_tokens: s.inflight_tokens.load(Ordering::Acquire),
                 inflight_requests: s.active.load(Ordering::Acquire),
             })
@@ -309,7 +348,26 @@ impl EnginePool {
     }
 
     pub fn ready_count(&self) -> usize {
-        self.slots().iter().filter(|s| s.ready.load(Ordering::Acquire)).count()
+        self.slots().iter().filter(|s| s.ready.load(Ordering::Acquire) && !s.is_retired()).count()
+    }
+
+    /// Engines new work may go to (ready, not warm standby, not draining).
+    pub fn routable_count(&self) -> usize {
+        self.slots().iter().filter(|s| s.routable()).count()
+    }
+
+    /// Takes an engine out for good (the supervisor stopped it); its index
+    /// is reused by the next engine added.
+    pub fn retire(&self, idx: usize) {
+        let s = self.slot(idx);
+        s.retired.store(true, Ordering::Release);
+        s.ready.store(false, Ordering::Release);
+        tracing::info!(event = "engine_retired", engine = %s.spec.id, why = "stopped");
+    }
+
+    /// The index of the engine with this id, if it is not retired.
+    pub fn index_of(&self, id: &str) -> Option<usize> {
+        self.slots().iter().position(|s| s.spec.id == id && !s.is_retired())
     }
 
     /// Counts `work` against engine `idx` until the lease drops.
@@ -418,6 +476,7 @@ impl EnginePool {
                     "id": s.spec.id,
                     "url": s.spec.url.to_string(),
                     "ready": s.ready.load(Ordering::Acquire),
+                    "role": if s.is_draining() { "draining" } else if s.is_standby() { "warm" } else { "serving" },
                     "gateway_inflight_tokens": s.inflight_tokens.load(Ordering::Acquire),
                     "gateway_active_sequences": s.active.load(Ordering::Acquire),
                     "gateway_prefill_backlog_tokens": s.prefill_backlog.load(Ordering::Acquire),

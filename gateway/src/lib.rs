@@ -21,6 +21,7 @@ pub mod config;
 pub mod dispatch;
 pub mod engines;
 pub mod error;
+pub mod fleet;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod hints;
@@ -64,6 +65,8 @@ pub struct App {
     pub video: Arc<video::Streams>,
     /// State shared with the fleet's other gateways (or in memory).
     pub cluster: Arc<cluster::Cluster>,
+    /// Capacity: the autoscaler, warm pool and (embedded mode) supervisor.
+    pub fleet: Arc<fleet::FleetControl>,
     id_prefix: u32,
     next_id: AtomicU64,
 }
@@ -74,6 +77,7 @@ impl App {
         policies: Arc<PolicyStore>,
         engines: Arc<EnginePool>,
         policy_key: Option<cluster::signing::PolicyKey>,
+        control: Control,
     ) -> Self {
         // Request ids are unique per process start without coordination.
         let id_prefix =
@@ -81,8 +85,32 @@ impl App {
         let admission = admission::Admission::new(Arc::clone(&engines));
         let cluster = Arc::new(cluster::Cluster::new(config.cluster.clone(), config.listen, policy_key));
         let video = video::Streams::new(Arc::clone(&engines), Arc::clone(&cluster), &config.limits);
-        Self { config, policies, engines, admission, video, cluster, id_prefix, next_id: AtomicU64::new(0) }
+        let fleet = fleet::FleetControl::new(
+            Arc::clone(&engines),
+            Arc::clone(&admission),
+            control.supervisor,
+            control.bounds,
+        );
+        Self {
+            config,
+            policies,
+            engines,
+            admission,
+            video,
+            cluster,
+            fleet,
+            id_prefix,
+            next_id: AtomicU64::new(0),
+        }
     }
+}
+
+/// Who carries out capacity decisions: the embedded mode's supervisor (with
+/// `--min-engines/--max-engines` bounds), or nobody (exported only).
+#[derive(Debug, Clone, Default)]
+pub struct Control {
+    pub supervisor: Option<Arc<Supervisor>>,
+    pub bounds: Option<(u32, u32)>,
 }
 
 /// Errors that stop the gateway from starting.
@@ -162,6 +190,9 @@ pub struct UpOptions {
     pub launch: EngineLaunch,
     /// Where the dev PKI lives (generated on first run).
     pub certs_dir: PathBuf,
+    /// `--min-engines`/`--max-engines`: autoscale the primary engines
+    /// between these (starting from `launch.count`).
+    pub bounds: Option<(u32, u32)>,
 }
 
 /// Runs the embedded single-node system: dev certificates, N engine
@@ -193,12 +224,17 @@ pub async fn run_up(mut config: GatewayConfig, opts: UpOptions) -> Result<(), St
         config.cluster.policy_key_file = Some(certs::dev_policy_key(&opts.certs_dir)?.0);
     }
     let sup = Supervisor::start(&launch).await?;
-    for c in &sup.children {
-        let url = c.spec.url.authority().map_or_else(|| c.spec.url.to_string(), |a| format!("http://{a}"));
-        println!("engine {} pid={} url={url} backend={}", c.spec.id, c.pid, opts.launch.backend.as_str());
+    for (id, pid, url) in sup.running() {
+        let url = url.trim_end_matches('/');
+        println!("engine {id} pid={pid} url={url} backend={}", opts.launch.backend.as_str());
+    }
+    if let Some((min, max)) = opts.bounds {
+        println!("autoscaling engines between {min} and {max} (warm pool, restarts, drain on scale-in)");
     }
     config.engines.extend(sup.specs());
-    let result = serve_until_signal(config, Some(token), policy, tls, tokens, Some(&pki.ca_cert)).await;
+    let control = Control { supervisor: Some(Arc::clone(&sup)), bounds: opts.bounds };
+    let result =
+        serve_until_signal(config, Some(token), policy, tls, tokens, Some(&pki.ca_cert), control).await;
     sup.shutdown().await;
     result
 }
@@ -212,7 +248,7 @@ pub async fn run_serve(config: GatewayConfig) -> Result<(), StartError> {
     let tokens = admin_tokens(&config, None)?;
     let tls = tls::server_config(&config.tls.cert, &config.tls.key)?;
     let engine_token = config.engine_token()?;
-    serve_until_signal(config, engine_token, policy, tls, tokens, None).await
+    serve_until_signal(config, engine_token, policy, tls, tokens, None, Control::default()).await
 }
 
 async fn serve_until_signal(
@@ -222,6 +258,7 @@ async fn serve_until_signal(
     tls: Arc<rustls::ServerConfig>,
     admin_tokens: Vec<admin::Token>,
     ca: Option<&Path>,
+    control: Control,
 ) -> Result<(), StartError> {
     metrics::handle(); // install the recorder before the first metric
     let policy_key = config.cluster.policy_key().map_err(StartError::PolicyKey)?;
@@ -248,6 +285,9 @@ async fn serve_until_signal(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::spawn(Arc::clone(&pool).poll_forever());
+    if let Some(sup) = &control.supervisor {
+        sup.attach(Arc::clone(&pool)); // restarts and new engines join the pool
+    }
     hints::push_all(&pool, &policy.doc.engine_hints()).await; // before the first request
     let listener =
         tokio::net::TcpListener::bind(config.listen).await.map_err(|e| StartError::Bind(config.listen, e))?;
@@ -262,7 +302,8 @@ async fn serve_until_signal(
         admin_cfg.audit_log.clone(),
         admin_cfg.write_through,
     ));
-    let app = Arc::new(App::new(config, Arc::clone(&store), pool, policy_key));
+    let app = Arc::new(App::new(config, Arc::clone(&store), pool, policy_key, control));
+    tokio::spawn(Arc::clone(&app.fleet).run(Arc::clone(&store), Arc::clone(&app.cluster)));
     tokio::spawn(Arc::clone(&app.admission).run(store.subscribe()));
     tokio::spawn(hints::follow(Arc::clone(&app.engines), store.subscribe()));
     tokio::spawn(video::control::run(Arc::clone(&app.video), Arc::clone(&store), Arc::clone(&app.cluster)));

@@ -25,9 +25,18 @@ enum Command {
         /// Public HTTPS address.
         #[arg(long, default_value = "127.0.0.1:8443")]
         listen: SocketAddr,
-        /// Engine child processes to run.
+        /// Engine child processes to start with.
         #[arg(long, default_value_t = 2)]
         engines: usize,
+        /// Autoscale the engines (policies::autoscale: warm pool, drain on
+        /// scale-in) with at least this many serving; turns `[autoscale]`
+        /// on whatever the policy says. Engines that exit are restarted
+        /// either way.
+        #[arg(long)]
+        min_engines: Option<u32>,
+        /// ... and at most this many engines in all (serving + warm).
+        #[arg(long)]
+        max_engines: Option<u32>,
         /// Engine backend.
         #[arg(long, value_enum, default_value_t = BackendKind::Emulated)]
         backend: BackendKind,
@@ -119,6 +128,8 @@ fn main() -> ExitCode {
             Command::Up {
                 listen,
                 engines,
+                min_engines,
+                max_engines,
                 backend,
                 policies,
                 profile,
@@ -149,7 +160,18 @@ fn main() -> ExitCode {
                     overflow,
                     secrets: Default::default(),
                 };
-                let opts = gateway::UpOptions { launch, certs_dir: certs };
+                let bounds = match (min_engines, max_engines) {
+                    (None, None) => None,
+                    (min, max) => {
+                        let min = min.unwrap_or(1);
+                        let max = max.unwrap_or((engines as u32).max(min));
+                        if min == 0 || min > max {
+                            return Err(format!("need 1 <= --min-engines ({min}) <= --max-engines ({max})"));
+                        }
+                        Some((min, max))
+                    }
+                };
+                let opts = gateway::UpOptions { launch, certs_dir: certs, bounds };
                 gateway::run_up(cfg, opts).await.map_err(|e| e.to_string())
             }
             Command::Serve { config, redis } => {

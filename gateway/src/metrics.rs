@@ -28,6 +28,18 @@
 //! - `gateway_stream_resets_total{why}`: response streams reset because
 //!   the client stopped reading (`write_stall`) or a video feed's reader
 //!   fell behind (`video_feed_stall`)
+//! - `gateway_autoscale_desired_engines{class}`: serving + warm engines
+//!   the autoscaler wants (KEDA scales engine Deployments on it);
+//!   `gateway_autoscale_serving_target{class}`, `..._warm_target{class}`,
+//!   `gateway_autoscale_utilization{class}` (ρ),
+//!   `gateway_autoscale_decisions_total{class,why}`
+//! - `gateway_engines_serving{class}`, `gateway_engines_warm{class}`: what
+//!   there is; `gateway_engine_cold_starts_total`,
+//!   `gateway_engine_cold_start_seconds`, `gateway_engine_restarts_total`
+//!   (embedded mode)
+//! - `gateway_gpu_milliseconds_total{class}`, `gateway_cost_usd{class}`
+//!   (engine time × `[cost]` price), `gateway_output_tokens_total`,
+//!   `gateway_cost_per_1m_output_tokens_usd`
 //! - `gateway_connections_open{listener}`, `gateway_connections_refused_total{listener}`
 //!   (over `limits.max_connections`), `gateway_connections_closed_total{listener,why}`
 //!   (`idle`, `header_timeout`)
@@ -47,6 +59,24 @@ pub const TTFT: &str = "gateway_ttft_seconds";
 pub const TLET: &str = "gateway_tlet_seconds";
 pub const INFLIGHT: &str = "gateway_inflight_requests";
 pub const READY_ENGINES: &str = "gateway_ready_engines";
+pub const AUTOSCALE_DESIRED: &str = "gateway_autoscale_desired_engines";
+pub const AUTOSCALE_SERVING: &str = "gateway_autoscale_serving_target";
+pub const AUTOSCALE_WARM: &str = "gateway_autoscale_warm_target";
+pub const AUTOSCALE_UTILIZATION: &str = "gateway_autoscale_utilization";
+pub const AUTOSCALE_DECISIONS: &str = "gateway_autoscale_decisions_total";
+pub const ENGINES_SERVING: &str = "gateway_engines_serving";
+pub const ENGINES_WARM: &str = "gateway_engines_warm";
+pub const ENGINE_COLD_STARTS: &str = "gateway_engine_cold_starts_total";
+pub const ENGINE_COLD_START: &str = "gateway_engine_cold_start_seconds";
+pub const ENGINE_RESTARTS: &str = "gateway_engine_restarts_total";
+/// Engine-milliseconds (a counter must be an integer).
+pub const GPU_SECONDS: &str = "gateway_gpu_milliseconds_total";
+pub const COST_USD: &str = "gateway_cost_usd";
+pub const OUTPUT_TOKENS: &str = "gateway_output_tokens_total";
+pub const COST_PER_1M: &str = "gateway_cost_per_1m_output_tokens_usd";
+
+/// Output tokens this process has relayed (the cost per 1M tokens).
+pub static OUTPUT_TOKENS_SO_FAR: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 pub const ENGINE_RETRIES: &str = "gateway_engine_retries_total";
 pub const ADMISSION: &str = "gateway_admission_decisions_total";
 pub const BROWNOUT_LEVEL: &str = "gateway_brownout_level";
@@ -129,6 +159,9 @@ impl RequestObserver {
     /// The generation ended normally on engine `engine`.
     pub fn finished(&mut self, engine: usize, usage: Usage, prefill_ms: f64) {
         metrics::histogram!(TLET, "tier" => self.tier.clone()).record(self.arrived.elapsed().as_secs_f64());
+        metrics::counter!(OUTPUT_TOKENS).increment(u64::from(usage.completion_tokens));
+        OUTPUT_TOKENS_SO_FAR
+            .fetch_add(u64::from(usage.completion_tokens), std::sync::atomic::Ordering::Relaxed);
         if let Some((ticket, policy, _)) = &mut self.admitted {
             ticket.finished(policy, engine, usage.completion_tokens, prefill_ms);
         }

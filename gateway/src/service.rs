@@ -420,13 +420,14 @@ fn models(policy: &PolicyDocument, only: Option<&str>) -> Response<GatewayBody> 
 fn readyz(app: &App, policy: &PolicyDocument) -> Response<GatewayBody> {
     let mut detail = app.engines.detail();
     detail["cluster"] = app.cluster.detail();
+    detail["fleet"] = app.fleet.detail();
     detail["admission"] = json!({
         "mode": format!("{:?}", policy.admission.mode).to_lowercase(),
         "brownout_level": app.admission.brownout_level(),
         "waiting_at_gate": app.admission.waiting(),
         "policy_version": policy.version,
     });
-    let ready = app.engines.ready_count() > 0;
+    let ready = app.engines.routable_count() > 0;
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     json_response(status, &json!({"ready": ready, "detail": detail}))
 }

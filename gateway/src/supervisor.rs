@@ -1,21 +1,42 @@
-//! Engine child processes of the embedded single-node mode (`gateway up`).
+//! Engine child processes of the embedded single-node mode (`gateway up`):
+//! started, kept warm, drained, stopped and restarted on the control
+//! plane's decisions.
 //!
 //! Each engine is this same executable run as `gateway engine ...`, on a
-//! free loopback port that it reports on its ready line. Each child's stdin
-//! is a pipe we hold: if the gateway dies, even by SIGKILL, the pipe closes
-//! and the engine exits, so there are no orphans. On a normal stop we close
-//! the pipe (graceful: in-flight work finishes) and kill after a deadline.
+//! free loopback port that it reports on its ready line (with its own
+//! measured warm-up). Each child's stdin is a pipe we hold: if the gateway
+//! dies, even by SIGKILL, the pipe closes and the engine exits, so there
+//! are no orphans. On a normal stop we close the pipe (graceful: in-flight
+//! work finishes) and kill after a deadline.
+//!
+//! Life of a child: `Starting` (spawned, no ready line yet: a cold start,
+//! timed from spawn to ready line) -> `Running` (in the engine pool;
+//! serving, or in the warm pool as a standby the gateway does not route
+//! to) -> `Draining` (scale-in: no new work, its sequences finish at token
+//! boundaries; then it stops, or joins the warm pool) -> stopped. A child
+//! that exits on its own is restarted after `restart_backoff_s`, doubling
+//! per consecutive failure up to `restart_backoff_max_s`; it comes back at
+//! a new port under the same id, and the pool follows it there.
+//!
+//! [`Supervisor::apply`] moves the primary class toward an autoscaling
+//! decision (serving and warm counts); overflow engines (`o0`, …) are kept
+//! as started.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
+use policies::autoscale::{restart_delay_s, AutoscaleConfig, Decision};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::engines::EngineSpec;
+use crate::engines::{EnginePool, EngineSpec};
+use crate::metrics as m;
 
 /// How long a child may take to print its ready line.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -66,72 +87,484 @@ pub enum SupervisorError {
     NotReady(String, String),
 }
 
-/// One running child.
+/// Where a child is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildState {
+    /// Spawned; no ready line yet. `warm`: it joins the warm pool.
+    Starting { warm: bool },
+    /// In the engine pool (serving, or warm standby: the pool's flag).
+    Running,
+    /// No new work; stops (or turns warm) once its sequences finish.
+    Draining { to_warm: bool },
+    /// Exited on its own; restarts at `Supervisor::restart_at`.
+    Restarting,
+}
+
 #[derive(Debug)]
-pub struct ChildEngine {
-    pub spec: EngineSpec,
-    pub pid: u32,
+struct ChildEngine {
+    id: String,
+    profile: Option<PathBuf>,
+    state: ChildState,
+    spec: Option<EngineSpec>,
+    pid: u32,
+    /// Closing it stops the child gracefully.
     stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<()>,
+    task: Option<JoinHandle<()>>,
+    /// Exits in a row without a successful start in between.
+    failures: u32,
+    /// Bumped at every spawn: exit reports of an older process are stale.
+    generation: u64,
+    restart_at: Option<Instant>,
+}
+
+/// An exit the monitor saw: child id and the generation that exited.
+type Exit = (String, u64);
+
+/// Counts of the supervised fleet, for `/readyz`, the admin API and the
+/// autoscaler.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct FleetCounts {
+    pub serving: u32,
+    pub warm: u32,
+    pub starting: u32,
+    pub draining: u32,
+    pub restarting: u32,
 }
 
 /// The running children.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Supervisor {
-    pub children: Vec<ChildEngine>,
+    launch: EngineLaunch,
+    exe: PathBuf,
+    children: Mutex<BTreeMap<String, ChildEngine>>,
+    pool: OnceLock<Arc<EnginePool>>,
+    exits: mpsc::UnboundedSender<Exit>,
+    exits_rx: Mutex<Option<mpsc::UnboundedReceiver<Exit>>>,
+    next_index: AtomicU64,
+    pub cold_starts: AtomicU64,
+    pub restarts: AtomicU64,
+    /// Measured cold starts, seconds: (count, mean).
+    cold: Mutex<(u64, f64)>,
+    /// The `[autoscale]` knobs of the last decision applied (restart backoff).
+    autoscale: Mutex<Option<AutoscaleConfig>>,
 }
 
 impl Supervisor {
     /// Starts `launch.count` engines (and the overflow engines) and waits
     /// for each one's ready line.
-    pub async fn start(launch: &EngineLaunch) -> Result<Self, SupervisorError> {
+    pub async fn start(launch: &EngineLaunch) -> Result<Arc<Self>, SupervisorError> {
         let exe = std::env::current_exe().map_err(SupervisorError::Exe)?;
-        let mut sup = Supervisor::default();
-        let primary = (0..launch.count).map(|i| (format!("e{i}"), launch.profile.as_ref()));
-        let overflow =
-            launch.overflow.iter().flat_map(|(n, p)| (0..*n).map(move |i| (format!("o{i}"), Some(p))));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sup = Arc::new(Supervisor {
+            launch: launch.clone(),
+            exe,
+            children: Mutex::new(BTreeMap::new()),
+            pool: OnceLock::new(),
+            exits: tx,
+            exits_rx: Mutex::new(Some(rx)),
+            next_index: AtomicU64::new(launch.count as u64),
+            cold_starts: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
+            cold: Mutex::new((0, 0.0)),
+            autoscale: Mutex::new(None),
+        });
+        let primary = (0..launch.count).map(|i| (format!("e{i}"), launch.profile.clone()));
+        let overflow = launch
+            .overflow
+            .iter()
+            .flat_map(|(n, p)| (0..*n).map(move |i| (format!("o{i}"), Some(p.clone()))));
         for (id, profile) in primary.chain(overflow) {
-            let mut cmd = Command::new(&exe);
-            cmd.args(["engine", "--listen", "127.0.0.1:0", "--id", &id, "--exit-on-stdin-eof"])
-                .args(["--backend", launch.backend.as_str()])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .kill_on_drop(true);
-            if let Some(p) = profile {
-                cmd.arg("--profile").arg(p);
-            }
-            if let Some(t) = &launch.secrets.api_token {
-                cmd.env(engine::api::TOKEN_ENV, t);
-            }
-            if let Some(u) = &launch.secrets.redis_url {
-                cmd.env(engine::api::REDIS_ENV, u);
-            }
-            cmd.args(&launch.extra_args);
-            let child = cmd.spawn().map_err(|e| SupervisorError::Spawn(id.clone(), e))?;
-            match tokio::time::timeout(START_TIMEOUT, ready_url(child, &id)).await {
-                Ok(Ok(c)) => sup.children.push(c),
-                Ok(Err(e)) => return Err(e),
-                Err(_) => {
-                    return Err(SupervisorError::NotReady(id, format!("no ready line in {START_TIMEOUT:?}")))
-                }
-            }
+            sup.lock()
+                .insert(id.clone(), ChildEngine::new(&id, profile, ChildState::Starting { warm: false }));
+            sup.spawn(&id).await?;
         }
         Ok(sup)
     }
 
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, ChildEngine>> {
+        self.children.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The specs of the running children, in id order.
     pub fn specs(&self) -> Vec<EngineSpec> {
-        self.children.iter().map(|c| c.spec.clone()).collect()
+        self.lock().values().filter_map(|c| c.spec.clone()).collect()
+    }
+
+    /// (id, pid, url) of every running child.
+    pub fn running(&self) -> Vec<(String, u32, String)> {
+        self.lock()
+            .values()
+            .filter_map(|c| c.spec.as_ref().map(|s| (c.id.clone(), c.pid, s.url.to_string())))
+            .collect()
+    }
+
+    /// The engine pool the children are routed through; restarts and new
+    /// engines are added to it from now on.
+    pub fn attach(self: &Arc<Self>, pool: Arc<EnginePool>) {
+        let _ = self.pool.set(pool);
+        let rx = self.exits_rx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(mut rx) = rx {
+            let sup = Arc::clone(self);
+            tokio::spawn(async move {
+                while let Some((id, generation)) = rx.recv().await {
+                    sup.exited(&id, generation);
+                }
+            });
+        }
+    }
+
+    /// Mean measured cold start (spawn to ready line), seconds.
+    pub fn cold_start_s(&self) -> Option<f64> {
+        let (n, mean) = *self.cold.lock().unwrap_or_else(|p| p.into_inner());
+        (n > 0).then_some(mean)
+    }
+
+    /// Spawns child `id` (already in the map) and waits for its ready line.
+    async fn spawn(self: &Arc<Self>, id: &str) -> Result<(), SupervisorError> {
+        let (profile, generation) = {
+            let mut children = self.lock();
+            let Some(c) = children.get_mut(id) else { return Ok(()) };
+            c.generation += 1;
+            (c.profile.clone(), c.generation)
+        };
+        let started = Instant::now();
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(["engine", "--listen", "127.0.0.1:0", "--id", id, "--exit-on-stdin-eof"])
+            .args(["--backend", self.launch.backend.as_str()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        if let Some(p) = &profile {
+            cmd.arg("--profile").arg(p);
+        }
+        if let Some(t) = &self.launch.secrets.api_token {
+            cmd.env(engine::api::TOKEN_ENV, t);
+        }
+        if let Some(u) = &self.launch.secrets.redis_url {
+            cmd.env(engine::api::REDIS_ENV, u);
+        }
+        cmd.args(&self.launch.extra_args);
+        let child = cmd.spawn().map_err(|e| SupervisorError::Spawn(id.to_string(), e))?;
+        let ready = match tokio::time::timeout(START_TIMEOUT, ready_url(child, id)).await {
+            Ok(r) => r,
+            Err(_) => {
+                Err(SupervisorError::NotReady(id.to_string(), format!("no ready line in {START_TIMEOUT:?}")))
+            }
+        };
+        let (spec, pid, child, lines) = match ready {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.exits.send((id.to_string(), generation));
+                return Err(e);
+            }
+        };
+        let cold = started.elapsed().as_secs_f64();
+        self.cold_starts.fetch_add(1, Ordering::Relaxed);
+        ::metrics::counter!(m::ENGINE_COLD_STARTS).increment(1);
+        ::metrics::histogram!(m::ENGINE_COLD_START).record(cold);
+        {
+            let mut c = self.cold.lock().unwrap_or_else(|p| p.into_inner());
+            c.0 += 1;
+            c.1 += (cold - c.1) / c.0 as f64;
+        }
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let exits = self.exits.clone();
+        let task = tokio::spawn(monitor(child, id.to_string(), generation, stop_rx, lines, exits));
+        let mut children = self.lock();
+        let Some(c) = children.get_mut(id) else { return Ok(()) };
+        let warm = matches!(c.state, ChildState::Starting { warm: true });
+        c.spec = Some(spec.clone());
+        c.pid = pid;
+        c.stop = Some(stop_tx);
+        c.task = Some(task);
+        c.state = ChildState::Running;
+        c.failures = 0;
+        c.restart_at = None;
+        drop(children);
+        if let Some(pool) = self.pool.get() {
+            let idx = pool.add_owned(spec);
+            pool.slot(idx).set_standby(warm);
+        }
+        tracing::info!(event = "engine_started", engine = %id, pid, cold_start_s = cold, warm);
+        Ok(())
+    }
+
+    /// A child exited. Unless it was being stopped, it restarts after the
+    /// backoff.
+    fn exited(self: &Arc<Self>, id: &str, generation: u64) {
+        let mut children = self.lock();
+        let Some(c) = children.get_mut(id) else { return }; // stopped on purpose
+        if c.generation != generation {
+            return;
+        }
+        let delay = restart_delay_s(c.failures, &self.policy_autoscale());
+        c.failures += 1;
+        c.state = ChildState::Restarting;
+        c.stop = None;
+        let spec = c.spec.take();
+        c.restart_at = Some(Instant::now() + Duration::from_secs_f64(delay));
+        drop(children);
+        if let (Some(pool), Some(spec)) = (self.pool.get(), spec) {
+            if let Some(idx) = pool.index_of(&spec.id) {
+                pool.mark_unreachable(idx);
+            }
+        }
+        tracing::error!(event = "engine_exited", engine = %id, restart_in_s = delay, "engine exited; restarting");
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        ::metrics::counter!(m::ENGINE_RESTARTS).increment(1);
+        let sup = Arc::clone(self);
+        let id = id.to_string();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs_f64(delay)).await;
+            let due = sup.lock().get(&id).is_some_and(|c| c.state == ChildState::Restarting);
+            if due {
+                if let Some(c) = sup.lock().get_mut(&id) {
+                    c.state = ChildState::Starting { warm: false };
+                }
+                if let Err(e) = sup.spawn(&id).await {
+                    tracing::error!(event = "engine_restart_failed", engine = %id, error = %e);
+                }
+            }
+        });
+    }
+
+    /// The backoff knobs in force (the policy's, else defaults).
+    fn policy_autoscale(&self) -> AutoscaleConfig {
+        self.autoscale.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default()
+    }
+
+    /// Serving, warm, starting, draining and restarting children of the
+    /// primary class.
+    pub fn counts(&self) -> FleetCounts {
+        let pool = self.pool.get();
+        let mut n = FleetCounts::default();
+        for c in self.lock().values().filter(|c| is_primary(&c.id)) {
+            match c.state {
+                ChildState::Starting { .. } => n.starting += 1,
+                ChildState::Draining { .. } => n.draining += 1,
+                ChildState::Restarting => n.restarting += 1,
+                ChildState::Running => {
+                    let standby =
+                        pool.is_some_and(|p| p.index_of(&c.id).is_some_and(|i| p.slot(i).is_standby()));
+                    if standby {
+                        n.warm += 1
+                    } else {
+                        n.serving += 1
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    /// Children not stopped (any state).
+    pub fn alive(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// The `[autoscale]` knobs in force (restart backoff).
+    pub fn configure(&self, cfg: &AutoscaleConfig) {
+        *self.autoscale.lock().unwrap_or_else(|p| p.into_inner()) = Some(cfg.clone());
+    }
+
+    /// Moves the primary class toward `d`: promote warm engines first, then
+    /// start cold ones; drain the least loaded serving engines to scale in
+    /// (into the warm pool while it is short); keep the warm pool at its
+    /// size. Also finishes drains whose engines have no work left.
+    pub fn apply(self: &Arc<Self>, d: &Decision, cfg: &AutoscaleConfig) {
+        self.configure(cfg);
+        let Some(pool) = self.pool.get().cloned() else { return };
+        self.finish_drains(&pool);
+        let max = cfg.max_engines as usize;
+        let role = |id: &str| pool.index_of(id).map(|i| pool.slot(i));
+        let mut to_spawn = Vec::new();
+        {
+            let mut children = self.lock();
+            let primary = |c: &&mut ChildEngine| is_primary(&c.id);
+            let serving_now = children
+                .values_mut()
+                .filter(primary)
+                .filter(|c| match c.state {
+                    ChildState::Running => role(&c.id).is_some_and(|s| !s.is_standby()),
+                    ChildState::Starting { warm } => !warm,
+                    _ => false,
+                })
+                .count();
+            let mut have = serving_now;
+            let want = d.serving as usize;
+            // Scale out: warm -> serving, starting-warm -> serving, take
+            // back a draining engine, then a cold start.
+            while have < want {
+                let warm = children.values_mut().find(|c| {
+                    is_primary(&c.id)
+                        && c.state == ChildState::Running
+                        && role(&c.id).is_some_and(|s| s.is_standby())
+                });
+                if let Some(c) = warm {
+                    if let Some(s) = role(&c.id) {
+                        s.set_standby(false);
+                    }
+                    tracing::info!(event = "engine_promoted", engine = %c.id, why = d.why.label());
+                } else if let Some(c) = children
+                    .values_mut()
+                    .find(|c| is_primary(&c.id) && c.state == ChildState::Starting { warm: true })
+                {
+                    c.state = ChildState::Starting { warm: false };
+                } else if let Some(c) = children
+                    .values_mut()
+                    .find(|c| is_primary(&c.id) && matches!(c.state, ChildState::Draining { .. }))
+                {
+                    c.state = ChildState::Running;
+                    if let Some(s) = role(&c.id) {
+                        s.set_draining(false);
+                        s.set_standby(false);
+                    }
+                } else if children.len() < max + self.overflow_count() {
+                    let id = format!("e{}", self.next_index.fetch_add(1, Ordering::Relaxed));
+                    children.insert(
+                        id.clone(),
+                        ChildEngine::new(
+                            &id,
+                            self.launch.profile.clone(),
+                            ChildState::Starting { warm: false },
+                        ),
+                    );
+                    to_spawn.push(id);
+                } else {
+                    break;
+                }
+                have += 1;
+            }
+            // Scale in: drain the least loaded serving engines.
+            while have > want {
+                let victim = children
+                    .values_mut()
+                    .filter(|c| is_primary(&c.id) && c.state == ChildState::Running)
+                    .filter_map(|c| role(&c.id).filter(|s| !s.is_standby()).map(|s| (s.active(), c)))
+                    .min_by_key(|(active, _)| *active)
+                    .map(|(_, c)| c);
+                let Some(c) = victim else { break };
+                c.state = ChildState::Draining { to_warm: false };
+                if let Some(s) = role(&c.id) {
+                    s.set_draining(true);
+                }
+                tracing::info!(event = "engine_draining", engine = %c.id, why = d.why.label());
+                have -= 1;
+            }
+            // The warm pool: drains join it first, then starts; extra warm
+            // engines stop.
+            let mut pool_n = children
+                .values()
+                .filter(|c| is_primary(&c.id))
+                .filter(|c| match c.state {
+                    ChildState::Running => role(&c.id).is_some_and(|s| s.is_standby()),
+                    ChildState::Starting { warm } => warm,
+                    ChildState::Draining { to_warm } => to_warm,
+                    ChildState::Restarting => false,
+                })
+                .count();
+            let warm_want = d.warm as usize;
+            for c in children.values_mut().filter(|c| is_primary(&c.id)) {
+                if pool_n >= warm_want {
+                    break;
+                }
+                if c.state == (ChildState::Draining { to_warm: false }) {
+                    c.state = ChildState::Draining { to_warm: true };
+                    pool_n += 1;
+                }
+            }
+            while pool_n < warm_want && children.len() + to_spawn.len() < max + self.overflow_count() {
+                let id = format!("e{}", self.next_index.fetch_add(1, Ordering::Relaxed));
+                children.insert(
+                    id.clone(),
+                    ChildEngine::new(&id, self.launch.profile.clone(), ChildState::Starting { warm: true }),
+                );
+                to_spawn.push(id);
+                pool_n += 1;
+            }
+            let mut extra = pool_n.saturating_sub(warm_want);
+            let stop: Vec<String> = children
+                .values()
+                .filter(|c| is_primary(&c.id) && c.state == ChildState::Running)
+                .filter(|c| role(&c.id).is_some_and(|s| s.is_standby()))
+                .map(|c| c.id.clone())
+                .take_while(|_| {
+                    let go = extra > 0;
+                    extra = extra.saturating_sub(1);
+                    go
+                })
+                .collect();
+            drop(children);
+            for id in stop {
+                self.stop_child(&id, &pool);
+            }
+        }
+        for id in to_spawn {
+            let sup = Arc::clone(self);
+            tokio::spawn(async move {
+                if let Err(e) = sup.spawn(&id).await {
+                    tracing::error!(event = "engine_start_failed", engine = %id, error = %e);
+                }
+            });
+        }
+    }
+
+    fn overflow_count(&self) -> usize {
+        self.launch.overflow.as_ref().map_or(0, |(n, _)| *n)
+    }
+
+    /// Draining engines with no sequence left stop, or join the warm pool.
+    fn finish_drains(self: &Arc<Self>, pool: &Arc<EnginePool>) {
+        let done: Vec<(String, bool)> = self
+            .lock()
+            .values()
+            .filter_map(|c| match c.state {
+                ChildState::Draining { to_warm } => {
+                    let idle = pool.index_of(&c.id).is_none_or(|i| pool.slot(i).active() == 0);
+                    idle.then(|| (c.id.clone(), to_warm))
+                }
+                _ => None,
+            })
+            .collect();
+        for (id, to_warm) in done {
+            if to_warm {
+                if let Some(c) = self.lock().get_mut(&id) {
+                    c.state = ChildState::Running;
+                }
+                if let Some(i) = pool.index_of(&id) {
+                    pool.slot(i).set_draining(false);
+                    pool.slot(i).set_standby(true);
+                }
+                tracing::info!(event = "engine_drained", engine = %id, to = "warm pool");
+            } else {
+                tracing::info!(event = "engine_drained", engine = %id, to = "stopped");
+                self.stop_child(&id, pool);
+            }
+        }
+    }
+
+    /// Stops child `id` gracefully and takes it out of the pool.
+    fn stop_child(&self, id: &str, pool: &EnginePool) {
+        let Some(mut c) = self.lock().remove(id) else { return };
+        if let Some(i) = pool.index_of(id) {
+            pool.retire(i);
+        }
+        if let Some(stop) = c.stop.take() {
+            let _ = stop.send(());
+        }
+        tracing::info!(event = "engine_stopped", engine = %id);
     }
 
     /// Stops every child: closes its stdin, waits, kills after a deadline.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(&self) {
+        let children: Vec<ChildEngine> = std::mem::take(&mut *self.lock()).into_values().collect();
         let mut tasks = Vec::new();
-        for mut c in self.children {
+        for mut c in children {
             if let Some(stop) = c.stop.take() {
                 let _ = stop.send(());
             }
-            tasks.push(c.task);
+            tasks.extend(c.task.take());
         }
         for t in tasks {
             let _ = t.await;
@@ -139,8 +572,31 @@ impl Supervisor {
     }
 }
 
-/// Reads the child's ready line, then hands the child to a monitor task.
-async fn ready_url(mut child: Child, id: &str) -> Result<ChildEngine, SupervisorError> {
+fn is_primary(id: &str) -> bool {
+    id.starts_with('e')
+}
+
+impl ChildEngine {
+    fn new(id: &str, profile: Option<PathBuf>, state: ChildState) -> Self {
+        Self {
+            id: id.to_string(),
+            profile,
+            state,
+            spec: None,
+            pid: 0,
+            stop: None,
+            task: None,
+            failures: 0,
+            generation: 0,
+            restart_at: None,
+        }
+    }
+}
+
+type Lines = tokio::io::Lines<BufReader<tokio::process::ChildStdout>>;
+
+/// Reads the child's ready line.
+async fn ready_url(mut child: Child, id: &str) -> Result<(EngineSpec, u32, Child, Lines), SupervisorError> {
     let not_ready = |why: &str| SupervisorError::NotReady(id.to_string(), why.to_string());
     let stdout = child.stdout.take().ok_or_else(|| not_ready("no stdout pipe"))?;
     let mut lines = BufReader::new(stdout).lines();
@@ -152,17 +608,16 @@ async fn ready_url(mut child: Child, id: &str) -> Result<ChildEngine, Supervisor
         .ok_or_else(|| not_ready(&format!("unexpected first line {line:?}")))?;
     let url = format!("http://{addr}").parse().map_err(|_| not_ready(&format!("bad address {addr:?}")))?;
     let pid = child.id().unwrap_or(0);
-    let (stop_tx, stop_rx) = oneshot::channel();
-    let spec = EngineSpec { id: id.to_string(), url };
-    let task = tokio::spawn(monitor(child, spec.id.clone(), stop_rx, lines));
-    Ok(ChildEngine { spec, pid, stop: Some(stop_tx), task })
+    Ok((EngineSpec { id: id.to_string(), url }, pid, child, lines))
 }
 
 async fn monitor(
     mut child: Child,
     id: String,
+    generation: u64,
     stop: oneshot::Receiver<()>,
-    mut stdout: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    mut stdout: Lines,
+    exits: mpsc::UnboundedSender<Exit>,
 ) {
     let stdin = child.stdin.take();
     // Keep draining stdout so a chatty child never blocks on a full pipe.
@@ -170,6 +625,7 @@ async fn monitor(
     tokio::select! {
         status = child.wait() => {
             tracing::error!(event = "engine_exited", engine = %id, status = ?status.ok(), "engine exited unexpectedly");
+            let _ = exits.send((id, generation));
         }
         _ = stop => {
             drop(stdin);

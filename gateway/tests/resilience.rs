@@ -141,7 +141,11 @@ async fn engine_killed_mid_stream_ends_the_stream_with_an_error_event() {
 
 #[tokio::test]
 async fn a_dead_engine_leaves_routing_and_requests_keep_succeeding() {
-    let sys = System::start(&paced(0, 0), 2).await;
+    // The supervisor restarts dead engines after its backoff: 10 s here, so
+    // the outage is observed (tests/autoscale.rs covers the restart).
+    let policy = default_policy().replace("restart_backoff_s = 1.0", "restart_backoff_s = 10.0");
+    assert!(policy.contains("restart_backoff_s = 10.0"));
+    let sys = System::start_with_policy(&paced(0, 0), 2, &[], Some(&policy)).await;
     let conn = sys.conn(Proto::H2).await;
     sys.kill_engine("e0");
     for _ in 0..10 {

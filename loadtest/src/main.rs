@@ -199,13 +199,17 @@ fn compare(a: &std::path::Path, b: &std::path::Path) -> Result<(), String> {
 }
 
 fn calibrate(live: &std::path::Path, sim: &std::path::Path, tolerance: f64) -> Result<(), String> {
-    let (live, sim) = (Results::load(live).map_err(|e| e.to_string())?, Results::load(sim).map_err(|e| e.to_string())?);
+    let (live, sim) =
+        (Results::load(live).map_err(|e| e.to_string())?, Results::load(sim).map_err(|e| e.to_string())?);
     let (table, ok) = loadtest::text::calibration(&live, &sim, tolerance);
     print!("{table}");
     if ok {
         Ok(())
     } else {
-        Err(format!("the simulation is off by more than {:.0}% somewhere (rows marked no)", tolerance * 100.0))
+        Err(format!(
+            "the simulation is off by more than {:.0}% somewhere (rows marked no)",
+            tolerance * 100.0
+        ))
     }
 }
 

@@ -43,6 +43,9 @@ pub struct Fleet {
     pub starting: Vec<f64>,
     pub draining: Vec<f64>,
     pub desired: Vec<f64>,
+    /// The brownout level, per sample.
+    #[serde(default)]
+    pub brownout: Vec<f64>,
     /// Every autoscaling decision that changed the target.
     pub decisions: Vec<ScaleEvent>,
     pub cold_starts: u64,

@@ -135,7 +135,13 @@ pub fn calibration(live: &Results, sim: &Results, tolerance: f64) -> (String, bo
             groups.push((tier, g, s, g.goodput_tokens as f64 / d, s.goodput_tokens as f64 / d));
         }
     }
-    groups.push(("all", &live.summary.overall, &sim.summary.overall, live.summary.goodput_tokens_per_s, sim.summary.goodput_tokens_per_s));
+    groups.push((
+        "all",
+        &live.summary.overall,
+        &sim.summary.overall,
+        live.summary.goodput_tokens_per_s,
+        sim.summary.goodput_tokens_per_s,
+    ));
     for (tier, l, s, gl, gs) in groups {
         let rows: [(&str, Option<f64>, Option<f64>, bool); 4] = [
             ("TTFT p50 ms", l.ttft_ms.map(|x| x.p50), s.ttft_ms.map(|x| x.p50), false),
@@ -145,7 +151,13 @@ pub fn calibration(live: &Results, sim: &Results, tolerance: f64) -> (String, bo
         ];
         for (name, a, b, rate) in rows {
             let (Some(a), Some(b)) = (a, b) else { continue };
-            let rel = if a != 0.0 { b / a - 1.0 } else if b == 0.0 { 0.0 } else { f64::INFINITY };
+            let rel = if a != 0.0 {
+                b / a - 1.0
+            } else if b == 0.0 {
+                0.0
+            } else {
+                f64::INFINITY
+            };
             let ok = rel.abs() <= tolerance || (rate && (a - b).abs() <= 0.01);
             all &= ok;
             let (sa, sb) = if rate {
@@ -154,7 +166,11 @@ pub fn calibration(live: &Results, sim: &Results, tolerance: f64) -> (String, bo
                 (format!("{a:.1}"), format!("{b:.1}"))
             };
             let ratio = if a != 0.0 { format!("{:.3}", b / a) } else { "-".into() };
-            let _ = writeln!(out, "| {tier} | {name} | {sa} | {sb} | {ratio} | {} |", if ok { "yes" } else { "**no**" });
+            let _ = writeln!(
+                out,
+                "| {tier} | {name} | {sa} | {sb} | {ratio} | {} |",
+                if ok { "yes" } else { "**no**" }
+            );
         }
     }
     (out, all)

@@ -37,7 +37,9 @@ fn sim(out: &str, extra: &[&str]) -> Results {
     let cli = Cli::parse_from(argv);
     let out = run(&cli.args).expect("the simulation runs");
     let on_disk = Results::load(&dir.join("results.json")).expect("results.json is a results file");
-    let counts = |r: &Results| (r.records.len(), r.summary.overall.ok, r.summary.overall.rejected, r.summary.overall.failed);
+    let counts = |r: &Results| {
+        (r.records.len(), r.summary.overall.ok, r.summary.overall.rejected, r.summary.overall.failed)
+    };
     assert!(counts(&on_disk) == counts(&out.results), "what is written is what was summarised");
     assert!(dir.join("report.html").exists());
     let _ = std::fs::remove_dir_all(&dir);
@@ -57,14 +59,17 @@ fn the_same_seed_gives_the_same_run_and_another_seed_another() {
 
 #[test]
 fn every_request_ends_and_admitted_work_meets_its_slo_where_fcfs_misses() {
-    let burst = ["--rate", "16", "--duration", "90s", "--engines", "4", "--burst-factor", "3", "--burst-at", "20s"];
+    let burst =
+        ["--rate", "16", "--duration", "90s", "--engines", "4", "--burst-factor", "3", "--burst-at", "20s"];
     let ours = sim("ours", &burst);
     let b1 = sim("b1", &[&burst[..], &["--arm", "b1", "--timeout", "90s"]].concat());
     for r in [&ours, &b1] {
         assert_eq!(r.records.len(), r.run.planned);
         for rec in &r.records {
             match rec.outcome {
-                Outcome::Ok => assert!(rec.ttft_ms.is_some() && rec.tlet_ms >= rec.ttft_ms && rec.tokens_out > 0),
+                Outcome::Ok => {
+                    assert!(rec.ttft_ms.is_some() && rec.tlet_ms >= rec.ttft_ms && rec.tokens_out > 0)
+                }
                 _ => assert!(rec.reason.is_some(), "a refusal or failure says why: {rec:?}"),
             }
         }
@@ -87,9 +92,27 @@ fn the_autoscaler_follows_a_burst_without_flapping_or_failing_requests() {
     let r = sim(
         "scale",
         &[
-            "--rate", "10", "--duration", "240s", "--burst-factor", "3", "--burst-at", "60s", "--burst-ramp", "10s",
-            "--burst-hold", "60s", "--engines", "2", "--autoscale", "--min-engines", "1", "--max-engines", "10",
-            "--cold-start-s", "5",
+            "--rate",
+            "10",
+            "--duration",
+            "240s",
+            "--burst-factor",
+            "3",
+            "--burst-at",
+            "60s",
+            "--burst-ramp",
+            "10s",
+            "--burst-hold",
+            "60s",
+            "--engines",
+            "2",
+            "--autoscale",
+            "--min-engines",
+            "1",
+            "--max-engines",
+            "10",
+            "--cold-start-s",
+            "5",
         ],
     );
     let f = r.fleet.as_ref().unwrap();

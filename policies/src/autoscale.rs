@@ -145,7 +145,7 @@ impl AutoscaleConfig {
             ("autoscale.restart_backoff_max_s", self.restart_backoff_max_s),
         ];
         for (key, v) in times {
-            if !(v.is_finite() && v >= 0.0 && v <= 86_400.0) {
+            if !(v.is_finite() && (0.0..=86_400.0).contains(&v)) {
                 return Err((key, "must be a duration in [0, 86400] seconds".into()));
             }
         }

@@ -129,11 +129,18 @@ pub struct Admission {
     state: Mutex<State>,
     origin: Instant,
     pool: Arc<EnginePool>,
+    /// Requests that reached admission (the autoscaler's volatility).
+    arrivals: std::sync::atomic::AtomicU64,
 }
 
 impl Admission {
     pub fn new(pool: Arc<EnginePool>) -> Arc<Self> {
-        Arc::new(Self { state: Mutex::new(State::default()), origin: Instant::now(), pool })
+        Arc::new(Self {
+            state: Mutex::new(State::default()),
+            origin: Instant::now(),
+            pool,
+            arrivals: std::sync::atomic::AtomicU64::new(0),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -154,6 +161,18 @@ impl Admission {
         self.lock().ctl.waiting()
     }
 
+    /// Requests that reached admission so far.
+    pub fn arrivals(&self) -> u64 {
+        self.arrivals.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The p95 of predicted queue latency over the TTFT budget (the
+    /// autoscaler's queue signal).
+    pub fn queue_ratio_p95(&self, policy: &PolicyDocument) -> Option<f64> {
+        let now = self.now();
+        self.lock().ctl.queue_ratio_p95(now, policy)
+    }
+
     /// Candidates for admission: ready engines whose profile is known.
     fn candidates(&self, ctl: &mut Controller, policy: &PolicyDocument) -> Vec<Candidate> {
         let mut out = Vec::new();
@@ -161,7 +180,7 @@ impl Admission {
             let slot = self.pool.slot(idx);
             let Some(profile) = slot.profile() else { continue };
             let class = ctl.class_of(&profile);
-            if !slot.is_ready() {
+            if !slot.routable() {
                 continue;
             }
             let report = slot.report().unwrap_or_default();
@@ -191,6 +210,7 @@ impl Admission {
     /// Decides admit / degrade / reject for one request
     /// ([`Controller::request`]) and carries the decision out.
     pub fn admit(self: &Arc<Self>, policy: &PolicyDocument, r: &AdmitRequest) -> Result<Admitted, Refused> {
+        self.arrivals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let now = self.now();
         let tier = r.tier;
         let req = Request {

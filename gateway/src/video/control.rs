@@ -58,7 +58,7 @@ pub fn tick(streams: &Streams, cfg: &VideoConfig) -> Vec<Move> {
     if !cfg.rehoming {
         return Vec::new();
     }
-    let engines: Vec<usize> = (0..streams.pool.len()).filter(|&i| streams.pool.slot(i).is_ready()).collect();
+    let engines: Vec<usize> = (0..streams.pool.len()).filter(|&i| streams.pool.slot(i).routable()).collect();
     let limits = RehomeLimits {
         max_out: cfg.max_out_per_tick,
         max_in: cfg.max_in_per_tick,

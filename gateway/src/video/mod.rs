@@ -255,7 +255,7 @@ impl Streams {
     /// Live streams homed on each engine.
     pub fn per_engine(&self) -> Vec<(usize, u32)> {
         let mut counts: Vec<(usize, u32)> =
-            (0..self.pool.len()).filter(|&i| self.pool.slot(i).is_ready()).map(|i| (i, 0)).collect();
+            (0..self.pool.len()).filter(|&i| self.pool.slot(i).routable()).map(|i| (i, 0)).collect();
         for s in self.all() {
             let st = s.lock();
             if st.ended.is_none() {

@@ -678,6 +678,7 @@ impl<'a> Sim<'a> {
         } else {
             self.fleet.desired.push(f64::from(self.plan.engines));
         }
+        self.fleet.brownout.push(self.ctl.brownout_level() as f64);
         let starting = self.count(|s| matches!(s, State::Starting { .. }));
         self.fleet.serving.push(f64::from(self.count(|s| *s == State::Serving)));
         self.fleet.warm.push(f64::from(self.count(|s| *s == State::Warm)));

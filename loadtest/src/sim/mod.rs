@@ -94,11 +94,13 @@ pub struct SimArgs {
     /// Override the bronze tier's output cap (tokens).
     #[arg(long)]
     pub bronze_output_cap: Option<u32>,
-    /// One-way client <-> gateway latency, ms (TLS, HTTP/2, parsing).
-    #[arg(long, default_value_t = 1.0)]
+    /// One-way client <-> gateway latency, ms (TLS, HTTP/2, parsing). The
+    /// default and --engine-ms's are fitted to live runs on loopback
+    /// (docs/benchmarks.md, calibration): 0.8 ms per request in all.
+    #[arg(long, default_value_t = 0.25)]
     pub client_ms: f64,
     /// One-way gateway <-> engine latency, ms.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.15)]
     pub engine_ms: f64,
     /// Requests slower than this (scheduled send to last token) count as
     /// failed `timeout`, as the live client's --timeout.

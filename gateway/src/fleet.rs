@@ -1,0 +1,251 @@
+//! The control plane's capacity loop: every second, per engine class, the
+//! gateway's own measurements go to `policies::autoscale` and its decision
+//! is exported (metrics, `/readyz`, the admin API) and, in the embedded
+//! mode, carried out by the [`Supervisor`]. GPU-seconds and their cost are
+//! counted here too.
+//!
+//! Signals per class: serving engines (ready, not warm standby, not
+//! draining) and their decode slots (the engines' reported batch target),
+//! demand = sequences the gateway has running there plus requests waiting
+//! at the gate, the p95 of predicted queue latency over the TTFT budget
+//! (admission's window), the brownout level, arrivals (for volatility),
+//! and the supervisor's measured cold start.
+//!
+//! Only the fleet's leader (the cluster lease; a lone gateway always)
+//! acts; every gateway computes and exports, so a new leader starts from a
+//! warm state. On Kubernetes nobody here acts: KEDA scales the engine
+//! Deployment to `gateway_autoscale_desired_engines{class}`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use policies::autoscale::{Autoscaler, Decision, Signals, Why};
+use policies::PolicyDocument;
+use serde_json::json;
+
+use crate::admission::Admission;
+use crate::engines::EnginePool;
+use crate::metrics as m;
+use crate::reload::PolicyStore;
+use crate::supervisor::Supervisor;
+
+/// Decisions kept for the admin API and `/readyz`.
+const HISTORY: usize = 64;
+
+/// One decision that changed a class's target.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Change {
+    /// Seconds since the gateway started.
+    pub at_s: f64,
+    pub class: String,
+    pub serving: u32,
+    pub warm: u32,
+    pub why: &'static str,
+    pub utilization: f64,
+    pub target_utilization: f64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    scalers: BTreeMap<String, Autoscaler>,
+    last: BTreeMap<String, Decision>,
+    changes: VecDeque<Change>,
+    /// Engine-seconds counted so far, per class.
+    gpu_seconds: BTreeMap<String, f64>,
+}
+
+/// The capacity loop's state; one per gateway.
+#[derive(Debug)]
+pub struct FleetControl {
+    state: Mutex<State>,
+    pool: Arc<EnginePool>,
+    admission: Arc<Admission>,
+    supervisor: Option<Arc<Supervisor>>,
+    started: Instant,
+    /// `gateway up --min-engines/--max-engines`: autoscaling on with these
+    /// bounds, whatever the policy document says.
+    bounds: Option<(u32, u32)>,
+}
+
+impl FleetControl {
+    pub fn new(
+        pool: Arc<EnginePool>,
+        admission: Arc<Admission>,
+        supervisor: Option<Arc<Supervisor>>,
+        bounds: Option<(u32, u32)>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::default(),
+            pool,
+            admission,
+            supervisor,
+            started: Instant::now(),
+            bounds,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs every second under the active policy version; spawn it.
+    pub async fn run(self: Arc<Self>, store: Arc<PolicyStore>, cluster: Arc<crate::cluster::Cluster>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last = Instant::now();
+        loop {
+            tick.tick().await;
+            let dt = last.elapsed().as_secs_f64();
+            last = Instant::now();
+            let policy = store.current();
+            self.tick(&policy, cluster.is_leader(), dt);
+        }
+    }
+
+    /// The engine classes in the pool, with each class's engine indices
+    /// (not retired), the class of the first engine first (the primary).
+    fn classes(&self) -> Vec<(String, Vec<usize>)> {
+        let mut out: Vec<(String, Vec<usize>)> = Vec::new();
+        for idx in 0..self.pool.len() {
+            let slot = self.pool.slot(idx);
+            if slot.is_retired() {
+                continue;
+            }
+            let class = slot.profile().map_or_else(|| "unknown".to_string(), |p| p.engine_class);
+            match out.iter_mut().find(|(c, _)| *c == class) {
+                Some((_, v)) => v.push(idx),
+                None => out.push((class, vec![idx])),
+            }
+        }
+        out
+    }
+
+    /// One tick: signals, decisions, metrics, and (leader, embedded mode)
+    /// the supervisor's reconciliation. `dt`: seconds since the last tick.
+    pub fn tick(&self, policy: &PolicyDocument, leader: bool, dt: f64) {
+        let now = self.started.elapsed().as_secs_f64();
+        let mut cfg = policy.autoscale.clone();
+        if let Some((min, max)) = self.bounds {
+            cfg.enabled = true;
+            cfg.min_engines = min;
+            cfg.max_engines = max;
+        }
+        let cfg = &cfg;
+        if let Some(sup) = &self.supervisor {
+            sup.configure(cfg); // restart backoff applies with autoscaling off too
+        }
+        let waiting = self.admission.waiting() as f64;
+        let queue = self.admission.queue_ratio_p95(policy);
+        let brownout = self.admission.brownout_level();
+        let arrivals = self.admission.arrivals();
+        let cold = self.supervisor.as_ref().and_then(|s| s.cold_start_s());
+        let classes = self.classes();
+        let mut st = self.lock();
+        let tokens = m::OUTPUT_TOKENS_SO_FAR.load(std::sync::atomic::Ordering::Relaxed);
+        let cost: f64 = st.gpu_seconds.iter().map(|(c, s)| s * policy.cost.price(c) / 3600.0).sum();
+        if tokens > 0 {
+            ::metrics::gauge!(m::COST_PER_1M).set(cost / tokens as f64 * 1e6);
+        }
+        for (i, (class, engines)) in classes.iter().enumerate() {
+            let alive = engines.len() as f64;
+            *st.gpu_seconds.entry(class.clone()).or_default() += alive * dt;
+            let price = policy.cost.price(class);
+            ::metrics::counter!(m::GPU_SECONDS, "class" => class.clone())
+                .increment((alive * dt * 1e3) as u64);
+            ::metrics::gauge!(m::COST_USD, "class" => class.clone())
+                .set(st.gpu_seconds[class] * price / 3600.0);
+            let serving: Vec<usize> =
+                engines.iter().copied().filter(|&e| self.pool.slot(e).routable()).collect();
+            let slots = serving
+                .iter()
+                .filter_map(|&e| self.pool.slot(e).report().map(|r| r.batch_target))
+                .max()
+                .unwrap_or(8);
+            let demand: f64 = serving.iter().map(|&e| f64::from(self.pool.slot(e).active())).sum::<f64>()
+                + if i == 0 { waiting } else { 0.0 };
+            let warm = engines.iter().filter(|&&e| self.pool.slot(e).is_standby()).count();
+            ::metrics::gauge!(m::ENGINES_SERVING, "class" => class.clone()).set(serving.len() as f64);
+            ::metrics::gauge!(m::ENGINES_WARM, "class" => class.clone()).set(warm as f64);
+            if !cfg.enabled {
+                ::metrics::gauge!(m::AUTOSCALE_DESIRED, "class" => class.clone()).set(alive);
+                continue;
+            }
+            let signals = Signals {
+                serving: serving.len() as u32,
+                slots_per_engine: slots,
+                demand,
+                queue_ratio_p95: queue,
+                brownout_level: brownout,
+                arrivals,
+                cold_start_s: cold,
+            };
+            let d = st.scalers.entry(class.clone()).or_default().tick(now, &signals, cfg);
+            ::metrics::gauge!(m::AUTOSCALE_DESIRED, "class" => class.clone())
+                .set(f64::from(d.serving + d.warm));
+            ::metrics::gauge!(m::AUTOSCALE_SERVING, "class" => class.clone()).set(f64::from(d.serving));
+            ::metrics::gauge!(m::AUTOSCALE_WARM, "class" => class.clone()).set(f64::from(d.warm));
+            ::metrics::gauge!(m::AUTOSCALE_UTILIZATION, "class" => class.clone()).set(d.utilization);
+            if d.why != Why::Hold {
+                ::metrics::counter!(m::AUTOSCALE_DECISIONS, "class" => class.clone(), "why" => d.why.label())
+                    .increment(1);
+                tracing::info!(event = "autoscale", class = %class, serving = d.serving, warm = d.warm,
+                    why = d.why.label(), utilization = d.utilization, target = d.target_utilization);
+                if st.changes.len() >= HISTORY {
+                    st.changes.pop_front();
+                }
+                st.changes.push_back(Change {
+                    at_s: now,
+                    class: class.clone(),
+                    serving: d.serving,
+                    warm: d.warm,
+                    why: d.why.label(),
+                    utilization: d.utilization,
+                    target_utilization: d.target_utilization,
+                });
+            }
+            st.last.insert(class.clone(), d);
+            if let (true, 0, Some(sup)) = (leader, i, &self.supervisor) {
+                sup.apply(&d, cfg);
+            }
+        }
+    }
+
+    /// Desired vs actual engines and the recent decisions, for `/readyz`
+    /// and `GET /admin/v1/fleet`.
+    pub fn detail(&self) -> serde_json::Value {
+        let st = self.lock();
+        let classes: BTreeMap<&String, serde_json::Value> = st
+            .last
+            .iter()
+            .map(|(c, d)| {
+                (
+                    c,
+                    json!({
+                        "desired_serving": d.serving,
+                        "desired_warm": d.warm,
+                        "utilization": d.utilization,
+                        "target_utilization": d.target_utilization,
+                        "m_target": d.m_target,
+                        "volatility_level": d.level,
+                        "last_reason": d.why.label(),
+                    }),
+                )
+            })
+            .collect();
+        let sup = self.supervisor.as_ref().map(|s| {
+            json!({
+                "engines": s.counts(),
+                "cold_starts": s.cold_starts.load(std::sync::atomic::Ordering::Relaxed),
+                "restarts": s.restarts.load(std::sync::atomic::Ordering::Relaxed),
+                "cold_start_s": s.cold_start_s(),
+            })
+        });
+        json!({
+            "classes": classes,
+            "supervisor": sup,
+            "gpu_seconds": st.gpu_seconds,
+            "decisions": st.changes,
+        })
+    }
+}
