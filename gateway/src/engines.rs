@@ -115,6 +115,12 @@ impl EngineSlot {
         }
     }
 
+    /// Marks the engine ready as a good probe would (unit tests).
+    #[cfg(test)]
+    pub(crate) fn set_ready(&self, on: bool) {
+        self.ready.store(on, Ordering::Release);
+    }
+
     /// Ready and neither warm standby nor draining: new work may go here.
     pub fn routable(&self) -> bool {
         self.is_ready() && !self.is_standby() && !self.is_draining() && !self.is_retired()

@@ -51,8 +51,9 @@ struct State {
     scalers: BTreeMap<String, Autoscaler>,
     last: BTreeMap<String, Decision>,
     changes: VecDeque<Change>,
-    /// Engine-seconds counted so far, per class.
+    /// Engine-seconds counted so far, per class, and their cost.
     gpu_seconds: BTreeMap<String, f64>,
+    cost_usd: BTreeMap<String, f64>,
 }
 
 /// The capacity loop's state; one per gateway.
@@ -143,7 +144,7 @@ impl FleetControl {
         let classes = self.classes();
         let mut st = self.lock();
         let tokens = m::OUTPUT_TOKENS_SO_FAR.load(std::sync::atomic::Ordering::Relaxed);
-        let cost: f64 = st.gpu_seconds.iter().map(|(c, s)| s * policy.cost.price(c) / 3600.0).sum();
+        let cost: f64 = st.cost_usd.values().sum();
         if tokens > 0 {
             ::metrics::gauge!(m::COST_PER_1M).set(cost / tokens as f64 * 1e6);
         }
@@ -151,10 +152,10 @@ impl FleetControl {
             let alive = engines.len() as f64;
             *st.gpu_seconds.entry(class.clone()).or_default() += alive * dt;
             let price = policy.cost.price(class);
+            *st.cost_usd.entry(class.clone()).or_default() += alive * dt * price / 3600.0;
             ::metrics::counter!(m::GPU_SECONDS, "class" => class.clone())
                 .increment((alive * dt * 1e3) as u64);
-            ::metrics::gauge!(m::COST_USD, "class" => class.clone())
-                .set(st.gpu_seconds[class] * price / 3600.0);
+            ::metrics::gauge!(m::COST_USD, "class" => class.clone()).set(st.cost_usd[class]);
             let serving: Vec<usize> =
                 engines.iter().copied().filter(|&e| self.pool.slot(e).routable()).collect();
             let slots = serving
@@ -205,8 +206,41 @@ impl FleetControl {
                 });
             }
             st.last.insert(class.clone(), d);
-            if let (true, 0, Some(sup)) = (leader, i, &self.supervisor) {
-                sup.apply(&d, cfg);
+            match &self.supervisor {
+                Some(sup) if leader && i == 0 => sup.apply(&d, cfg),
+                Some(_) => {}
+                // Discovered engines (Kubernetes scales them): route to
+                // the decided number and keep the rest as warm standby.
+                None => self.hold_warm(engines, d.serving as usize),
+            }
+        }
+    }
+
+    /// Of `engines` (one class, discovered), routes to `serving` and keeps
+    /// the other ready ones as warm standby: the least loaded leave
+    /// routing first (they finish what they run), standbys return first.
+    fn hold_warm(&self, engines: &[usize], serving: usize) {
+        let ready: Vec<usize> = engines
+            .iter()
+            .copied()
+            .filter(|&e| self.pool.slot(e).is_ready() && !self.pool.slot(e).is_draining())
+            .collect();
+        let mut routed: Vec<usize> =
+            ready.iter().copied().filter(|&e| !self.pool.slot(e).is_standby()).collect();
+        let want = serving.max(1).min(ready.len());
+        if routed.len() > want {
+            routed.sort_by_key(|&e| self.pool.slot(e).active());
+            for &e in &routed[..routed.len() - want] {
+                self.pool.slot(e).set_standby(true);
+            }
+        } else {
+            let mut need = want - routed.len();
+            for &e in ready.iter().filter(|&&e| self.pool.slot(e).is_standby()) {
+                if need == 0 {
+                    break;
+                }
+                self.pool.slot(e).set_standby(false);
+                need -= 1;
             }
         }
     }
@@ -242,10 +276,46 @@ impl FleetControl {
             })
         });
         json!({
+            "now_s": self.started.elapsed().as_secs_f64(),
+            "output_tokens": m::OUTPUT_TOKENS_SO_FAR.load(std::sync::atomic::Ordering::Relaxed),
+            "cost_usd": st.cost_usd,
             "classes": classes,
             "supervisor": sup,
             "gpu_seconds": st.gpu_seconds,
             "decisions": st.changes,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engines::{EngineSpec, Work};
+
+    #[tokio::test]
+    async fn discovered_engines_beyond_the_decision_stand_by_warm_and_come_back_first() {
+        let specs = (0..4)
+            .map(|i| EngineSpec {
+                id: format!("k{i}"),
+                url: format!("http://127.0.0.1:{}", 9100 + i).parse().unwrap(),
+            })
+            .collect();
+        let pool = EnginePool::new(specs, &crate::limits::Limits::default(), None);
+        for i in 0..4 {
+            pool.slot(i).set_ready(true);
+        }
+        let busy = pool.lease(3, Work { tokens: 10, prompt_tokens: 5, out_tokens: 5 });
+        let fleet = FleetControl::new(Arc::clone(&pool), Admission::new(Arc::clone(&pool)), None, None);
+        let all = [0, 1, 2, 3];
+        fleet.hold_warm(&all, 2);
+        assert_eq!(pool.routable_count(), 2);
+        assert!(pool.slot(3).routable(), "the busy engine keeps serving; idle ones stand by first");
+        let standby: Vec<usize> = all.iter().copied().filter(|&e| pool.slot(e).is_standby()).collect();
+        assert_eq!(standby.len(), 2);
+        fleet.hold_warm(&all, 3);
+        assert_eq!(pool.routable_count(), 3, "a standby is promoted");
+        fleet.hold_warm(&all, 0);
+        assert_eq!(pool.routable_count(), 1, "never below one serving engine");
+        drop(busy);
     }
 }

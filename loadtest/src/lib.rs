@@ -18,12 +18,16 @@
 //! - [`sweep`]: several targets at stepped rates (proxy overhead, capacity).
 //! - [`overhead`]: the interleaved gateway-vs-engine latency benchmark.
 //! - [`stats`]: percentiles over samples.
+//! - [`decision_cost`]: how long admission, autoscaling and placement
+//!   decisions take at fleet scale.
+//! - [`watch`]: a live gateway's fleet sampled during a run.
 //! - [`sim`]: the discrete-event fleet simulator over the production
 //!   policy code, in virtual time.
 
 pub mod arrival;
 pub mod chaos;
 pub mod client;
+pub mod decision_cost;
 pub mod overhead;
 pub mod progress;
 pub mod record;
@@ -41,4 +45,5 @@ pub mod svg;
 pub mod sweep;
 pub mod text;
 pub mod video;
+pub mod watch;
 pub mod workload;

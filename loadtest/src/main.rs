@@ -34,20 +34,29 @@ enum Command {
         results: Vec<PathBuf>,
         /// Also TTFT p99 of requests scheduled in this window, seconds from
         /// the start: `FROM,TO` (e.g. the burst).
-        #[arg(long, value_parser = parse_window)]
+        #[arg(long, value_parser = loadtest::run::parse_window)]
         window: Option<(f64, f64)>,
     },
-    /// The simulator against a live run of the same scenario: TTFT p50 and
+    /// The simulator against live runs of the same scenario: TTFT p50 and
     /// p95, goodput and deadline-miss rate per tier, with the simulator's
-    /// error (Markdown). Exits 1 if any figure is off by more than
-    /// --tolerance.
+    /// error (Markdown; medians over runs when several are given). Exits 1
+    /// if any figure is off by more than --tolerance.
     Calibrate {
-        /// results.json of the live run.
-        live: PathBuf,
-        /// results.json of `loadtest sim` with the same flags.
-        sim: PathBuf,
+        /// results.json of the live runs.
+        #[arg(long, num_args = 1.., required = true)]
+        live: Vec<PathBuf>,
+        /// results.json of `loadtest sim` with the same flags and seeds.
+        #[arg(long, num_args = 1.., required = true)]
+        sim: Vec<PathBuf>,
         #[arg(long, default_value_t = 0.10)]
         tolerance: f64,
+    },
+    /// The fleet experiment table of several runs (Markdown): throughput,
+    /// goodput, TTFT p95/p99, deadline misses, per-tier SLO satisfaction and
+    /// its fairness index, GPU-hours, cost per 1M tokens, cold starts.
+    FleetTable {
+        #[arg(required = true)]
+        results: Vec<PathBuf>,
     },
     /// Re-render report.html from a results.json.
     Report {
@@ -87,6 +96,19 @@ enum Command {
     /// Writes results.json (with engines over time, GPU-seconds and cost)
     /// and report.html to --out.
     Sim(loadtest::sim::SimArgs),
+    /// How long the control plane's decisions take on this machine: an
+    /// admission decision and an autoscaler tick over --engines engines, a
+    /// placement event over --placement-engines (medians, microseconds).
+    DecisionCost {
+        #[arg(long, default_value_t = 256)]
+        engines: usize,
+        #[arg(long, default_value_t = 64)]
+        placement_engines: usize,
+        #[arg(long, default_value = "policies/default.toml")]
+        policies: PathBuf,
+        #[arg(long, default_value = "policies/profiles/emulated-a100-8b.toml")]
+        profile: PathBuf,
+    },
 }
 
 #[tokio::main]
@@ -96,6 +118,13 @@ async fn main() -> ExitCode {
         Command::Compare { a, b } => compare(&a, &b),
         Command::Calibrate { live, sim, tolerance } => calibrate(&live, &sim, tolerance),
         Command::Table { results, window } => table(&results, window),
+        Command::FleetTable { results } => {
+            let runs = results
+                .iter()
+                .map(|p| Results::load(p).map_err(|e| e.to_string()))
+                .collect::<Result<Vec<_>, _>>();
+            runs.map(|r| print!("{}", loadtest::text::fleet_table(&r)))
+        }
         Command::Report { results, out } => report(&results, out),
         Command::Sweep(args) => sweep(&args).await,
         Command::Video(args) => video(args).await,
@@ -104,6 +133,9 @@ async fn main() -> ExitCode {
         Command::Overhead(args) => overhead(&args).await,
         Command::Chaos(args) => chaos(&args).await,
         Command::Sim(args) => sim(&args),
+        Command::DecisionCost { engines, placement_engines, policies, profile } => {
+            decision_cost(engines, placement_engines, &policies, &profile)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -112,6 +144,27 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn decision_cost(
+    engines: usize,
+    placement_engines: usize,
+    policies: &std::path::Path,
+    profile: &std::path::Path,
+) -> Result<(), String> {
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+    let policy = policies::PolicyDocument::parse(&policies.display().to_string(), &read(policies)?)
+        .map_err(|e| e.to_string())?;
+    let profile = policies::LatencyProfile::parse(&profile.display().to_string(), &read(profile)?)
+        .map_err(|e| e.to_string())?;
+    println!("| decision | engines | p50 µs | p99 µs | max µs |\n|---|---:|---:|---:|---:|");
+    for c in loadtest::decision_cost::run(&policy, &profile, engines, placement_engines) {
+        println!(
+            "| {} | {} | {:.2} | {:.2} | {:.1} |",
+            c.what, c.engines, c.micros.p50, c.micros.p99, c.micros.max
+        );
+    }
+    Ok(())
 }
 
 fn sim(args: &loadtest::sim::SimArgs) -> Result<(), String> {
@@ -174,17 +227,6 @@ async fn sweep(args: &loadtest::sweep::SweepArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn parse_window(s: &str) -> Result<(f64, f64), String> {
-    let (a, b) = s.split_once(',').ok_or("expected FROM,TO in seconds")?;
-    let p = |x: &str| x.trim().parse::<f64>().map_err(|e| format!("{x:?}: {e}"));
-    let (a, b) = (p(a)?, p(b)?);
-    if a < b {
-        Ok((a, b))
-    } else {
-        Err("FROM must be before TO".into())
-    }
-}
-
 fn table(paths: &[PathBuf], window: Option<(f64, f64)>) -> Result<(), String> {
     let runs =
         paths.iter().map(|p| Results::load(p).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
@@ -198,9 +240,11 @@ fn compare(a: &std::path::Path, b: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
-fn calibrate(live: &std::path::Path, sim: &std::path::Path, tolerance: f64) -> Result<(), String> {
-    let (live, sim) =
-        (Results::load(live).map_err(|e| e.to_string())?, Results::load(sim).map_err(|e| e.to_string())?);
+fn calibrate(live: &[PathBuf], sim: &[PathBuf], tolerance: f64) -> Result<(), String> {
+    let load = |ps: &[PathBuf]| -> Result<Vec<Results>, String> {
+        ps.iter().map(|p| Results::load(p).map_err(|e| e.to_string())).collect()
+    };
+    let (live, sim) = (load(live)?, load(sim)?);
     let (table, ok) = loadtest::text::calibration(&live, &sim, tolerance);
     print!("{table}");
     if ok {

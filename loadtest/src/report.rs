@@ -52,7 +52,14 @@ pub fn html(r: &Results) -> String {
     out.push_str(&rate_chart(r).render());
     out.push_str(&ttft_chart(r).render());
     out.push_str(&rejection_chart(r).render());
-    out.push_str("</div></body></html>\n");
+    if let Some(f) = &r.fleet {
+        out.push_str(&fleet_chart(f).render());
+    }
+    out.push_str("</div>");
+    if let Some(f) = &r.fleet {
+        out.push_str(&fleet_table(f));
+    }
+    out.push_str("</body></html>\n");
     out
 }
 
@@ -182,6 +189,56 @@ fn ttft_chart(r: &Results) -> Chart {
         references,
         ..Chart::default()
     }
+}
+
+/// Engines over time: serving, warm, starting, draining, the autoscaler's
+/// serving target and the brownout level.
+fn fleet_chart(f: &crate::results::Fleet) -> Chart {
+    let line = |v: &[f64]| v.iter().enumerate().map(|(i, &y)| (i as f64 * f.bin_s, Some(y))).collect();
+    let mut series = vec![
+        Series { name: "serving".into(), points: line(&f.serving) },
+        Series { name: "warm".into(), points: line(&f.warm) },
+        Series { name: "starting".into(), points: line(&f.starting) },
+        Series { name: "draining".into(), points: line(&f.draining) },
+        Series { name: "target (serving)".into(), points: line(&f.desired) },
+    ];
+    if f.brownout.iter().any(|&b| b > 0.0) {
+        series.push(Series { name: "brownout level".into(), points: line(&f.brownout) });
+    }
+    Chart {
+        title: format!("engines over time ({})", f.backend),
+        x_label: "seconds".into(),
+        y_label: "engines".into(),
+        series,
+        ..Chart::default()
+    }
+}
+
+fn fleet_table(f: &crate::results::Fleet) -> String {
+    let mut out = format!(
+        "<h2>Fleet</h2><table><tr><th>GPU-seconds</th><th>cost</th><th>output tokens</th><th>$ / 1M output tokens</th><th>device utilization</th><th>cold starts</th></tr>\
+         <tr><td>{:.0}</td><td>${:.2}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr></table>",
+        f.gpu_seconds,
+        f.cost_usd,
+        f.output_tokens,
+        f.cost_per_1m_output_tokens.map_or("-".into(), |c| format!("${c:.3}")),
+        f.device_utilization.map_or("-".into(), |u| format!("{:.1}%", u * 100.0)),
+        f.cold_starts
+    );
+    if !f.decisions.is_empty() {
+        out.push_str("<h3>Autoscaling decisions</h3><table><tr><th>at s</th><th>serving</th><th>warm</th><th>why</th></tr>");
+        for d in f.decisions.iter().take(200) {
+            out.push_str(&format!(
+                "<tr><td>{:.0}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                d.at_s,
+                d.serving,
+                d.warm,
+                esc(&d.why)
+            ));
+        }
+        out.push_str("</table>");
+    }
+    out
 }
 
 fn rejection_chart(r: &Results) -> Chart {

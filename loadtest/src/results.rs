@@ -27,6 +27,18 @@ pub struct Results {
     /// and cost (simulated runs; absent from plain live runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<Fleet>,
+    /// The summary of the requests scheduled in a window (a burst), when
+    /// the run was asked for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<Window>,
+}
+
+/// A summary of the requests scheduled in `[from_s, to_s)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Window {
+    pub from_s: f64,
+    pub to_s: f64,
+    pub summary: RunSummary,
 }
 
 /// Engines over time and what they cost.

@@ -52,6 +52,17 @@ pub struct RunArgs {
     /// Do not print the summary table.
     #[arg(long)]
     pub quiet: bool,
+    /// Sample this gateway admin listener's `/admin/fleet` every second
+    /// (`https://localhost:9444`): engines over time, autoscaling decisions,
+    /// GPU-seconds and cost go into results.json and the report.
+    #[arg(long)]
+    pub watch_fleet: Option<String>,
+    /// Admin token for --watch-fleet (a file holding it).
+    #[arg(long, default_value = "certs/admin.token")]
+    pub admin_token_file: PathBuf,
+    /// Backend label of the watched fleet (emulated, cpu, cuda).
+    #[arg(long, default_value = "emulated")]
+    pub backend: String,
 }
 
 /// What is sent and when: shared by `loadtest run` and `loadtest sim`, so
@@ -113,6 +124,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     };
     let v: f64 = num.trim().parse().map_err(|_| format!("not a duration: {s:?} (try 30s, 500ms, 2m)"))?;
     Duration::try_from_secs_f64(v * mult).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// `FROM,TO` in seconds from the start (a window such as a burst).
+pub fn parse_window(s: &str) -> Result<(f64, f64), String> {
+    let (a, b) = s.split_once(',').ok_or("expected FROM,TO in seconds")?;
+    let p = |x: &str| x.trim().parse::<f64>().map_err(|e| format!("{x:?}: {e}"));
+    let (a, b) = (p(a)?, p(b)?);
+    if a < b {
+        Ok((a, b))
+    } else {
+        Err("FROM must be before TO".into())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -198,7 +221,27 @@ pub async fn run(a: &RunArgs) -> Result<Results, RunError> {
     let progress = tokio::spawn(crate::progress::watch_run(live.clone(), planned.len(), duration_s));
     let started_unix_s =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    let stop_watch = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = match &a.watch_fleet {
+        Some(admin) => {
+            let token = std::fs::read_to_string(&a.admin_token_file)
+                .map_err(|e| RunError::Args(format!("{}: {e}", a.admin_token_file.display())))?;
+            let t = crate::watch::WatchTarget {
+                admin: admin.clone(),
+                ca: Some(a.ca.clone()),
+                token: token.trim().to_string(),
+            };
+            let cap = (duration_s as usize + 600).min(100_000);
+            Some(tokio::spawn(crate::watch::watch(t, a.backend.clone(), Arc::clone(&stop_watch), cap)))
+        }
+        None => None,
+    };
     let records = execute(&target, &workload, &planned, a.load.seed, live).await;
+    stop_watch.store(true, std::sync::atomic::Ordering::Relaxed);
+    let fleet = match watcher {
+        Some(w) => w.await.ok().flatten(),
+        None => None,
+    };
     let records = match records {
         Ok(r) => {
             let _ = progress.await;
@@ -229,7 +272,8 @@ pub async fn run(a: &RunArgs) -> Result<Results, RunError> {
         timeseries: time_series(&records, duration_s),
         slos,
         records,
-        fleet: None,
+        fleet,
+        window: None,
     };
     write(&a.out.join("results.json"), &results.to_json())?;
     write(&a.out.join("report.html"), &crate::report::html(&results))?;

@@ -116,41 +116,55 @@ pub fn compare(a: &Results, b: &Results) -> String {
     out
 }
 
-/// The simulator's calibration against a live run of the same scenario
+/// The simulator's calibration against live runs of the same scenario
 /// (Markdown): per tier and overall, TTFT p50 and p95, goodput tokens per
 /// second and the deadline-miss rate of accepted requests, live and
-/// simulated, with the simulator's error. Latencies and goodput agree when
-/// within `tolerance` (relative); a rate agrees when within `tolerance`
-/// relative or one percentage point absolute (a miss rate of 0.2% against
-/// 0.1% is not a 100% error). Returns the table and whether all agree.
-pub fn calibration(live: &Results, sim: &Results, tolerance: f64) -> (String, bool) {
-    let mut out = String::from(
-        "| tier | figure | live | simulated | sim / live | agrees |\n|---|---|---:|---:|---:|:---:|\n",
+/// simulated, with the simulator's error. With several runs (seeds) each
+/// figure is the median over the runs of each side. Latencies and goodput
+/// agree when within `tolerance` (relative); a rate agrees when within
+/// `tolerance` relative or one percentage point absolute (a miss rate of
+/// 0.2% against 0.1% is not a 100% error). Returns the table and whether
+/// all agree.
+pub fn calibration(live: &[Results], sim: &[Results], tolerance: f64) -> (String, bool) {
+    let runs = if live.len() > 1 { format!(" (median of {} runs)", live.len()) } else { String::new() };
+    let mut out = format!(
+        "| tier | figure | live{runs} | simulated{runs} | sim / live | agrees |\n|---|---|---:|---:|---:|:---:|\n"
     );
     let mut all = true;
-    let mut groups: Vec<(&str, &crate::summary::Group, &crate::summary::Group, f64, f64)> = Vec::new();
-    for (tier, g) in &live.summary.tiers {
-        if let Some(s) = sim.summary.tiers.get(tier) {
-            let d = live.summary.duration_s.max(1e-9);
-            groups.push((tier, g, s, g.goodput_tokens as f64 / d, s.goodput_tokens as f64 / d));
+    let mut tiers: Vec<String> = live.iter().flat_map(|r| r.summary.tiers.keys().cloned()).collect();
+    tiers.sort();
+    tiers.dedup();
+    tiers.push("all".into());
+    type Pick = fn(&Results, &str) -> Option<f64>;
+    fn group<'a>(r: &'a Results, tier: &str) -> Option<&'a crate::summary::Group> {
+        if tier == "all" {
+            Some(&r.summary.overall)
+        } else {
+            r.summary.tiers.get(tier)
         }
     }
-    groups.push((
-        "all",
-        &live.summary.overall,
-        &sim.summary.overall,
-        live.summary.goodput_tokens_per_s,
-        sim.summary.goodput_tokens_per_s,
-    ));
-    for (tier, l, s, gl, gs) in groups {
-        let rows: [(&str, Option<f64>, Option<f64>, bool); 4] = [
-            ("TTFT p50 ms", l.ttft_ms.map(|x| x.p50), s.ttft_ms.map(|x| x.p50), false),
-            ("TTFT p95 ms", l.ttft_ms.map(|x| x.p95), s.ttft_ms.map(|x| x.p95), false),
-            ("goodput tok/s", Some(gl), Some(gs), false),
-            ("deadline-miss rate", l.deadline_miss_rate, s.deadline_miss_rate, true),
-        ];
-        for (name, a, b, rate) in rows {
-            let (Some(a), Some(b)) = (a, b) else { continue };
+    let figures: [(&str, Pick, bool); 4] = [
+        ("TTFT p50 ms", |r, t| group(r, t)?.ttft_ms.map(|x| x.p50), false),
+        ("TTFT p95 ms", |r, t| group(r, t)?.ttft_ms.map(|x| x.p95), false),
+        (
+            "goodput tok/s",
+            |r, t| group(r, t).map(|g| g.goodput_tokens as f64 / r.summary.duration_s.max(1e-9)),
+            false,
+        ),
+        ("deadline-miss rate", |r, t| group(r, t)?.deadline_miss_rate, true),
+    ];
+    let median = |runs: &[Results], tier: &str, pick: Pick| -> Option<f64> {
+        let mut v: Vec<f64> = runs.iter().filter_map(|r| pick(r, tier)).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+    };
+    for tier in &tiers {
+        for (name, pick, rate) in figures {
+            let (Some(a), Some(b)) = (median(live, tier, pick), median(sim, tier, pick)) else { continue };
             let rel = if a != 0.0 {
                 b / a - 1.0
             } else if b == 0.0 {
@@ -174,6 +188,69 @@ pub fn calibration(live: &Results, sim: &Results, tolerance: f64) -> (String, bo
         }
     }
     (out, all)
+}
+
+/// The fleet experiment table (Markdown), one row per run: throughput
+/// (output tokens/s of requests that finished) and goodput (of those within
+/// their SLO), TTFT p95/p99, the deadline-miss rate of accepted requests,
+/// the share of each tier's requests that met its SLO and Jain's fairness
+/// index over those shares, GPU-hours, cost per 1M output tokens and cold
+/// starts. With a window in the results (`loadtest sim --window`), the
+/// latency and miss figures are also given inside it.
+pub fn fleet_table(runs: &[Results]) -> String {
+    let mut tiers: Vec<String> = runs.iter().flat_map(|r| r.summary.tiers.keys().cloned()).collect();
+    tiers.sort();
+    tiers.dedup();
+    let mut out = String::from(
+        "| run | throughput tok/s | goodput tok/s | TTFT p95 ms | TTFT p99 ms | miss (accepted) |",
+    );
+    for t in &tiers {
+        let _ = write!(out, " {t} met SLO |");
+    }
+    out.push_str(" fairness (Jain) | window: TTFT p95 / p99 ms | window: miss | GPU-hours | $ / 1M tokens | cold starts |\n|---|");
+    out.push_str(&"---:|".repeat(5 + tiers.len() + 6));
+    out.push('\n');
+    let pct = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}%", v * 100.0));
+    for r in runs {
+        let s = &r.summary;
+        let d = s.duration_s.max(1e-9);
+        let (p95, p99) = s.overall.ttft_ms.map_or((f64::NAN, f64::NAN), |t| (t.p95, t.p99));
+        let _ = write!(
+            out,
+            "| {} | {:.0} | {:.0} | {p95:.0} | {p99:.0} | {} |",
+            r.run.label,
+            s.overall.tokens_out as f64 / d,
+            s.goodput_tokens_per_s,
+            pct(s.overall.deadline_miss_rate)
+        );
+        let mut shares = Vec::new();
+        for t in &tiers {
+            let share =
+                s.tiers.get(t).filter(|g| g.requests > 0).map(|g| g.met_slo as f64 / g.requests as f64);
+            shares.extend(share);
+            let _ = write!(out, " {} |", pct(share));
+        }
+        let sum: f64 = shares.iter().sum();
+        let sq: f64 = shares.iter().map(|x| x * x).sum();
+        let jain = (sq > 0.0).then(|| sum * sum / (shares.len() as f64 * sq));
+        let (wl, wm) = r.window.as_ref().map_or(("-".to_string(), "-".to_string()), |w| {
+            let l = w.summary.overall.ttft_ms.map_or("-".into(), |t| format!("{:.0} / {:.0}", t.p95, t.p99));
+            (l, pct(w.summary.overall.deadline_miss_rate))
+        });
+        let (hours, per_m, cold) = r.fleet.as_ref().map_or(("-".into(), "-".into(), "-".into()), |f| {
+            (
+                format!("{:.1}", f.gpu_seconds / 3600.0),
+                f.cost_per_1m_output_tokens.map_or("-".into(), |c| format!("{c:.2}")),
+                f.cold_starts.to_string(),
+            )
+        });
+        let _ = writeln!(
+            out,
+            " {} | {wl} | {wm} | {hours} | {per_m} | {cold} |",
+            jain.map_or("-".into(), |j| format!("{j:.3}"))
+        );
+    }
+    out
 }
 
 /// Per tier, one row per run (Markdown): requests, share that met the SLO,
@@ -303,6 +380,7 @@ mod tests {
             },
             records: vec![],
             fleet: None,
+            window: None,
         }
     }
 

@@ -117,6 +117,10 @@ pub struct SimArgs {
     pub records: Records,
     #[arg(long)]
     pub quiet: bool,
+    /// Also summarise the requests scheduled in this window, seconds from
+    /// the start: `FROM,TO` (a burst); written as `window` in results.json.
+    #[arg(long, value_parser = crate::run::parse_window)]
+    pub window: Option<(f64, f64)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -260,6 +264,15 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
         }
     }
     let summary = summarise(&records, planned.len(), duration_s, &slos);
+    let window = a.window.map(|(from_s, to_s)| {
+        let inside: Vec<_> = records
+            .iter()
+            .filter(|r| (from_s * 1e3..to_s * 1e3).contains(&r.scheduled_at_ms))
+            .cloned()
+            .collect();
+        let summary = summarise(&inside, inside.len(), to_s - from_s, &slos);
+        crate::results::Window { from_s, to_s, summary }
+    });
     let timeseries = time_series(&records, duration_s);
     let keep = match a.records {
         Records::Always => true,
@@ -293,6 +306,7 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
         timeseries,
         records: if keep { records } else { Vec::new() },
         fleet: Some(out.fleet),
+        window,
     };
     std::fs::create_dir_all(&a.out).map_err(|e| RunError::Write(a.out.display().to_string(), e))?;
     let write = |name: &str, text: String| {
