@@ -16,7 +16,7 @@
 //!   looks fine (at least one engine more).
 //! - **Conservative scale-in:** only after `down_windows` consecutive windows
 //!   of `down_window_s` in which ρ stayed below ρ̂ − δ, queue latency below
-//!   θ/2 and brownout at level 0; at most `max_step_in` of the serving
+//!   θ/2 (the wait alone, not prefill); at most `max_step_in` of the serving
 //!   engines at a time (at least one);
 //!   engines leave by draining at token boundaries (the caller's job).
 //! - **Dwell:** no scale-out within `up_cooldown_s` of a change, no scale-in
@@ -354,7 +354,10 @@ impl Autoscaler {
             }
         }
         // Scale-in: consecutive quiet windows.
-        let quiet = rho < rho_hat - cfg.band && queue < cfg.queue_theta / 2.0 && s.brownout_level == 0;
+        // Brownout is not a condition: its signal includes the prefill time
+        // of long prompts, so it can sit at level 1 on an idle fleet; the
+        // wait-only queue signal says whether queues are short.
+        let quiet = rho < rho_hat - cfg.band && queue < cfg.queue_theta / 2.0;
         match self.window_start {
             None => self.reset_quiet(now),
             Some(start) => {

@@ -106,6 +106,10 @@ pub struct SimEngine {
     /// Bumped whenever the scheduled wake-up changes; stale wakes are ignored.
     pub gen: u64,
     batch_avg: f64,
+    /// Running (or prefilling) sequences whose client went away: they leave
+    /// at the next token boundary, as an RST_STREAM makes them leave a real
+    /// engine.
+    cancelled: Vec<usize>,
 }
 
 impl Default for SimEngine {
@@ -121,6 +125,7 @@ impl Default for SimEngine {
             busy_s: 0.0,
             gen: 0,
             batch_avg: 0.0,
+            cancelled: Vec::new(),
         }
     }
 }
@@ -163,23 +168,8 @@ impl SimEngine {
                 Ok(Some(now))
             }
             Phase::Prefill { .. } => Ok(None), // it looks at the queue when the batch ends
-            Phase::Decode { start, steps } => {
-                // Cut the run at the first token boundary at or after now.
-                let b = self.running.len() as u32;
-                let mut t = start;
-                let mut done = 0;
-                while done < steps && t < now {
-                    t += step_s(cfg, b, self.ctx_sum + done * u64::from(b));
-                    done += 1;
-                }
-                if done == steps {
-                    return Ok(None); // the run ends by now anyway
-                }
-                self.busy_s -= (start + self.run_len(cfg, steps)) - t;
-                self.phase = Phase::Decode { start, steps: done };
-                self.gen += 1;
-                Ok(Some(t))
-            }
+            // Cut the run at the first token boundary at or after now.
+            Phase::Decode { start, steps } => Ok(self.cut(now, start, steps, cfg)),
         }
     }
 
@@ -188,16 +178,46 @@ impl SimEngine {
         (0..steps).map(|i| step_s(cfg, b, self.ctx_sum + i * u64::from(b))).sum()
     }
 
-    /// Removes `req` if it is still queued (its client gave up).
-    pub fn cancel(&mut self, req: usize) -> bool {
-        match self.queue.iter().position(|(s, _)| s.req == req) {
-            Some(i) => {
-                let (_, kv) = self.queue.remove(i);
-                self.kv_used -= kv;
-                true
-            }
-            None => false,
+    /// `req`'s client went away: a queued sequence leaves now, a running or
+    /// prefilling one at the next token boundary. Returns when the engine
+    /// must wake if that moved (a decode run cut short).
+    pub fn cancel(&mut self, now: f64, req: usize, cfg: &EngineConfig) -> Option<f64> {
+        if let Some(i) = self.queue.iter().position(|(s, _)| s.req == req) {
+            let (_, kv) = self.queue.remove(i);
+            self.kv_used -= kv;
+            return None;
         }
+        let running = self.running.iter().any(|r| r.req == req);
+        let prefilling = matches!(&self.phase, Phase::Prefill { batch, .. } if batch.iter().any(|(s, _)| s.req == req));
+        if !running && !prefilling {
+            return None;
+        }
+        self.cancelled.push(req);
+        if let Phase::Decode { start, steps } = self.phase {
+            if running {
+                return self.cut(now, start, steps, cfg);
+            }
+        }
+        None
+    }
+
+    /// Cuts the decode run started at `start` at the first token boundary
+    /// at or after `now`; returns that boundary when it moved the wake-up.
+    fn cut(&mut self, now: f64, start: f64, steps: u64, cfg: &EngineConfig) -> Option<f64> {
+        let b = self.running.len() as u32;
+        let mut t = start;
+        let mut done = 0;
+        while done < steps && t < now {
+            t += step_s(cfg, b, self.ctx_sum + done * u64::from(b));
+            done += 1;
+        }
+        if done == steps {
+            return None; // the run ends by now anyway
+        }
+        self.busy_s -= (start + self.run_len(cfg, steps)) - t;
+        self.phase = Phase::Decode { start, steps: done };
+        self.gen += 1;
+        Some(t)
     }
 
     /// The token boundary the engine scheduled for `now`: completes the
@@ -209,6 +229,11 @@ impl SimEngine {
             Phase::Prefill { batch, started } => {
                 let prefill_ms = (now - started) * 1e3;
                 for (s, kv) in batch {
+                    if let Some(i) = self.cancelled.iter().position(|&c| c == s.req) {
+                        self.cancelled.swap_remove(i);
+                        self.kv_used -= kv;
+                        continue;
+                    }
                     outs.push(Out::FirstToken { req: s.req });
                     let r = Running {
                         req: s.req,
@@ -229,6 +254,24 @@ impl SimEngine {
                 self.steps_done += steps;
                 self.batch_avg =
                     if self.batch_avg == 0.0 { b as f64 } else { 0.9 * self.batch_avg + 0.1 * b as f64 };
+            }
+        }
+        // Cancelled sequences leave at this boundary, silently.
+        if !self.cancelled.is_empty() {
+            let steps_done = self.steps_done;
+            let mut i = 0;
+            while i < self.running.len() {
+                let r = self.running[i];
+                match self.cancelled.iter().position(|&c| c == r.req) {
+                    Some(c) => {
+                        self.cancelled.swap_remove(c);
+                        self.running.swap_remove(i);
+                        let produced = (steps_done - r.start_step + 1).min(r.end_step - r.start_step + 1);
+                        self.ctx_sum -= u64::from(r.prompt) + produced;
+                        self.kv_used -= r.kv;
+                    }
+                    None => i += 1,
+                }
             }
         }
         // Finished sequences leave at this boundary.

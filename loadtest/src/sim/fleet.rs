@@ -140,6 +140,22 @@ struct Live {
     first_at: Option<f64>,
     done: bool,
     tenant: String,
+    /// Engines tried before the current one (first-event timeouts), as the
+    /// gateway's dispatcher retries: at most `MAX_ATTEMPTS` in all.
+    tried: Vec<usize>,
+}
+
+/// The gateway's dispatch attempts per request (`dispatch::MAX_ATTEMPTS`).
+const MAX_ATTEMPTS: usize = 3;
+
+/// An engine sequence's tag: the request and which attempt it is, so a
+/// late event of an abandoned attempt is recognised.
+fn tag(r: usize, attempt: usize) -> usize {
+    r * 4 + attempt
+}
+
+fn untag(t: usize) -> (usize, usize) {
+    (t / 4, t % 4)
 }
 
 /// What one run produced.
@@ -235,6 +251,7 @@ impl<'a> Sim<'a> {
                 first_at: None,
                 done: false,
                 tenant: String::new(),
+                tried: Vec::new(),
             });
             sim.push(r.at_s + hops.client_s, Ev::Arrive(i));
         }
@@ -462,10 +479,11 @@ impl<'a> Sim<'a> {
         s.backlog += work.prompt_tokens;
         s.inflight_tokens += work.tokens;
         self.live[r].engine = Some(engine);
-        self.push(now + self.hops.engine_s, Ev::Dispatch(r));
+        let t = tag(r, self.live[r].tried.len());
+        self.push(now + self.hops.engine_s, Ev::Dispatch(t));
         let budget = self.live[r].admit.as_ref().map_or(0.0, |a| a.e2e_budget_ms / 1e3);
         let tier_e2e = self.policy.tier(&self.reqs[r].tier).map_or(budget, |t| t.e2e.as_secs_f64());
-        self.push(now + budget.max(tier_e2e), Ev::FirstTimeout(r));
+        self.push(now + budget.max(tier_e2e), Ev::FirstTimeout(t));
     }
 
     /// Takes `r`'s counts off its engine (EngineLease drop); a slot freed.
@@ -482,15 +500,19 @@ impl<'a> Sim<'a> {
         s.inflight_tokens -= work.tokens;
     }
 
-    fn dispatch(&mut self, now: f64, r: usize) {
-        if self.live[r].done {
-            return;
-        }
+    /// The request of tag `t` if `t` is its current attempt.
+    fn current(&self, t: usize) -> Option<usize> {
+        let (r, attempt) = untag(t);
+        (!self.live[r].done && self.live[r].tried.len() == attempt).then_some(r)
+    }
+
+    fn dispatch(&mut self, now: f64, t: usize) {
+        let Some(r) = self.current(t) else { return };
         let Some(engine) = self.live[r].engine else { return };
         let admit = self.live[r].admit.as_ref().expect("admitted");
         let out = admit.max_tokens.min(self.reqs[r].natural_len).max(1);
         let seq = SimSeq {
-            req: r,
+            req: t,
             prompt: self.reqs[r].prompt,
             out,
             key: admit.key,
@@ -551,8 +573,9 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn first_token(&mut self, now: f64, r: usize) {
-        if self.live[r].done || self.live[r].first_at.is_some() {
+    fn first_token(&mut self, now: f64, t: usize) {
+        let Some(r) = self.current(t) else { return };
+        if self.live[r].first_at.is_some() {
             return;
         }
         self.live[r].first_at = Some(now);
@@ -567,10 +590,8 @@ impl<'a> Sim<'a> {
         self.ctl.first_token(now, ttft_ms, budget);
     }
 
-    fn finished(&mut self, now: f64, r: usize, tokens: u32, prefill_ms: f64, decode_ms: f64, batch: f64) {
-        if self.live[r].done {
-            return;
-        }
+    fn finished(&mut self, now: f64, t: usize, tokens: u32, prefill_ms: f64, decode_ms: f64, batch: f64) {
+        let Some(r) = self.current(t) else { return };
         let engine = self.live[r].engine;
         self.unlease(r);
         let rec = &mut self.records[r];
@@ -605,18 +626,42 @@ impl<'a> Sim<'a> {
         self.pump(now);
     }
 
-    fn first_timeout(&mut self, now: f64, r: usize) {
-        if self.live[r].done || self.live[r].first_at.is_some() {
+    /// No first token within the budget: the attempt is cancelled at its
+    /// engine and, while attempts remain, the request goes to the engine
+    /// with the fewest in-flight tokens not tried yet (the gateway's
+    /// dispatcher); else it fails.
+    fn first_timeout(&mut self, now: f64, t: usize) {
+        let Some(r) = self.current(t) else { return };
+        if self.live[r].first_at.is_some() {
             return;
         }
-        if let Some(e) = self.live[r].engine {
-            self.slots[e].engine.cancel(r);
-        }
         let engine = self.live[r].engine;
-        self.unlease(r);
-        self.fail(now, r, "engine_timeout");
         if let Some(e) = engine {
+            if let Some(at) = self.slots[e].engine.cancel(now, t, self.cfg) {
+                let gen = self.slots[e].engine.gen;
+                self.push(at, Ev::Wake { engine: e, gen });
+            }
+        }
+        self.unlease(r);
+        if let Some(e) = engine {
+            self.live[r].tried.push(e);
             self.settle(e, now);
+        }
+        let serving = self.count(|s| *s == State::Serving) as usize;
+        let next = if self.live[r].tried.len() < MAX_ATTEMPTS.min(serving) {
+            policies::routing::least_inflight_tokens(&self.views(), &self.live[r].tried)
+        } else {
+            None
+        };
+        match next {
+            Some(e) => self.lease(now, r, e),
+            None => {
+                // Out of attempts: the gateway answers 502 `engine_failed`
+                // (nothing was streamed yet).
+                self.refuse_plain(now, r, 502, "engine_failed");
+                let tenant = std::mem::take(&mut self.live[r].tenant);
+                self.ctl.release(&tenant);
+            }
         }
         self.pump(now);
     }
