@@ -132,6 +132,11 @@ pub struct EngineArgs {
     /// belongs in the `ENGINE_REDIS_URL` environment variable instead.
     #[arg(long)]
     pub redis: Option<String>,
+    /// Emulated backend: wait this long before warm-up, as a real engine
+    /// loads its weights (cold-start experiments; the ready line and
+    /// `cold_start_ms` include it).
+    #[arg(long, default_value_t = 0)]
+    pub emulate_load_ms: u64,
     /// The base URL gateways reach this engine at, as registered in Redis
     /// (default `http://<listen address>`; behind Kubernetes, the pod's
     /// address: `--advertise=http://$(POD_IP):9000`).

@@ -282,6 +282,9 @@ pub async fn run(args: EngineArgs) -> Result<(), StartError> {
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.map_err(|e| StartError::Bind(args.listen, e))?;
     let addr = listener.local_addr().map_err(|e| StartError::Bind(args.listen, e))?;
+    if args.emulate_load_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(args.emulate_load_ms)).await; // "loading weights"
+    }
     let cold = warm_up(&engine).await?;
     if let Some(url) = args.redis_url() {
         let base = args.advertise.clone().unwrap_or_else(|| format!("http://{addr}"));

@@ -148,6 +148,10 @@ impl FleetControl {
         if tokens > 0 {
             ::metrics::gauge!(m::COST_PER_1M).set(cost / tokens as f64 * 1e6);
         }
+        let minutes = m::video_minutes();
+        if minutes > 0.0 {
+            ::metrics::gauge!(m::COST_PER_VIDEO_MINUTE).set(cost / minutes);
+        }
         for (i, (class, engines)) in classes.iter().enumerate() {
             let alive = engines.len() as f64;
             *st.gpu_seconds.entry(class.clone()).or_default() += alive * dt;
@@ -278,6 +282,7 @@ impl FleetControl {
         json!({
             "now_s": self.started.elapsed().as_secs_f64(),
             "output_tokens": m::OUTPUT_TOKENS_SO_FAR.load(std::sync::atomic::Ordering::Relaxed),
+            "video_minutes": m::video_minutes(),
             "cost_usd": st.cost_usd,
             "classes": classes,
             "supervisor": sup,

@@ -39,7 +39,9 @@
 //!   (embedded mode)
 //! - `gateway_gpu_milliseconds_total{class}`, `gateway_cost_usd{class}`
 //!   (engine time × `[cost]` price), `gateway_output_tokens_total`,
-//!   `gateway_cost_per_1m_output_tokens_usd`
+//!   `gateway_cost_per_1m_output_tokens_usd`, `gateway_cost_per_video_minute_usd`
+//!   (all engine cost over all tokens, and over all video delivered: on a
+//!   fleet serving both, each figure carries the whole cost)
 //! - `gateway_connections_open{listener}`, `gateway_connections_refused_total{listener}`
 //!   (over `limits.max_connections`), `gateway_connections_closed_total{listener,why}`
 //!   (`idle`, `header_timeout`)
@@ -77,6 +79,19 @@ pub const COST_PER_1M: &str = "gateway_cost_per_1m_output_tokens_usd";
 
 /// Output tokens this process has relayed (the cost per 1M tokens).
 pub static OUTPUT_TOKENS_SO_FAR: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Video delivered, in microseconds of playout (the cost per video minute).
+pub static VIDEO_MICROS_SO_FAR: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub const COST_PER_VIDEO_MINUTE: &str = "gateway_cost_per_video_minute_usd";
+
+/// Counts `seconds` of video delivered.
+pub fn add_video_seconds(seconds: f64) {
+    VIDEO_MICROS_SO_FAR.fetch_add((seconds.max(0.0) * 1e6) as u64, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Minutes of video delivered so far.
+pub fn video_minutes() -> f64 {
+    VIDEO_MICROS_SO_FAR.load(std::sync::atomic::Ordering::Relaxed) as f64 / 60e6
+}
 pub const ENGINE_RETRIES: &str = "gateway_engine_retries_total";
 pub const ADMISSION: &str = "gateway_admission_decisions_total";
 pub const BROWNOUT_LEVEL: &str = "gateway_brownout_level";

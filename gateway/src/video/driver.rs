@@ -232,6 +232,7 @@ fn deliver(streams: &Streams, stream: &Stream, out: ::engine::video::ChunkOut, p
     }
     ::metrics::counter!(m::VIDEO_CHUNKS, "tier" => stream.tier.clone(), "on_time" => if met { "true" } else { "false" }, "mode" => plan.mode)
         .increment(1);
+    m::add_video_seconds(stream.chunk_s()); // cost per video minute
     let slack = st.playout.slack(now);
     let delivered = stream.emit(
         "chunk",
