@@ -474,7 +474,7 @@ impl Supervisor {
                     pool_n += 1;
                 }
             }
-            while pool_n < warm_want && children.len() + to_spawn.len() < max + self.overflow_count() {
+            while pool_n < warm_want && children.len() < max + self.overflow_count() {
                 let id = format!("e{}", self.next_index.fetch_add(1, Ordering::Relaxed));
                 children.insert(
                     id.clone(),

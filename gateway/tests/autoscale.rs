@@ -209,3 +209,75 @@ async fn load_starts_engines_and_quiet_drains_them_without_failing_a_request() {
     let m = sys.metrics().await;
     assert!(metric(&m, "gateway_autoscale_desired_engines{class=\"test-paced\"}").is_some(), "{m}");
 }
+
+#[tokio::test]
+async fn a_warm_engine_is_ready_but_unrouted_until_load_promotes_it() {
+    // A 1.5 s weight load per engine; one level expecting x3 bursts: the
+    // pool is ceil(2 x 1 / 30 x ~1.6 x 1.25) = 1 warm engine beside 1 serving.
+    let levels = "[[autoscale.levels]]\nabove = 0.0\ntarget_utilization = 0.8\nburst_factor = 3.0\n";
+    let mut text = policy("warm_pool = true");
+    let start = text.find("[[autoscale.levels]]").unwrap();
+    let end = text.find("[cost]").unwrap();
+    text.replace_range(start..end, &format!("{levels}\n"));
+    let sys = System::start_with_policy(
+        &paced(5, 40),
+        1,
+        &[
+            "--min-engines",
+            "1",
+            "--max-engines",
+            "3",
+            "--engine-arg=--max-batch=2",
+            "--engine-arg=--emulate-load-ms=1500",
+        ],
+        Some(&text),
+    )
+    .await;
+    let v =
+        until(&sys, Duration::from_secs(15), "a warm engine", |v| v["supervisor"]["engines"]["warm"] == 1)
+            .await;
+    assert_eq!(v["supervisor"]["engines"]["serving"], 1, "{v:#}");
+    let r = sys.readyz().await;
+    let warm: Vec<String> = r["detail"]["engines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["role"] == "warm")
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(warm.len(), 1, "{r}");
+    assert!(r["detail"]["engines"].as_array().unwrap().iter().all(|e| e["ready"] == true), "{r}");
+    let conn = sys.conn(Proto::H2).await;
+    for _ in 0..5 {
+        let resp =
+            conn.post_json("/v1/chat/completions", Some(GOLD), chat_body("idle", 2, false)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_ne!(resp.headers()["x-engine"].to_str().unwrap(), warm[0], "a warm engine takes no work");
+    }
+    // Load: 6 streams on 2 slots; the warm engine is promoted (no cold
+    // start) and serves.
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let conn = sys.conn(Proto::H2).await;
+        tasks.push(tokio::spawn(async move {
+            let mut engines = Vec::new();
+            for j in 0..4 {
+                let body = chat_body(&format!("busy {i} {j}"), 40, true);
+                let resp = conn.post_json("/v1/chat/completions", Some(BRONZE), body).await.unwrap();
+                if resp.status() == StatusCode::OK {
+                    engines.push(resp.headers()["x-engine"].to_str().unwrap().to_string());
+                    assert_eq!(
+                        sse_events(resp).await.last().map(|e| e.data.clone()).as_deref(),
+                        Some("[DONE]")
+                    );
+                }
+            }
+            engines
+        }));
+    }
+    let mut served = std::collections::BTreeSet::new();
+    for t in tasks {
+        served.extend(t.await.unwrap());
+    }
+    assert!(served.contains(&warm[0]), "the warm engine was promoted and served: {served:?}");
+}

@@ -188,7 +188,8 @@ impl SimEngine {
             return None;
         }
         let running = self.running.iter().any(|r| r.req == req);
-        let prefilling = matches!(&self.phase, Phase::Prefill { batch, .. } if batch.iter().any(|(s, _)| s.req == req));
+        let prefilling =
+            matches!(&self.phase, Phase::Prefill { batch, .. } if batch.iter().any(|(s, _)| s.req == req));
         if !running && !prefilling {
             return None;
         }
