@@ -6,8 +6,9 @@
 //! same one and carry out its [`Decision`].
 //!
 //! - **Load signal** ρ = N_req / (M · K): sequences running plus waiting at
-//!   the gate over the serving engines' slots (tokens in flight as
-//!   pressure, in units of decode slots).
+//!   the gate over the slots of the budget M already decided (serving
+//!   engines, or more while started ones are still cold: tokens in flight
+//!   as pressure, in units of decode slots).
 //! - **Target tracking with hysteresis** (TurboServe §5.2.2): scale out when
 //!   ρ > ρ̂ + δ, in when ρ < ρ̂ − δ; the target is
 //!   M_target = ⌈N_req / (K · ρ̂)⌉, bounded by `[min_engines, max_engines]`.
@@ -105,7 +106,7 @@ impl Default for AutoscaleConfig {
             volatility_bin_s: 5.0,
             volatility_bins: 12,
             levels: vec![
-                VolatilityLevel { above: 0.0, target_utilization: 0.8, burst_factor: 1.5 },
+                VolatilityLevel { above: 0.0, target_utilization: 0.8, burst_factor: 1.2 },
                 VolatilityLevel { above: 0.25, target_utilization: 0.65, burst_factor: 2.0 },
                 VolatilityLevel { above: 0.5, target_utilization: 0.5, burst_factor: 3.0 },
             ],
@@ -310,8 +311,11 @@ impl Autoscaler {
         let level = cfg.levels.iter().rposition(|l| vol >= l.above).unwrap_or(0);
         let rho_hat = cfg.levels[level].target_utilization;
         let k = f64::from(s.slots_per_engine.max(1));
-        let serving = s.serving.max(1);
-        let rho = s.demand / (f64::from(serving) * k);
+        // ρ under the budget already decided (TurboServe recomputes the load
+        // "under the new budget"): engines still starting count, or every
+        // tick of a cold start would scale out again.
+        let budget = self.target.unwrap_or(0).max(s.serving).max(1);
+        let rho = s.demand / (f64::from(budget) * k);
         let m_target = ((s.demand / (k * rho_hat)).ceil() as u32).clamp(cfg.min_engines, cfg.max_engines);
         let mut target = self.target.unwrap_or(s.serving.clamp(cfg.min_engines, cfg.max_engines));
         let mut why = Why::Hold;
@@ -538,6 +542,20 @@ mod tests {
         }
         assert_eq!(d.unwrap().serving, 5);
         assert!(whys.contains(&Why::QueueLatency), "{whys:?}");
+    }
+
+    #[test]
+    fn engines_still_starting_count_so_a_cold_start_does_not_scale_out_twice() {
+        let c = cfg();
+        let mut a = Autoscaler::new();
+        // 4 serving, demand 40: out to 7. The 3 new ones take 30 s to start;
+        // meanwhile the serving count stays 4 and the demand 40.
+        let mut targets = Vec::new();
+        for i in 0..120 {
+            let d = a.tick(f64::from(i) * 0.25, &signals(4, 40.0, 0), &c);
+            targets.push(d.serving);
+        }
+        assert_eq!(*targets.last().unwrap(), 7, "{targets:?}");
     }
 
     #[test]
