@@ -237,7 +237,16 @@ async fn a_warm_engine_is_ready_but_unrouted_until_load_promotes_it() {
         until(&sys, Duration::from_secs(15), "a warm engine", |v| v["supervisor"]["engines"]["warm"] == 1)
             .await;
     assert_eq!(v["supervisor"]["engines"]["serving"], 1, "{v:#}");
-    let r = sys.readyz().await;
+    // The new engine joins the pool at once; its first probe marks it ready.
+    let t = Instant::now();
+    let r = loop {
+        let r = sys.readyz().await;
+        if r["detail"]["engines"].as_array().unwrap().iter().all(|e| e["ready"] == true) {
+            break r;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "{r}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let warm: Vec<String> = r["detail"]["engines"]
         .as_array()
         .unwrap()

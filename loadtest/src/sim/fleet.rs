@@ -1,7 +1,9 @@
 //! The simulated fleet: a gateway running the production admission state
 //! machine and autoscaler over simulated engines, in virtual time.
 //!
-//! Per request, as in the live gateway: tier context ceiling and output cap
+//! Per request, as in the live gateway (one gateway: tenants' concurrency
+//! is admission's to count, as live without Redis; per-minute rate limits
+//! are not modelled): tier context ceiling and output cap
 //! (`context_length_exceeded`, max_tokens clamp) -> `Controller::request`
 //! over the serving engines -> start, wait at the gate, or a typed refusal.
 //! Slots freed (a finish) pump the gate; every 250 ms the gate ticks
