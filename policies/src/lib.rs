@@ -11,7 +11,9 @@
 //! - [`tokens`]: the shared token-count estimate for text.
 //! - [`estimate`]: expected output, prefill and decode time per engine class.
 //! - [`admission`]: feasibility against the tier's SLO, the degradation
-//!   ladder, rejections with Retry-After, predicted-finish routing.
+//!   ladder, rejections with Retry-After, predicted-finish routing; and
+//!   [`admission::Controller`], the admission state machine (brownout
+//!   signal, gate, learning) the gateway and the simulator drive.
 //! - [`autoscale`]: how many engines serve and how many stand warm:
 //!   hysteresis target tracking, queue-latency triggers, volatility levels,
 //!   warm-pool sizing, restart backoff.

@@ -379,7 +379,7 @@ mod tests {
             let next_arrival = pending.first().map(|(t, _)| *t);
             match (wake, next_arrival) {
                 (None, None) => return log,
-                (w, Some(a)) if w.is_none_or(|w| a < w) => {
+                (w, Some(a)) if w.is_none_or(|w| a <= w) => {
                     let (t, s) = pending.remove(0);
                     if let Some(nw) = e.enqueue(t, s, c).unwrap() {
                         wake = Some(nw);
@@ -435,6 +435,25 @@ mod tests {
         assert_eq!(firsts.len(), 9);
         assert!(firsts[..8].iter().all(|t| (t - 0.01).abs() < 1e-9), "{firsts:?}");
         assert!(firsts[8] > 0.09, "the ninth starts once the first eight finish: {firsts:?}");
+    }
+
+    #[test]
+    fn a_cancelled_running_sequence_leaves_at_the_next_token_boundary_and_frees_its_kv() {
+        let c = cfg(8);
+        let mut e = SimEngine::default();
+        let wake = e.enqueue(0.0, seq(0, 100, 0.0), &c).unwrap();
+        let mut outs = Vec::new();
+        let next = e.wake(wake.unwrap(), &c, &mut outs); // prefill 0-10 ms
+        let next = e.wake(next.unwrap(), &c, &mut outs); // first token; a 99-step run starts
+        assert_eq!(outs, vec![Out::FirstToken { req: 0 }]);
+        assert!(next.unwrap() > 1.0, "the run goes to the end of the answer");
+        let cut = e.cancel(0.035, 0, &c).expect("the run is cut at the step in progress");
+        assert!((cut - 0.04).abs() < 1e-9, "{cut}");
+        outs.clear();
+        assert_eq!(e.wake(cut, &c, &mut outs), None, "nothing left to run");
+        assert!(outs.is_empty(), "a cancelled sequence reports nothing: {outs:?}");
+        assert!(e.is_empty());
+        assert_eq!(e.kv_headroom(&c), (c.kv_tokens as f64 * 0.95) as u64, "its KV is back");
     }
 
     #[test]
