@@ -29,7 +29,7 @@ use crate::audit::Source;
 use crate::body::{full, GatewayBody};
 use crate::error::{ApiError, PolicyProblem};
 use crate::reload::{Accepted, Mode, ReloadError};
-use crate::service::{bearer, json_response, read_body};
+use crate::service::{bearer, json_response, read_request_body};
 use crate::App;
 
 /// One admin token: its id (recorded in the audit log) and its secret.
@@ -88,7 +88,7 @@ async fn route(
             Ok(json_response(StatusCode::OK, &json!({"active": record, "file": file, "document": document})))
         }
         (Method::PUT, "/admin/policies") => {
-            let body = read_body(req, &app.config).await?;
+            let body = read_request_body(req, &app.config).await?;
             let text = std::str::from_utf8(&body)
                 .map_err(|_| ApiError::BodyRead("the policy document must be UTF-8 TOML text".into()))?;
             let source = Source::Api { token_id };

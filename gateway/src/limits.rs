@@ -27,6 +27,13 @@ pub struct Limits {
     pub idle_timeout_ms: u64,
     /// A request body must arrive whole within this (408 otherwise).
     pub body_read_timeout_ms: u64,
+    /// HTTP/2: before an answer sent without reading the request body (401,
+    /// 404, 413, ...), the body is read and discarded up to this many bytes
+    /// and ...
+    pub drain_body_bytes: usize,
+    /// ... for at most this long; past either, or when the body is declared
+    /// larger, the answer goes out and the stream is reset (NO_ERROR).
+    pub drain_body_timeout_ms: u64,
     /// Bytes of a streamed response buffered for a client that is not
     /// reading (per stream, plus one event).
     pub stream_buffer_bytes: usize,
@@ -59,6 +66,8 @@ impl Default for Limits {
             header_read_timeout_ms: 10_000,
             idle_timeout_ms: 300_000,
             body_read_timeout_ms: 30_000,
+            drain_body_bytes: 4 << 20,
+            drain_body_timeout_ms: 2_000,
             stream_buffer_bytes: 64 << 10,
             write_stall_timeout_ms: 10_000,
             min_send_rate_bytes_per_s: 64,
@@ -84,6 +93,8 @@ impl Limits {
             ("header_read_timeout_ms", self.header_read_timeout_ms),
             ("idle_timeout_ms", self.idle_timeout_ms),
             ("body_read_timeout_ms", self.body_read_timeout_ms),
+            ("drain_body_bytes", self.drain_body_bytes as u64),
+            ("drain_body_timeout_ms", self.drain_body_timeout_ms),
             ("stream_buffer_bytes", self.stream_buffer_bytes as u64),
             ("write_stall_timeout_ms", self.write_stall_timeout_ms),
             ("engine_event_timeout_ms", self.engine_event_timeout_ms),
@@ -129,6 +140,10 @@ impl Limits {
 
     pub fn body_read_timeout(&self) -> Duration {
         Duration::from_millis(self.body_read_timeout_ms)
+    }
+
+    pub fn drain_body_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_body_timeout_ms)
     }
 }
 

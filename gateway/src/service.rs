@@ -31,6 +31,75 @@ use crate::relay::{self, Encoder, StreamBounds};
 use crate::video::routes::VideoRoute;
 use crate::App;
 
+/// A request whose body a route may take (to read it) once; a body nobody
+/// took is drained, bounded, before an early answer (`drain_unread`), so a
+/// client still uploading is not cut short by a reset (libcurl reports
+/// such a reset over HTTP/2 as a transport error instead of our answer).
+#[derive(Debug)]
+pub struct Req {
+    pub parts: http::request::Parts,
+    body: Option<Incoming>,
+}
+
+impl Req {
+    pub fn new(req: Request<Incoming>) -> Self {
+        let (parts, body) = req.into_parts();
+        Self { parts, body: Some(body) }
+    }
+
+    pub fn headers(&self) -> &HeaderMap {
+        &self.parts.headers
+    }
+
+    pub fn uri(&self) -> &http::Uri {
+        &self.parts.uri
+    }
+
+    pub fn method(&self) -> &Method {
+        &self.parts.method
+    }
+
+    fn http1(&self) -> bool {
+        self.parts.version < http::Version::HTTP_2
+    }
+
+    /// The body, if no route took it yet.
+    fn take_body(&mut self) -> Option<Incoming> {
+        self.body.take()
+    }
+
+    /// Reads and discards a body nobody read, up to `limits.drain_body_bytes`
+    /// and `limits.drain_body_timeout_ms` (HTTP/1.1: 64 MiB and 5 s, as
+    /// before): then the answer goes out after the client's upload ended.
+    /// A body declared larger than the bound is not read (the stream is
+    /// reset after the answer, as before).
+    pub async fn drain_unread(&mut self, limits: &crate::limits::Limits) {
+        let Some(body) = self.body.take() else { return };
+        if http_body::Body::is_end_stream(&body) {
+            return;
+        }
+        let (bytes, within) = if self.http1() {
+            (HTTP1_DRAIN_BYTES, HTTP1_DRAIN_TIME)
+        } else {
+            (limits.drain_body_bytes, limits.drain_body_timeout())
+        };
+        if declared_length(self.headers()).is_some_and(|n| n > bytes as u64) {
+            return;
+        }
+        drain(body, bytes, within).await;
+    }
+}
+
+fn declared_length(h: &HeaderMap) -> Option<u64> {
+    h.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+}
+
+/// HTTP/1.1 has no way to refuse a body in flight: an over-limit or
+/// unwanted body is read and discarded up to these bounds, else the
+/// connection is closed.
+const HTTP1_DRAIN_BYTES: usize = 64 << 20;
+const HTTP1_DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Routes of the public listener; `label` is the metrics label.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Route {
@@ -83,6 +152,7 @@ impl Route {
 /// Serves one request. Never fails: every error becomes a response.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<GatewayBody>, Infallible> {
     let arrived = Instant::now();
+    let mut req = Req::new(req);
     let request_id = request_id(&app, req.headers()); // correlates client reports, logs, engines
     let route = Route::of(req.method(), req.uri().path());
     // One policy version from here to the end of the response stream.
@@ -90,19 +160,22 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Ga
     let mut verdict = None;
     let result = match &route {
         Route::Completions(kind) => {
-            completions(&app, &policy, req, *kind, &request_id, arrived, &mut verdict).await
+            completions(&app, &policy, &mut req, *kind, &request_id, arrived, &mut verdict).await
         }
         Route::Models => authenticate(&policy, req.headers()).map(|_| models(&policy, None)),
         Route::Model(id) => authenticate(&policy, req.headers()).map(|_| models(&policy, Some(id))),
         Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "alive"}))),
         Route::Readyz => Ok(readyz(&app, &policy)),
         Route::Video(v) => match authenticate(&policy, req.headers()) {
-            Ok(who) => crate::video::routes::handle(&app, &policy, who, v.clone(), req).await,
+            Ok(who) => crate::video::routes::handle(&app, &policy, who, v.clone(), &mut req).await,
             Err(e) => Err(e),
         },
         Route::WrongMethod => Err(ApiError::MethodNotAllowed(req.method().to_string())),
         Route::Unknown => Err(ApiError::UnknownUrl(req.uri().path().to_string())),
     };
+    if result.is_err() {
+        req.drain_unread(&app.config.limits).await; // answer after the upload, not into it
+    }
     let mut resp = result.unwrap_or_else(|e| {
         tracing::info!(event = "request_error", request_id = %request_id, code = e.code(), error = %e);
         ::metrics::counter!(metrics::ERRORS, "code" => e.code()).increment(1);
@@ -139,7 +212,7 @@ fn decision_headers(h: &mut HeaderMap, version: &str, verdict: Option<&Verdict>)
 async fn completions(
     app: &App,
     policy: &Arc<PolicyDocument>,
-    req: Request<Incoming>,
+    req: &mut Req,
     kind: Kind,
     request_id: &str,
     arrived: Instant,
@@ -346,36 +419,41 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// The request body, at most `max_body_bytes` (413) and within
-/// `limits.body_read_timeout_ms` (408).
+/// `limits.body_read_timeout_ms` (408). An over-limit body is drained
+/// (bounded, see [`Req::drain_unread`]) before the 413 goes out.
 pub(crate) async fn read_body(
-    req: Request<Incoming>,
+    req: &mut Req,
     config: &crate::config::GatewayConfig,
 ) -> Result<Bytes, ApiError> {
     let within = config.limits.body_read_timeout();
-    tokio::time::timeout(within, read_body_bounded(req, config.max_body_bytes))
+    let result = tokio::time::timeout(within, read_body_bounded(req, config.max_body_bytes))
         .await
-        .unwrap_or(Err(ApiError::BodyTimeout { within }))
+        .unwrap_or(Err(ApiError::BodyTimeout { within }));
+    if let Err(ApiError::BodyTooLarge { .. }) = &result {
+        req.drain_unread(&config.limits).await;
+    }
+    result
 }
 
-async fn read_body_bounded(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
-    let declared =
-        req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let http1 = req.version() < http::Version::HTTP_2;
-    let mut body = req.into_body();
-    if declared.is_some_and(|n| n > limit as u64) {
-        if http1 {
-            drain(body).await;
-        }
-        return Err(ApiError::BodyTooLarge { limit });
+/// [`read_body`] of a whole request (the admin listener).
+pub(crate) async fn read_request_body(
+    req: Request<Incoming>,
+    config: &crate::config::GatewayConfig,
+) -> Result<Bytes, ApiError> {
+    read_body(&mut Req::new(req), config).await
+}
+
+async fn read_body_bounded(req: &mut Req, limit: usize) -> Result<Bytes, ApiError> {
+    if declared_length(req.headers()).is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::BodyTooLarge { limit }); // the body stays for the drain
     }
+    let Some(mut body) = req.take_body() else { return Ok(Bytes::new()) };
     let mut buf = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| ApiError::BodyRead(e.to_string()))?;
         if let Ok(data) = frame.into_data() {
             if buf.len() + data.len() > limit {
-                if http1 {
-                    drain(body).await;
-                }
+                req.body = Some(body); // the rest is drained before the 413
                 return Err(ApiError::BodyTooLarge { limit });
             }
             buf.extend_from_slice(&data);
@@ -384,18 +462,13 @@ async fn read_body_bounded(req: Request<Incoming>, limit: usize) -> Result<Bytes
     Ok(buf.freeze())
 }
 
-/// Reads and discards the rest of an over-limit HTTP/1.1 body, bounded in
-/// bytes and time, so the client can read our 413 instead of failing its
-/// write (HTTP/1.1 has no way to refuse a body in flight; HTTP/2 resets the
-/// stream instead). Past the bounds the connection is closed.
-async fn drain(mut body: Incoming) {
-    const MAX_DRAIN: usize = 64 << 20;
-    const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(5);
-    let _ = tokio::time::timeout(DRAIN_TIME, async {
+/// Reads and discards the rest of a body, at most `bytes` within `within`.
+async fn drain(mut body: Incoming, bytes: usize, within: std::time::Duration) {
+    let _ = tokio::time::timeout(within, async {
         let mut seen = 0;
         while let Some(Ok(frame)) = body.frame().await {
             seen += frame.data_ref().map_or(0, |d| d.len());
-            if seen > MAX_DRAIN {
+            if seen > bytes {
                 break;
             }
         }

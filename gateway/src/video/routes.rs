@@ -5,9 +5,8 @@
 use std::sync::Arc;
 
 use ::engine::video::{CreateSession, Resolution};
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderValue, Method, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use policies::video::placement;
 use policies::{PolicyDocument, Tenant, Tier};
 use serde::Deserialize;
@@ -99,7 +98,7 @@ pub async fn handle(
     policy: &Arc<PolicyDocument>,
     (tenant, tier): (&Tenant, &Tier),
     route: VideoRoute,
-    req: Request<Incoming>,
+    req: &mut crate::service::Req,
 ) -> Result<Response<GatewayBody>, ApiError> {
     let streams = &app.video;
     let find =
