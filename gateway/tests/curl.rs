@@ -14,8 +14,25 @@ const REPEAT: usize = 30;
 
 /// Runs curl; returns (exit code, HTTP status).
 fn curl(sys: &System, http2: bool, path: &str, key: &str, body: &std::path::Path) -> (i32, String) {
+    curl_with(sys, http2, path, key, body, &[])
+}
+
+fn curl_with(
+    sys: &System,
+    http2: bool,
+    path: &str,
+    key: &str,
+    body: &std::path::Path,
+    headers: &[&str],
+) -> (i32, String) {
     let url = format!("{}{path}", sys.base);
+    let mut extra = Vec::new();
+    for h in headers {
+        extra.push("-H");
+        extra.push(h);
+    }
     let out = Command::new("curl")
+        .args(&extra)
         .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "20"])
         .arg(if http2 { "--http2" } else { "--http1.1" })
         .arg("--cacert")
@@ -59,6 +76,72 @@ async fn curl_gets_401_404_and_413_not_stream_errors_over_http2_and_http1() {
                     if http2 { "h2" } else { "http/1.1" }
                 );
             }
+        }
+    }
+}
+
+/// The official OpenAI Python client over HTTP/2 (`httpx`, `http2=True`):
+/// 401 and 404, 30 times each (tests/openai_http2.py).
+#[tokio::test]
+async fn openai_python_client_over_http2_gets_401_and_404() {
+    let Some(python) = std::env::var_os("OPENAI_PYTHON") else {
+        assert!(std::env::var_os("CI").is_none(), "CI must set OPENAI_PYTHON (see .ci/run)");
+        eprintln!("SKIPPED: set OPENAI_PYTHON to a python with `openai` and `h2` installed");
+        return;
+    };
+    let sys = System::start(INSTANT, 1).await;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_http2.py");
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .env("OPENAI_BASE_URL", format!("{}/v1", sys.base))
+        .env("OPENAI_API_KEY", GOLD)
+        .env("SSL_CERT_FILE", &sys.ca)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "client failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("OK"), "{stdout}");
+}
+
+/// Refusals after admission-side checks and a bad SLO hint (refused before
+/// the body is read): still typed answers for curl, 30 times each.
+#[tokio::test]
+async fn curl_gets_400_429_and_503_not_stream_errors() {
+    // Bronze may have one request open; dead engines come back only after 30 s.
+    let mut policy = default_policy().replace("restart_backoff_s = 1.0", "restart_backoff_s = 30.0");
+    let bronze = policy.find("[tiers.bronze]").unwrap();
+    let cap = bronze + policy[bronze..].find("max_concurrency = 256").unwrap();
+    policy.replace_range(cap..cap + "max_concurrency = 256".len(), "max_concurrency = 1");
+    let sys = System::start_with_policy(&paced(0, 50), 1, &[], Some(&policy)).await;
+    let small = sys.dir.join("small.json");
+    std::fs::write(&small, chat_body("hi", 2, false)).unwrap();
+    // One bronze stream held open: the next bronze request is over its limit.
+    let conn = sys.conn(loadtest::client::Proto::H2).await;
+    let held =
+        conn.post_json("/v1/chat/completions", Some(BRONZE), chat_body("hold", 200, true)).await.unwrap();
+    assert_eq!(held.status(), http::StatusCode::OK);
+    for http2 in [true, false] {
+        for i in 0..REPEAT {
+            let (code, status) = curl(&sys, http2, "/v1/chat/completions", BRONZE, &small);
+            assert_eq!((code, status.as_str()), (0, "429"), "tenant limit, attempt {i}, http2 {http2}");
+            let (code, status) =
+                curl_with(&sys, http2, "/v1/chat/completions", GOLD, &small, &["x-slo-ttft-ms: soon"]);
+            assert_eq!((code, status.as_str()), (0, "400"), "bad SLO hint, attempt {i}, http2 {http2}");
+        }
+    }
+    drop(held);
+    // No engine: 503 with Retry-After, as typed as the rest.
+    sys.kill_engine("e0");
+    let t = std::time::Instant::now();
+    while sys.readyz().await["detail"]["ready_engines"] != 0 {
+        assert!(t.elapsed() < std::time::Duration::from_secs(5), "the dead engine leaves routing");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    for http2 in [true, false] {
+        for i in 0..REPEAT {
+            let (code, status) = curl(&sys, http2, "/v1/chat/completions", GOLD, &small);
+            assert_eq!((code, status.as_str()), (0, "503"), "no engine, attempt {i}, http2 {http2}");
         }
     }
 }
