@@ -49,6 +49,17 @@ pub struct VideoArgs {
     /// Directory for results.json.
     #[arg(long)]
     pub out: PathBuf,
+    /// Sample this gateway admin listener's `/admin/fleet` every second
+    /// (`https://localhost:9444`): engines over time, GPU-seconds, cost and
+    /// cost per video minute go into results.json.
+    #[arg(long)]
+    pub watch_fleet: Option<String>,
+    /// Admin token for --watch-fleet (a file holding it).
+    #[arg(long, default_value = "certs/admin.token")]
+    pub admin_token_file: PathBuf,
+    /// Backend label of the watched fleet (emulated, cpu, cuda).
+    #[arg(long, default_value = "emulated")]
+    pub backend: String,
 }
 
 /// What one stream saw.
@@ -83,6 +94,15 @@ pub struct VideoResults {
     pub frames_per_chunk: u32,
     pub summary: VideoSummary,
     pub streams: Vec<StreamRecord>,
+    /// The fleet over the run (with --watch-fleet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<crate::results::Fleet>,
+    /// Minutes of video delivered (chunks × frames per chunk / fps).
+    #[serde(default)]
+    pub video_minutes: f64,
+    /// The fleet's cost over the run per minute of video delivered.
+    #[serde(default)]
+    pub cost_per_video_minute: Option<f64>,
 }
 
 /// The figures a viewer notices, over the whole run.
@@ -288,6 +308,21 @@ pub async fn run(args: VideoArgs) -> Result<VideoResults, String> {
         args.fps,
         args.frames_per_chunk
     );
+    let stop_watch = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = match &args.watch_fleet {
+        Some(admin) => {
+            let token = std::fs::read_to_string(&args.admin_token_file)
+                .map_err(|e| format!("{}: {e}", args.admin_token_file.display()))?;
+            let t = crate::watch::WatchTarget {
+                admin: admin.clone(),
+                ca: Some(args.ca.clone()),
+                token: token.trim().to_string(),
+            };
+            let cap = (args.duration as usize + 3600).min(100_000);
+            Some(tokio::spawn(crate::watch::watch(t, args.backend.clone(), Arc::clone(&stop_watch), cap)))
+        }
+        None => None,
+    };
     let mut tasks = tokio::task::JoinSet::new();
     for (i, p) in planned.into_iter().enumerate() {
         let (conn, args) = (conn.clone(), Arc::clone(&args));
@@ -301,6 +336,16 @@ pub async fn run(args: VideoArgs) -> Result<VideoResults, String> {
         progress.tick();
     }
     progress.done();
+    stop_watch.store(true, std::sync::atomic::Ordering::Relaxed);
+    let fleet = match watcher {
+        Some(w) => w.await.ok().flatten(),
+        None => None,
+    };
+    let summary = VideoSummary::of(&records);
+    let video_minutes =
+        summary.chunks as f64 * f64::from(args.frames_per_chunk) / f64::from(args.fps.max(1)) / 60.0;
+    let cost_per_video_minute =
+        fleet.as_ref().filter(|_| video_minutes > 0.0).map(|f| f.cost_usd / video_minutes);
     let results = VideoResults {
         schema: "slo-gateway.loadtest.video/v1".into(),
         workload: args.workload,
@@ -309,8 +354,11 @@ pub async fn run(args: VideoArgs) -> Result<VideoResults, String> {
         seed: args.seed,
         fps: args.fps,
         frames_per_chunk: args.frames_per_chunk,
-        summary: VideoSummary::of(&records),
+        summary,
         streams: records,
+        fleet,
+        video_minutes,
+        cost_per_video_minute,
     };
     std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
     let path = args.out.join("results.json");
@@ -346,7 +394,15 @@ pub fn render(r: &VideoResults) -> String {
         s.mean_quality,
         s.modes,
         s.rehomes
-    )
+    ) + &r.fleet.as_ref().map_or(String::new(), |f| {
+        format!(
+            "\nfleet: {:.0} GPU-seconds, ${:.3}; {:.2} video minutes delivered: {}",
+            f.gpu_seconds,
+            f.cost_usd,
+            r.video_minutes,
+            r.cost_per_video_minute.map_or("-".into(), |c| format!("${c:.3} per video minute"))
+        )
+    })
 }
 
 /// Several runs as one Markdown table, one row per `(name, results)`.
@@ -410,6 +466,9 @@ mod tests {
             frames_per_chunk: 12,
             summary: s,
             streams: vec![],
+            fleet: None,
+            video_minutes: 0.0,
+            cost_per_video_minute: None,
         };
         let t = table(&[("arm".into(), results)]);
         assert!(t.lines().nth(2).unwrap().starts_with("| arm | steady | 2 | 1 | 0.625 |"), "{t}");
