@@ -52,17 +52,8 @@ pub struct RunArgs {
     /// Do not print the summary table.
     #[arg(long)]
     pub quiet: bool,
-    /// Sample this gateway admin listener's `/admin/fleet` every second
-    /// (`https://localhost:9444`): engines over time, autoscaling decisions,
-    /// GPU-seconds and cost go into results.json and the report.
-    #[arg(long)]
-    pub watch_fleet: Option<String>,
-    /// Admin token for --watch-fleet (a file holding it).
-    #[arg(long, default_value = "certs/admin.token")]
-    pub admin_token_file: PathBuf,
-    /// Backend label of the watched fleet (emulated, cpu, cuda).
-    #[arg(long, default_value = "emulated")]
-    pub backend: String,
+    #[command(flatten)]
+    pub watch: crate::watch::WatchArgs,
 }
 
 /// What is sent and when: shared by `loadtest run` and `loadtest sim`, so
@@ -221,27 +212,9 @@ pub async fn run(a: &RunArgs) -> Result<Results, RunError> {
     let progress = tokio::spawn(crate::progress::watch_run(live.clone(), planned.len(), duration_s));
     let started_unix_s =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-    let stop_watch = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watcher = match &a.watch_fleet {
-        Some(admin) => {
-            let token = std::fs::read_to_string(&a.admin_token_file)
-                .map_err(|e| RunError::Args(format!("{}: {e}", a.admin_token_file.display())))?;
-            let t = crate::watch::WatchTarget {
-                admin: admin.clone(),
-                ca: Some(a.ca.clone()),
-                token: token.trim().to_string(),
-            };
-            let cap = (duration_s as usize + 600).min(100_000);
-            Some(tokio::spawn(crate::watch::watch(t, a.backend.clone(), Arc::clone(&stop_watch), cap)))
-        }
-        None => None,
-    };
+    let watcher = a.watch.start(&a.ca, duration_s as usize + 600).map_err(RunError::Args)?;
     let records = execute(&target, &workload, &planned, a.load.seed, live).await;
-    stop_watch.store(true, std::sync::atomic::Ordering::Relaxed);
-    let fleet = match watcher {
-        Some(w) => w.await.ok().flatten(),
-        None => None,
-    };
+    let fleet = crate::watch::Watcher::finish(watcher).await;
     let records = match records {
         Ok(r) => {
             let _ = progress.await;

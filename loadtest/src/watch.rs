@@ -3,13 +3,60 @@
 //! `fleet` part (engines over time, decisions, GPU-seconds and cost) as
 //! simulated ones.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::client::{body_bytes, Conn, Proto};
 use crate::results::{Fleet, ScaleEvent};
+
+/// The `--watch-fleet` flags, shared by `loadtest run` and `loadtest video`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WatchArgs {
+    /// Sample this gateway admin listener's `/admin/fleet` every second
+    /// (`https://localhost:9444`): engines over time, autoscaling decisions,
+    /// GPU-seconds and cost go into results.json (and the report).
+    #[arg(long)]
+    pub watch_fleet: Option<String>,
+    /// Admin token for --watch-fleet (a file holding it).
+    #[arg(long, default_value = "certs/admin.token")]
+    pub admin_token_file: PathBuf,
+    /// Backend label of the watched fleet (emulated, cpu, cuda).
+    #[arg(long, default_value = "emulated")]
+    pub backend: String,
+}
+
+/// A running watch; [`Watcher::finish`] stops it and returns the fleet.
+#[derive(Debug)]
+pub struct Watcher {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Option<Fleet>>,
+}
+
+impl WatchArgs {
+    /// Starts watching when --watch-fleet was given (`ca` trusts the admin
+    /// listener), for at most `max_samples` seconds of samples.
+    pub fn start(&self, ca: &Path, max_samples: usize) -> Result<Option<Watcher>, String> {
+        let Some(admin) = &self.watch_fleet else { return Ok(None) };
+        let token = std::fs::read_to_string(&self.admin_token_file)
+            .map_err(|e| format!("{}: {e}", self.admin_token_file.display()))?;
+        let t =
+            WatchTarget { admin: admin.clone(), ca: Some(ca.to_path_buf()), token: token.trim().to_string() };
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(watch(t, self.backend.clone(), Arc::clone(&stop), max_samples.min(100_000)));
+        Ok(Some(Watcher { stop, task }))
+    }
+}
+
+impl Watcher {
+    /// Stops sampling; the fleet over the run (None if the gateway never answered).
+    pub async fn finish(w: Option<Self>) -> Option<Fleet> {
+        let w = w?;
+        w.stop.store(true, Ordering::Relaxed);
+        w.task.await.ok().flatten()
+    }
+}
 
 /// Where to watch.
 #[derive(Debug, Clone)]

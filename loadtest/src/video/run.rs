@@ -49,17 +49,9 @@ pub struct VideoArgs {
     /// Directory for results.json.
     #[arg(long)]
     pub out: PathBuf,
-    /// Sample this gateway admin listener's `/admin/fleet` every second
-    /// (`https://localhost:9444`): engines over time, GPU-seconds, cost and
-    /// cost per video minute go into results.json.
-    #[arg(long)]
-    pub watch_fleet: Option<String>,
-    /// Admin token for --watch-fleet (a file holding it).
-    #[arg(long, default_value = "certs/admin.token")]
-    pub admin_token_file: PathBuf,
-    /// Backend label of the watched fleet (emulated, cpu, cuda).
-    #[arg(long, default_value = "emulated")]
-    pub backend: String,
+    /// --watch-fleet: also the cost per video minute delivered.
+    #[command(flatten)]
+    pub watch: crate::watch::WatchArgs,
 }
 
 /// What one stream saw.
@@ -308,21 +300,7 @@ pub async fn run(args: VideoArgs) -> Result<VideoResults, String> {
         args.fps,
         args.frames_per_chunk
     );
-    let stop_watch = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watcher = match &args.watch_fleet {
-        Some(admin) => {
-            let token = std::fs::read_to_string(&args.admin_token_file)
-                .map_err(|e| format!("{}: {e}", args.admin_token_file.display()))?;
-            let t = crate::watch::WatchTarget {
-                admin: admin.clone(),
-                ca: Some(args.ca.clone()),
-                token: token.trim().to_string(),
-            };
-            let cap = (args.duration as usize + 3600).min(100_000);
-            Some(tokio::spawn(crate::watch::watch(t, args.backend.clone(), Arc::clone(&stop_watch), cap)))
-        }
-        None => None,
-    };
+    let watcher = args.watch.start(&args.ca, args.duration as usize + 3600)?;
     let mut tasks = tokio::task::JoinSet::new();
     for (i, p) in planned.into_iter().enumerate() {
         let (conn, args) = (conn.clone(), Arc::clone(&args));
@@ -336,11 +314,7 @@ pub async fn run(args: VideoArgs) -> Result<VideoResults, String> {
         progress.tick();
     }
     progress.done();
-    stop_watch.store(true, std::sync::atomic::Ordering::Relaxed);
-    let fleet = match watcher {
-        Some(w) => w.await.ok().flatten(),
-        None => None,
-    };
+    let fleet = crate::watch::Watcher::finish(watcher).await;
     let summary = VideoSummary::of(&records);
     let video_minutes =
         summary.chunks as f64 * f64::from(args.frames_per_chunk) / f64::from(args.fps.max(1)) / 60.0;
