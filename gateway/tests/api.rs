@@ -298,24 +298,6 @@ async fn health_readiness_metrics_and_request_ids() {
 /// it into a virtualenv and sets OPENAI_PYTHON; CI fails if it is missing.
 #[tokio::test]
 async fn official_openai_python_client_works_streaming_and_not() {
-    let Some(python) = std::env::var_os("OPENAI_PYTHON") else {
-        assert!(std::env::var_os("CI").is_none(), "CI must set OPENAI_PYTHON (see .ci/run)");
-        eprintln!(
-            "SKIPPED official_openai_python_client: set OPENAI_PYTHON to a python with `openai` installed"
-        );
-        return;
-    };
     let sys = System::start(INSTANT, 2).await;
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
-    let out = tokio::process::Command::new(python)
-        .arg(script)
-        .env("OPENAI_BASE_URL", format!("{}/v1", sys.base))
-        .env("OPENAI_API_KEY", GOLD)
-        .env("SSL_CERT_FILE", &sys.ca)
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "client failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("OK"), "{stdout}");
+    run_openai_script(&sys, "openai_client.py").await;
 }

@@ -361,3 +361,27 @@ pub use loadtest::chaos::system::Redis;
 pub fn start_redis() -> Redis {
     Redis::start(&scratch_dir()).expect("redis-server is installed (scripts/test-all installs it)")
 }
+
+/// Runs `tests/<script>` with the official OpenAI Python client
+/// (`OPENAI_PYTHON`, set by the test command) against `sys`, given only the
+/// base URL, a gold key and the dev CA; asserts it exits 0 printing `OK`.
+/// Without `OPENAI_PYTHON` it skips, except under CI.
+pub async fn run_openai_script(sys: &System, script: &str) {
+    let Some(python) = std::env::var_os("OPENAI_PYTHON") else {
+        assert!(std::env::var_os("CI").is_none(), "CI must set OPENAI_PYTHON (see .ci/run)");
+        eprintln!("SKIPPED {script}: set OPENAI_PYTHON to a python with `openai` and `h2` installed");
+        return;
+    };
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(script);
+    let out = Command::new(python)
+        .arg(path)
+        .env("OPENAI_BASE_URL", format!("{}/v1", sys.base))
+        .env("OPENAI_API_KEY", GOLD)
+        .env("SSL_CERT_FILE", &sys.ca)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{script} failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("OK"), "{stdout}");
+}
