@@ -246,6 +246,71 @@ pub struct Decision {
     pub level: usize,
 }
 
+/// Arrivals per fixed-width time bin over a sliding window of bins, read
+/// from a cumulative counter: the input of every volatility metric
+/// (TurboServe Appendix A). Bins with no observation in them count zero.
+#[derive(Debug, Clone, Default)]
+pub struct ArrivalBins {
+    /// (bin index, arrivals in it), oldest first; the newest is filling.
+    bins: VecDeque<(i64, u64)>,
+    last: Option<u64>,
+}
+
+impl ArrivalBins {
+    /// Records the counter's value `total` at `now` (seconds): what it grew
+    /// by since the last call lands in `now`'s bin of `bin_s`; at most
+    /// `window` complete bins are kept.
+    pub fn observe(&mut self, now: f64, total: u64, bin_s: f64, window: usize) {
+        let bin = (now / bin_s).floor() as i64;
+        let new = total.saturating_sub(self.last.unwrap_or(total));
+        self.last = Some(total);
+        match self.bins.back_mut() {
+            Some((b, n)) if *b >= bin => *n += new,
+            _ => {
+                let from = self.bins.back().map_or(bin, |(b, _)| b + 1);
+                for empty in from.max(bin - window as i64)..bin {
+                    self.bins.push_back((empty, 0));
+                }
+                self.bins.push_back((bin, new));
+            }
+        }
+        while self.bins.len() > window + 1 {
+            self.bins.pop_front();
+        }
+    }
+
+    /// The complete bins' counts (the newest bin is still filling), newest
+    /// first.
+    pub fn complete(&self) -> Vec<f64> {
+        self.bins.iter().rev().skip(1).map(|(_, n)| *n as f64).collect()
+    }
+
+    /// Mean and standard deviation of the complete bins; `None` with fewer
+    /// than two.
+    pub fn mean_std(&self) -> Option<(f64, f64)> {
+        let full = self.complete();
+        if full.len() < 2 {
+            return None;
+        }
+        let mean = full.iter().sum::<f64>() / full.len() as f64;
+        let var = full.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / full.len() as f64;
+        Some((mean, var.sqrt()))
+    }
+
+    /// Coefficient of variation (std / mean); 0 without arrivals.
+    pub fn cv(&self) -> f64 {
+        match self.mean_std() {
+            Some((mean, std)) if mean > 0.0 => std / mean,
+            _ => 0.0,
+        }
+    }
+
+    /// Standard deviation of arrivals per bin (TurboServe's σ(t)).
+    pub fn std(&self) -> f64 {
+        self.mean_std().map_or(0.0, |(_, std)| std)
+    }
+}
+
 /// The autoscaler's memory between ticks.
 #[derive(Debug, Clone, Default)]
 pub struct Autoscaler {
@@ -258,9 +323,7 @@ pub struct Autoscaler {
     quiet_windows: u32,
     /// When the target last changed (adopting the fleet is not a change).
     last_change: Option<f64>,
-    /// Arrivals per volatility bin: (bin index, count).
-    bins: VecDeque<(i64, u64)>,
-    last_arrivals: Option<u64>,
+    bins: ArrivalBins,
 }
 
 impl Autoscaler {
@@ -275,34 +338,8 @@ impl Autoscaler {
 
     /// Volatility: std / mean of arrivals per bin over the full bins kept.
     fn volatility(&mut self, now: f64, arrivals: u64, cfg: &AutoscaleConfig) -> f64 {
-        let bin = (now / cfg.volatility_bin_s).floor() as i64;
-        let new = arrivals.saturating_sub(self.last_arrivals.unwrap_or(arrivals));
-        self.last_arrivals = Some(arrivals);
-        match self.bins.back_mut() {
-            Some((b, n)) if *b == bin => *n += new,
-            _ => {
-                // Bins with no tick in them had no arrivals counted.
-                let from = self.bins.back().map_or(bin, |(b, _)| b + 1);
-                for empty in from.max(bin - cfg.volatility_bins as i64)..bin {
-                    self.bins.push_back((empty, 0));
-                }
-                self.bins.push_back((bin, new));
-            }
-        }
-        while self.bins.len() > cfg.volatility_bins + 1 {
-            self.bins.pop_front();
-        }
-        // The newest bin is still filling: judge the complete ones.
-        let full: Vec<f64> = self.bins.iter().rev().skip(1).map(|(_, n)| *n as f64).collect();
-        if full.len() < 2 {
-            return 0.0;
-        }
-        let mean = full.iter().sum::<f64>() / full.len() as f64;
-        if mean <= 0.0 {
-            return 0.0;
-        }
-        let var = full.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / full.len() as f64;
-        var.sqrt() / mean
+        self.bins.observe(now, arrivals, cfg.volatility_bin_s, cfg.volatility_bins);
+        self.bins.cv()
     }
 
     /// One tick at `now` (seconds).

@@ -7,6 +7,7 @@
 
 pub mod bmpr;
 pub mod fidelity;
+pub mod fleet;
 pub mod placement;
 pub mod playout;
 
@@ -66,6 +67,8 @@ pub struct VideoConfig {
     /// A stream paused longer than this ends (`paused_too_long`): a paused
     /// stream still holds a place on its engine.
     pub max_pause_s: f64,
+    /// `[video.fleet]`: placement and autoscaling of sessions.
+    pub fleet: fleet::FleetConfig,
 }
 
 impl Default for VideoConfig {
@@ -84,6 +87,7 @@ impl Default for VideoConfig {
             default_fps: 16,
             default_frames_per_chunk: 12,
             max_pause_s: 600.0,
+            fleet: fleet::FleetConfig::default(),
         }
     }
 }
@@ -118,6 +122,6 @@ impl VideoConfig {
         if self.default_frames_per_chunk == 0 || self.default_frames_per_chunk % 4 != 0 {
             return Err(("video.default_frames_per_chunk", "must be a positive multiple of 4".into()));
         }
-        Ok(())
+        self.fleet.validate()
     }
 }

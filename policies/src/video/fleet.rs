@@ -1,0 +1,555 @@
+//! Video fleet control (TurboServe §5.2): where each active session runs and
+//! how many engines serve.
+//!
+//! - **Placement controller** (§5.2.1), event-driven: a session that needs
+//!   a place (a new one, one re-activated after a pause, one on an engine
+//!   being drained) goes to the engine that minimises the resulting
+//!   bottleneck per-chunk latency ℓ̂_j(n_j + 1) ([`assign`]); then
+//!   migration-aware min-max rebalancing ([`rebalance`]) moves sessions off
+//!   the bottleneck engine while the gain Γ = L − L′ − η·κ_i is positive,
+//!   κ_i being the α-β transfer time of the session's state
+//!   ([`TransferModel`]).
+//! - **Autoscaling controller** (§5.2.2, Appendix A): [`Scaler`] keys the
+//!   target utilisation ρ̂ and the latency weight λ on the volatility of
+//!   session activations (the standard deviation of activations per bin
+//!   over a sliding window, mapped to a row of the profiled `levels`
+//!   table), scales out when ρ_max = max_j n_j/K_j exceeds ρ̂ + δ and in
+//!   below ρ̂ − δ, to M_target = ⌈N_required / (K·ρ̂)⌉. The caller keeps
+//!   Algorithm 1's order: scale-out, then rebalance onto the new engines;
+//!   rebalance off the leaving engines, then scale-in.
+//!
+//! Everything here is pure: loads and sessions in, decisions out; time is a
+//! parameter. The gateway's video control tick and `loadtest sim-video`
+//! run the same code.
+//!
+//! ℓ̂_j(n) is the engine's coalesced batch time of n chunks at the
+//! profile's highest-fidelity point, `chunk_ms · (1 + batch_cost · (n − 1))`
+//! (0 for an idle engine): what the placement protects is the latency of
+//! full-quality chunks; BMPR's faster configurations are the stream's own
+//! recovery on top.
+
+use serde::Deserialize;
+
+use super::fidelity::VideoProfile;
+use crate::autoscale::ArrivalBins;
+
+/// ℓ̂(n): one engine's per-chunk latency with n active sessions coalesced.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChunkLatency {
+    pub chunk_ms: f64,
+    pub batch_cost: f64,
+}
+
+impl ChunkLatency {
+    /// At the profile's highest-fidelity point.
+    pub fn of(profile: &VideoProfile) -> Self {
+        Self { chunk_ms: profile.best().chunk_ms, batch_cost: profile.batch_cost }
+    }
+
+    /// ℓ̂(n) in milliseconds; 0 for no session.
+    pub fn ms(&self, n: u32) -> f64 {
+        if n == 0 {
+            0.0
+        } else {
+            self.chunk_ms * (1.0 + self.batch_cost * f64::from(n - 1))
+        }
+    }
+
+    /// K: the most sessions whose coalesced chunk still meets `slo_ms`
+    /// (at least 1: an engine always takes one session).
+    pub fn capacity(&self, slo_ms: f64) -> u32 {
+        if self.batch_cost <= 0.0 {
+            return if self.chunk_ms <= slo_ms { 1024 } else { 1 };
+        }
+        let k = ((slo_ms / self.chunk_ms - 1.0) / self.batch_cost).floor() + 1.0;
+        if k.is_finite() {
+            k.clamp(1.0, 1024.0) as u32
+        } else {
+            1
+        }
+    }
+}
+
+/// The α-β model of moving a session's state between engines: a fixed
+/// start-up cost plus bytes over bandwidth.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TransferModel {
+    pub alpha_ms: f64,
+    pub mib_per_s: f64,
+}
+
+impl TransferModel {
+    /// κ: milliseconds to move `bytes`.
+    pub fn ms(&self, bytes: u64) -> f64 {
+        self.alpha_ms + bytes as f64 / (1024.0 * 1024.0) / self.mib_per_s.max(1e-9) * 1e3
+    }
+}
+
+/// One engine as the placement sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gpu {
+    pub latency: ChunkLatency,
+    /// K_j: sessions it may host within the chunk latency target.
+    pub capacity: u32,
+    /// Takes sessions. An engine being drained for scale-in is not open:
+    /// its sessions must move and nothing moves onto it.
+    pub open: bool,
+}
+
+/// One active session: where it runs, its state's size (κ), and whether it
+/// may move now (not in a move's cooldown, no move in flight).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Active {
+    pub id: u64,
+    pub gpu: usize,
+    pub state_bytes: u64,
+    pub movable: bool,
+}
+
+/// One planned move.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Move {
+    pub session: u64,
+    pub from: usize,
+    pub to: usize,
+    /// κ of the move, milliseconds.
+    pub cost_ms: f64,
+}
+
+/// Knobs of the placement controller.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlaceParams {
+    /// η: milliseconds of bottleneck latency a millisecond of transfer is
+    /// worth.
+    pub eta: f64,
+    pub transfer: TransferModel,
+    /// Most moves in one rebalancing (a bound on transfer bursts).
+    pub max_moves: usize,
+}
+
+/// L: the bottleneck per-chunk latency of `load` (active sessions per
+/// engine), milliseconds.
+pub fn bottleneck_ms(gpus: &[Gpu], load: &[u32]) -> f64 {
+    gpus.iter().zip(load).map(|(g, &n)| g.latency.ms(n)).fold(0.0, f64::max)
+}
+
+/// ρ_max = max_j n_j / K_j over the open engines (0 with none).
+pub fn rho_max(gpus: &[Gpu], load: &[u32]) -> f64 {
+    gpus.iter()
+        .zip(load)
+        .filter(|(g, _)| g.open)
+        .map(|(g, &n)| f64::from(n) / f64::from(g.capacity.max(1)))
+        .fold(0.0, f64::max)
+}
+
+/// Session assignment: the open engine minimising the resulting bottleneck
+/// max(L, ℓ̂_j(n_j + 1)) among those with room (n_j < K_j); ties go to the
+/// less loaded (n_j / K_j), then the lower index. With no room anywhere,
+/// the open engine with the lowest ℓ̂_j(n_j + 1) (the session must run;
+/// the autoscaler sees the overload). `None` with no open engine.
+pub fn assign(gpus: &[Gpu], load: &[u32]) -> Option<usize> {
+    let l = bottleneck_ms(gpus, load);
+    let key = |j: usize| {
+        let after = gpus[j].latency.ms(load[j] + 1);
+        (after.max(l), f64::from(load[j]) / f64::from(gpus[j].capacity.max(1)), after)
+    };
+    let best = |room: bool| {
+        (0..gpus.len()).filter(|&j| gpus[j].open && (!room || load[j] < gpus[j].capacity)).min_by(|&a, &b| {
+            let (ka, kb) = (key(a), key(b));
+            ka.0.total_cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(a.cmp(&b))
+        })
+    };
+    best(true).or_else(|| {
+        (0..gpus.len())
+            .filter(|&j| gpus[j].open)
+            .min_by(|&a, &b| key(a).2.total_cmp(&key(b).2).then(a.cmp(&b)))
+    })
+}
+
+/// The outcome of one rebalancing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub moves: Vec<Move>,
+    /// The bottleneck before and after, milliseconds.
+    pub before_ms: f64,
+    pub after_ms: f64,
+    /// Active sessions per engine after the moves.
+    pub load: Vec<u32>,
+}
+
+/// Migration-aware min-max rebalancing over the active sessions.
+///
+/// First, sessions on engines that are not open move (consolidation before
+/// scale-in), each by [`assign`], whatever the gain. Then the local search
+/// of §5.2.1: take the engines at the bottleneck L; from each, the movable
+/// session with the smallest transfer cost κ; for each, the target with
+/// the lowest ℓ̂_j(n_j + 1) that has room; Γ = L − L′ − η·Σκ; apply when
+/// Γ > 0 and repeat. When several engines tie at L, moving one session off
+/// only one of them cannot lower L, so one step moves one session off each
+/// (a compound move with the summed κ): the local optimum then has the
+/// optimal bottleneck whenever η = 0 (see the oracle test). Every applied
+/// step lowers L strictly, so the search ends; at most
+/// `params.max_moves` moves.
+pub fn rebalance(gpus: &[Gpu], sessions: &[Active], params: &PlaceParams) -> Plan {
+    let mut load = vec![0u32; gpus.len()];
+    let mut on: Vec<Vec<(f64, u64, bool)>> = vec![Vec::new(); gpus.len()];
+    for s in sessions.iter().filter(|s| s.gpu < gpus.len()) {
+        load[s.gpu] += 1;
+        on[s.gpu].push((params.transfer.ms(s.state_bytes), s.id, s.movable));
+    }
+    let before_ms = bottleneck_ms(gpus, &load);
+    let mut moves = Vec::new();
+    // Evacuate closed engines.
+    for from in 0..gpus.len() {
+        if gpus[from].open {
+            continue;
+        }
+        for (cost_ms, id, _) in std::mem::take(&mut on[from]) {
+            load[from] -= 1;
+            let Some(to) = assign(gpus, &load) else {
+                load[from] += 1;
+                on[from].push((cost_ms, id, false));
+                continue;
+            };
+            load[to] += 1;
+            on[to].push((cost_ms, id, false));
+            moves.push(Move { session: id, from, to, cost_ms });
+        }
+    }
+    // Cheapest movable session first on every engine.
+    for list in &mut on {
+        list.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.total_cmp(&b.0)).then(a.1.cmp(&b.1)));
+    }
+    while moves.len() < params.max_moves {
+        let l = bottleneck_ms(gpus, &load);
+        if l <= 0.0 {
+            break;
+        }
+        let tied: Vec<usize> =
+            (0..gpus.len()).filter(|&j| load[j] > 0 && gpus[j].latency.ms(load[j]) >= l - 1e-9).collect();
+        if tied.len() + moves.len() > params.max_moves {
+            break;
+        }
+        let mut trial = load.clone();
+        let mut step = Vec::new();
+        for &from in &tied {
+            let Some(&(cost_ms, id, true)) = on[from].first() else { break };
+            let to = (0..gpus.len())
+                .filter(|&j| gpus[j].open && !tied.contains(&j) && trial[j] < gpus[j].capacity)
+                .min_by(|&a, &b| {
+                    gpus[a]
+                        .latency
+                        .ms(trial[a] + 1)
+                        .total_cmp(&gpus[b].latency.ms(trial[b] + 1))
+                        .then(a.cmp(&b))
+                });
+            let Some(to) = to else { break };
+            trial[from] -= 1;
+            trial[to] += 1;
+            step.push(Move { session: id, from, to, cost_ms });
+        }
+        if step.len() < tied.len() {
+            break; // some bottleneck engine cannot shed a session
+        }
+        let gain = l - bottleneck_ms(gpus, &trial) - params.eta * step.iter().map(|m| m.cost_ms).sum::<f64>();
+        if gain <= 0.0 {
+            break;
+        }
+        for m in &step {
+            let entry = on[m.from].remove(0);
+            // A session that moved stays put for the rest of this plan.
+            on[m.to].push((entry.0, entry.1, false));
+        }
+        load = trial;
+        moves.extend(step);
+    }
+    Plan { after_ms: bottleneck_ms(gpus, &load), before_ms, moves, load }
+}
+
+/// The optimal bottleneck for `n` sessions on `gpus` (open ones), by
+/// exhaustive search over every placement's per-engine counts (sessions are
+/// interchangeable for L): the oracle of TurboServe §7.4. Exponential; for
+/// small clusters. Capacities are ignored (as placement ignores them when
+/// nothing has room).
+pub fn oracle_ms(gpus: &[Gpu], n: u32) -> f64 {
+    fn go(gpus: &[Gpu], left: u32, worst: f64, best: &mut f64) {
+        if worst >= *best {
+            return;
+        }
+        match gpus.split_first() {
+            None => {
+                if left == 0 {
+                    *best = worst;
+                }
+            }
+            Some((g, rest)) if !g.open => go(rest, left, worst, best),
+            Some((g, rest)) => {
+                let take = if rest.iter().any(|g| g.open) { 0..=left } else { left..=left };
+                for k in take {
+                    go(rest, left - k, worst.max(g.latency.ms(k)), best);
+                }
+            }
+        }
+    }
+    let mut best = f64::INFINITY;
+    go(gpus, n, 0.0, &mut best);
+    best
+}
+
+/// One row of the volatility table (TurboServe Table 6).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Level {
+    /// The row applies when σ (std of activations per bin) is at least this
+    /// (rows in increasing order; the first row's is 0).
+    pub above: f64,
+    /// ρ̂: the target of ρ_max.
+    pub target_utilization: f64,
+    /// λ: GPUs one second of bottleneck latency is worth (Equation 5); a
+    /// scale-in must lower c·M + λ·L*.
+    pub lambda: f64,
+}
+
+/// `[video.fleet]`: placement and autoscaling of video sessions.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetConfig {
+    /// "min_max" (TurboServe's controller, the product) or "fewest"
+    /// (fewest streams at creation, never rebalanced: the baseline).
+    pub placement: PlacementMode,
+    /// η of the gain Γ = L − L′ − η·κ.
+    pub eta: f64,
+    /// α of the transfer model, milliseconds.
+    pub transfer_alpha_ms: f64,
+    /// β⁻¹ of the transfer model: engine-to-engine throughput, MiB/s.
+    pub transfer_mib_per_s: f64,
+    /// L_SLO: per-chunk latency target, milliseconds; K_j = the most
+    /// sessions whose coalesced chunk meets it. 0: the chunk's duration.
+    pub chunk_slo_ms: f64,
+    /// Most moves one rebalancing plans.
+    pub max_moves: u32,
+    /// Video autoscaling (the simulator; see docs/operations.md).
+    pub autoscale: bool,
+    pub min_engines: u32,
+    pub max_engines: u32,
+    /// δ: hysteresis band around ρ̂.
+    pub band: f64,
+    pub volatility_bin_s: f64,
+    /// W: complete bins in the volatility window.
+    pub volatility_bins: usize,
+    pub levels: Vec<Level>,
+}
+
+/// How video sessions are placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlacementMode {
+    MinMax,
+    Fewest,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        Self {
+            placement: PlacementMode::MinMax,
+            eta: 0.05,
+            transfer_alpha_ms: 2.0,
+            transfer_mib_per_s: 400.0,
+            chunk_slo_ms: 0.0,
+            max_moves: 16,
+            autoscale: false,
+            min_engines: 1,
+            max_engines: 256,
+            band: 0.1,
+            volatility_bin_s: 5.0,
+            volatility_bins: 12,
+            levels: default_levels(),
+        }
+    }
+}
+
+/// The shipped table: `loadtest sim-video --profile-levels` on the bundled
+/// video profile (docs/benchmarks.md, "Video fleet control").
+fn default_levels() -> Vec<Level> {
+    [(0.0, 0.8), (1.5, 0.65), (3.0, 0.5), (5.0, 0.35)]
+        .into_iter()
+        .map(|(above, target_utilization)| Level { above, target_utilization, lambda: 0.2 })
+        .collect()
+}
+
+impl FleetConfig {
+    /// Range checks, naming the key.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if !(0.0..=100.0).contains(&self.eta) {
+            return Err(("video.fleet.eta", "must be in [0, 100]".into()));
+        }
+        if !(0.0..=10_000.0).contains(&self.transfer_alpha_ms) {
+            return Err(("video.fleet.transfer_alpha_ms", "must be in [0, 10000]".into()));
+        }
+        if !(self.transfer_mib_per_s > 0.0 && self.transfer_mib_per_s <= 1e7) {
+            return Err(("video.fleet.transfer_mib_per_s", "must be in (0, 1e7]".into()));
+        }
+        if !(0.0..=600_000.0).contains(&self.chunk_slo_ms) {
+            return Err(("video.fleet.chunk_slo_ms", "must be in [0, 600000]".into()));
+        }
+        if self.max_moves > 4096 {
+            return Err(("video.fleet.max_moves", "must be at most 4096".into()));
+        }
+        if self.min_engines == 0 || self.min_engines > self.max_engines || self.max_engines > 4096 {
+            return Err(("video.fleet.min_engines", "need 1 <= min_engines <= max_engines <= 4096".into()));
+        }
+        if !(0.0..0.5).contains(&self.band) {
+            return Err(("video.fleet.band", "must be in [0, 0.5)".into()));
+        }
+        if !(self.volatility_bin_s > 0.0 && self.volatility_bin_s <= 3600.0) {
+            return Err(("video.fleet.volatility_bin_s", "must be in (0, 3600]".into()));
+        }
+        if !(2..=1000).contains(&self.volatility_bins) {
+            return Err(("video.fleet.volatility_bins", "must be in [2, 1000]".into()));
+        }
+        if self.levels.is_empty() || self.levels[0].above != 0.0 {
+            return Err(("video.fleet.levels", "need at least one row, the first with above = 0".into()));
+        }
+        for w in self.levels.windows(2) {
+            if w[1].above <= w[0].above {
+                return Err(("video.fleet.levels", "`above` must increase row by row".into()));
+            }
+        }
+        for l in &self.levels {
+            if !(l.target_utilization > 0.0 && l.target_utilization <= 1.0)
+                || !(0.0..=1e6).contains(&l.lambda)
+            {
+                return Err((
+                    "video.fleet.levels",
+                    "target_utilization in (0, 1], lambda in [0, 1e6]".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn params(&self) -> PlaceParams {
+        PlaceParams {
+            eta: self.eta,
+            transfer: TransferModel { alpha_ms: self.transfer_alpha_ms, mib_per_s: self.transfer_mib_per_s },
+            max_moves: self.max_moves as usize,
+        }
+    }
+
+    /// L_SLO for chunks of `chunk_s` seconds.
+    pub fn slo_ms(&self, chunk_s: f64) -> f64 {
+        if self.chunk_slo_ms > 0.0 {
+            self.chunk_slo_ms
+        } else {
+            chunk_s * 1e3
+        }
+    }
+}
+
+/// Why the scaler changed the budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleWhy {
+    Hold,
+    /// ρ_max above ρ̂ + δ.
+    Out,
+    /// ρ_max below ρ̂ − δ and Equation 5 prefers fewer engines.
+    In,
+    /// Brought into `[min_engines, max_engines]`.
+    Bounds,
+}
+
+/// The scaler's answer at one event.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScaleDecision {
+    /// M: engines that should serve.
+    pub engines: u32,
+    pub why: ScaleWhy,
+    pub volatility: f64,
+    pub level: usize,
+    pub target_utilization: f64,
+    pub m_target: u32,
+}
+
+/// The volatility-keyed autoscaling controller's memory between events.
+#[derive(Debug, Clone, Default)]
+pub struct Scaler {
+    bins: ArrivalBins,
+}
+
+/// What the placement reports to the scaler at one event.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Load {
+    /// ρ_max after placement.
+    pub rho_max: f64,
+    /// N_required: active sessions.
+    pub required: u32,
+    /// M: engines in the budget now (serving and starting).
+    pub engines: u32,
+    /// K of one engine.
+    pub capacity: u32,
+    /// Activations so far (a counter: arrivals and resumes).
+    pub activations: u64,
+}
+
+impl Scaler {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// σ(t) after recording the activations counter at `now`.
+    pub fn observe(&mut self, now: f64, activations: u64, cfg: &FleetConfig) -> f64 {
+        self.bins.observe(now, activations, cfg.volatility_bin_s, cfg.volatility_bins);
+        self.bins.std()
+    }
+
+    /// One decision (Algorithm 1, line 3). `bottleneck_at(m)` is L*(m):
+    /// the placement's best bottleneck, milliseconds, on m engines (the
+    /// scale-in test of Equation 5: c·M′ + λ·L*(M′) < c·M + λ·L*(M), and
+    /// L*(M′) within `slo_ms`).
+    pub fn decide(
+        &mut self,
+        now: f64,
+        load: &Load,
+        slo_ms: f64,
+        bottleneck_at: impl Fn(u32) -> f64,
+        cfg: &FleetConfig,
+    ) -> ScaleDecision {
+        let volatility = self.observe(now, load.activations, cfg);
+        let level = cfg.levels.iter().rposition(|l| volatility >= l.above).unwrap_or(0);
+        let Level { target_utilization: rho_hat, lambda, .. } = cfg.levels[level];
+        let k = f64::from(load.capacity.max(1));
+        let m_target = ((f64::from(load.required) / (k * rho_hat)).ceil() as u32)
+            .clamp(cfg.min_engines, cfg.max_engines);
+        let m = load.engines;
+        let mut engines = m;
+        let mut why = ScaleWhy::Hold;
+        if !(cfg.min_engines..=cfg.max_engines).contains(&m) {
+            engines = m.clamp(cfg.min_engines, cfg.max_engines);
+            why = ScaleWhy::Bounds;
+        } else if load.rho_max > rho_hat + cfg.band && m < cfg.max_engines {
+            // At least one more: ρ_max may be high from imbalance alone.
+            engines = m_target.max(m + 1).min(cfg.max_engines);
+            why = ScaleWhy::Out;
+        } else if load.rho_max < rho_hat - cfg.band && m_target < m {
+            let (now_l, then_l) = (bottleneck_at(m), bottleneck_at(m_target));
+            let objective = |engines: u32, l_ms: f64| f64::from(engines) + lambda * l_ms / 1e3;
+            if then_l <= slo_ms && objective(m_target, then_l) < objective(m, now_l) {
+                engines = m_target;
+                why = ScaleWhy::In;
+            }
+        }
+        ScaleDecision { engines, why, volatility, level, target_utilization: rho_hat, m_target }
+    }
+}
+
+/// L*(m): the best bottleneck for `n` sessions on `m` engines of one kind
+/// (greedy fill, optimal for a non-decreasing ℓ̂), milliseconds.
+pub fn bottleneck_on(latency: ChunkLatency, m: u32, n: u32) -> f64 {
+    if m == 0 {
+        return if n == 0 { 0.0 } else { f64::INFINITY };
+    }
+    latency.ms(n.div_ceil(m))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,262 @@
+use super::*;
+use crate::rng::SplitMix;
+
+const H100: ChunkLatency = ChunkLatency { chunk_ms: 150.0, batch_cost: 0.25 };
+const A100: ChunkLatency = ChunkLatency { chunk_ms: 240.0, batch_cost: 0.3 };
+const FREE: TransferModel = TransferModel { alpha_ms: 0.0, mib_per_s: 1e9 };
+
+fn gpu(latency: ChunkLatency, capacity: u32) -> Gpu {
+    Gpu { latency, capacity, open: true }
+}
+
+fn params(eta: f64) -> PlaceParams {
+    PlaceParams { eta, transfer: TransferModel { alpha_ms: 2.0, mib_per_s: 400.0 }, max_moves: 4096 }
+}
+
+fn sessions(load: &[u32], bytes: u64) -> Vec<Active> {
+    let mut out = Vec::new();
+    for (gpu, &n) in load.iter().enumerate() {
+        for _ in 0..n {
+            out.push(Active { id: out.len() as u64, gpu, state_bytes: bytes, movable: true });
+        }
+    }
+    out
+}
+
+#[test]
+fn latency_grows_with_coalescing_and_capacity_is_the_most_within_the_target() {
+    assert_eq!(H100.ms(0), 0.0);
+    assert_eq!(H100.ms(1), 150.0);
+    assert_eq!(H100.ms(5), 300.0);
+    assert_eq!(H100.capacity(300.0), 5);
+    assert_eq!(H100.capacity(299.0), 4);
+    assert_eq!(H100.capacity(10.0), 1, "an engine always takes one");
+    let t = TransferModel { alpha_ms: 2.0, mib_per_s: 500.0 };
+    assert!((t.ms(50 << 20) - 102.0).abs() < 1e-9, "α + bytes/β");
+}
+
+#[test]
+fn assignment_minimises_the_resulting_bottleneck_and_prefers_the_less_loaded() {
+    // An idle A100 (240 ms) against an H100 with one session (150 → 187.5):
+    // both under the bottleneck of the busy third engine: the less loaded.
+    let gpus = [gpu(H100, 5), gpu(A100, 3), gpu(H100, 5)];
+    assert_eq!(assign(&gpus, &[1, 0, 4]), Some(1));
+    // Nothing busy: the lower ℓ̂(n + 1) wins the bottleneck outright.
+    assert_eq!(assign(&gpus, &[1, 0, 0]), Some(2));
+    // No room anywhere: still placed, on the lowest ℓ̂(n + 1).
+    let full = [gpu(H100, 1), gpu(A100, 1)];
+    assert_eq!(assign(&full, &[1, 1]), Some(0));
+    // Closed engines never take a session; none open: nowhere.
+    let mut closed = gpus;
+    closed[1].open = false;
+    assert_eq!(assign(&closed, &[1, 0, 4]), Some(0));
+    assert_eq!(assign(&[Gpu { open: false, ..gpu(H100, 5) }], &[0]), None);
+}
+
+#[test]
+fn rebalancing_moves_off_the_bottleneck_only_while_the_gain_is_positive() {
+    let gpus = [gpu(H100, 6), gpu(H100, 6), gpu(H100, 6)];
+    let plan = rebalance(&gpus, &sessions(&[6, 1, 2], 1 << 20), &params(0.05));
+    assert_eq!(plan.load, vec![3, 3, 3]);
+    assert_eq!(plan.before_ms, H100.ms(6));
+    assert_eq!(plan.after_ms, H100.ms(3));
+    assert!(plan.moves.iter().all(|m| m.from == 0));
+    // A state so large that moving it costs more than it gains: no move.
+    let plan = rebalance(&gpus, &sessions(&[6, 1, 2], 8 << 30), &params(0.05));
+    assert!(plan.moves.is_empty(), "{plan:?}");
+    assert_eq!(plan.after_ms, plan.before_ms);
+    // Sessions that may not move (cooldown, a move in flight) stay.
+    let mut pinned = sessions(&[6, 1, 2], 1 << 20);
+    pinned.iter_mut().for_each(|s| s.movable = false);
+    assert!(rebalance(&gpus, &pinned, &params(0.05)).moves.is_empty());
+}
+
+#[test]
+fn ties_at_the_bottleneck_move_together() {
+    // [3, 3, 0, 0]: moving one session off one engine leaves L unchanged;
+    // one off each lowers it.
+    let gpus = [gpu(H100, 5); 4];
+    let plan = rebalance(&gpus, &sessions(&[3, 3, 0, 0], 1 << 20), &params(0.0));
+    assert_eq!(plan.after_ms, H100.ms(2));
+    assert_eq!(plan.load.iter().sum::<u32>(), 6);
+}
+
+#[test]
+fn closed_engines_are_evacuated_whatever_the_gain() {
+    let mut gpus = [gpu(H100, 5); 3];
+    gpus[2].open = false;
+    let plan = rebalance(&gpus, &sessions(&[1, 1, 3], 8 << 30), &params(10.0));
+    assert_eq!(plan.load[2], 0);
+    assert_eq!(plan.moves.len(), 3);
+    assert!(plan.moves.iter().all(|m| m.from == 2 && m.to != 2));
+}
+
+/// Random clusters of H100s and A100s with random loads.
+fn random_case(rng: &mut SplitMix, engines: usize, most: u32) -> (Vec<Gpu>, Vec<u32>) {
+    let gpus: Vec<Gpu> =
+        (0..engines).map(|_| if rng.unit_f64() < 0.5 { gpu(H100, 8) } else { gpu(A100, 6) }).collect();
+    let load = (0..engines).map(|_| (rng.next_u64() % u64::from(most + 1)) as u32).collect();
+    (gpus, load)
+}
+
+#[test]
+fn every_applied_move_lowers_the_bottleneck_and_no_plan_loses_a_session() {
+    let mut rng = SplitMix(7);
+    for _ in 0..300 {
+        let (gpus, load) = {
+            let e = 2 + (rng.next_u64() % 7) as usize;
+            random_case(&mut rng, e, 6)
+        };
+        let ss = sessions(&load, (rng.next_u64() % (64 << 20)) + 1);
+        let p = params(rng.unit_f64() * 0.2);
+        let plan = rebalance(&gpus, &ss, &p);
+        assert_eq!(plan.load.iter().sum::<u32>(), load.iter().sum::<u32>());
+        assert!(plan.after_ms <= plan.before_ms);
+        // Replaying the plan move by move never raises the bottleneck, and
+        // its total gain is positive.
+        let mut now = load.clone();
+        for m in &plan.moves {
+            let before = bottleneck_ms(&gpus, &now);
+            now[m.from] -= 1;
+            now[m.to] += 1;
+            assert!(bottleneck_ms(&gpus, &now) <= before + 1e-9, "{m:?} raised the bottleneck");
+            assert!(now[m.to] <= gpus[m.to].capacity, "a move overfilled engine {}", m.to);
+        }
+        assert_eq!(now, plan.load);
+        if !plan.moves.is_empty() {
+            let kappa: f64 = plan.moves.iter().map(|m| m.cost_ms).sum();
+            assert!(plan.before_ms - plan.after_ms - p.eta * kappa > 0.0, "a plan with non-positive gain");
+        }
+        // Each session moves at most once per plan.
+        let mut moved: Vec<u64> = plan.moves.iter().map(|m| m.session).collect();
+        moved.sort_unstable();
+        moved.dedup();
+        assert_eq!(moved.len(), plan.moves.len());
+    }
+}
+
+#[test]
+fn without_a_migration_penalty_the_local_search_reaches_the_oracle() {
+    let mut rng = SplitMix(11);
+    for _ in 0..200 {
+        let (mut gpus, load) = {
+            let e = 2 + (rng.next_u64() % 5) as usize;
+            random_case(&mut rng, e, 5)
+        };
+        for g in &mut gpus {
+            g.capacity = 64; // room everywhere: the oracle ignores capacity
+        }
+        let n = load.iter().sum::<u32>();
+        let plan =
+            rebalance(&gpus, &sessions(&load, 1), &PlaceParams { eta: 0.0, transfer: FREE, max_moves: 4096 });
+        let best = oracle_ms(&gpus, n);
+        assert!((plan.after_ms - best).abs() < 1e-9, "{load:?}: {} vs oracle {best}", plan.after_ms);
+    }
+}
+
+#[test]
+fn with_the_shipped_penalty_the_gap_to_the_oracle_stays_within_seven_percent() {
+    let mut rng = SplitMix(3);
+    let cfg = FleetConfig::default();
+    let mut gaps = Vec::new();
+    for _ in 0..200 {
+        let (mut gpus, load) = {
+            let e = 2 + (rng.next_u64() % 5) as usize;
+            random_case(&mut rng, e, 5)
+        };
+        for g in &mut gpus {
+            g.capacity = 64;
+        }
+        // States of a few MiB to a few hundred (the emulated model's are
+        // ~1 MiB; long-context ones reach hundreds).
+        let ss = sessions(&load, (1 << 20) + rng.next_u64() % (256 << 20));
+        let plan = rebalance(&gpus, &ss, &cfg.params());
+        let best = oracle_ms(&gpus, load.iter().sum());
+        gaps.push(if best > 0.0 { plan.after_ms / best - 1.0 } else { 0.0 });
+    }
+    let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+    assert!(mean <= 0.07, "mean gap {mean}");
+}
+
+#[test]
+fn the_oracle_is_exhaustive() {
+    // 5 sessions on an H100 and an A100: (3, 2) → max(200, 312) = 312;
+    // (4, 1) → max(262.5, 240) = 262.5, the best.
+    assert_eq!(oracle_ms(&[gpu(H100, 9), gpu(A100, 9)], 5), 262.5);
+    assert_eq!(oracle_ms(&[gpu(H100, 9)], 0), 0.0);
+}
+
+fn load(rho_max: f64, required: u32, engines: u32, activations: u64) -> Load {
+    Load { rho_max, required, engines, capacity: 5, activations }
+}
+
+#[test]
+fn the_scaler_holds_inside_the_band_and_tracks_the_target_outside_it() {
+    let cfg = FleetConfig {
+        levels: vec![Level { above: 0.0, target_utilization: 0.6, lambda: 0.2 }],
+        ..FleetConfig::default()
+    };
+    let mut s = Scaler::new();
+    let l_of = |m: u32| bottleneck_on(H100, m, 30);
+    // 30 sessions on 10 engines of K = 5: ρ_max 0.6 = ρ̂: hold.
+    let d = s.decide(0.0, &load(0.6, 30, 10, 0), 1e9, l_of, &cfg);
+    assert_eq!((d.engines, d.why), (10, ScaleWhy::Hold));
+    // Within δ either side: hold (no flapping on noise).
+    for rho in [0.52, 0.68] {
+        assert_eq!(s.decide(1.0, &load(rho, 30, 10, 0), 1e9, l_of, &cfg).why, ScaleWhy::Hold);
+    }
+    // Above: out to ⌈N / (K·ρ̂)⌉ = ⌈45 / 3⌉ = 15.
+    let d = s.decide(2.0, &load(0.9, 45, 10, 0), 1e9, l_of, &cfg);
+    assert_eq!((d.engines, d.why, d.m_target), (15, ScaleWhy::Out, 15));
+    // Imbalance alone (N fits the budget) still adds one.
+    assert_eq!(s.decide(3.0, &load(1.0, 20, 10, 0), 1e9, l_of, &cfg).engines, 11);
+    // Below: in to the target, when the target meets the latency objective.
+    let d = s.decide(4.0, &load(0.2, 12, 10, 0), 1e9, |m| bottleneck_on(H100, m, 12), &cfg);
+    assert_eq!((d.engines, d.why), (4, ScaleWhy::In));
+    // ... and not when L*(M′) would miss L_SLO.
+    let d = s.decide(5.0, &load(0.2, 12, 10, 0), 200.0, |m| bottleneck_on(H100, m, 12), &cfg);
+    assert_eq!(d.why, ScaleWhy::Hold);
+    // A λ that prices latency above engines keeps them.
+    let pricey = FleetConfig {
+        levels: vec![Level { above: 0.0, target_utilization: 0.6, lambda: 1e5 }],
+        ..cfg.clone()
+    };
+    let d = s.decide(6.0, &load(0.2, 12, 10, 0), 1e9, |m| bottleneck_on(H100, m, 12), &pricey);
+    assert_eq!(d.why, ScaleWhy::Hold);
+    // Bounds.
+    let d = s.decide(7.0, &load(0.6, 30, 300, 0), 1e9, l_of, &cfg);
+    assert_eq!((d.engines, d.why), (256, ScaleWhy::Bounds));
+}
+
+#[test]
+fn bursty_activations_pick_a_lower_target_utilisation() {
+    let cfg = FleetConfig::default();
+    let (mut calm, mut bursty) = (Scaler::new(), Scaler::new());
+    let (mut a, mut b) = (0u64, 0u64);
+    let mut last = (0, 0);
+    for bin in 0..30u64 {
+        a += 4; // four activations every 5 s
+        b += if bin % 4 == 0 { 16 } else { 0 }; // the same rate, in bursts
+        let t = bin as f64 * 5.0 + 1.0;
+        let dc = calm.decide(t, &load(0.5, 10, 4, a), 1e9, |_| 0.0, &cfg);
+        let db = bursty.decide(t, &load(0.5, 10, 4, b), 1e9, |_| 0.0, &cfg);
+        last = (dc.level, db.level);
+        if bin > 12 {
+            assert!(db.target_utilization < dc.target_utilization, "bin {bin}: {dc:?} vs {db:?}");
+        }
+    }
+    assert_eq!(last.0, 0);
+    assert!(last.1 >= 2, "{last:?}");
+}
+
+#[test]
+fn the_shipped_defaults_are_valid_and_bad_values_are_named() {
+    FleetConfig::default().validate().unwrap();
+    let bad = FleetConfig {
+        levels: vec![Level { above: 1.0, target_utilization: 0.5, lambda: 0.2 }],
+        ..FleetConfig::default()
+    };
+    assert_eq!(bad.validate().unwrap_err().0, "video.fleet.levels");
+    let bad = FleetConfig { transfer_mib_per_s: 0.0, ..FleetConfig::default() };
+    assert_eq!(bad.validate().unwrap_err().0, "video.fleet.transfer_mib_per_s");
+}
