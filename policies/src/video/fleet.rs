@@ -416,9 +416,8 @@ impl FleetConfig {
             }
         }
         for l in &self.levels {
-            if !(l.target_utilization > 0.0 && l.target_utilization <= 1.0)
-                || !(0.0..=1e6).contains(&l.lambda)
-            {
+            let rho_ok = l.target_utilization > 0.0 && l.target_utilization <= 1.0;
+            if !(rho_ok && (0.0..=1e6).contains(&l.lambda)) {
                 return Err((
                     "video.fleet.levels",
                     "target_utilization in (0, 1], lambda in [0, 1e6]".into(),
