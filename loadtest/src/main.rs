@@ -96,6 +96,13 @@ enum Command {
     /// Writes results.json (with engines over time, GPU-seconds and cost)
     /// and report.html to --out.
     Sim(loadtest::sim::SimArgs),
+    /// TurboServe's video fleet experiments in virtual time: session traces
+    /// with arrivals, departures and active/idle transitions placed,
+    /// rebalanced and autoscaled by the production policy against the
+    /// paper's baselines (`compare`), the volatility table's offline
+    /// profiling (`levels`), placement time and its gap to an exhaustive
+    /// oracle (`placement`). Prints Markdown; writes results.json to --out.
+    SimVideo(loadtest::sim::video::bench::SimVideoArgs),
     /// How long the control plane's decisions take on this machine: an
     /// admission decision and an autoscaler tick over --engines engines, a
     /// placement event over --placement-engines (medians, microseconds).
@@ -133,6 +140,7 @@ async fn main() -> ExitCode {
         Command::Overhead(args) => overhead(&args).await,
         Command::Chaos(args) => chaos(&args).await,
         Command::Sim(args) => sim(&args),
+        Command::SimVideo(args) => loadtest::sim::video::bench::main(&args).map(|md| print!("{md}")),
         Command::DecisionCost { engines, placement_engines, policies, profile } => {
             decision_cost(engines, placement_engines, &policies, &profile)
         }

@@ -305,9 +305,15 @@ impl ArrivalBins {
         }
     }
 
-    /// Standard deviation of arrivals per bin (TurboServe's σ(t)).
-    pub fn std(&self) -> f64 {
-        self.mean_std().map_or(0.0, |(_, std)| std)
+    /// Standard deviation of arrivals per bin in units of Poisson noise,
+    /// std / √mean: 1 for Poisson arrivals at any rate, above 1 for bursts
+    /// (TurboServe's σ(t) made independent of the fleet's size, so one
+    /// table serves 8 engines and 256); 0 without arrivals.
+    pub fn dispersion(&self) -> f64 {
+        match self.mean_std() {
+            Some((mean, std)) if mean > 0.0 => std / mean.sqrt(),
+            _ => 0.0,
+        }
     }
 }
 

@@ -33,6 +33,7 @@ use crate::workload::Workload;
 
 pub mod engine;
 pub mod fleet;
+pub mod video;
 
 use engine::EngineConfig;
 use fleet::{FleetPlan, Hops, Sim, SimRequest};

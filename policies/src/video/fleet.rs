@@ -12,8 +12,8 @@
 //! - **Autoscaling controller** (§5.2.2, Appendix A): [`Scaler`] keys the
 //!   target utilisation ρ̂ and the latency weight λ on the volatility of
 //!   session activations (the standard deviation of activations per bin
-//!   over a sliding window, mapped to a row of the profiled `levels`
-//!   table), scales out when ρ_max = max_j n_j/K_j exceeds ρ̂ + δ and in
+//!   over a sliding window, in units of Poisson noise so that one table
+//!   fits any fleet size, mapped to a row of the profiled `levels` table), scales out when ρ_max = max_j n_j/K_j exceeds ρ̂ + δ and in
 //!   below ρ̂ − δ, to M_target = ⌈N_required / (K·ρ̂)⌉. The caller keeps
 //!   Algorithm 1's order: scale-out, then rebalance onto the new engines;
 //!   rebalance off the leaving engines, then scale-in.
@@ -300,7 +300,7 @@ pub fn oracle_ms(gpus: &[Gpu], n: u32) -> f64 {
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Level {
-    /// The row applies when σ (std of activations per bin) is at least this
+    /// The row applies when σ (std / √mean of activations per bin) is at least this
     /// (rows in increasing order; the first row's is 0).
     pub above: f64,
     /// ρ̂: the target of ρ_max.
@@ -334,6 +334,10 @@ pub struct FleetConfig {
     pub max_engines: u32,
     /// δ: hysteresis band around ρ̂.
     pub band: f64,
+    /// No scale-in within this long of the last change of the budget (or
+    /// of the first decision): a fleet that just grew, or just started,
+    /// does not shrink on the first quiet event.
+    pub down_cooldown_s: f64,
     pub volatility_bin_s: f64,
     /// W: complete bins in the volatility window.
     pub volatility_bins: usize,
@@ -361,6 +365,7 @@ impl Default for FleetConfig {
             min_engines: 1,
             max_engines: 256,
             band: 0.1,
+            down_cooldown_s: 30.0,
             volatility_bin_s: 5.0,
             volatility_bins: 12,
             levels: default_levels(),
@@ -368,10 +373,10 @@ impl Default for FleetConfig {
     }
 }
 
-/// The shipped table: `loadtest sim-video --profile-levels` on the bundled
-/// video profile (docs/benchmarks.md, "Video fleet control").
+/// The shipped table: `loadtest sim-video --experiment levels --engines 64
+/// --seeds 3` (docs/benchmarks.md, "Video fleet control").
 fn default_levels() -> Vec<Level> {
-    [(0.0, 0.8), (1.5, 0.65), (3.0, 0.5), (5.0, 0.35)]
+    [(0.0, 0.85), (1.35, 0.75), (1.81, 0.7), (2.27, 0.45)]
         .into_iter()
         .map(|(above, target_utilization)| Level { above, target_utilization, lambda: 0.2 })
         .collect()
@@ -400,6 +405,9 @@ impl FleetConfig {
         }
         if !(0.0..0.5).contains(&self.band) {
             return Err(("video.fleet.band", "must be in [0, 0.5)".into()));
+        }
+        if !(0.0..=86_400.0).contains(&self.down_cooldown_s) {
+            return Err(("video.fleet.down_cooldown_s", "must be in [0, 86400]".into()));
         }
         if !(self.volatility_bin_s > 0.0 && self.volatility_bin_s <= 3600.0) {
             return Err(("video.fleet.volatility_bin_s", "must be in (0, 3600]".into()));
@@ -473,6 +481,8 @@ pub struct ScaleDecision {
 #[derive(Debug, Clone, Default)]
 pub struct Scaler {
     bins: ArrivalBins,
+    /// When the budget last changed (or the first decision).
+    last_change: Option<f64>,
 }
 
 /// What the placement reports to the scaler at one event.
@@ -498,7 +508,7 @@ impl Scaler {
     /// σ(t) after recording the activations counter at `now`.
     pub fn observe(&mut self, now: f64, activations: u64, cfg: &FleetConfig) -> f64 {
         self.bins.observe(now, activations, cfg.volatility_bin_s, cfg.volatility_bins);
-        self.bins.std()
+        self.bins.dispersion()
     }
 
     /// One decision (Algorithm 1, line 3). `bottleneck_at(m)` is L*(m):
@@ -520,6 +530,7 @@ impl Scaler {
         let m_target = ((f64::from(load.required) / (k * rho_hat)).ceil() as u32)
             .clamp(cfg.min_engines, cfg.max_engines);
         let m = load.engines;
+        let since_change = now - *self.last_change.get_or_insert(now);
         let mut engines = m;
         let mut why = ScaleWhy::Hold;
         if !(cfg.min_engines..=cfg.max_engines).contains(&m) {
@@ -529,13 +540,16 @@ impl Scaler {
             // At least one more: ρ_max may be high from imbalance alone.
             engines = m_target.max(m + 1).min(cfg.max_engines);
             why = ScaleWhy::Out;
-        } else if load.rho_max < rho_hat - cfg.band && m_target < m {
+        } else if load.rho_max < rho_hat - cfg.band && m_target < m && since_change >= cfg.down_cooldown_s {
             let (now_l, then_l) = (bottleneck_at(m), bottleneck_at(m_target));
             let objective = |engines: u32, l_ms: f64| f64::from(engines) + lambda * l_ms / 1e3;
             if then_l <= slo_ms && objective(m_target, then_l) < objective(m, now_l) {
                 engines = m_target;
                 why = ScaleWhy::In;
             }
+        }
+        if engines != m {
+            self.last_change = Some(now);
         }
         ScaleDecision { engines, why, volatility, level, target_utilization: rho_hat, m_target }
     }

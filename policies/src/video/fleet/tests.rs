@@ -210,21 +210,24 @@ fn the_scaler_holds_inside_the_band_and_tracks_the_target_outside_it() {
     assert_eq!((d.engines, d.why, d.m_target), (15, ScaleWhy::Out, 15));
     // Imbalance alone (N fits the budget) still adds one.
     assert_eq!(s.decide(3.0, &load(1.0, 20, 10, 0), 1e9, l_of, &cfg).engines, 11);
-    // Below: in to the target, when the target meets the latency objective.
+    // Below, but within the cooldown of the last change: hold.
     let d = s.decide(4.0, &load(0.2, 12, 10, 0), 1e9, |m| bottleneck_on(H100, m, 12), &cfg);
+    assert_eq!(d.why, ScaleWhy::Hold);
+    // After it: in to the target, when the target meets the latency objective.
+    let d = s.decide(40.0, &load(0.2, 12, 10, 0), 1e9, |m| bottleneck_on(H100, m, 12), &cfg);
     assert_eq!((d.engines, d.why), (4, ScaleWhy::In));
     // ... and not when L*(M′) would miss L_SLO.
-    let d = s.decide(5.0, &load(0.2, 12, 10, 0), 200.0, |m| bottleneck_on(H100, m, 12), &cfg);
+    let d = s.decide(80.0, &load(0.2, 12, 10, 0), 200.0, |m| bottleneck_on(H100, m, 12), &cfg);
     assert_eq!(d.why, ScaleWhy::Hold);
     // A λ that prices latency above engines keeps them.
     let pricey = FleetConfig {
         levels: vec![Level { above: 0.0, target_utilization: 0.6, lambda: 1e5 }],
         ..cfg.clone()
     };
-    let d = s.decide(6.0, &load(0.2, 12, 10, 0), 1e9, |m| bottleneck_on(H100, m, 12), &pricey);
+    let d = s.decide(120.0, &load(0.2, 12, 10, 0), 1e9, |m| bottleneck_on(H100, m, 12), &pricey);
     assert_eq!(d.why, ScaleWhy::Hold);
     // Bounds.
-    let d = s.decide(7.0, &load(0.6, 30, 300, 0), 1e9, l_of, &cfg);
+    let d = s.decide(160.0, &load(0.6, 30, 300, 0), 1e9, l_of, &cfg);
     assert_eq!((d.engines, d.why), (256, ScaleWhy::Bounds));
 }
 
