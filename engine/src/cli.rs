@@ -127,6 +127,10 @@ pub struct EngineArgs {
     /// Most chunks in one coalesced video batch.
     #[arg(long, default_value_t = 8)]
     pub video_max_batch: u32,
+    /// Each video session's paged KV window, MiB (rewritten a page per
+    /// chunk; what a migration moves besides the model state). 0: none.
+    #[arg(long, default_value_t = 0.0)]
+    pub video_state_mib: f64,
     /// Register in this fleet's Redis (`redis://host:port`) so every
     /// gateway of the fleet discovers this engine. A URL with a password
     /// belongs in the `ENGINE_REDIS_URL` environment variable instead.

@@ -66,6 +66,8 @@ pub struct Engine {
     pub video_profile_toml: String,
     /// Required as a bearer token on every route but health and readiness.
     pub api_token: Option<String>,
+    /// Bytes of each video session's KV window (`--video-state-mib`).
+    pub video_state_bytes: usize,
     ready: AtomicBool,
     draining: AtomicBool,
     /// Origin of the times fed to the KV slope (the allocator takes time as
@@ -210,6 +212,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
         },
     };
     let video_profile = policies::video::VideoProfile::parse(&video_name, &video_profile_toml)?;
+    let video_state_bytes = (args.video_state_mib.clamp(0.0, 2048.0) * 1048576.0) as usize;
     let video = video::VideoEngine::spawn(video::VideoConfig {
         backend: args.backend,
         profile: video_profile,
@@ -218,6 +221,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
         threads: args.cpu_threads(),
         model_seed: args.model_seed,
         gpu: gpu_video,
+        state_bytes: video_state_bytes,
     });
     Ok(Arc::new(Engine {
         id: args.id.clone(),
@@ -229,6 +233,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
         video,
         video_profile_toml,
         api_token: args.api_token().map_err(StartError::Token)?,
+        video_state_bytes,
         ready: AtomicBool::new(false),
         draining: AtomicBool::new(false),
         started: Instant::now(),

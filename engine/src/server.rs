@@ -85,7 +85,14 @@ pub async fn serve(engine: Arc<Engine>, listener: TcpListener, shutdown: impl Fu
 
 async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<EngineBody>, Infallible> {
     if let Some(token) = &engine.api_token {
-        let open = matches!(req.uri().path(), "/healthz" | "/readyz");
+        // A snapshot is authorised by the one-time transfer token the
+        // gateway offered, not the API token: the pulling engine holds the
+        // former only.
+        let snapshot = req.method() == Method::GET
+            && req.uri().path().starts_with(crate::video::routes::PREFIX)
+            && req.uri().path().ends_with("/snapshot")
+            && req.headers().contains_key(crate::video::transfer::TOKEN_HEADER);
+        let open = matches!(req.uri().path(), "/healthz" | "/readyz") || snapshot;
         let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         if !open && !api::bearer_matches(token, given) {
             ::metrics::counter!(crate::metrics::REFUSALS, "reason" => "unauthorized").increment(1);

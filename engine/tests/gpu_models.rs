@@ -65,6 +65,7 @@ fn video_engine(runner: Arc<dyn VideoRunner>) -> VideoEngine {
         threads: 1,
         model_seed: 1,
         gpu: Some(runner),
+        state_bytes: 0,
     })
 }
 

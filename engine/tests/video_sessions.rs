@@ -21,6 +21,7 @@ fn engine(backend: BackendKind, arena_slots: u32) -> VideoEngine {
         threads: 2,
         model_seed: 1,
         gpu: None,
+        state_bytes: 0,
     })
 }
 

@@ -102,6 +102,11 @@ pub const VIDEO_STREAMS: &str = "gateway_video_streams";
 pub const VIDEO_CHUNKS: &str = "gateway_video_chunks_total";
 pub const VIDEO_STALLS: &str = "gateway_video_stalls_total";
 pub const VIDEO_REHOMES: &str = "gateway_video_rehomes_total";
+/// Engine-to-engine state transfers, by phase (`copy`: the background
+/// pre-copy; `switch`: the final delta at the chunk boundary).
+pub const VIDEO_TRANSFER: &str = "gateway_video_transfer_seconds";
+/// How long a moving stream waited on its move.
+pub const VIDEO_MOVE_STALL: &str = "gateway_video_move_stall_seconds";
 pub const CLUSTER_REDIS_UP: &str = "gateway_cluster_redis_up";
 pub const POLICY_VERSION: &str = "gateway_policy_version_info";
 pub const POLICY_RELOADS: &str = "gateway_policy_reloads_total";

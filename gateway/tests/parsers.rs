@@ -172,6 +172,7 @@ async fn video_imports_never_panic_and_only_well_shaped_states_are_accepted() {
         threads: 1,
         model_seed: 1,
         gpu: None,
+        state_bytes: 0,
     });
     let session = engine::video::CreateSession {
         id: "a".into(),

@@ -364,3 +364,60 @@ async fn a_create_cut_short_by_the_client_still_leaves_a_driven_stream() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Starts a stream of `chunks` chunks on a 2-engine fleet whose sessions
+/// carry `state_mib` of KV, moves it after its second chunk, and SIGKILLs
+/// the `victim` ("target" or "source") as the move begins. Returns the
+/// chunk indices delivered, the engines they came from, the first engine
+/// and the end event.
+async fn move_and_kill(victim: &str, chunks: u64) -> (Vec<u64>, Vec<String>, String, Value) {
+    let sys = System::start_with(INSTANT, 2, &["--engine-arg=--video-state-mib=256"]).await;
+    let conn = sys.conn(Proto::H2).await;
+    let frames = chunks * 12;
+    let (status, created, _) =
+        create(&conn, GOLD, json!({"prompt": "gulls over a pier", "length_frames": frames})).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let first = created["home_engine"].as_str().unwrap().to_string();
+    let other = sys.other_engine(&first);
+    let mut feed = Feed::open(&conn, &id, GOLD).await;
+    let (mut indices, mut engines) = (Vec::new(), Vec::new());
+    let end = loop {
+        let (kind, data) = feed.next().await.expect("the feed ends with an end event");
+        match kind.as_str() {
+            "chunk" => {
+                indices.push(data["index"].as_u64().unwrap());
+                engines.push(data["engine"].as_str().unwrap().to_string());
+                if indices.len() == 2 {
+                    let admin = sys.admin_conn().await;
+                    let path = format!("/admin/video/streams/{id}/move?engine={other}");
+                    let (s, body) = call(&admin, "POST", &path, &sys.admin_token(), json!({})).await;
+                    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    sys.kill_engine(if victim == "target" { &other } else { &first });
+                }
+            }
+            "stall" => {}
+            "end" => break data,
+            other => panic!("unexpected event {other}"),
+        }
+    };
+    (indices, engines, first, end)
+}
+
+#[tokio::test]
+async fn a_move_whose_target_dies_mid_transfer_keeps_the_stream_on_its_source() {
+    let (indices, engines, first, end) = move_and_kill("target", 8).await;
+    assert_eq!(indices, (0..8).collect::<Vec<u64>>(), "gapless, no duplicate: {end}");
+    assert!(engines.iter().all(|e| *e == first), "never left the source: {engines:?}");
+    assert_eq!(end["reason"], "completed", "{end}");
+    assert_eq!(end["rehomes"], 0, "{end}");
+}
+
+#[tokio::test]
+async fn a_move_whose_source_dies_mid_transfer_loses_and_repeats_no_chunk() {
+    let (indices, engines, first, end) = move_and_kill("source", 8).await;
+    assert_eq!(indices, (0..8).collect::<Vec<u64>>(), "gapless, no duplicate: {end}");
+    assert_eq!(end["reason"], "completed", "{end}");
+    assert_ne!(engines.last().unwrap(), &first, "continued elsewhere: {engines:?}");
+}

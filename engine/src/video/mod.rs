@@ -16,12 +16,15 @@ pub mod png;
 pub mod profile;
 pub mod routes;
 pub mod sched;
+pub mod state;
+pub mod transfer;
 
 use policies::video::Fidelity;
 use serde::{Deserialize, Serialize};
 
 pub use model::Resolution;
-pub use sched::{parse_export, Meta, VideoConfig, VideoEngine};
+pub use sched::{parse_export, VideoConfig, VideoEngine};
+pub use state::{Meta, Version};
 
 /// `POST /engine/v1/video/sessions`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -115,6 +118,12 @@ pub enum VideoError {
     BadState,
     #[error("the engine is stopping")]
     Stopped,
+    #[error("no open transfer of session `{0}` for this token")]
+    NoOffer(String),
+    #[error("too many transfers staged on this engine")]
+    Busy,
+    #[error("the transfer from the source engine failed: {0}")]
+    Transfer(String),
 }
 
 impl VideoError {
@@ -126,6 +135,9 @@ impl VideoError {
             VideoError::UnknownFidelity(_) => "unknown_fidelity",
             VideoError::BadState => "bad_state",
             VideoError::Stopped => "stopped",
+            VideoError::NoOffer(_) => "no_offer",
+            VideoError::Busy => "busy",
+            VideoError::Transfer(_) => "transfer_failed",
         }
     }
 }

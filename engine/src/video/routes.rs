@@ -17,7 +17,9 @@ fn video_error(e: &VideoError) -> Response<EngineBody> {
         VideoError::NoSession(_) => StatusCode::NOT_FOUND,
         VideoError::Exists(_) | VideoError::StaleEpoch { .. } => StatusCode::CONFLICT,
         VideoError::UnknownFidelity(_) | VideoError::BadState => StatusCode::BAD_REQUEST,
-        VideoError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+        VideoError::Stopped | VideoError::Busy => StatusCode::SERVICE_UNAVAILABLE,
+        VideoError::NoOffer(_) => StatusCode::FORBIDDEN,
+        VideoError::Transfer(_) => StatusCode::BAD_GATEWAY,
     };
     error(status, e.code(), &e.to_string())
 }
@@ -40,6 +42,29 @@ fn done<T: serde::Serialize>(status: StatusCode, r: Result<T, VideoError>) -> Re
 #[serde(deny_unknown_fields)]
 struct PromptSwitch {
     prompt: String,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Offer {
+    token: String,
+}
+
+/// `pull` and `commit`: where the session is and the token it was offered
+/// under.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Pull {
+    from: String,
+    token: String,
+}
+
+/// Shortest transfer token accepted (the gateway's are 32 hex digits).
+const MIN_TOKEN_LEN: usize = 16;
+
+/// Most bytes one pull accepts: a session's KV window and model state.
+fn pull_limit(engine: &Engine) -> usize {
+    engine.video_state_bytes + (64 << 20)
 }
 
 /// Serves one video route.
@@ -96,6 +121,60 @@ pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineB
                 ),
                 Err(e) => error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string()),
             }
+        }
+        (Method::POST, ["sessions", id, "offer"]) => match read_json::<Offer>(req).await {
+            Ok(o) if o.token.len() < MIN_TOKEN_LEN || o.token.len() > 256 => {
+                error(StatusCode::BAD_REQUEST, "invalid_request", "token: 16 to 256 characters")
+            }
+            Ok(o) => done(StatusCode::OK, v.offer(id, o.token).await),
+            Err(resp) => resp,
+        },
+        (Method::GET, ["sessions", id, "snapshot"]) => {
+            let token = req.headers().get(super::transfer::TOKEN_HEADER).and_then(|t| t.to_str().ok());
+            let since = super::transfer::since_of(req.uri().query());
+            match v.snapshot(id, token.unwrap_or_default().to_string(), since).await {
+                Ok(b) => bytes("application/octet-stream", b),
+                Err(e) => video_error(&e),
+            }
+        }
+        (Method::POST, ["sessions", id, "pull"]) => match read_json::<Pull>(req).await {
+            Ok(p) => {
+                let started = std::time::Instant::now();
+                let pulled = super::transfer::pull(&p.from, id, &p.token, None, pull_limit(engine)).await;
+                let staged = match pulled {
+                    Ok(b) => v.stage(id, b.clone()).await.map(|ver| (ver, b.len())),
+                    Err(e) => Err(e),
+                };
+                done(
+                    StatusCode::OK,
+                    staged.map(|(ver, n)| {
+                        serde_json::json!({"epoch": ver.epoch, "chunks": ver.chunks, "bytes": n,
+                            "ms": started.elapsed().as_secs_f64() * 1e3})
+                    }),
+                )
+            }
+            Err(resp) => resp,
+        },
+        (Method::POST, ["sessions", id, "commit"]) => match read_json::<Pull>(req).await {
+            Ok(p) => {
+                let started = std::time::Instant::now();
+                let since = v.staged(id).await;
+                let result =
+                    match super::transfer::pull(&p.from, id, &p.token, since, pull_limit(engine)).await {
+                        Ok(b) => v.commit(id, b.clone()).await.map(|()| b.len()),
+                        Err(e) => Err(e),
+                    };
+                done(
+                    StatusCode::OK,
+                    result.map(
+                        |n| serde_json::json!({"bytes": n, "ms": started.elapsed().as_secs_f64() * 1e3}),
+                    ),
+                )
+            }
+            Err(resp) => resp,
+        },
+        (Method::DELETE, ["sessions", id, "staged"]) => {
+            done(StatusCode::OK, v.unstage(id).await.map(|()| serde_json::json!({})))
         }
         (Method::DELETE, ["sessions", id]) => {
             done(StatusCode::OK, v.end(id).await.map(|()| serde_json::json!({})))

@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::batch::{placeholder_frames, run_cpu_batch, run_gpu_batch};
 use super::model::{Resolution, StreamState, VideoModel};
+use super::state::{self, Kv, Meta, Version};
 use super::{ChunkOut, ChunkRequest, CreateSession, VideoError, VideoLoad};
 use crate::backend::BackendKind;
 use crate::gpu::video::VideoRunner;
@@ -38,6 +39,9 @@ pub struct VideoConfig {
     pub model_seed: u64,
     /// cuda backend: where batches run.
     pub gpu: Option<Arc<dyn VideoRunner>>,
+    /// Bytes of each session's paged KV window (`--video-state-mib`; 0:
+    /// none): what a migration moves besides the model state.
+    pub state_bytes: usize,
 }
 
 impl std::fmt::Debug for dyn VideoRunner {
@@ -64,6 +68,14 @@ struct Session {
     epoch: u32,
     place: Place,
     credit: f64,
+    kv: Kv,
+}
+
+/// A copy received from another engine, not yet owned (see `Cmd::Stage`).
+struct Staged {
+    wire: state::Wire,
+    kv: Kv,
+    at: Instant,
 }
 
 pub(crate) struct Pending {
@@ -86,6 +98,18 @@ enum Cmd {
     State(String, Reply<Vec<u8>>),
     End(String, Reply<()>),
     Load(oneshot::Sender<VideoLoad>),
+    /// Source: allow `token` to fetch the session; answers its version.
+    Offer(String, String, Reply<Version>),
+    /// Source: the session's wire form for an offered token: all of it, or
+    /// what changed since a version. The session stays here.
+    Snapshot(String, String, Option<Version>, Reply<Vec<u8>>),
+    /// Target: keep a full copy aside (no chunks run on it).
+    Stage(String, Vec<u8>, Reply<Version>),
+    /// Target: apply the final delta to the staged copy and own the
+    /// session.
+    Commit(String, Vec<u8>, Reply<()>),
+    /// Target: drop a staged copy.
+    Unstage(String, Reply<()>),
 }
 
 /// Handle to the video scheduler; cheap to clone.
@@ -103,6 +127,8 @@ impl VideoEngine {
             model: Arc::new(VideoModel::new(cfg.model_seed)),
             cfg,
             sessions: HashMap::new(),
+            staged: HashMap::new(),
+            offers: HashMap::new(),
             pending: Vec::new(),
             load: VideoLoad::default(),
         };
@@ -156,6 +182,37 @@ impl VideoEngine {
         self.call(|r| Cmd::End(id.to_string(), r)).await
     }
 
+    pub async fn offer(&self, id: &str, token: String) -> Result<Version, VideoError> {
+        self.call(|r| Cmd::Offer(id.to_string(), token, r)).await
+    }
+
+    pub async fn snapshot(
+        &self,
+        id: &str,
+        token: String,
+        since: Option<Version>,
+    ) -> Result<Vec<u8>, VideoError> {
+        self.call(|r| Cmd::Snapshot(id.to_string(), token, since, r)).await
+    }
+
+    pub async fn stage(&self, id: &str, bytes: Vec<u8>) -> Result<Version, VideoError> {
+        self.call(|r| Cmd::Stage(id.to_string(), bytes, r)).await
+    }
+
+    pub async fn commit(&self, id: &str, delta: Vec<u8>) -> Result<(), VideoError> {
+        self.call(|r| Cmd::Commit(id.to_string(), delta, r)).await
+    }
+
+    pub async fn unstage(&self, id: &str) -> Result<(), VideoError> {
+        self.call(|r| Cmd::Unstage(id.to_string(), r)).await
+    }
+
+    /// The staged copy's version, if one is kept.
+    pub async fn staged(&self, id: &str) -> Option<Version> {
+        // A zero-length stage is refused: used only to read the version.
+        self.call(|r| Cmd::Stage(id.to_string(), Vec::new(), r)).await.ok()
+    }
+
     pub async fn load(&self) -> VideoLoad {
         let (reply, rx) = oneshot::channel();
         if self.tx.send(Cmd::Load(reply)).is_err() {
@@ -165,46 +222,28 @@ impl VideoEngine {
     }
 }
 
-/// Serialised session: meta JSON length (u32 LE), meta JSON, state bytes.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct Meta {
-    pub prompt: String,
-    pub resolution: Resolution,
-    pub latent_frames: u32,
-    pub epoch: u32,
-    pub credit: f64,
+/// Parses and checks an exported session (untrusted input: an import may
+/// come from anywhere; see [`state::parse`]). Returns the meta and the
+/// model state's bytes.
+pub fn parse_export(bytes: &[u8]) -> Result<(Meta, Vec<u8>), VideoError> {
+    let wire = state::parse(bytes)?;
+    if wire.meta.base.is_some() {
+        return Err(VideoError::BadState); // a delta is not a session
+    }
+    Ok((wire.meta, wire.state_bytes))
 }
 
-/// Parses and checks an exported session (untrusted input: an import may
-/// come from anywhere): its meta within bounds and its state of exactly
-/// the shape the model expects. Returns the meta and the state's bytes.
-pub fn parse_export(bytes: &[u8]) -> Result<(Meta, Vec<u8>), VideoError> {
-    let len = bytes
-        .get(..4)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-        .ok_or(VideoError::BadState)?;
-    let end = len.checked_add(4).ok_or(VideoError::BadState)?;
-    let meta: Meta =
-        bytes.get(4..end).and_then(|m| serde_json::from_slice(m).ok()).ok_or(VideoError::BadState)?;
-    let state = &bytes[end..];
-    // A state of the wrong shape would index out of bounds in the model; a
-    // huge chunk would exhaust memory.
-    let parsed = StreamState::from_bytes(state).ok_or(VideoError::BadState)?;
-    let shape_ok = (1..=super::MAX_LATENT_FRAMES).contains(&meta.latent_frames)
-        && meta.prompt.len() <= super::MAX_PROMPT_BYTES
-        && meta.credit.is_finite()
-        && parsed.fits(meta.resolution, meta.latent_frames as usize);
-    if shape_ok {
-        Ok((meta, state.to_vec()))
-    } else {
-        Err(VideoError::BadState)
-    }
-}
+/// How long an offered transfer stays open, and a staged copy is kept.
+const TRANSFER_TTL: Duration = Duration::from_secs(60);
 
 struct Core {
     model: Arc<VideoModel>,
     cfg: VideoConfig,
     sessions: HashMap<String, Session>,
+    /// Copies received from other engines (at most `arena_slots`).
+    staged: HashMap<String, Staged>,
+    /// Open transfer offers: session → (token, expiry).
+    offers: HashMap<String, (String, Instant)>,
     pending: Vec<Pending>,
     load: VideoLoad,
 }
@@ -251,6 +290,7 @@ impl Core {
                     frames,
                 };
                 if let Some(s) = self.sessions.get_mut(&m.pending.id) {
+                    s.kv.advance(m.state.chunks);
                     s.place = Place::Resident(m.state);
                 }
                 self.load.chunks += 1;
@@ -350,6 +390,7 @@ impl Core {
                         latent_frames: c.latent_frames.max(1),
                         epoch: 0,
                         credit: 0.0,
+                        kv: Kv::new(self.cfg.state_bytes),
                     };
                     self.insert(c.id, session);
                     Ok(())
@@ -426,6 +467,21 @@ impl Core {
                 self.fail_pending(&id);
                 let _ = reply.send(result);
             }
+            Cmd::Offer(id, token, reply) => {
+                let _ = reply.send(self.offer(id, token));
+            }
+            Cmd::Snapshot(id, token, since, reply) => {
+                let _ = reply.send(self.snapshot(&id, &token, since));
+            }
+            Cmd::Stage(id, bytes, reply) => {
+                let _ = reply.send(self.stage(id, &bytes));
+            }
+            Cmd::Commit(id, delta, reply) => {
+                let _ = reply.send(self.commit(id, &delta));
+            }
+            Cmd::Unstage(id, reply) => {
+                let _ = reply.send(self.staged.remove(&id).map(|_| ()).ok_or(VideoError::NoSession(id)));
+            }
             Cmd::Load(reply) => {
                 let mut load = self.load.clone();
                 load.sessions = self.sessions.len() as u32;
@@ -446,44 +502,141 @@ impl Core {
         }
     }
 
-    fn export(&mut self, id: &str) -> Result<Vec<u8>, VideoError> {
-        let s = self.sessions.remove(id).ok_or_else(|| VideoError::NoSession(id.into()))?;
-        self.fail_pending(id);
-        self.forget_on_gpu(id);
-        let state = match s.place {
+    /// The session's wire form: all of it, or the pages rewritten since
+    /// `since` (a full copy when `since` is of another prompt or too old).
+    fn wire(&self, id: &str, since: Option<Version>) -> Result<Vec<u8>, VideoError> {
+        let s = self.sessions.get(id).ok_or_else(|| VideoError::NoSession(id.into()))?;
+        let state = match &s.place {
             Place::Resident(st) => st.to_bytes(),
-            Place::Suspended(b) => b,
+            Place::Suspended(b) => b.clone(),
             Place::Busy => return Err(VideoError::BadState),
         };
+        let chunks = StreamState::from_bytes(&state).map_or(0, |st| st.chunks);
+        let base = since.filter(|v| v.epoch == s.epoch && v.chunks <= chunks);
+        let include = match base {
+            Some(v) => s.kv.recent(chunks - v.chunks),
+            None => (0..s.kv.pages.len()).collect(),
+        };
         let meta = Meta {
-            prompt: s.prompt,
+            prompt: s.prompt.clone(),
             resolution: s.res,
             latent_frames: s.latent_frames,
             epoch: s.epoch,
             credit: s.credit,
+            state_len: None,
+            kv_pages: 0,
+            kv_page_bytes: 0,
+            kv_cursor: 0,
+            included: Vec::new(),
+            base,
         };
-        let meta = serde_json::to_vec(&meta).expect("meta serialises");
-        let mut out = (meta.len() as u32).to_le_bytes().to_vec();
-        out.extend_from_slice(&meta);
-        out.extend_from_slice(&state);
+        Ok(state::encode(&meta, &state, &s.kv, &include))
+    }
+
+    fn export(&mut self, id: &str) -> Result<Vec<u8>, VideoError> {
+        let out = self.wire(id, None)?;
+        self.sessions.remove(id);
+        self.offers.remove(id);
+        self.fail_pending(id);
+        self.forget_on_gpu(id);
         Ok(out)
+    }
+
+    fn session_of(wire: state::Wire, kv: Kv) -> Session {
+        Session {
+            prompt: wire.meta.prompt,
+            res: wire.meta.resolution,
+            latent_frames: wire.meta.latent_frames,
+            epoch: wire.meta.epoch,
+            place: Place::Suspended(wire.state_bytes),
+            credit: wire.meta.credit,
+            kv,
+        }
     }
 
     fn import(&mut self, id: String, bytes: &[u8]) -> Result<(), VideoError> {
         if self.sessions.contains_key(&id) {
             return Err(VideoError::Exists(id));
         }
-        let (meta, state) = parse_export(bytes)?;
-        let session = Session {
-            prompt: meta.prompt,
-            res: meta.resolution,
-            latent_frames: meta.latent_frames,
-            epoch: meta.epoch,
-            place: Place::Suspended(state),
-            credit: meta.credit,
-        };
+        let wire = state::parse(bytes)?;
+        if wire.meta.base.is_some() {
+            return Err(VideoError::BadState);
+        }
+        let kv = state::kv_of(&wire);
         self.forget_on_gpu(&id);
-        self.sessions.insert(id, session);
+        self.sessions.insert(id, Self::session_of(wire, kv));
+        Ok(())
+    }
+
+    fn offer(&mut self, id: String, token: String) -> Result<Version, VideoError> {
+        let s = self.sessions.get(&id).ok_or_else(|| VideoError::NoSession(id.clone()))?;
+        let chunks = match &s.place {
+            Place::Resident(st) => st.chunks,
+            Place::Suspended(b) => StreamState::from_bytes(b).map_or(0, |st| st.chunks),
+            Place::Busy => 0,
+        };
+        let version = Version { epoch: s.epoch, chunks };
+        let now = Instant::now();
+        self.offers.retain(|_, (_, until)| *until > now);
+        self.offers.insert(id, (token, now + TRANSFER_TTL));
+        Ok(version)
+    }
+
+    fn snapshot(&mut self, id: &str, token: &str, since: Option<Version>) -> Result<Vec<u8>, VideoError> {
+        let valid = self.offers.get(id).is_some_and(|(t, until)| {
+            *until > Instant::now() && crate::api::bearer_matches(t, Some(&format!("Bearer {token}")))
+        });
+        if !valid {
+            return Err(VideoError::NoOffer(id.into()));
+        }
+        self.wire(id, since)
+    }
+
+    /// Keeps a full copy aside. An empty body only reads the staged
+    /// version.
+    fn stage(&mut self, id: String, bytes: &[u8]) -> Result<Version, VideoError> {
+        if bytes.is_empty() {
+            return self.staged.get(&id).map(|s| s.wire.version()).ok_or(VideoError::NoSession(id));
+        }
+        if self.sessions.contains_key(&id) {
+            return Err(VideoError::Exists(id));
+        }
+        let wire = state::parse(bytes)?;
+        if wire.meta.base.is_some() {
+            return Err(VideoError::BadState);
+        }
+        let now = Instant::now();
+        self.staged.retain(|_, s| now.duration_since(s.at) < TRANSFER_TTL);
+        if self.staged.len() >= self.cfg.arena_slots as usize && !self.staged.contains_key(&id) {
+            return Err(VideoError::Busy);
+        }
+        let version = wire.version();
+        let kv = state::kv_of(&wire);
+        self.staged.insert(id, Staged { wire, kv, at: now });
+        Ok(version)
+    }
+
+    /// Applies the last delta to the staged copy and takes the session.
+    fn commit(&mut self, id: String, delta: &[u8]) -> Result<(), VideoError> {
+        if self.sessions.contains_key(&id) {
+            return Err(VideoError::Exists(id));
+        }
+        let wire = state::parse(delta)?;
+        let kv = match wire.meta.base {
+            None => state::kv_of(&wire), // the source sent everything again
+            Some(base) => {
+                let staged = self.staged.get_mut(&id).ok_or_else(|| VideoError::NoSession(id.clone()))?;
+                if staged.wire.version() != base {
+                    return Err(VideoError::BadState);
+                }
+                let mut kv = std::mem::take(&mut staged.kv);
+                state::apply_pages(&mut kv, &wire);
+                kv
+            }
+        };
+        self.staged.remove(&id);
+        self.forget_on_gpu(&id);
+        self.sessions.insert(id, Self::session_of(wire, kv));
         Ok(())
     }
 

@@ -1,14 +1,24 @@
 //! The control tick (every `video.control_tick_s`): refreshes each live
-//! stream's credit and urgency, plans re-homing with
-//! `policies::video::placement::plan_rehoming` (URGENT-heavy engines send
-//! their lowest-credit URGENT streams to engines with no URGENT or NORMAL
-//! stream; caps per engine per tick; a cooldown per stream) and hands each
-//! move to its stream's driver, which performs it at its next chunk
-//! boundary.
+//! stream's credit and urgency, then plans moves in one placement layer:
+//!
+//! 1. **Min-max rebalancing** (TurboServe §5.2.1, `[video.fleet] placement
+//!    = "min_max"`): credit-blind, over the active streams' per-engine
+//!    counts; moves off the bottleneck engine while
+//!    Γ = L − L′ − η·κ > 0.
+//! 2. **URGENT re-homing** (SlackServe §4.2, `rehoming`): on the placement
+//!    after step 1, URGENT-heavy engines send their lowest-credit URGENT
+//!    streams to engines with no URGENT or NORMAL stream; a move is kept
+//!    only if it does not raise the bottleneck ℓ̂ that step 1 left (so the
+//!    two never undo each other), and never for a stream step 1 moved.
+//!
+//! Both share each stream's cooldown and skip streams already moving. Each
+//! move goes to its stream's driver, which performs it from its next chunk
+//! boundary on (`driver::migrate_if_planned`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use policies::video::fleet::{self, PlacementMode};
 use policies::video::placement::{plan_rehoming, Move, RehomeLimits, StreamView};
 use policies::video::{self as pv, VideoConfig};
 
@@ -23,20 +33,24 @@ pub async fn run(streams: Arc<Streams>, policies: Arc<PolicyStore>, cluster: Arc
         let mut cfg = policies.current().video.clone();
         tokio::time::sleep(Duration::try_from_secs_f64(cfg.control_tick_s).unwrap_or(Duration::from_secs(3)))
             .await;
-        cfg.rehoming &= cluster.is_leader();
+        if !cluster.is_leader() {
+            cfg.rehoming = false;
+            cfg.fleet.placement = PlacementMode::Fewest;
+        }
         let moves = tick(&streams, &cfg);
         if !moves.is_empty() {
-            tracing::info!(event = "video_rehoming_plan", moves = moves.len());
+            tracing::info!(event = "video_move_plan", moves = moves.len());
         }
     }
 }
 
-/// One tick: refreshes credits, plans moves (when re-homing is on) and
-/// hands them to the drivers. Returns the plan.
+/// One tick: refreshes credits, plans moves and hands them to the drivers.
+/// Returns the plan.
 pub fn tick(streams: &Streams, cfg: &VideoConfig) -> Vec<Move> {
     let now = streams.now();
     let live = streams.all();
     let mut views = Vec::new();
+    let mut active = Vec::new();
     for (i, s) in live.iter().enumerate() {
         let mut st = s.lock();
         if st.ended.is_some() {
@@ -47,24 +61,79 @@ pub fn tick(streams: &Streams, cfg: &VideoConfig) -> Vec<Move> {
         let credit = pv::credit(st.playout.slack(now), remaining, next_s);
         st.credit_s = credit;
         st.urgency = pv::urgency(credit, next_s, cfg.alpha);
-        views.push(StreamView {
-            id: i as u64,
-            engine: st.home,
-            credit_s: credit,
-            urgency: st.urgency,
-            last_moved: st.last_moved,
-        });
+        let settled = st.moving.is_none()
+            && st.move_to.is_none()
+            && st.last_moved.is_none_or(|t| now - t >= cfg.rehome_cooldown_s);
+        if !st.playout.paused() {
+            active.push((i, st.home, settled));
+        }
+        if settled {
+            views.push(StreamView {
+                id: i as u64,
+                engine: st.home,
+                credit_s: credit,
+                urgency: st.urgency,
+                last_moved: st.last_moved,
+            });
+        }
     }
-    if !cfg.rehoming {
-        return Vec::new();
+    let mut moves = Vec::new();
+    let mut bottleneck = None;
+    if cfg.fleet.placement == PlacementMode::MinMax {
+        if let Some((engines, gpus)) = streams.fleet_view(cfg) {
+            let sessions: Vec<fleet::Active> = active
+                .iter()
+                .filter_map(|&(i, home, settled)| {
+                    Some(fleet::Active {
+                        id: i as u64,
+                        gpu: engines.iter().position(|&e| e == home)?,
+                        state_bytes: streams.state_bytes(),
+                        movable: settled,
+                    })
+                })
+                .collect();
+            let plan = fleet::rebalance(&gpus, &sessions, &cfg.fleet.params());
+            moves.extend(plan.moves.iter().map(|m| Move {
+                stream: m.session,
+                from: engines[m.from],
+                to: engines[m.to],
+            }));
+            bottleneck = Some((engines, gpus, plan.load, plan.after_ms));
+        }
     }
-    let engines: Vec<usize> = (0..streams.pool.len()).filter(|&i| streams.pool.slot(i).routable()).collect();
-    let limits = RehomeLimits {
-        max_out: cfg.max_out_per_tick,
-        max_in: cfg.max_in_per_tick,
-        cooldown_s: cfg.rehome_cooldown_s,
-    };
-    let moves = plan_rehoming(&engines, &views, now, limits);
+    if cfg.rehoming {
+        let moved: Vec<u64> = moves.iter().map(|m| m.stream).collect();
+        views.retain(|v| !moved.contains(&v.id));
+        for v in &mut views {
+            if let Some(m) = moves.iter().find(|m| m.stream == v.id) {
+                v.engine = m.to;
+            }
+        }
+        let engines: Vec<usize> =
+            (0..streams.pool.len()).filter(|&i| streams.pool.slot(i).routable()).collect();
+        let limits = RehomeLimits {
+            max_out: cfg.max_out_per_tick,
+            max_in: cfg.max_in_per_tick,
+            cooldown_s: cfg.rehome_cooldown_s,
+        };
+        let mut load = bottleneck.as_ref().map(|(_, _, load, _)| load.clone());
+        for m in plan_rehoming(&engines, &views, now, limits) {
+            // Never onto an engine the move would make the bottleneck.
+            if let (Some((engines, gpus, _, l)), Some(load)) = (&bottleneck, load.as_mut()) {
+                let (Some(to), Some(from)) =
+                    (engines.iter().position(|&e| e == m.to), engines.iter().position(|&e| e == m.from))
+                else {
+                    continue;
+                };
+                if gpus[to].latency.ms(load[to] + 1) > *l {
+                    continue;
+                }
+                load[to] += 1;
+                load[from] = load[from].saturating_sub(1);
+            }
+            moves.push(m);
+        }
+    }
     for m in &moves {
         let s = &live[m.stream as usize];
         s.lock().move_to = Some(m.to);

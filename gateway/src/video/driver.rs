@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use ::engine::video::{ChunkRequest, CreateSession};
 use policies::video::bmpr::{self, Mode};
-use policies::video::{self as pv, ChunkOrder, FidelityMode, VideoConfig, VideoProfile};
+use policies::video::{self as pv, ChunkOrder, FidelityMode, TransferMode, VideoConfig, VideoProfile};
 use serde_json::json;
 
 use super::engine as calls;
-use super::{chunk_time_s, fidelity_label, Stream, Streams};
+use super::{chunk_time_s, fidelity_label, Moving, Stream, Streams};
 use crate::metrics as m;
 use crate::outbox::Stop;
 use crate::reload::PolicyStore;
@@ -79,7 +79,7 @@ pub async fn drive(streams: Arc<Streams>, stream: Arc<Stream>, policies: Arc<Pol
             continue;
         }
         let cfg = policies.current().video.clone();
-        migrate_if_planned(&streams, &stream).await;
+        migrate_if_planned(&streams, &stream, &cfg).await;
         if let Some(wait) =
             buffered_wait(&streams, &stream, &cfg).or_else(|| relaxed_yield(&streams, &stream, &cfg))
         {
@@ -191,11 +191,12 @@ async fn next_chunk(streams: &Streams, stream: &Arc<Stream>, cfg: &VideoConfig) 
         (ChunkRequest { epoch: st.epoch, fidelity: plan.fidelity, key, credit }, plan)
     };
     stream.lock().suspended = false; // the engine resumes it for this chunk
+    let asked = streams.now();
     let result = calls::chunk(&streams.pool, home, &stream.id, &req).await;
     stream.lock().in_flight = None;
     match result {
         Ok(out) => {
-            deliver(streams, stream, out, plan, home);
+            deliver(streams, stream, out, plan, home, asked);
             Ok(())
         }
         Err(e) if e.status == Some(http::StatusCode::CONFLICT) => after_conflict(streams, stream).await,
@@ -209,7 +210,14 @@ async fn next_chunk(streams: &Streams, stream: &Arc<Stream>, cfg: &VideoConfig) 
     }
 }
 
-fn deliver(streams: &Streams, stream: &Stream, out: ::engine::video::ChunkOut, plan: Plan, engine: usize) {
+fn deliver(
+    streams: &Streams,
+    stream: &Stream,
+    out: ::engine::video::ChunkOut,
+    plan: Plan,
+    engine: usize,
+    asked: f64,
+) {
     let now = streams.now();
     let mut st = stream.lock();
     if out.epoch != st.epoch {
@@ -248,6 +256,7 @@ fn deliver(streams: &Streams, stream: &Stream, out: ::engine::video::ChunkOut, p
             "engine": streams.pool.slot(engine).spec.id,
             "batch": out.batch,
             "compute_ms": out.compute_ms,
+            "latency_ms": (now - asked) * 1e3,
             "frames": out.frames,
         }),
     );
@@ -286,37 +295,146 @@ async fn after_conflict(streams: &Streams, stream: &Stream) -> Result<(), &'stat
     }
 }
 
-/// Moves the stream if the control tick planned it: export from the home
-/// engine, import into the new one, then switch. If the import fails the
-/// state goes back where it came from.
-async fn migrate_if_planned(streams: &Streams, stream: &Stream) {
-    let (from, to) = {
+/// Moves the stream if the control tick planned it, at a chunk boundary
+/// (no chunk of it is in flight: its driver is here).
+///
+/// `async` transfer: the first boundary after the plan starts a pre-copy
+/// in the background (the source offers the session under a one-time
+/// token, the target pulls and stages a full copy straight from it) and
+/// the stream keeps generating on the source; at the first boundary after
+/// the copy is staged, the target pulls what changed since and commits,
+/// and only then does the home switch and the source's copy end. The stall
+/// is that last step. Any failure leaves the stream on the source.
+///
+/// `sync` transfer (the baseline): export from the source, through the
+/// gateway, import on the target, the stream waiting throughout; a failed
+/// import goes back to the source.
+async fn migrate_if_planned(streams: &Arc<Streams>, stream: &Arc<Stream>, cfg: &VideoConfig) {
+    let started = streams.now();
+    let step = {
         let mut st = stream.lock();
-        match st.move_to.take() {
-            Some(to) if to != st.home => (st.home, to),
-            _ => return,
+        match (&st.moving, st.move_to) {
+            (Some(m), _) if m.staged => Step::Commit(m.clone()),
+            (Some(_), _) => return, // the pre-copy is running
+            (None, Some(to)) if to != st.home => {
+                st.move_to = None;
+                Step::Start { from: st.home, to }
+            }
+            _ => {
+                st.move_to = None;
+                return;
+            }
         }
     };
+    match (step, cfg.transfer) {
+        (Step::Start { from, to }, TransferMode::Sync) => {
+            if move_sync(streams, stream, from, to).await {
+                switched(streams, stream, from, to, streams.now() - started);
+            }
+        }
+        (Step::Start { from, to }, TransferMode::Async) => {
+            let token = transfer_token();
+            stream.lock().moving = Some(Moving { to, from, token: token.clone(), staged: false, started });
+            let (streams, stream) = (Arc::clone(streams), Arc::clone(stream));
+            tokio::spawn(async move {
+                let copied = match calls::offer(&streams.pool, from, &stream.id, &token).await {
+                    Ok(_) => calls::pull(&streams.pool, to, &stream.id, from, &token, false).await,
+                    Err(e) => Err(e),
+                };
+                let failed = {
+                    let mut st = stream.lock();
+                    match copied {
+                        Ok(p) if st.home == from && st.ended.is_none() => {
+                            streams.measured_state_bytes(p.bytes);
+                            ::metrics::histogram!(m::VIDEO_TRANSFER, "phase" => "copy").record(p.ms / 1e3);
+                            if let Some(m) = st.moving.as_mut() {
+                                m.staged = true;
+                            }
+                            stream.wake.notify_one();
+                            None
+                        }
+                        outcome => {
+                            st.moving = None;
+                            Some(outcome.err())
+                        }
+                    }
+                };
+                if let Some(error) = failed {
+                    if let Some(e) = error {
+                        tracing::warn!(event = "video_precopy_failed", stream = %stream.id, from, to, error = %e);
+                    }
+                    let _ = calls::unstage(&streams.pool, to, &stream.id).await;
+                }
+            });
+        }
+        (Step::Commit(mv), _) => {
+            let committed = calls::pull(&streams.pool, mv.to, &stream.id, mv.from, &mv.token, true).await;
+            stream.lock().moving = None;
+            match committed {
+                Ok(p) => {
+                    ::metrics::histogram!(m::VIDEO_TRANSFER, "phase" => "switch").record(p.ms / 1e3);
+                    switched(streams, stream, mv.from, mv.to, streams.now() - started);
+                    // The target owns it now; the source's copy goes.
+                    let _ = calls::end(&streams.pool, mv.from, &stream.id).await;
+                }
+                Err(e) => {
+                    // The stream stays on the source, which still has it. The
+                    // target may have committed with its answer lost: its
+                    // copy goes too, so no second owner is left behind.
+                    tracing::warn!(event = "video_commit_failed", stream = %stream.id, from = mv.from, to = mv.to, error = %e);
+                    let _ = calls::unstage(&streams.pool, mv.to, &stream.id).await;
+                    let _ = calls::end(&streams.pool, mv.to, &stream.id).await;
+                }
+            }
+        }
+    }
+}
+
+enum Step {
+    Start { from: usize, to: usize },
+    Commit(Moving),
+}
+
+/// 128 random bits, hex: a transfer's one-time token.
+fn transfer_token() -> String {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 16];
+    ring::rand::SystemRandom::new().fill(&mut b).expect("the system RNG works");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The stream's home is now `to`: the move took `stall_s` of its time.
+fn switched(streams: &Streams, stream: &Stream, from: usize, to: usize, stall_s: f64) {
+    let mut st = stream.lock();
+    st.home = to;
+    st.last_moved = Some(streams.now());
+    st.rehomes += 1;
+    st.migration_stall_s += stall_s;
+    drop(st);
+    streams.record_home(stream, to);
+    ::metrics::counter!(m::VIDEO_REHOMES).increment(1);
+    ::metrics::histogram!(m::VIDEO_MOVE_STALL).record(stall_s);
+    tracing::info!(event = "video_rehomed", stream = %stream.id, from, to, stall_ms = stall_s * 1e3);
+}
+
+/// Export → import through the gateway; true when the target has it.
+async fn move_sync(streams: &Streams, stream: &Stream, from: usize, to: usize) -> bool {
     let state = match calls::export(&streams.pool, from, &stream.id).await {
         Ok(s) => s,
-        Err(e) => return tracing::warn!(event = "video_export_failed", stream = %stream.id, error = %e),
-    };
-    match calls::import(&streams.pool, to, &stream.id, state.clone()).await {
-        Ok(()) => {
-            let mut st = stream.lock();
-            st.home = to;
-            st.last_moved = Some(streams.now());
-            st.rehomes += 1;
-            drop(st);
-            streams.record_home(stream, to);
-            ::metrics::counter!(m::VIDEO_REHOMES).increment(1);
-            tracing::info!(event = "video_rehomed", stream = %stream.id, from, to);
+        Err(e) => {
+            tracing::warn!(event = "video_export_failed", stream = %stream.id, error = %e);
+            return false;
         }
+    };
+    streams.measured_state_bytes(state.len() as u64);
+    match calls::import(&streams.pool, to, &stream.id, state.clone()).await {
+        Ok(()) => true,
         Err(e) => {
             tracing::warn!(event = "video_import_failed", stream = %stream.id, to, error = %e);
             if let Err(e) = calls::import(&streams.pool, from, &stream.id, state).await {
                 tracing::error!(event = "video_state_lost", stream = %stream.id, error = %e);
             }
+            false
         }
     }
 }
@@ -347,12 +465,15 @@ async fn rehome_lost(streams: &Streams, stream: &Stream) -> Result<(), &'static 
 }
 
 async fn finish(streams: &Arc<Streams>, stream: &Arc<Stream>, reason: &'static str) {
-    let home = {
+    let (home, moving) = {
         let mut st = stream.lock();
         st.ended = Some(reason);
-        st.home
+        (st.home, st.moving.take())
     };
     let _ = calls::end(&streams.pool, home, &stream.id).await;
+    if let Some(m) = moving {
+        let _ = calls::unstage(&streams.pool, m.to, &stream.id).await;
+    }
     let st = stream.lock();
     let _ = stream.emit(
         "end",
@@ -364,6 +485,7 @@ async fn finish(streams: &Arc<Streams>, stream: &Arc<Stream>, reason: &'static s
             "stalls": st.stalls,
             "stall_ms": st.stall_s * 1e3,
             "rehomes": st.rehomes,
+            "migration_stall_ms": st.migration_stall_s * 1e3,
         }),
     );
     drop(st);

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ::engine::video::{ChunkOut, ChunkRequest, CreateSession};
+use ::engine::video::{ChunkOut, ChunkRequest, CreateSession, Version};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -16,6 +16,9 @@ use crate::engines::{join, EnginePool};
 /// A chunk takes at most this long before the call is abandoned.
 const CHUNK_TIMEOUT: Duration = Duration::from_secs(30);
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// A pull moves a whole state engine to engine (the engine's own bound is
+/// 30 s).
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(35);
 
 /// A failed engine call: the status (when one came back) and why.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,6 +104,47 @@ pub async fn export(pool: &EnginePool, idx: usize, id: &str) -> Result<Bytes, Ca
 
 pub async fn import(pool: &EnginePool, idx: usize, id: &str, state: Bytes) -> Result<(), CallError> {
     call(pool, idx, Method::PUT, &session_path(id, "/import"), state.to_vec(), CALL_TIMEOUT).await.map(|_| ())
+}
+
+/// What a `pull` or `commit` on the target answered.
+#[derive(Debug, Clone, Copy, Default, serde::Deserialize)]
+pub struct Pulled {
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default)]
+    pub ms: f64,
+}
+
+fn json_of<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, CallError> {
+    serde_json::from_slice(bytes).map_err(|e| CallError { status: None, message: e.to_string() })
+}
+
+/// Source: opens a transfer of the session under `token`; answers its
+/// version.
+pub async fn offer(pool: &EnginePool, idx: usize, id: &str, token: &str) -> Result<Version, CallError> {
+    let body = serde_json::to_vec(&serde_json::json!({"token": token})).expect("serialises");
+    json_of(&call(pool, idx, Method::POST, &session_path(id, "/offer"), body, CALL_TIMEOUT).await?)
+}
+
+/// Target: pulls a full copy from engine `from` and stages it (`commit`:
+/// the final delta, after which the target owns the session).
+pub async fn pull(
+    pool: &EnginePool,
+    idx: usize,
+    id: &str,
+    from: usize,
+    token: &str,
+    commit: bool,
+) -> Result<Pulled, CallError> {
+    let from = pool.slot(from).spec.url.to_string();
+    let body = serde_json::to_vec(&serde_json::json!({"from": from, "token": token})).expect("serialises");
+    let op = if commit { "/commit" } else { "/pull" };
+    json_of(&call(pool, idx, Method::POST, &session_path(id, op), body, TRANSFER_TIMEOUT).await?)
+}
+
+/// Target: drops a staged copy (a move given up).
+pub async fn unstage(pool: &EnginePool, idx: usize, id: &str) -> Result<(), CallError> {
+    call(pool, idx, Method::DELETE, &session_path(id, "/staged"), Vec::new(), CALL_TIMEOUT).await.map(|_| ())
 }
 
 pub async fn end(pool: &EnginePool, idx: usize, id: &str) -> Result<(), CallError> {

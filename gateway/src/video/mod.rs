@@ -16,7 +16,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use policies::video::{Fidelity, Playout, Urgency, VideoProfile};
+use policies::video::fleet;
+use policies::video::{Fidelity, Playout, Urgency, VideoConfig, VideoProfile};
 use serde::Serialize;
 use tokio::sync::Notify;
 
@@ -58,7 +59,12 @@ pub struct StreamState {
     /// Set by the control tick; the driver moves the stream at its next
     /// chunk boundary.
     pub move_to: Option<usize>,
+    /// An asynchronous move under way (see `driver::migrate_if_planned`).
+    pub moving: Option<Moving>,
     pub rehomes: u64,
+    /// Time the stream's chunks waited on its moves (the state transfer
+    /// on the critical path), seconds.
+    pub migration_stall_s: f64,
     /// The chunk in flight: when it was asked for and its expected time.
     pub in_flight: Option<(f64, f64)>,
     /// The next chunk's configuration and its expected time on the engine.
@@ -70,6 +76,19 @@ pub struct StreamState {
     pub suspended: bool,
     /// Chunks refused in a row as of a stale epoch (see the driver).
     pub conflicts: u32,
+}
+
+/// An asynchronous move: the target pulls a copy from the source while
+/// the stream keeps generating there; the switch waits for `staged`.
+#[derive(Debug, Clone)]
+pub struct Moving {
+    pub to: usize,
+    pub from: usize,
+    /// The one-time token the source offered the session under.
+    pub token: String,
+    /// The target holds a full copy (the pre-copy finished).
+    pub staged: bool,
+    pub started: f64,
 }
 
 /// One stream.
@@ -164,6 +183,9 @@ pub struct Streams {
     feed_bytes: usize,
     /// When a feed's reader counts as stalled (the stream then ends).
     pub feed_stall: Stall,
+    /// A session's state size as the last transfer measured it (κ of the
+    /// placement's transfer model; 1 MiB until a move measured one).
+    state_bytes: std::sync::atomic::AtomicU64,
     /// Each tenant's stream creations in the last minute (at most its
     /// tier's `video_streams_per_minute` entries; one entry per tenant).
     creations: Mutex<HashMap<String, std::collections::VecDeque<f64>>>,
@@ -175,6 +197,7 @@ impl Streams {
             feed_bytes: limits.video_feed_buffer_bytes,
             creations: Mutex::new(HashMap::new()),
             feed_stall: limits.stall(),
+            state_bytes: std::sync::atomic::AtomicU64::new(1 << 20),
             origin: Instant::now(),
             streams: Mutex::new(HashMap::new()),
             profiles: Profiles::new(Arc::clone(&pool)),
@@ -252,6 +275,60 @@ impl Streams {
         Ok(())
     }
 
+    /// The placement controller's view of the routable engines whose video
+    /// profile is known: their indexes and ℓ̂ / K (TurboServe §5.2.1), K
+    /// for the default chunk; `None` while any profile is unknown (the
+    /// caller falls back to fewest streams).
+    pub fn fleet_view(&self, cfg: &VideoConfig) -> Option<(Vec<usize>, Vec<fleet::Gpu>)> {
+        let chunk_s = f64::from(cfg.default_frames_per_chunk) / f64::from(cfg.default_fps);
+        let slo_ms = cfg.fleet.slo_ms(chunk_s);
+        let engines: Vec<usize> = (0..self.pool.len()).filter(|&i| self.pool.slot(i).routable()).collect();
+        let gpus = engines
+            .iter()
+            .map(|&i| {
+                let latency = fleet::ChunkLatency::of(self.profiles.cached(i)?.as_ref());
+                Some(fleet::Gpu { latency, capacity: latency.capacity(slo_ms), open: true })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        (!engines.is_empty()).then_some((engines, gpus))
+    }
+
+    /// A session's state size, bytes (see the field).
+    pub fn state_bytes(&self) -> u64 {
+        self.state_bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn measured_state_bytes(&self, bytes: u64) {
+        self.state_bytes.store(bytes.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Active (live, not paused) streams on each of `engines`.
+    pub fn active_load(&self, engines: &[usize]) -> Vec<u32> {
+        let mut load = vec![0u32; engines.len()];
+        for s in self.all() {
+            let st = s.lock();
+            if st.ended.is_none() && !st.playout.paused() {
+                if let Some(j) = engines.iter().position(|&e| e == st.home) {
+                    load[j] += 1;
+                }
+            }
+        }
+        load
+    }
+
+    /// A new stream's home: with `[video.fleet] placement = "min_max"`, the
+    /// engine minimising the resulting bottleneck per-chunk latency over
+    /// the active streams; else (or before every profile is known) the
+    /// engine with the fewest streams.
+    pub fn place_new(&self, cfg: &VideoConfig) -> Option<usize> {
+        if cfg.fleet.placement == fleet::PlacementMode::MinMax {
+            if let Some((engines, gpus)) = self.fleet_view(cfg) {
+                return fleet::assign(&gpus, &self.active_load(&engines)).map(|j| engines[j]);
+            }
+        }
+        policies::video::placement::home(&self.per_engine())
+    }
+
     /// Live streams homed on each engine.
     pub fn per_engine(&self) -> Vec<(usize, u32)> {
         let mut counts: Vec<(usize, u32)> =
@@ -300,7 +377,9 @@ impl Streams {
                 ttfc_s: None,
                 last_moved: None,
                 move_to: None,
+                moving: None,
                 rehomes: 0,
+                migration_stall_s: 0.0,
                 in_flight: None,
                 next: None,
                 credit_s: budget_s,

@@ -213,7 +213,7 @@ async fn create(
     }
     let chunk_s = f64::from(fpc) / f64::from(fps);
     let counts = streams.per_engine();
-    let home = placement::home(&counts).ok_or(ApiError::NoReadyEngine)?;
+    let home = streams.place_new(cfg).ok_or(ApiError::NoReadyEngine)?;
     let resident = counts.iter().find(|(i, _)| *i == home).map_or(0, |(_, n)| *n);
     let profile = streams.profiles.get(home).await.ok_or(ApiError::NoReadyEngine)?;
     if let Err(batch_ms) = placement::can_keep_up(&profile, resident, chunk_s) {

@@ -71,6 +71,13 @@ pub struct StreamRecord {
     pub quality: Vec<f64>,
     pub modes: BTreeMap<String, u64>,
     pub rehomes: u64,
+    /// Time its chunks waited on moves of its state, ms (the gateway's).
+    #[serde(default)]
+    pub migration_stall_ms: f64,
+    /// Each chunk's generation latency: from the gateway asking the engine
+    /// to the chunk's delivery, ms.
+    #[serde(default)]
+    pub chunk_ms: Vec<f64>,
     pub end_reason: Option<String>,
 }
 
@@ -105,8 +112,17 @@ pub struct VideoSummary {
     pub rejected: usize,
     pub failed: usize,
     pub chunks: u64,
-    /// Share of all chunks ready by their playout deadline.
+    /// Share of all chunks ready by their playout deadline (chunk-weighted).
     pub cpr: f64,
+    /// The mean over streams of each stream's on-time share (SlackServe's
+    /// QoE); streams that delivered no chunk count 0.
+    #[serde(default)]
+    pub cpr_stream_mean: f64,
+    /// The slowest chunk's generation latency, ms.
+    #[serde(default)]
+    pub worst_chunk_ms: f64,
+    #[serde(default)]
+    pub migration_stall_ms: f64,
     pub ttfc_ms: Option<Summary>,
     pub stalls_per_stream: f64,
     pub stall_s_per_stream: f64,
@@ -138,6 +154,13 @@ impl VideoSummary {
             failed: streams.iter().filter(|s| s.outcome == "failed").count(),
             chunks,
             cpr: if chunks == 0 { 0.0 } else { on_time as f64 / chunks as f64 },
+            cpr_stream_mean: created
+                .iter()
+                .map(|s| if s.chunks == 0 { 0.0 } else { s.on_time as f64 / s.chunks as f64 })
+                .sum::<f64>()
+                / n,
+            worst_chunk_ms: created.iter().flat_map(|s| s.chunk_ms.iter().copied()).fold(0.0, f64::max),
+            migration_stall_ms: created.iter().map(|s| s.migration_stall_ms).sum(),
             ttfc_ms: Summary::of(&ttfc),
             stalls_per_stream: created.iter().map(|s| s.stalls as f64).sum::<f64>() / n,
             stall_s_per_stream: created.iter().map(|s| s.stall_ms / 1e3).sum::<f64>() / n,
@@ -273,10 +296,14 @@ async fn read_feed(
                     l.player.arrive(now);
                     rec.ttfc_ms.get_or_insert(now * 1e3);
                     rec.quality.push(v["quality"].as_f64().unwrap_or(0.0));
+                    if let Some(ms) = v["latency_ms"].as_f64() {
+                        rec.chunk_ms.push(ms);
+                    }
                     *rec.modes.entry(v["mode"].as_str().unwrap_or("?").to_string()).or_default() += 1;
                 }
                 Some("end") => {
                     rec.rehomes = v["rehomes"].as_u64().unwrap_or(0);
+                    rec.migration_stall_ms = v["migration_stall_ms"].as_f64().unwrap_or(0.0);
                     rec.end_reason = v["reason"].as_str().map(str::to_string);
                     return;
                 }
@@ -350,15 +377,17 @@ pub fn render(r: &VideoResults) -> String {
     let s = &r.summary;
     format!(
         "workload {}: {} streams planned, {} created, {} rejected, {} failed\n\
-         CPR {:.3} over {} chunks | TTFC p50 {} ms p95 {} ms | stalls {:.2} per stream ({:.2} s)\n\
-         chunk lateness p50 {} ms p99 {} ms | mean quality {:.4} | modes {:?} | re-homes {}",
+         CPR {:.3} per-stream mean, {:.3} chunk-weighted over {} chunks | worst chunk {:.0} ms | TTFC p50 {} ms p95 {} ms | stalls {:.2} per stream ({:.2} s)\n\
+         chunk lateness p50 {} ms p99 {} ms | mean quality {:.4} | modes {:?} | re-homes {} (stall {:.0} ms)",
         r.workload.label(),
         s.planned,
         s.created,
         s.rejected,
         s.failed,
+        s.cpr_stream_mean,
         s.cpr,
         s.chunks,
+        s.worst_chunk_ms,
         ms(&s.ttfc_ms, |v| v.p50),
         ms(&s.ttfc_ms, |v| v.p95),
         s.stalls_per_stream,
@@ -367,7 +396,8 @@ pub fn render(r: &VideoResults) -> String {
         ms(&s.lateness_ms, |v| v.p99),
         s.mean_quality,
         s.modes,
-        s.rehomes
+        s.rehomes,
+        s.migration_stall_ms
     ) + &r.fleet.as_ref().map_or(String::new(), |f| {
         format!(
             "\nfleet: {:.0} GPU-seconds, ${:.3}; {:.2} video minutes delivered: {}",
@@ -382,24 +412,27 @@ pub fn render(r: &VideoResults) -> String {
 /// Several runs as one Markdown table, one row per `(name, results)`.
 pub fn table(runs: &[(String, VideoResults)]) -> String {
     let mut out = String::from(
-        "| run | workload | streams | rejected | CPR | TTFC p50 ms | TTFC p95 ms | stalls/stream | stall s/stream | lateness p99 ms | mean quality | re-homes |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| run | workload | streams | rejected | CPR (stream mean) | CPR (chunk-weighted) | TTFC p50 ms | TTFC p95 ms | stalls/stream | stall s/stream | lateness p99 ms | worst chunk ms | mean quality | re-homes | move stall ms |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for (name, r) in runs {
         let s = &r.summary;
         out.push_str(&format!(
-            "| {name} | {} | {} | {} | {:.3} | {} | {} | {:.2} | {:.2} | {} | {:.4} | {} |\n",
+            "| {name} | {} | {} | {} | {:.3} | {:.3} | {} | {} | {:.2} | {:.2} | {} | {:.0} | {:.4} | {} | {:.0} |\n",
             r.workload.label(),
             s.created,
             s.rejected,
+            s.cpr_stream_mean,
             s.cpr,
             ms(&s.ttfc_ms, |v| v.p50),
             ms(&s.ttfc_ms, |v| v.p95),
             s.stalls_per_stream,
             s.stall_s_per_stream,
             ms(&s.lateness_ms, |v| v.p99),
+            s.worst_chunk_ms,
             s.mean_quality,
-            s.rehomes
+            s.rehomes,
+            s.migration_stall_ms
         ));
     }
     out
@@ -428,6 +461,7 @@ mod tests {
         let s = VideoSummary::of(&[stream(10, 10, 0), stream(30, 15, 4), rejected]);
         assert_eq!((s.planned, s.created, s.rejected, s.failed), (3, 2, 1, 0));
         assert!((s.cpr - 25.0 / 40.0).abs() < 1e-9, "chunk-weighted: {}", s.cpr);
+        assert!((s.cpr_stream_mean - 0.75).abs() < 1e-9, "stream mean: (1 + 0.5) / 2, {}", s.cpr_stream_mean);
         assert_eq!(s.stalls_per_stream, 2.0);
         assert!((s.mean_quality - 0.99).abs() < 1e-9);
         let results = VideoResults {
@@ -445,6 +479,6 @@ mod tests {
             cost_per_video_minute: None,
         };
         let t = table(&[("arm".into(), results)]);
-        assert!(t.lines().nth(2).unwrap().starts_with("| arm | steady | 2 | 1 | 0.625 |"), "{t}");
+        assert!(t.lines().nth(2).unwrap().starts_with("| arm | steady | 2 | 1 | 0.750 | 0.625 |"), "{t}");
     }
 }

@@ -28,6 +28,19 @@ pub enum ChunkOrder {
     Fifo,
 }
 
+/// How a moving stream's state travels between engines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransferMode {
+    /// The target pulls a copy from the source while the stream keeps
+    /// generating there, then only what changed at the switch (the
+    /// product).
+    Async,
+    /// Export from the source, through the gateway, import on the target,
+    /// the stream waiting throughout (SlackServe's "Sync" arm; a baseline).
+    Sync,
+}
+
 /// How each chunk's fidelity is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -60,6 +73,8 @@ pub struct VideoConfig {
     pub order: ChunkOrder,
     pub fidelity: FidelityMode,
     pub rehoming: bool,
+    /// How a moving stream's state travels.
+    pub transfer: TransferMode,
     /// Frames per second when the request gives none.
     pub default_fps: u32,
     /// Pixel frames per chunk when the request gives none (4 per latent frame).
@@ -84,6 +99,7 @@ impl Default for VideoConfig {
             order: ChunkOrder::Credit,
             fidelity: FidelityMode::Bmpr,
             rehoming: true,
+            transfer: TransferMode::Async,
             default_fps: 16,
             default_frames_per_chunk: 12,
             max_pause_s: 600.0,
