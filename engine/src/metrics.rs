@@ -33,6 +33,8 @@ pub const RUNNING: &str = "engine_running_sequences";
 pub const QUEUED: &str = "engine_queued_sequences";
 pub const VIDEO_BATCH: &str = "engine_video_batch_size";
 pub const VIDEO_SUSPENDS: &str = "engine_video_suspends_total";
+/// Chunks set aside at a denoising-step boundary for a more urgent one.
+pub const VIDEO_PREEMPTIONS: &str = "engine_video_preemptions_total";
 
 const SECONDS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
 const SIZES: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];

@@ -140,3 +140,45 @@ async fn a_malformed_import_is_refused_and_the_scheduler_keeps_serving() {
     v.import("a", good).await.unwrap();
     assert_eq!(v.chunk("a", req(0, 1.0)).await.unwrap().index, 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_urgent_chunk_preempts_a_full_batch_at_the_next_step_boundary() {
+    // 100 ms per denoising step, 4 steps at the highest fidelity; batches
+    // of at most 2: two RELAXED chunks take 4 × 150 ms together.
+    let mut p = profile();
+    p.configs.iter_mut().for_each(|c| c.chunk_ms = f64::from(c.fidelity.steps) * 100.0);
+    let v = VideoEngine::spawn(VideoConfig {
+        backend: BackendKind::Emulated,
+        profile: p,
+        arena_slots: 8,
+        max_batch: 2,
+        threads: 1,
+        model_seed: 1,
+        gpu: None,
+        state_bytes: 0,
+    });
+    for id in ["r1", "r2", "u"] {
+        v.create(create(id, id)).await.unwrap();
+    }
+    let start = tokio::time::Instant::now();
+    let relaxed = {
+        let v = v.clone();
+        tokio::spawn(async move {
+            let (a, b) = tokio::join!(v.chunk("r1", req(0, 10.0)), v.chunk("r2", req(0, 11.0)));
+            (a.unwrap(), b.unwrap(), start.elapsed())
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(160)).await;
+    let urgent = v.chunk("u", req(0, -1.0)).await.unwrap();
+    let urgent_at = start.elapsed();
+    let (r1, r2, relaxed_at) = relaxed.await.unwrap();
+    // Without preemption it would wait for the batch (600 ms) and then run
+    // its 4 steps: 1000 ms. It takes the least urgent member's place at the
+    // first step boundary after it arrives instead (r2 may have joined r1
+    // at r1's first boundary), and is done by 900 ms.
+    assert!(urgent_at.as_millis() <= 900, "urgent done at {urgent_at:?}");
+    assert_eq!(v.load().await.preemptions, 1);
+    // Nothing lost: the preempted chunk resumed from its progress.
+    assert_eq!((r1.index, r2.index, urgent.index), (0, 0, 0));
+    assert!(relaxed_at >= urgent_at, "the preempted chunk finished after the urgent one: {relaxed_at:?} {urgent_at:?}");
+}

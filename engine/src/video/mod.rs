@@ -101,6 +101,9 @@ pub struct VideoLoad {
     pub chunks: u64,
     pub suspends: u64,
     pub resumes: u64,
+    /// Chunks preempted at a step boundary (emulated backend).
+    #[serde(default)]
+    pub preemptions: u64,
 }
 
 /// Why a session operation failed; `code` is the wire label.

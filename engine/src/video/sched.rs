@@ -21,6 +21,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::batch::{placeholder_frames, run_cpu_batch, run_gpu_batch};
 use super::model::{Resolution, StreamState, VideoModel};
 use super::state::{self, Kv, Meta, Version};
+
+mod steps;
 use super::{ChunkOut, ChunkRequest, CreateSession, VideoError, VideoLoad};
 use crate::backend::BackendKind;
 use crate::gpu::video::VideoRunner;
@@ -83,6 +85,9 @@ pub(crate) struct Pending {
     pub(crate) req: ChunkRequest,
     reply: oneshot::Sender<Result<ChunkOut, VideoError>>,
     enqueued: Instant,
+    /// Denoising steps still to run, once a chunk was preempted part-way
+    /// (its progress kept); `None` before it starts.
+    steps_left: Option<u32>,
 }
 
 type Reply<T> = oneshot::Sender<Result<T, VideoError>>;
@@ -272,6 +277,10 @@ impl Core {
             if batch.is_empty() {
                 continue;
             }
+            if self.cfg.backend == BackendKind::Emulated {
+                self.run_steps(batch, &mut rx).await;
+                continue;
+            }
             let started = Instant::now();
             let members = self.execute(batch).await;
             let compute_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -279,24 +288,29 @@ impl Core {
             let size = members.len() as u32;
             ::metrics::histogram!(crate::metrics::VIDEO_BATCH).record(f64::from(size));
             for (m, frames) in members {
-                let index = m.state.chunks - 1;
-                let out = ChunkOut {
-                    index,
-                    epoch: m.pending.req.epoch,
-                    fidelity: m.pending.req.fidelity,
-                    batch: size,
-                    queue_ms: (started - m.pending.enqueued).as_secs_f64() * 1e3,
-                    compute_ms,
-                    frames,
-                };
-                if let Some(s) = self.sessions.get_mut(&m.pending.id) {
-                    s.kv.advance(m.state.chunks);
-                    s.place = Place::Resident(m.state);
-                }
-                self.load.chunks += 1;
-                let _ = m.pending.reply.send(Ok(out));
+                self.complete(m, frames, size, started, compute_ms);
             }
         }
+    }
+
+    /// A member's chunk is done: its state goes back to its session and the
+    /// request gets the chunk.
+    fn complete(&mut self, m: Member, frames: Vec<String>, size: u32, started: Instant, compute_ms: f64) {
+        let out = ChunkOut {
+            index: m.state.chunks - 1,
+            epoch: m.pending.req.epoch,
+            fidelity: m.pending.req.fidelity,
+            batch: size,
+            queue_ms: (started.max(m.pending.enqueued) - m.pending.enqueued).as_secs_f64() * 1e3,
+            compute_ms,
+            frames,
+        };
+        if let Some(s) = self.sessions.get_mut(&m.pending.id) {
+            s.kv.advance(m.state.chunks);
+            s.place = Place::Resident(m.state);
+        }
+        self.load.chunks += 1;
+        let _ = m.pending.reply.send(Ok(out));
     }
 
     /// The session's state was replaced or left: the GPU's device copy of
@@ -409,7 +423,7 @@ impl Core {
                 }
                 Some(s) => {
                     s.credit = req.credit;
-                    self.pending.push(Pending { id, req, reply, enqueued: Instant::now() });
+                    self.pending.push(Pending { id, req, reply, enqueued: Instant::now(), steps_left: None });
                 }
             },
             Cmd::Prompt(id, prompt, reply) => {
@@ -644,30 +658,45 @@ impl Core {
     /// resident (states taken out of their sessions).
     fn form_batch(&mut self) -> Vec<Member> {
         self.pending.sort_by(|a, b| a.req.key.total_cmp(&b.req.key));
-        let mut chosen: Vec<String> = Vec::new();
-        let mut members = Vec::new();
+        let mut members: Vec<Member> = Vec::new();
         let mut rest = Vec::new();
         for p in std::mem::take(&mut self.pending) {
-            let fits = members.len() < self.cfg.max_batch as usize && !chosen.contains(&p.id);
-            let resident = fits && {
-                let mut keep = chosen.clone();
-                keep.push(p.id.clone());
-                matches!(self.resume(&p.id, &keep), Ok(true))
-            };
-            if !resident {
+            if members.len() >= self.cfg.max_batch as usize {
                 rest.push(p);
                 continue;
             }
-            let s = self.sessions.get_mut(&p.id).expect("resumed above");
-            let Place::Resident(state) = std::mem::replace(&mut s.place, Place::Busy) else {
-                rest.push(p);
-                continue;
-            };
-            chosen.push(p.id.clone());
-            members.push(Member { res: s.res, latent_frames: s.latent_frames, state, pending: p });
+            let chosen: Vec<String> = members.iter().map(|m| m.pending.id.clone()).collect();
+            match self.take_member(p, &chosen) {
+                Ok(m) => members.push(m),
+                Err(p) => rest.push(p),
+            }
         }
         self.pending = rest;
         members
+    }
+
+    /// Makes `p`'s session resident (suspending another outside `chosen`
+    /// if the arena is full) and takes its state for a batch; gives `p`
+    /// back when it cannot run now.
+    fn take_member(&mut self, p: Pending, chosen: &[String]) -> Result<Member, Pending> {
+        if chosen.contains(&p.id) {
+            return Err(p);
+        }
+        let mut keep = chosen.to_vec();
+        keep.push(p.id.clone());
+        if !matches!(self.resume(&p.id, &keep), Ok(true)) {
+            return Err(p);
+        }
+        let s = self.sessions.get_mut(&p.id).expect("resumed above");
+        match std::mem::replace(&mut s.place, Place::Busy) {
+            Place::Resident(state) => {
+                Ok(Member { res: s.res, latent_frames: s.latent_frames, state, pending: p })
+            }
+            other => {
+                s.place = other;
+                Err(p)
+            }
+        }
     }
 
     /// Runs a batch; returns each member with its frames (PNG, base64).

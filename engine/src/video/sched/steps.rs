@@ -1,0 +1,126 @@
+//! Step-boundary scheduling (SlackServe §4.1, the emulated backend): a
+//! batch runs one denoising step at a time, and between steps
+//!
+//! - a member whose steps are done leaves with its chunk at once;
+//! - new chunk requests are taken in, and waiting chunks fill free batch
+//!   slots, lowest ordering key (credit) first;
+//! - a waiting chunk with a lower key than a running member's preempts it
+//!   when the batch is full: the member goes back to the queue with its
+//!   progress (steps left) kept, and resumes from there later.
+//!
+//! So an URGENT chunk waits at most one step, not a whole batch of RELAXED
+//! ones. A step of the batch takes the longest member's step plus the
+//! coalescing cost of the others (the profile's batch model, per step).
+//!
+//! Commands other than chunk requests wait for the batch to end (they may
+//! touch sessions in it), and once one waits every later one does, in
+//! order.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::{Cmd, Core, Member, Place};
+use crate::video::batch::placeholder_frames;
+
+/// A member of the stepping batch.
+struct Running {
+    member: Member,
+    steps_left: u32,
+    step_ms: f64,
+    since: Instant,
+}
+
+impl Core {
+    fn running(&self, member: Member) -> Running {
+        let steps = u32::from(member.pending.req.fidelity.steps.max(1));
+        let chunk_ms = self.cfg.profile.point(&member.pending.req.fidelity).map_or(0.0, |p| p.chunk_ms);
+        let steps_left = member.pending.steps_left.unwrap_or(steps).clamp(1, steps);
+        Running { step_ms: chunk_ms / f64::from(steps), steps_left, since: Instant::now(), member }
+    }
+
+    pub(super) async fn run_steps(&mut self, batch: Vec<Member>, rx: &mut mpsc::UnboundedReceiver<Cmd>) {
+        let mut running: Vec<Running> = batch.into_iter().map(|m| self.running(m)).collect();
+        let mut deferred: Vec<Cmd> = Vec::new();
+        self.load.batches += 1;
+        ::metrics::histogram!(crate::metrics::VIDEO_BATCH).record(running.len() as f64);
+        while !running.is_empty() {
+            let max = running.iter().map(|r| r.step_ms).fold(0.0, f64::max);
+            let sum: f64 = running.iter().map(|r| r.step_ms).sum();
+            let step_ms = max + self.cfg.profile.batch_cost * (sum - max);
+            tokio::time::sleep(Duration::from_secs_f64(step_ms / 1e3)).await;
+            let size = running.len() as u32;
+            let mut still = Vec::new();
+            for mut r in running {
+                r.steps_left -= 1;
+                if r.steps_left > 0 {
+                    still.push(r);
+                    continue;
+                }
+                let mut m = r.member;
+                m.state.chunks += 1;
+                let frames = placeholder_frames(&m.state, m.res, m.latent_frames);
+                self.complete(m, frames, size, r.since, r.since.elapsed().as_secs_f64() * 1e3);
+            }
+            running = still;
+            // The step boundary.
+            while let Ok(c) = rx.try_recv() {
+                match c {
+                    Cmd::Chunk(..) | Cmd::Load(..) if deferred.is_empty() => self.command(c),
+                    other => deferred.push(other),
+                }
+            }
+            self.refill(&mut running);
+        }
+        for c in deferred {
+            self.command(c);
+        }
+    }
+
+    /// Free slots take the most urgent waiting chunks; then each waiting
+    /// chunk more urgent than the least urgent member takes its place.
+    fn refill(&mut self, running: &mut Vec<Running>) {
+        if self.pending.is_empty() {
+            return;
+        }
+        self.pending.sort_by(|a, b| a.req.key.total_cmp(&b.req.key));
+        let mut rest = Vec::new();
+        for p in std::mem::take(&mut self.pending) {
+            let chosen: Vec<String> = running.iter().map(|r| r.member.pending.id.clone()).collect();
+            if running.len() >= self.cfg.max_batch as usize {
+                let Some(worst) = (0..running.len()).max_by(|&a, &b| {
+                    running[a].member.pending.req.key.total_cmp(&running[b].member.pending.req.key)
+                }) else {
+                    rest.push(p);
+                    continue;
+                };
+                if p.req.key >= running[worst].member.pending.req.key {
+                    rest.push(p);
+                    continue;
+                }
+                // Preempt: back to the queue with its progress.
+                let out = running.swap_remove(worst);
+                let mut m = out.member;
+                if let Some(s) = self.sessions.get_mut(&m.pending.id) {
+                    s.place = Place::Resident(m.state);
+                    m.pending.steps_left = Some(out.steps_left);
+                    self.load.preemptions += 1;
+                    ::metrics::counter!(crate::metrics::VIDEO_PREEMPTIONS).increment(1);
+                    rest.push(m.pending);
+                } else {
+                    continue; // the session ended meanwhile: nothing to keep
+                }
+            }
+            let chosen: Vec<String> =
+                chosen.into_iter().filter(|id| running.iter().any(|r| r.member.pending.id == *id)).collect();
+            match self.take_member(p, &chosen) {
+                Ok(m) => {
+                    let r = self.running(m);
+                    running.push(r);
+                }
+                Err(p) => rest.push(p),
+            }
+        }
+        self.pending = rest;
+    }
+}
