@@ -30,7 +30,7 @@ fn create(id: &str, prompt: &str) -> CreateSession {
 }
 
 fn req(epoch: u32, credit: f64) -> ChunkRequest {
-    ChunkRequest { epoch, fidelity: Fidelity::HIGHEST, key: credit, credit }
+    ChunkRequest { epoch, fidelity: Fidelity::HIGHEST, key: credit, credit, sp: 1 }
 }
 
 #[tokio::test]
@@ -180,5 +180,41 @@ async fn an_urgent_chunk_preempts_a_full_batch_at_the_next_step_boundary() {
     assert_eq!(v.load().await.preemptions, 1);
     // Nothing lost: the preempted chunk resumed from its progress.
     assert_eq!((r1.index, r2.index, urgent.index), (0, 0, 0));
-    assert!(relaxed_at >= urgent_at, "the preempted chunk finished after the urgent one: {relaxed_at:?} {urgent_at:?}");
+    assert!(
+        relaxed_at >= urgent_at,
+        "the preempted chunk finished after the urgent one: {relaxed_at:?} {urgent_at:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_sp2_chunk_takes_the_profiles_share_of_the_time_and_a_donor_pays_for_its_half() {
+    let mut p = profile();
+    p.configs.iter_mut().for_each(|c| c.chunk_ms = f64::from(c.fidelity.steps) * 100.0);
+    let v = VideoEngine::spawn(VideoConfig {
+        backend: BackendKind::Emulated,
+        profile: p,
+        arena_slots: 8,
+        max_batch: 4,
+        threads: 1,
+        model_seed: 1,
+        gpu: None,
+        state_bytes: 0,
+    });
+    v.create(create("s", "s")).await.unwrap();
+    let timed = |sp: u8| {
+        let v = v.clone();
+        async move {
+            let t = tokio::time::Instant::now();
+            v.chunk("s", ChunkRequest { sp, ..req(0, 1.0) }).await.unwrap();
+            t.elapsed().as_millis()
+        }
+    };
+    assert_eq!(timed(1).await, 400);
+    assert_eq!(timed(2).await, 240, "sp2_factor 0.6 of 400 ms");
+    assert!(matches!(v.chunk("s", ChunkRequest { sp: 3, ..req(0, 1.0) }).await, Err(VideoError::BadSp(3))));
+    // Lending 1 s to another engine's SP2 chunk slows this engine's own
+    // batches while it lasts (a slot and its coalescing cost).
+    v.lend(1000.0).await.unwrap();
+    assert!(timed(1).await > 400);
+    assert_eq!(v.load().await.lends, 1);
 }

@@ -107,6 +107,8 @@ pub const VIDEO_REHOMES: &str = "gateway_video_rehomes_total";
 pub const VIDEO_TRANSFER: &str = "gateway_video_transfer_seconds";
 /// How long a moving stream waited on its move.
 pub const VIDEO_MOVE_STALL: &str = "gateway_video_move_stall_seconds";
+/// Donor engines borrowed for elastic sequence parallelism.
+pub const VIDEO_SP_BORROWS: &str = "gateway_video_sp_borrows_total";
 pub const CLUSTER_REDIS_UP: &str = "gateway_cluster_redis_up";
 pub const POLICY_VERSION: &str = "gateway_policy_version_info";
 pub const POLICY_RELOADS: &str = "gateway_policy_reloads_total";

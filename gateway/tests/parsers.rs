@@ -186,6 +186,7 @@ async fn video_imports_never_panic_and_only_well_shaped_states_are_accepted() {
         fidelity: policies::video::Fidelity::HIGHEST,
         key: 1.0,
         credit: 1.0,
+        sp: 1,
     };
     v.chunk("a", req).await.unwrap();
     let export = v.export("a").await.unwrap();

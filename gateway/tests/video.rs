@@ -421,3 +421,40 @@ async fn a_move_whose_source_dies_mid_transfer_loses_and_repeats_no_chunk() {
     assert_eq!(end["reason"], "completed", "{end}");
     assert_ne!(engines.last().unwrap(), &first, "continued elsewhere: {engines:?}");
 }
+
+#[tokio::test]
+async fn a_stalled_stream_borrows_a_donor_for_sp2_and_gives_it_back_once_recovered() {
+    let sys = System::start(INSTANT, 2).await;
+    let conn = sys.conn(Proto::H2).await;
+    let (status, created, _) =
+        create(&conn, GOLD, json!({"prompt": "rain on a tin roof", "length_frames": 12 * 24})).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let home = created["home_engine"].as_str().unwrap().to_string();
+    let pid = sys.engines.iter().find(|e| e.id == home).unwrap().pid;
+    let mut feed = Feed::open(&conn, &id, GOLD).await;
+    let mut sp = Vec::new();
+    let end = loop {
+        let (kind, data) = feed.next().await.expect("the feed ends with an end event");
+        match kind.as_str() {
+            "chunk" => {
+                sp.push(data["sp"].as_u64().unwrap());
+                if sp.len() == 2 {
+                    // The home engine freezes for 4 s: the stream's slack runs
+                    // out and its credit goes negative.
+                    signal(pid, "STOP");
+                    tokio::time::sleep(Duration::from_secs(4)).await;
+                    signal(pid, "CONT");
+                }
+            }
+            "stall" => {}
+            "end" => break data,
+            other => panic!("unexpected event {other}"),
+        }
+    };
+    assert_eq!(end["reason"], "completed", "{end}");
+    assert!(end["sp_borrows"].as_u64().unwrap() >= 1, "{end}");
+    let first = sp.iter().position(|&d| d == 2).expect("some chunks ran at SP2");
+    let released = sp[first..].iter().position(|&d| d == 1).expect("the donor was given back");
+    assert!(sp[first + released..].iter().filter(|&&d| d == 1).count() >= 3, "{sp:?}");
+}

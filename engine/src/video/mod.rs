@@ -71,6 +71,15 @@ pub struct ChunkRequest {
     pub key: f64,
     /// The stream's service credit, seconds (eviction keeps the lowest).
     pub credit: f64,
+    /// Sequence-parallel degree: 2 when the gateway lent this chunk a donor
+    /// engine (elastic SP; the emulated backend runs it at the profile's
+    /// `sp2_factor` of the time, the donor spending as long on its half).
+    #[serde(default = "sp1")]
+    pub sp: u8,
+}
+
+fn sp1() -> u8 {
+    1
 }
 
 /// A generated chunk.
@@ -104,6 +113,9 @@ pub struct VideoLoad {
     /// Chunks preempted at a step boundary (emulated backend).
     #[serde(default)]
     pub preemptions: u64,
+    /// Halves of other engines' SP2 chunks this engine ran.
+    #[serde(default)]
+    pub lends: u64,
 }
 
 /// Why a session operation failed; `code` is the wire label.
@@ -127,6 +139,8 @@ pub enum VideoError {
     Busy,
     #[error("the transfer from the source engine failed: {0}")]
     Transfer(String),
+    #[error("sequence-parallel degree {0} is not supported (1 or 2)")]
+    BadSp(u8),
 }
 
 impl VideoError {
@@ -141,6 +155,7 @@ impl VideoError {
             VideoError::NoOffer(_) => "no_offer",
             VideoError::Busy => "busy",
             VideoError::Transfer(_) => "transfer_failed",
+            VideoError::BadSp(_) => "invalid_request",
         }
     }
 }

@@ -104,6 +104,7 @@ pub fn measure(
         engine_class: args.engine_class.clone(),
         latent_frames: args.latent_frames as u32,
         batch_cost,
+        sp2_factor: policies::video::fidelity::DEFAULT_SP2_FACTOR,
         configs,
     }
 }
@@ -179,6 +180,7 @@ mod tests {
             engine_class: "cpu".into(),
             latent_frames: 3,
             batch_cost: 0.5,
+            sp2_factor: 0.6,
             configs,
         };
         let p = rescale(&measured, 600.0, 0.3, "emulated-x");

@@ -16,7 +16,9 @@ fn video_error(e: &VideoError) -> Response<EngineBody> {
     let status = match e {
         VideoError::NoSession(_) => StatusCode::NOT_FOUND,
         VideoError::Exists(_) | VideoError::StaleEpoch { .. } => StatusCode::CONFLICT,
-        VideoError::UnknownFidelity(_) | VideoError::BadState => StatusCode::BAD_REQUEST,
+        VideoError::UnknownFidelity(_) | VideoError::BadState | VideoError::BadSp(_) => {
+            StatusCode::BAD_REQUEST
+        }
         VideoError::Stopped | VideoError::Busy => StatusCode::SERVICE_UNAVAILABLE,
         VideoError::NoOffer(_) => StatusCode::FORBIDDEN,
         VideoError::Transfer(_) => StatusCode::BAD_GATEWAY,
@@ -42,6 +44,12 @@ fn done<T: serde::Serialize>(status: StatusCode, r: Result<T, VideoError>) -> Re
 #[serde(deny_unknown_fields)]
 struct PromptSwitch {
     prompt: String,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Lend {
+    ms: f64,
 }
 
 #[derive(serde::Deserialize)]
@@ -77,6 +85,13 @@ pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineB
             bytes("application/toml", engine.video_profile_toml.clone().into_bytes())
         }
         (Method::GET, ["load"]) => json(StatusCode::OK, &v.load().await),
+        (Method::POST, ["lend"]) => match read_json::<Lend>(req).await {
+            Ok(l) if l.ms.is_finite() && (0.0..=60_000.0).contains(&l.ms) => {
+                done(StatusCode::OK, v.lend(l.ms).await.map(|()| serde_json::json!({})))
+            }
+            Ok(_) => error(StatusCode::BAD_REQUEST, "invalid_request", "ms: 0 to 60000"),
+            Err(resp) => resp,
+        },
         (Method::POST, ["sessions"]) => match read_json::<CreateSession>(req).await {
             Ok(c) => match c.validate() {
                 Ok(()) => done(StatusCode::CREATED, v.create(c).await.map(|()| serde_json::json!({}))),

@@ -115,6 +115,9 @@ enum Cmd {
     Commit(String, Vec<u8>, Reply<()>),
     /// Target: drop a staged copy.
     Unstage(String, Reply<()>),
+    /// Donor: run another engine's SP2 half for this many ms (elastic SP,
+    /// emulated): a batch slot and its coalescing cost.
+    Lend(f64, Reply<()>),
 }
 
 /// Handle to the video scheduler; cheap to clone.
@@ -134,6 +137,7 @@ impl VideoEngine {
             sessions: HashMap::new(),
             staged: HashMap::new(),
             offers: HashMap::new(),
+            lends: Vec::new(),
             pending: Vec::new(),
             load: VideoLoad::default(),
         };
@@ -218,6 +222,11 @@ impl VideoEngine {
         self.call(|r| Cmd::Stage(id.to_string(), Vec::new(), r)).await.ok()
     }
 
+    /// Donates `ms` of this engine to another's sequence-parallel chunk.
+    pub async fn lend(&self, ms: f64) -> Result<(), VideoError> {
+        self.call(|r| Cmd::Lend(ms, r)).await
+    }
+
     pub async fn load(&self) -> VideoLoad {
         let (reply, rx) = oneshot::channel();
         if self.tx.send(Cmd::Load(reply)).is_err() {
@@ -251,7 +260,13 @@ struct Core {
     offers: HashMap<String, (String, Instant)>,
     pending: Vec<Pending>,
     load: VideoLoad,
+    /// Donations to other engines' SP2 chunks: (until, step ms), at most
+    /// `max_batch`.
+    lends: Vec<(Instant, f64)>,
 }
+
+/// Steps a donated half is spread over (its per-step cost in a batch).
+const LEND_STEPS: f64 = 4.0;
 
 /// One member of a running batch.
 pub(crate) struct Member {
@@ -415,6 +430,9 @@ impl Core {
                 None => {
                     let _ = reply.send(Err(VideoError::NoSession(id)));
                 }
+                Some(_) if !(1..=2).contains(&req.sp) => {
+                    let _ = reply.send(Err(VideoError::BadSp(req.sp)));
+                }
                 Some(s) if s.epoch != req.epoch => {
                     let _ = reply.send(Err(VideoError::StaleEpoch { got: req.epoch, current: s.epoch }));
                 }
@@ -495,6 +513,16 @@ impl Core {
             }
             Cmd::Unstage(id, reply) => {
                 let _ = reply.send(self.staged.remove(&id).map(|_| ()).ok_or(VideoError::NoSession(id)));
+            }
+            Cmd::Lend(ms, reply) => {
+                let now = Instant::now();
+                self.lends.retain(|(until, _)| *until > now);
+                if self.lends.len() < self.cfg.max_batch as usize {
+                    let ms = ms.clamp(0.0, 60_000.0);
+                    self.lends.push((now + Duration::from_secs_f64(ms / 1e3), ms / LEND_STEPS));
+                    self.load.lends += 1;
+                }
+                let _ = reply.send(Ok(()));
             }
             Cmd::Load(reply) => {
                 let mut load = self.load.clone();

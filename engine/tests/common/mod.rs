@@ -14,6 +14,7 @@ pub fn video_profile(engine_class: &str, latent_frames: u32) -> VideoProfile {
         engine_class: engine_class.into(),
         latent_frames,
         batch_cost: 0.5,
+        sp2_factor: 0.6,
         configs,
     }
 }

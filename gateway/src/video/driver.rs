@@ -166,6 +166,66 @@ fn relaxed_yield(streams: &Streams, stream: &Stream, cfg: &VideoConfig) -> Optio
     urgent_there.then_some(Duration::from_millis(50))
 }
 
+/// Elastic SP (SlackServe §4.3, Appendix C.3): the donor this chunk runs
+/// with, if any. A stream with negative credit borrows the engine whose
+/// streams are all RELAXED (or that has none) with the highest lowest
+/// credit, not its home and not lent to another stream; it keeps it while
+/// URGENT and releases it at the first chunk boundary out of that tier.
+fn donor_for(
+    streams: &Streams,
+    stream: &Stream,
+    cfg: &VideoConfig,
+    credit: f64,
+    home: usize,
+) -> Option<usize> {
+    let mut st = stream.lock();
+    if !cfg.elastic_sp {
+        st.donor = None;
+        return None;
+    }
+    if let Some(d) = st.donor {
+        if st.urgency != pv::Urgency::Urgent || !streams.pool.slot(d).routable() || d == home {
+            st.donor = None;
+            return None;
+        }
+        return Some(d);
+    }
+    if credit >= 0.0 {
+        return None;
+    }
+    drop(st);
+    // Per engine: the lowest credit of its live streams, and whether any
+    // is not RELAXED or it is lent already.
+    let n = streams.pool.len();
+    let mut lowest = vec![f64::INFINITY; n];
+    let mut ruled_out = vec![false; n];
+    for s in streams.all() {
+        if s.id == stream.id {
+            continue;
+        }
+        let st = s.lock();
+        if st.ended.is_some() {
+            continue;
+        }
+        if let Some(d) = st.donor {
+            ruled_out[d] = true;
+        }
+        if let Some(l) = lowest.get_mut(st.home) {
+            *l = l.min(st.credit_s);
+            ruled_out[st.home] |= st.urgency != pv::Urgency::Relaxed;
+        }
+    }
+    let donor = (0..n)
+        .filter(|&i| i != home && !ruled_out[i] && streams.pool.slot(i).routable())
+        .max_by(|&a, &b| lowest[a].total_cmp(&lowest[b]).then(b.cmp(&a)))?;
+    let mut st = stream.lock();
+    st.donor = Some(donor);
+    st.sp_borrows += 1;
+    ::metrics::counter!(m::VIDEO_SP_BORROWS).increment(1);
+    tracing::info!(event = "video_sp_borrow", stream = %stream.id, home, donor, credit_ms = credit * 1e3);
+    Some(donor)
+}
+
 /// Asks the home engine for the next chunk and delivers it.
 async fn next_chunk(streams: &Streams, stream: &Arc<Stream>, cfg: &VideoConfig) -> Result<(), &'static str> {
     let home = stream.lock().home;
@@ -174,13 +234,19 @@ async fn next_chunk(streams: &Streams, stream: &Arc<Stream>, cfg: &VideoConfig) 
     };
     let k = streams.per_engine().iter().find(|(i, _)| *i == home).map_or(1, |(_, n)| *n);
     let now = streams.now();
-    let (req, plan) = {
+    let (req, plan, donor) = {
         let mut st = stream.lock();
         let slack = st.playout.slack(now);
-        let plan = plan(cfg, &profile, slack, stream.chunk_s(), k);
+        let mut plan = plan(cfg, &profile, slack, stream.chunk_s(), k);
         let credit = pv::credit(slack, 0.0, plan.expected_s);
         st.credit_s = credit;
         st.urgency = pv::urgency(credit, plan.expected_s, cfg.alpha);
+        drop(st);
+        let donor = donor_for(streams, stream, cfg, credit, home);
+        let mut st = stream.lock();
+        if donor.is_some() {
+            plan.expected_s *= profile.sp2_factor;
+        }
         st.next = Some((plan.fidelity, plan.expected_s));
         st.in_flight = Some((now, plan.expected_s));
         let key = match cfg.order {
@@ -188,8 +254,15 @@ async fn next_chunk(streams: &Streams, stream: &Arc<Stream>, cfg: &VideoConfig) 
             ChunkOrder::LeastSlack => slack,
             ChunkOrder::Fifo => now,
         };
-        (ChunkRequest { epoch: st.epoch, fidelity: plan.fidelity, key, credit }, plan)
+        let sp = if donor.is_some() { 2 } else { 1 };
+        (ChunkRequest { epoch: st.epoch, fidelity: plan.fidelity, key, credit, sp }, plan, donor)
     };
+    if let Some(d) = donor {
+        let (pool, ms) = (Arc::clone(&streams.pool), plan.expected_s * 1e3);
+        tokio::spawn(async move {
+            let _ = calls::lend(&pool, d, ms).await;
+        });
+    }
     stream.lock().suspended = false; // the engine resumes it for this chunk
     let asked = streams.now();
     let result = calls::chunk(&streams.pool, home, &stream.id, &req).await;
@@ -257,6 +330,7 @@ fn deliver(
             "batch": out.batch,
             "compute_ms": out.compute_ms,
             "latency_ms": (now - asked) * 1e3,
+            "sp": if st.donor.is_some() { 2 } else { 1 },
             "frames": out.frames,
         }),
     );
@@ -486,6 +560,7 @@ async fn finish(streams: &Arc<Streams>, stream: &Arc<Stream>, reason: &'static s
             "stall_ms": st.stall_s * 1e3,
             "rehomes": st.rehomes,
             "migration_stall_ms": st.migration_stall_s * 1e3,
+            "sp_borrows": st.sp_borrows,
         }),
     );
     drop(st);

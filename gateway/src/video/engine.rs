@@ -142,6 +142,12 @@ pub async fn pull(
     json_of(&call(pool, idx, Method::POST, &session_path(id, op), body, TRANSFER_TIMEOUT).await?)
 }
 
+/// Donor: spends `ms` on another engine's SP2 chunk.
+pub async fn lend(pool: &EnginePool, idx: usize, ms: f64) -> Result<(), CallError> {
+    let body = serde_json::to_vec(&serde_json::json!({"ms": ms})).expect("serialises");
+    call(pool, idx, Method::POST, "/engine/v1/video/lend", body, CALL_TIMEOUT).await.map(|_| ())
+}
+
 /// Target: drops a staged copy (a move given up).
 pub async fn unstage(pool: &EnginePool, idx: usize, id: &str) -> Result<(), CallError> {
     call(pool, idx, Method::DELETE, &session_path(id, "/staged"), Vec::new(), CALL_TIMEOUT).await.map(|_| ())

@@ -61,6 +61,9 @@ pub struct StreamState {
     pub move_to: Option<usize>,
     /// An asynchronous move under way (see `driver::migrate_if_planned`).
     pub moving: Option<Moving>,
+    /// The engine lent to this stream for sequence parallelism.
+    pub donor: Option<usize>,
+    pub sp_borrows: u64,
     pub rehomes: u64,
     /// Time the stream's chunks waited on its moves (the state transfer
     /// on the critical path), seconds.
@@ -378,6 +381,8 @@ impl Streams {
                 last_moved: None,
                 move_to: None,
                 moving: None,
+                donor: None,
+                sp_borrows: 0,
                 rehomes: 0,
                 migration_stall_s: 0.0,
                 in_flight: None,

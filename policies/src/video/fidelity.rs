@@ -93,6 +93,15 @@ pub enum VideoProfileError {
     Invalid { file: String, message: String },
 }
 
+/// SP2's chunk time over SP1's when a profile does not say: half the work
+/// plus 10% of a chunk in communication (SlackServe restricts elastic SP
+/// to intra-node SP2, where all-to-all over NVLink is cheap).
+pub const DEFAULT_SP2_FACTOR: f64 = 0.6;
+
+fn default_sp2_factor() -> f64 {
+    DEFAULT_SP2_FACTOR
+}
+
 /// A validated video profile (TOML, see `policies/profiles/video-*.toml`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct VideoProfile {
@@ -103,6 +112,11 @@ pub struct VideoProfile {
     /// A coalesced batch of k chunks takes `chunk_ms × (1 + batch_cost ×
     /// (k − 1))`: the marginal cost of one more chunk in the batch.
     pub batch_cost: f64,
+    /// Elastic sequence parallelism over two engines (SlackServe §4.3): a
+    /// chunk takes `chunk_ms × sp2_factor` (half the work plus the
+    /// all-to-all communication), and the donor engine spends the same
+    /// time on its half.
+    pub sp2_factor: f64,
     pub configs: Vec<ConfigPoint>,
 }
 
@@ -115,6 +129,8 @@ struct RawProfile {
     source: String,
     latent_frames: u32,
     batch_cost: f64,
+    #[serde(default = "default_sp2_factor")]
+    sp2_factor: f64,
     configs: Vec<RawPoint>,
 }
 
@@ -141,6 +157,9 @@ impl VideoProfile {
         if !(0.0..=1.0).contains(&raw.batch_cost) {
             return Err(invalid("`batch_cost` must be in [0, 1]".into()));
         }
+        if !(raw.sp2_factor >= 0.5 && raw.sp2_factor <= 1.0) {
+            return Err(invalid("`sp2_factor` must be in [0.5, 1]".into()));
+        }
         let mut configs = Vec::new();
         for (i, p) in raw.configs.into_iter().enumerate() {
             if !(p.chunk_ms > 0.0 && p.chunk_ms.is_finite() && (0.0..=1.0).contains(&p.quality)) {
@@ -159,6 +178,7 @@ impl VideoProfile {
             engine_class: raw.engine_class,
             latent_frames: raw.latent_frames,
             batch_cost: raw.batch_cost,
+            sp2_factor: raw.sp2_factor,
             configs,
         })
     }
@@ -171,6 +191,7 @@ impl VideoProfile {
             source: source.to_string(),
             latent_frames: self.latent_frames,
             batch_cost: self.batch_cost,
+            sp2_factor: self.sp2_factor,
             configs: self
                 .configs
                 .iter()
@@ -280,6 +301,7 @@ mod tests {
             engine_class: "c".into(),
             latent_frames: 3,
             batch_cost: 0.3,
+            sp2_factor: DEFAULT_SP2_FACTOR,
             configs: vec![p(4, 400.0, 1.0), p(2, 150.0, 0.96)],
         };
         let back = VideoProfile::parse("p", &profile.to_toml("test")).unwrap();

@@ -75,6 +75,10 @@ pub struct VideoConfig {
     pub rehoming: bool,
     /// How a moving stream's state travels.
     pub transfer: TransferMode,
+    /// Elastic sequence parallelism (SlackServe §4.3): a stream whose
+    /// credit goes negative borrows the highest-credit RELAXED engine as a
+    /// donor until it is out of the URGENT tier.
+    pub elastic_sp: bool,
     /// Frames per second when the request gives none.
     pub default_fps: u32,
     /// Pixel frames per chunk when the request gives none (4 per latent frame).
@@ -100,6 +104,7 @@ impl Default for VideoConfig {
             fidelity: FidelityMode::Bmpr,
             rehoming: true,
             transfer: TransferMode::Async,
+            elastic_sp: true,
             default_fps: 16,
             default_frames_per_chunk: 12,
             max_pause_s: 600.0,

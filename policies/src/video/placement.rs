@@ -192,6 +192,7 @@ mod tests {
             engine_class: "c".into(),
             latent_frames: 3,
             batch_cost: 0.5,
+            sp2_factor: 0.6,
             configs: vec![point(250.0, 0.9), point(600.0, 1.0)],
         };
         // D = 0.75 s: 250 × (1 + 0.5 × k) ≤ 750 while k ≤ 4 residents.

@@ -34,7 +34,10 @@ struct Running {
 impl Core {
     fn running(&self, member: Member) -> Running {
         let steps = u32::from(member.pending.req.fidelity.steps.max(1));
-        let chunk_ms = self.cfg.profile.point(&member.pending.req.fidelity).map_or(0.0, |p| p.chunk_ms);
+        let mut chunk_ms = self.cfg.profile.point(&member.pending.req.fidelity).map_or(0.0, |p| p.chunk_ms);
+        if member.pending.req.sp == 2 {
+            chunk_ms *= self.cfg.profile.sp2_factor;
+        }
         let steps_left = member.pending.steps_left.unwrap_or(steps).clamp(1, steps);
         Running { step_ms: chunk_ms / f64::from(steps), steps_left, since: Instant::now(), member }
     }
@@ -45,8 +48,12 @@ impl Core {
         self.load.batches += 1;
         ::metrics::histogram!(crate::metrics::VIDEO_BATCH).record(running.len() as f64);
         while !running.is_empty() {
-            let max = running.iter().map(|r| r.step_ms).fold(0.0, f64::max);
-            let sum: f64 = running.iter().map(|r| r.step_ms).sum();
+            // Donated halves of other engines' chunks run in the batch too.
+            let now = Instant::now();
+            self.lends.retain(|(until, _)| *until > now);
+            let lent = self.lends.iter().map(|(_, ms)| *ms);
+            let max = running.iter().map(|r| r.step_ms).chain(lent.clone()).fold(0.0, f64::max);
+            let sum: f64 = running.iter().map(|r| r.step_ms).chain(lent).sum();
             let step_ms = max + self.cfg.profile.batch_cost * (sum - max);
             tokio::time::sleep(Duration::from_secs_f64(step_ms / 1e3)).await;
             let size = running.len() as u32;
@@ -87,7 +94,7 @@ impl Core {
         let mut rest = Vec::new();
         for p in std::mem::take(&mut self.pending) {
             let chosen: Vec<String> = running.iter().map(|r| r.member.pending.id.clone()).collect();
-            if running.len() >= self.cfg.max_batch as usize {
+            if running.len() + self.lends.len() >= self.cfg.max_batch as usize {
                 let Some(worst) = (0..running.len()).max_by(|&a, &b| {
                     running[a].member.pending.req.key.total_cmp(&running[b].member.pending.req.key)
                 }) else {
