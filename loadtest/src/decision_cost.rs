@@ -141,5 +141,59 @@ pub fn run(
         engines: placement_engines,
         micros,
     });
+    out.push(video_tick(&policy.video, 1024, 16));
     out
+}
+
+/// One video control tick as the gateway runs it (SlackServe Appendix
+/// D.1): every stream's credit, tier and next fidelity (BMPR over the
+/// bundled emulated profile's frontier), then min-max rebalancing and the
+/// URGENT re-homing plan, over `streams` streams on `engines` engines.
+fn video_tick(cfg: &policies::video::VideoConfig, streams: usize, engines: usize) -> Cost {
+    use policies::video::{bmpr, credit, fleet, urgency, VideoProfile};
+    let profile =
+        VideoProfile::parse("bundled", include_str!("../../policies/profiles/video-emulated-h100.toml"))
+            .expect("the bundled profile parses");
+    let frontier = profile.frontier();
+    let floor = profile.quality_floor();
+    let latency = fleet::ChunkLatency::of(&profile);
+    let gpus: Vec<fleet::Gpu> =
+        (0..engines).map(|_| fleet::Gpu { latency, capacity: 64, open: true }).collect();
+    let ids: Vec<usize> = (0..engines).collect();
+    let limits = RehomeLimits {
+        max_out: cfg.max_out_per_tick,
+        max_in: cfg.max_in_per_tick,
+        cooldown_s: cfg.rehome_cooldown_s,
+    };
+    let micros = measure(200, |i| {
+        let mut views = Vec::with_capacity(streams);
+        let mut active = Vec::with_capacity(streams);
+        for s in 0..streams {
+            // Skewed homes so that rebalancing has work to do.
+            let engine = (s * s + i) % engines;
+            let slack = ((s * 7919 + i) % 4000) as f64 / 1000.0;
+            let k = streams / engines;
+            let cost = |p: &policies::video::ConfigPoint| profile.batch_ms(p.chunk_ms, k.max(1));
+            let budget = bmpr::budget_s(slack, 0.75, 0.0, cost(&profile.best()) / 1e3, cfg.alpha);
+            let (p, _) = bmpr::select(&frontier, budget * 1e3, floor, cost)
+                .unwrap_or((profile.best(), bmpr::Mode::SpeedRecovery));
+            let next_s = cost(&p) / 1e3;
+            let c = credit(slack, 0.0, next_s);
+            views.push(StreamView {
+                id: s as u64,
+                engine,
+                credit_s: c,
+                urgency: urgency(c, next_s, cfg.alpha),
+                last_moved: None,
+            });
+            active.push(fleet::Active { id: s as u64, gpu: engine, state_bytes: 64 << 20, movable: true });
+        }
+        std::hint::black_box(fleet::rebalance(&gpus, &active, &cfg.fleet.params()));
+        std::hint::black_box(plan_rehoming(&ids, &views, 100.0, limits));
+    });
+    Cost {
+        what: format!("video control tick, {streams} streams (credit, BMPR, min-max, re-homing)"),
+        engines,
+        micros,
+    }
 }

@@ -12,9 +12,10 @@
 //! ones. A step of the batch takes the longest member's step plus the
 //! coalescing cost of the others (the profile's batch model, per step).
 //!
-//! Commands other than chunk requests wait for the batch to end (they may
-//! touch sessions in it), and once one waits every later one does, in
-//! order.
+//! Commands run at step boundaries too, except those for a session in
+//! the batch: they wait until its chunk is done (and later commands for
+//! that session wait behind them, in order), so a transfer, a prompt
+//! switch or an end never waits for a whole batch that keeps refilling.
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,27 @@ use tokio::sync::mpsc;
 
 use super::{Cmd, Core, Member, Place};
 use crate::video::batch::placeholder_frames;
+
+/// The session a command is about (`None`: the engine as a whole).
+fn session_of(c: &Cmd) -> Option<&str> {
+    match c {
+        Cmd::Create(c, _) => Some(&c.id),
+        Cmd::Chunk(id, ..)
+        | Cmd::Prompt(id, ..)
+        | Cmd::Suspend(id, _)
+        | Cmd::Resume(id, _)
+        | Cmd::Export(id, _)
+        | Cmd::Import(id, ..)
+        | Cmd::State(id, _)
+        | Cmd::End(id, _)
+        | Cmd::Offer(id, ..)
+        | Cmd::Snapshot(id, ..)
+        | Cmd::Stage(id, ..)
+        | Cmd::Commit(id, ..)
+        | Cmd::Unstage(id, _) => Some(id),
+        Cmd::Load(_) | Cmd::Lend(..) => None,
+    }
+}
 
 /// A member of the stepping batch.
 struct Running {
@@ -70,11 +92,17 @@ impl Core {
                 self.complete(m, frames, size, r.since, r.since.elapsed().as_secs_f64() * 1e3);
             }
             running = still;
-            // The step boundary.
+            // The step boundary: commands for sessions not in the batch
+            // run now; those for a member wait until it leaves (so do later
+            // ones for the same session, in order).
             while let Ok(c) = rx.try_recv() {
-                match c {
-                    Cmd::Chunk(..) | Cmd::Load(..) if deferred.is_empty() => self.command(c),
-                    other => deferred.push(other),
+                deferred.push(c);
+            }
+            let blocked: Vec<String> = running.iter().map(|r| r.member.pending.id.clone()).collect();
+            for c in std::mem::take(&mut deferred) {
+                match session_of(&c) {
+                    Some(id) if blocked.iter().any(|b| b == id) => deferred.push(c),
+                    _ => self.command(c),
                 }
             }
             self.refill(&mut running);
