@@ -78,7 +78,7 @@ pub fn tick(streams: &Streams, cfg: &VideoConfig) -> Vec<Move> {
         }
     }
     let mut moves = Vec::new();
-    let mut bottleneck = None;
+    let mut minmax = None;
     if cfg.fleet.placement == PlacementMode::MinMax {
         if let Some((engines, gpus)) = streams.fleet_view(cfg) {
             let sessions: Vec<fleet::Active> = active
@@ -98,7 +98,7 @@ pub fn tick(streams: &Streams, cfg: &VideoConfig) -> Vec<Move> {
                 from: engines[m.from],
                 to: engines[m.to],
             }));
-            bottleneck = Some((engines, gpus, plan.load, plan.after_ms));
+            minmax = Some((engines, gpus, plan));
         }
     }
     if cfg.rehoming {
@@ -116,23 +116,18 @@ pub fn tick(streams: &Streams, cfg: &VideoConfig) -> Vec<Move> {
             max_in: cfg.max_in_per_tick,
             cooldown_s: cfg.rehome_cooldown_s,
         };
-        let mut load = bottleneck.as_ref().map(|(_, _, load, _)| load.clone());
-        for m in plan_rehoming(&engines, &views, now, limits) {
+        let planned = plan_rehoming(&engines, &views, now, limits);
+        let kept = match &minmax {
             // Never onto an engine the move would make the bottleneck.
-            if let (Some((engines, gpus, _, l)), Some(load)) = (&bottleneck, load.as_mut()) {
-                let (Some(to), Some(from)) =
-                    (engines.iter().position(|&e| e == m.to), engines.iter().position(|&e| e == m.from))
-                else {
-                    continue;
-                };
-                if gpus[to].latency.ms(load[to] + 1) > *l {
-                    continue;
-                }
-                load[to] += 1;
-                load[from] = load[from].saturating_sub(1);
+            Some((engines, gpus, plan)) => {
+                let index = |e: usize| engines.iter().position(|&x| x == e).unwrap_or(usize::MAX);
+                let pairs: Vec<(usize, usize)> =
+                    planned.iter().map(|m| (index(m.from), index(m.to))).collect();
+                fleet::admit_rehoming(gpus, plan, &pairs)
             }
-            moves.push(m);
-        }
+            None => vec![true; planned.len()],
+        };
+        moves.extend(planned.into_iter().zip(kept).filter_map(|(m, k)| k.then_some(m)));
     }
     for m in &moves {
         let s = &live[m.stream as usize];

@@ -266,6 +266,30 @@ pub fn rebalance(gpus: &[Gpu], sessions: &[Active], params: &PlaceParams) -> Pla
     Plan { after_ms: bottleneck_ms(gpus, &load), before_ms, moves, load }
 }
 
+/// Composes SlackServe's URGENT re-homing with a min-max plan (one
+/// placement layer): `rehome` moves (engine index pairs into `gpus`, in the
+/// planner's order) are kept only if each leaves the bottleneck the plan
+/// reached no higher, each kept move updating the loads the next one is
+/// judged on. Returns which were kept.
+pub fn admit_rehoming(gpus: &[Gpu], plan: &Plan, rehome: &[(usize, usize)]) -> Vec<bool> {
+    let mut load = plan.load.clone();
+    rehome
+        .iter()
+        .map(|&(from, to)| {
+            let ok = from < gpus.len()
+                && to < gpus.len()
+                && from != to
+                && gpus[to].open
+                && gpus[to].latency.ms(load[to] + 1) <= plan.after_ms;
+            if ok {
+                load[to] += 1;
+                load[from] = load[from].saturating_sub(1);
+            }
+            ok
+        })
+        .collect()
+}
+
 /// The optimal bottleneck for `n` sessions on `gpus` (open ones), by
 /// exhaustive search over every placement's per-engine counts (sessions are
 /// interchangeable for L): the oracle of TurboServe §7.4. Exponential; for

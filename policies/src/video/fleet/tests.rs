@@ -263,3 +263,21 @@ fn the_shipped_defaults_are_valid_and_bad_values_are_named() {
     let bad = FleetConfig { transfer_mib_per_s: 0.0, ..FleetConfig::default() };
     assert_eq!(bad.validate().unwrap_err().0, "video.fleet.transfer_mib_per_s");
 }
+
+#[test]
+fn urgent_rehoming_is_kept_only_where_it_does_not_raise_the_bottleneck() {
+    let gpus = [gpu(H100, 5); 3];
+    // [3, 3, 1] stays (L = ℓ̂(3) = 225 ms; one off each of the two
+    // bottleneck engines would only move it).
+    let plan = rebalance(&gpus, &sessions(&[3, 3, 1], 1 << 20), &params(0.05));
+    assert_eq!((plan.load.clone(), plan.after_ms), (vec![3, 3, 1], 225.0));
+    // URGENT moves into engine 2: to 2 streams (187.5 ms) and to 3 (225)
+    // are kept, to 4 (262.5) would make it the bottleneck; the move back
+    // to engine 1 is judged on the loads the kept ones left. A closed
+    // engine never receives.
+    let kept = admit_rehoming(&gpus, &plan, &[(0, 2), (1, 2), (0, 2), (2, 1)]);
+    assert_eq!(kept, vec![true, true, false, true]);
+    let mut closed = gpus;
+    closed[2].open = false;
+    assert_eq!(admit_rehoming(&closed, &plan, &[(0, 2)]), vec![false]);
+}
