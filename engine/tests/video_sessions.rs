@@ -141,22 +141,28 @@ async fn a_malformed_import_is_refused_and_the_scheduler_keeps_serving() {
     assert_eq!(v.chunk("a", req(0, 1.0)).await.unwrap().index, 1);
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_urgent_chunk_preempts_a_full_batch_at_the_next_step_boundary() {
-    // 100 ms per denoising step, 4 steps at the highest fidelity; batches
-    // of at most 2: two RELAXED chunks take 4 × 150 ms together.
+/// An emulated engine at 100 ms per denoising step (400 ms at the highest
+/// fidelity's 4 steps), batches of at most `max_batch`.
+fn stepped(max_batch: u32) -> VideoEngine {
     let mut p = profile();
     p.configs.iter_mut().for_each(|c| c.chunk_ms = f64::from(c.fidelity.steps) * 100.0);
-    let v = VideoEngine::spawn(VideoConfig {
+    VideoEngine::spawn(VideoConfig {
         backend: BackendKind::Emulated,
         profile: p,
         arena_slots: 8,
-        max_batch: 2,
+        max_batch,
         threads: 1,
         model_seed: 1,
         gpu: None,
         state_bytes: 0,
-    });
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_urgent_chunk_preempts_a_full_batch_at_the_next_step_boundary() {
+    // 100 ms per denoising step, 4 steps at the highest fidelity; batches
+    // of at most 2: two RELAXED chunks take 4 × 150 ms together.
+    let v = stepped(2);
     for id in ["r1", "r2", "u"] {
         v.create(create(id, id)).await.unwrap();
     }
@@ -188,18 +194,7 @@ async fn an_urgent_chunk_preempts_a_full_batch_at_the_next_step_boundary() {
 
 #[tokio::test(start_paused = true)]
 async fn an_sp2_chunk_takes_the_profiles_share_of_the_time_and_a_donor_pays_for_its_half() {
-    let mut p = profile();
-    p.configs.iter_mut().for_each(|c| c.chunk_ms = f64::from(c.fidelity.steps) * 100.0);
-    let v = VideoEngine::spawn(VideoConfig {
-        backend: BackendKind::Emulated,
-        profile: p,
-        arena_slots: 8,
-        max_batch: 4,
-        threads: 1,
-        model_seed: 1,
-        gpu: None,
-        state_bytes: 0,
-    });
+    let v = stepped(4);
     v.create(create("s", "s")).await.unwrap();
     let timed = |sp: u8| {
         let v = v.clone();

@@ -51,6 +51,24 @@ impl Feed {
         Self { body: resp.into_body(), parser: SseParser::new(), ready: Default::default() }
     }
 
+    /// Reads to the `end` event, calling `on_chunk` with each chunk event's
+    /// data and how many chunks came so far; returns the end event's data.
+    async fn until_end(&mut self, mut on_chunk: impl AsyncFnMut(&Value, usize)) -> Value {
+        let mut n = 0;
+        loop {
+            let (kind, data) = self.next().await.expect("the feed ends with an end event");
+            match kind.as_str() {
+                "chunk" => {
+                    n += 1;
+                    on_chunk(&data, n).await;
+                }
+                "stall" => {}
+                "end" => return data,
+                other => panic!("unexpected event {other}"),
+            }
+        }
+    }
+
     /// The next event (kind, data), or `None` when the feed ended.
     async fn next(&mut self) -> Option<(String, Value)> {
         loop {
@@ -382,26 +400,20 @@ async fn move_and_kill(victim: &str, chunks: u64) -> (Vec<u64>, Vec<String>, Str
     let other = sys.other_engine(&first);
     let mut feed = Feed::open(&conn, &id, GOLD).await;
     let (mut indices, mut engines) = (Vec::new(), Vec::new());
-    let end = loop {
-        let (kind, data) = feed.next().await.expect("the feed ends with an end event");
-        match kind.as_str() {
-            "chunk" => {
-                indices.push(data["index"].as_u64().unwrap());
-                engines.push(data["engine"].as_str().unwrap().to_string());
-                if indices.len() == 2 {
-                    let admin = sys.admin_conn().await;
-                    let path = format!("/admin/video/streams/{id}/move?engine={other}");
-                    let (s, body) = call(&admin, "POST", &path, &sys.admin_token(), json!({})).await;
-                    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    sys.kill_engine(if victim == "target" { &other } else { &first });
-                }
+    let end = feed
+        .until_end(async |data, n| {
+            indices.push(data["index"].as_u64().unwrap());
+            engines.push(data["engine"].as_str().unwrap().to_string());
+            if n == 2 {
+                let admin = sys.admin_conn().await;
+                let path = format!("/admin/video/streams/{id}/move?engine={other}");
+                let (s, body) = call(&admin, "POST", &path, &sys.admin_token(), json!({})).await;
+                assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                sys.kill_engine(if victim == "target" { &other } else { &first });
             }
-            "stall" => {}
-            "end" => break data,
-            other => panic!("unexpected event {other}"),
-        }
-    };
+        })
+        .await;
     (indices, engines, first, end)
 }
 
@@ -434,24 +446,18 @@ async fn a_stalled_stream_borrows_a_donor_for_sp2_and_gives_it_back_once_recover
     let pid = sys.engines.iter().find(|e| e.id == home).unwrap().pid;
     let mut feed = Feed::open(&conn, &id, GOLD).await;
     let mut sp = Vec::new();
-    let end = loop {
-        let (kind, data) = feed.next().await.expect("the feed ends with an end event");
-        match kind.as_str() {
-            "chunk" => {
-                sp.push(data["sp"].as_u64().unwrap());
-                if sp.len() == 2 {
-                    // The home engine freezes for 4 s: the stream's slack runs
-                    // out and its credit goes negative.
-                    signal(pid, "STOP");
-                    tokio::time::sleep(Duration::from_secs(4)).await;
-                    signal(pid, "CONT");
-                }
+    let end = feed
+        .until_end(async |data, n| {
+            sp.push(data["sp"].as_u64().unwrap());
+            if n == 2 {
+                // The home engine freezes for 4 s: the stream's slack runs
+                // out and its credit goes negative.
+                signal(pid, "STOP");
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                signal(pid, "CONT");
             }
-            "stall" => {}
-            "end" => break data,
-            other => panic!("unexpected event {other}"),
-        }
-    };
+        })
+        .await;
     assert_eq!(end["reason"], "completed", "{end}");
     assert!(end["sp_borrows"].as_u64().unwrap() >= 1, "{end}");
     let first = sp.iter().position(|&d| d == 2).expect("some chunks ran at SP2");
