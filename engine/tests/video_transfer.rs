@@ -150,3 +150,21 @@ async fn a_source_killed_mid_pull_leaves_the_target_with_nothing() {
     );
     assert_eq!(resp.await.unwrap().status(), 404);
 }
+
+#[tokio::test]
+async fn a_synchronous_move_carries_a_kv_window_larger_than_a_request_body() {
+    // 32 MiB of KV: over the 16 MiB bound of other request bodies.
+    let (a, b) = tokio::join!(start("32"), start("32"));
+    assert_eq!(a.post("/engine/v1/video/sessions", session("s")).await.0, 201);
+    assert_eq!(a.chunk("s").await.0, 200);
+    let auth = format!("Bearer {TOKEN}");
+    let req = http::Request::post("/engine/v1/video/sessions/s/export").header("authorization", &auth);
+    let resp = a.conn.send(req.body(Full::new(Bytes::new())).unwrap()).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let state = body_bytes(resp).await.unwrap();
+    assert!(state.len() > 32 << 20);
+    let req = http::Request::put("/engine/v1/video/sessions/s/import").header("authorization", &auth);
+    let resp = b.conn.send(req.body(Full::new(state)).unwrap()).await.unwrap();
+    assert_eq!(resp.status(), 201);
+    assert_eq!(b.chunk("s").await.1["index"], 1);
+}

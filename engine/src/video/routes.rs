@@ -7,7 +7,7 @@ use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 
 use super::{ChunkRequest, CreateSession, VideoError};
-use crate::server::{error, json, read_json, EngineBody, MAX_REQUEST_BYTES};
+use crate::server::{error, json, read_json, EngineBody};
 use crate::Engine;
 
 pub const PREFIX: &str = "/engine/v1/video/";
@@ -129,7 +129,8 @@ pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineB
         },
         (Method::PUT, ["sessions", id, "import"]) => {
             let id = id.to_string();
-            match Limited::new(req.into_body(), MAX_REQUEST_BYTES).collect().await {
+            // A session's state: its KV window and model state.
+            match Limited::new(req.into_body(), pull_limit(engine)).collect().await {
                 Ok(c) => done(
                     StatusCode::CREATED,
                     v.import(&id, c.to_bytes().to_vec()).await.map(|()| serde_json::json!({})),
