@@ -273,6 +273,12 @@ async fn next_chunk(streams: &Streams, stream: &Arc<Stream>, cfg: &VideoConfig) 
             Ok(())
         }
         Err(e) if e.status == Some(http::StatusCode::CONFLICT) => after_conflict(streams, stream).await,
+        // The engine no longer has the session (it restarted, or a move
+        // lost the state): start the stream over rather than end it.
+        Err(e) if e.status == Some(http::StatusCode::NOT_FOUND) => {
+            tracing::warn!(event = "video_session_missing", stream = %stream.id, engine = home, error = %e);
+            rehome_lost(streams, stream).await
+        }
         Err(e) => {
             tracing::warn!(event = "video_chunk_failed", stream = %stream.id, engine = home, error = %e);
             if streams.pool.slot(home).is_ready() && e.status.is_some() {
