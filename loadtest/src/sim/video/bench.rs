@@ -212,6 +212,13 @@ fn compare(args: &SimVideoArgs, spec: &TraceSpec, fleet_cfg: &FleetConfig) -> (S
                 };
                 cells.push(Cell { engines, seed, arm, matched_cost, matched_latency });
             }
+            if seed == 1 {
+                let lag = cells.iter().rev().find(|c| c.engines == engines && c.arm == Arm::Lag);
+                if let Some(lag) = lag {
+                    let svg = timeline_svg(engines, k, &ours, lag);
+                    let _ = std::fs::write(args.out.join(format!("timeline-{engines}.svg")), svg);
+                }
+            }
             ours_runs.push((engines, seed, ours));
             progress.tick();
         }
@@ -350,6 +357,50 @@ fn fewest_within(most: u32, target: f64, run: impl Fn(u32) -> Outcome) -> Option
         }
     }
     Some(best)
+}
+
+/// Seed 1's run at one size as two charts: engines over time (ours, and
+/// the fixed count base+LAG needs at matched latency) and the busiest
+/// engine's sessions (ours, and base+LAG at matched cost) against K.
+fn timeline_svg(engines: u32, k: u32, ours: &Outcome, lag: &Cell) -> String {
+    use crate::svg::{Chart, Reference, Series};
+    let line = |name: &str, o: &Outcome, pick: fn(&(f64, u32, u32, u32, u32)) -> u32| Series {
+        name: name.into(),
+        points: o.timeline.iter().map(|t| (t.0, Some(f64::from(pick(t))))).collect(),
+    };
+    let mut cost = Chart {
+        title: format!("{engines}-engine cluster: engines billed"),
+        x_label: "seconds".into(),
+        y_label: "engines".into(),
+        ..Chart::default()
+    };
+    cost.series.push(line("ours", ours, |t| t.1));
+    cost.series.push(line("ours: active sessions / K", ours, |t| t.3));
+    if let Some(m) = lag.matched_latency.as_ref().and_then(|o| o.engines) {
+        cost.references.push(Reference {
+            name: "base+LAG at matched latency".into(),
+            y: f64::from(m),
+            like_series: None,
+        });
+    }
+    // Sessions / K as engines: scale the second series.
+    if let Some(s) = cost.series.get_mut(1) {
+        s.points.iter_mut().for_each(|p| p.1 = p.1.map(|v| v / f64::from(k.max(1))));
+    }
+    let mut busy = Chart {
+        title: format!("{engines}-engine cluster: the busiest engine's sessions"),
+        x_label: "seconds".into(),
+        y_label: "sessions".into(),
+        ..Chart::default()
+    };
+    busy.series.push(line("ours", ours, |t| t.4));
+    busy.series.push(line("base+LAG at matched cost", &lag.matched_cost, |t| t.4));
+    busy.references.push(Reference { name: "K".into(), y: f64::from(k), like_series: None });
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"600\">{}<g transform=\"translate(0,300)\">{}</g></svg>",
+        cost.render(),
+        busy.render()
+    )
 }
 
 /// "x% lower" from a reduction ratio r (1 − ours/theirs).
