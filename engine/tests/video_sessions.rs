@@ -213,3 +213,26 @@ async fn an_sp2_chunk_takes_the_profiles_share_of_the_time_and_a_donor_pays_for_
     assert!(timed(1).await > 400);
     assert_eq!(v.load().await.lends, 1);
 }
+
+#[tokio::test]
+async fn staged_copies_are_bounded_by_the_arena_and_snapshots_need_an_offer() {
+    let source = engine(BackendKind::Emulated, 8);
+    let target = engine(BackendKind::Emulated, 1);
+    let token = "0123456789abcdef".to_string();
+    let mut copies = Vec::new();
+    for id in ["x", "y"] {
+        source.create(create(id, id)).await.unwrap();
+        assert!(matches!(source.snapshot(id, token.clone(), None).await, Err(VideoError::NoOffer(_))));
+        source.offer(id, token.clone()).await.unwrap();
+        assert!(matches!(
+            source.snapshot(id, "wrong-token-000000".into(), None).await,
+            Err(VideoError::NoOffer(_))
+        ));
+        copies.push(source.snapshot(id, token.clone(), None).await.unwrap());
+    }
+    // One arena slot: one staged copy; a second peer's waits its turn.
+    target.stage("x", copies[0].clone()).await.unwrap();
+    assert_eq!(target.stage("y", copies[1].clone()).await, Err(VideoError::Busy));
+    target.unstage("x").await.unwrap();
+    target.stage("y", copies[1].clone()).await.unwrap();
+}
