@@ -13,16 +13,19 @@
 //! - `placement` (§7.4): placement time per event at 4-256 engines, and the
 //!   gap to the exhaustive oracle on small mixed clusters.
 
-use std::path::PathBuf;
-use std::time::Instant;
-
-use policies::rng::SplitMix;
-use policies::video::fleet::{self, Active, ChunkLatency, FleetConfig, Gpu};
+use policies::video::fleet::{ChunkLatency, FleetConfig};
 use serde::Serialize;
+use std::path::PathBuf;
 
-use super::trace::{self, Kind, Trace, TraceSpec};
-use super::{run, with_rho, Arm, Outcome, Setup, Transfer};
+use super::trace::{self, Trace, TraceSpec};
+use super::{run, Arm, Outcome, Setup, Transfer};
 use crate::progress::Progress;
+
+mod levels;
+mod placement;
+
+use levels::levels;
+use placement::placement;
 
 /// Which experiment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -224,6 +227,26 @@ fn compare(args: &SimVideoArgs, spec: &TraceSpec, fleet_cfg: &FleetConfig) -> (S
         }
     }
     progress.done();
+    let md = render_compare(args, spec, fleet_cfg, &cells, &ours_runs);
+    let json = serde_json::json!({
+        "experiment": "compare",
+        "trace": spec.name,
+        "ours": ours_runs.iter().map(|(e, s, o)| serde_json::json!({"engines": e, "seed": s, "outcome": o})).collect::<Vec<_>>(),
+        "cells": cells,
+    });
+    (md, json)
+}
+
+/// The comparison as Markdown: per cluster size, every arm at matched cost
+/// and matched latency beside ours (medians over seeds), then the averages
+/// against the baselines and the ablation.
+fn render_compare(
+    args: &SimVideoArgs,
+    spec: &TraceSpec,
+    fleet_cfg: &FleetConfig,
+    cells: &[Cell],
+    ours_runs: &[(u32, u64, Outcome)],
+) -> String {
     let mut md = format!(
         "trace {} (scaled to fill {:.0}% of each cluster at K), ℓ̂(1) = {} ms, coalescing cost {}, L_SLO = {} ms (K = {}), cold start {} s, {} transfer at {} MiB/s, {} seeds (medians)\n\n",
         spec.name,
@@ -326,13 +349,7 @@ fn compare(args: &SimVideoArgs, spec: &TraceSpec, fleet_cfg: &FleetConfig) -> (S
         pct_more(mean(&|h| h.3, &[Arm::NoAutoscale])),
         pct_more(mean(&|h| h.3, &[Arm::NoMigration])),
     ));
-    let json = serde_json::json!({
-        "experiment": "compare",
-        "trace": spec.name,
-        "ours": ours_runs.iter().map(|(e, s, o)| serde_json::json!({"engines": e, "seed": s, "outcome": o})).collect::<Vec<_>>(),
-        "cells": cells,
-    });
-    (md, json)
+    md
 }
 
 /// The run with the fewest fixed engines (1..=most) whose worst case is
@@ -421,248 +438,4 @@ fn pct_more(r: f64) -> String {
     } else {
         format!("{:.1}%", (1.0 / (1.0 - r) - 1.0) * 100.0)
     }
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct Segment {
-    trace: String,
-    seed: u64,
-    from_s: f64,
-    volatility: f64,
-    /// The highest ρ̂ of the grid whose worst case meets L_SLO (None: none).
-    rho: Option<f64>,
-    worst_ms: f64,
-    cost: f64,
-}
-
-/// σ over `[from_s, to_s)` of a trace: std / √mean of activations per
-/// `bin_s` bin (the scaler's measure).
-fn trace_volatility(t: &Trace, bin_s: f64, from_s: f64, to_s: f64) -> f64 {
-    let bins = (((to_s - from_s) / bin_s).ceil() as usize).max(1);
-    let mut counts = vec![0.0f64; bins];
-    let activations = t.events.iter().filter(|e| matches!(e.kind, Kind::Arrive | Kind::Resume));
-    for e in activations.filter(|e| e.at >= from_s && e.at < to_s) {
-        counts[(((e.at - from_s) / bin_s) as usize).min(bins - 1)] += 1.0;
-    }
-    let mean = counts.iter().sum::<f64>() / counts.len() as f64;
-    let std = (counts.iter().map(|c| (c - mean).powi(2)).sum::<f64>() / counts.len() as f64).sqrt();
-    if mean > 0.0 {
-        std / mean.sqrt()
-    } else {
-        0.0
-    }
-}
-
-/// The events of `t` before `to_s`, as a trace that ends there.
-fn truncate(t: &Trace, to_s: f64) -> Trace {
-    Trace {
-        sessions: t.sessions,
-        events: t.events.iter().copied().filter(|e| e.at < to_s).collect(),
-        duration_s: to_s,
-    }
-}
-
-/// Number of volatility levels the profile produces.
-const LEVELS: usize = 5;
-
-/// Appendix A's offline profiling: 2-minute windows of every bundled trace
-/// (t1-t6, each seed, starting at 60, 120 and 180 s; the run before the
-/// window is its warm-up, not measured or billed) are replayed through the
-/// full controller for each ρ̂ of the grid; each window keeps the highest ρ̂
-/// whose worst case meets L_SLO. Windows sorted by volatility fall into
-/// `LEVELS` equal groups; a level's ρ̂ is the lowest its windows need
-/// (every window of the level within L_SLO), never above the calmer
-/// level's.
-fn levels(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String, serde_json::Value) {
-    let engines = args.engines.first().copied().unwrap_or(64);
-    let mut cfg = fleet_cfg.clone();
-    cfg.max_engines = engines;
-    let k = args.setup(cfg.clone()).capacity();
-    let grid: Vec<f64> = (0..13).map(|i| 0.3 + 0.05 * f64::from(i)).collect();
-    let names = ["t1", "t2", "t3", "t4", "t5", "t6"];
-    let starts = [60.0, 120.0, 180.0];
-    let mut progress = Progress::new(names.len() * args.seeds as usize);
-    let mut segments = Vec::new();
-    for name in names {
-        let spec = trace::spec(name).expect("bundled");
-        let scale = f64::from(engines) * f64::from(k) * args.fill / spec.peak_active();
-        for seed in 1..=args.seeds {
-            let full = trace::generate(&spec, scale, args.burst, seed);
-            for &from_s in &starts {
-                let to_s = from_s + 120.0;
-                let t = truncate(&full, to_s);
-                let volatility = trace_volatility(&t, cfg.volatility_bin_s, from_s, to_s);
-                let mut seg = Segment {
-                    trace: name.into(),
-                    seed,
-                    from_s,
-                    volatility,
-                    rho: None,
-                    worst_ms: f64::NAN,
-                    cost: f64::NAN,
-                };
-                for &rho in grid.iter().rev() {
-                    let c = with_rho(&cfg, rho);
-                    let mut setup = args.setup(c.clone());
-                    setup.warmup_s = from_s;
-                    let o = run(&setup, &t, Arm::Ours, initial(&spec, scale, k, &c, engines), false);
-                    if o.worst_ms <= args.slo_ms {
-                        (seg.rho, seg.worst_ms, seg.cost) = (Some(rho), o.worst_ms, o.cost);
-                        break;
-                    }
-                }
-                segments.push(seg);
-            }
-            progress.tick();
-        }
-    }
-    progress.done();
-    segments.sort_by(|a, b| a.volatility.total_cmp(&b.volatility));
-    let per = segments.len().div_ceil(LEVELS);
-    let mut md = format!(
-        "Offline profiling at {engines} engines (K = {k}), L_SLO = {} ms, ρ̂ grid 0.30-0.90, λ = {}, {} windows of 120 s from t1-t6 × {} seeds:\n\n| level | windows | σ from | σ to | ρ̂ | windows within L_SLO at some ρ̂ | their ρ̂ (min / median / max) |\n| ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
-        args.slo_ms,
-        cfg.levels[0].lambda,
-        segments.len(),
-        args.seeds
-    );
-    let mut toml = String::new();
-    let mut last_rho = f64::INFINITY;
-    let mut rows = Vec::new();
-    for (l, group) in segments.chunks(per).enumerate() {
-        let feasible: Vec<f64> = group.iter().filter_map(|s| s.rho).collect();
-        let rho = feasible.iter().copied().fold(f64::INFINITY, f64::min).min(last_rho);
-        let rho = if rho.is_finite() { rho } else { grid[0] };
-        let above = if l == 0 {
-            0.0
-        } else {
-            ((segments[l * per - 1].volatility + group[0].volatility) / 2.0 * 100.0).round() / 100.0
-        };
-        md.push_str(&format!(
-            "| {} | {} | {:.2} | {:.2} | {rho:.2} | {} of {} | {:.2} / {:.2} / {:.2} |\n",
-            l + 1,
-            group.len(),
-            group[0].volatility,
-            group[group.len() - 1].volatility,
-            feasible.len(),
-            group.len(),
-            feasible.iter().copied().fold(f64::INFINITY, f64::min),
-            median(feasible.clone()),
-            feasible.iter().copied().fold(0.0, f64::max),
-        ));
-        if rho < last_rho {
-            toml.push_str(&format!(
-                "[[video.fleet.levels]]\nabove = {above}\ntarget_utilization = {rho:.2}\nlambda = {}\n\n",
-                cfg.levels[0].lambda
-            ));
-        }
-        rows.push(serde_json::json!({"level": l + 1, "above": above, "rho": rho}));
-        last_rho = rho;
-    }
-    md.push_str(&format!(
-        "\nThe `[[video.fleet.levels]]` rows (levels with the same ρ̂ merged):\n\n```toml\n{toml}```\n"
-    ));
-    (md, serde_json::json!({"experiment": "levels", "levels": rows, "segments": segments}))
-}
-
-fn placement(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String, serde_json::Value) {
-    let spec = trace::spec("t5").expect("bundled");
-    let mut md = String::from(
-        "Placement time per event (assign + min-max rebalancing + the scaler), trace t5 scaled to each size, this machine:\n\n| engines | events | p50 µs | p99 µs | max µs |\n| ---: | ---: | ---: | ---: | ---: |\n",
-    );
-    let mut timing = Vec::new();
-    let sizes = [4u32, 8, 16, 32, 64, 128, 256];
-    let mut progress = Progress::new(sizes.len() + 3);
-    for &engines in &sizes {
-        let mut cfg = fleet_cfg.clone();
-        cfg.max_engines = engines;
-        let setup = args.setup(cfg.clone());
-        let k = setup.capacity();
-        let t = scaled(args, &spec, engines, k, 1);
-        let o = run(&setup, &t, Arm::Ours, engines / 2, true);
-        let mut us = o.place_us.clone();
-        us.sort_by(f64::total_cmp);
-        let q = |p: f64| us[((us.len() as f64 - 1.0) * p).round() as usize];
-        md.push_str(&format!(
-            "| {engines} | {} | {:.1} | {:.1} | {:.0} |\n",
-            us.len(),
-            q(0.5),
-            q(0.99),
-            us.last().copied().unwrap_or(0.0)
-        ));
-        timing.push(serde_json::json!({"engines": engines, "events": us.len(), "p50_us": q(0.5), "p99_us": q(0.99), "max_us": us.last()}));
-        progress.tick();
-    }
-    // Oracle gap: trace t1 on small mixed clusters (half the engines 1.6×
-    // slower), 80 sampled events each, placement kept by assign +
-    // rebalance with the policy's η and transfer model.
-    md.push_str("\nGap to the exhaustive oracle (trace t1 replayed on mixed clusters, half the engines 1.6× slower, 80 events sampled per size, the policy's η):\n\n| engines | mean gap | max gap | placement µs (mean) | oracle µs (mean) |\n| ---: | ---: | ---: | ---: | ---: |\n");
-    let mut gaps_json = Vec::new();
-    for engines in [4usize, 6, 8] {
-        let fast = ChunkLatency { chunk_ms: args.chunk_ms, batch_cost: args.batch_cost };
-        let slow = ChunkLatency { chunk_ms: args.chunk_ms * 1.6, batch_cost: args.batch_cost };
-        let gpus: Vec<Gpu> = (0..engines)
-            .map(|j| {
-                let latency = if j % 2 == 0 { fast } else { slow };
-                Gpu { latency, capacity: 64, open: true }
-            })
-            .collect();
-        let params = args.setup(fleet_cfg.clone()).fleet.params();
-        let spec1 = trace::spec("t1").expect("bundled");
-        // About 3 active sessions per engine at the peak.
-        let t = trace::generate(&spec1, (engines as f64 * 3.0) / spec1.peak_active(), args.burst, 7);
-        let mut rng = SplitMix(engines as u64);
-        let mut on: Vec<Option<usize>> = vec![None; t.sessions];
-        let (mut gaps, mut place_us, mut oracle_us) = (Vec::new(), Vec::new(), Vec::new());
-        let every = (t.events.len() / 80).max(1);
-        for (i, e) in t.events.iter().enumerate() {
-            let load = |on: &[Option<usize>]| {
-                let mut l = vec![0u32; engines];
-                on.iter().flatten().for_each(|&g| l[g] += 1);
-                l
-            };
-            let began = Instant::now();
-            match e.kind {
-                Kind::Arrive | Kind::Resume => on[e.session] = fleet::assign(&gpus, &load(&on)),
-                Kind::Idle | Kind::Depart => on[e.session] = None,
-            }
-            let active: Vec<Active> = on
-                .iter()
-                .enumerate()
-                .filter_map(|(s, g)| {
-                    g.map(|gpu| Active {
-                        id: s as u64,
-                        gpu,
-                        state_bytes: ((args.state_mib + rng.unit_f64() * args.state_mib) * 1048576.0) as u64,
-                        movable: true,
-                    })
-                })
-                .collect();
-            let plan = fleet::rebalance(&gpus, &active, &params);
-            for m in &plan.moves {
-                on[m.session as usize] = Some(m.to);
-            }
-            let took = began.elapsed().as_secs_f64() * 1e6;
-            if i % every == 0 && gaps.len() < 80 {
-                let n = plan.load.iter().sum::<u32>();
-                let began = Instant::now();
-                let best = fleet::oracle_ms(&gpus, n);
-                oracle_us.push(began.elapsed().as_secs_f64() * 1e6);
-                place_us.push(took);
-                gaps.push(if best > 0.0 { plan.after_ms / best - 1.0 } else { 0.0 });
-            }
-        }
-        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-        md.push_str(&format!(
-            "| {engines} | {:.2}% | {:.2}% | {:.1} | {:.1} |\n",
-            mean(&gaps) * 100.0,
-            gaps.iter().copied().fold(0.0, f64::max) * 100.0,
-            mean(&place_us),
-            mean(&oracle_us)
-        ));
-        gaps_json.push(serde_json::json!({"engines": engines, "gaps": gaps, "place_us": place_us, "oracle_us": oracle_us}));
-        progress.tick();
-    }
-    progress.done();
-    (md, serde_json::json!({"experiment": "placement", "timing": timing, "oracle": gaps_json}))
 }
