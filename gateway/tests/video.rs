@@ -87,7 +87,11 @@ impl Feed {
 
 #[tokio::test]
 async fn chunks_arrive_gapless_with_frames_across_a_rehome() {
-    let sys = System::start(INSTANT, 2).await;
+    // Instant chunks with the default 6 s buffer would all be made before
+    // the move's pre-copy lands (then the stream rightly ends where it
+    // is): with 1 s the driver waits for playback after the second chunk.
+    let policy = default_policy().replace("max_buffer_s = 6.0", "max_buffer_s = 1.0");
+    let sys = System::start_with_policy(INSTANT, 2, &[], Some(&policy)).await;
     let conn = sys.conn(Proto::H2).await;
     let (status, created, _) =
         create(&conn, GOLD, json!({"prompt": "a fox in the snow", "length_frames": 72})).await;
@@ -354,8 +358,13 @@ async fn tenant_stream_limits_creation_rate_and_pause_time_are_bounded() {
 
 #[tokio::test]
 async fn a_create_cut_short_by_the_client_still_leaves_a_driven_stream() {
-    // Engine calls take 30 ms, so the clients below go away mid-create.
-    let sys = System::start(&paced(30, 0), 1).await;
+    // Engine calls take 30 ms, so the clients below go away mid-create. A
+    // new stream's first chunk may wait out its initial slack budget (by
+    // default 4 coalesced chunk times, seconds with 12 streams on one
+    // engine) behind streams with less: a budget of one chunk time makes
+    // "no first chunk" mean "no driver" within seconds.
+    let policy = default_policy().replace("initial_slack_factor = 4.0", "initial_slack_factor = 1.0");
+    let sys = System::start_with_policy(&paced(30, 0), 1, &[], Some(&policy)).await;
     let conn = sys.conn(Proto::H2).await;
     for i in 0..12 {
         let c = conn.clone();
@@ -370,7 +379,7 @@ async fn a_create_cut_short_by_the_client_still_leaves_a_driven_stream() {
     // (nobody reads them) and is never stuck at zero.
     let admin = sys.admin_conn().await;
     let token = sys.admin_token();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let body = body_bytes(admin.get("/admin/video/streams", Some(&token)).await.unwrap()).await.unwrap();
         let streams = json(&body)["streams"].as_array().unwrap().clone();

@@ -67,7 +67,8 @@ pub struct ChunkRequest {
     /// one; chunks of an old epoch are refused).
     pub epoch: u32,
     pub fidelity: Fidelity,
-    /// Ordering key: lower runs first (credit, slack or arrival).
+    /// Ordering key, lower runs first: a point in time, Unix seconds (when
+    /// the stream's credit or slack runs out, or the request's arrival).
     pub key: f64,
     /// The stream's service credit, seconds (eviction keeps the lowest).
     pub credit: f64,

@@ -249,11 +249,7 @@ async fn next_chunk(streams: &Streams, stream: &Arc<Stream>, cfg: &VideoConfig) 
         }
         st.next = Some((plan.fidelity, plan.expected_s));
         st.in_flight = Some((now, plan.expected_s));
-        let key = match cfg.order {
-            ChunkOrder::Credit => credit,
-            ChunkOrder::LeastSlack => slack,
-            ChunkOrder::Fifo => now,
-        };
+        let key = cfg.order.key(streams.unix_s(now), credit, slack);
         let sp = if donor.is_some() { 2 } else { 1 };
         (ChunkRequest { epoch: st.epoch, fidelity: plan.fidelity, key, credit, sp }, plan, donor)
     };

@@ -176,6 +176,9 @@ impl Stream {
 #[derive(Debug)]
 pub struct Streams {
     origin: Instant,
+    /// `origin` in Unix seconds: engines order chunk requests by points in
+    /// time on this clock, which every gateway of a fleet shares.
+    origin_unix_s: f64,
     streams: Mutex<HashMap<String, Arc<Stream>>>,
     pub pool: Arc<EnginePool>,
     pub profiles: Profiles,
@@ -202,6 +205,9 @@ impl Streams {
             feed_stall: limits.stall(),
             state_bytes: std::sync::atomic::AtomicU64::new(1 << 20),
             origin: Instant::now(),
+            origin_unix_s: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
             streams: Mutex::new(HashMap::new()),
             profiles: Profiles::new(Arc::clone(&pool)),
             cluster,
@@ -213,6 +219,11 @@ impl Streams {
     /// Seconds since this registry started: the `now` of every decision.
     pub fn now(&self) -> f64 {
         self.origin.elapsed().as_secs_f64()
+    }
+
+    /// `now` (this registry's clock) as Unix seconds.
+    pub fn unix_s(&self, now: f64) -> f64 {
+        self.origin_unix_s + now
     }
 
     fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Stream>>> {

@@ -28,6 +28,23 @@ pub enum ChunkOrder {
     Fifo,
 }
 
+impl ChunkOrder {
+    /// The engine ordering key of a chunk asked for at `now` (seconds on a
+    /// clock every gateway of the fleet shares): a point in time, so that
+    /// a request waiting in the engine's queue ages against later ones.
+    /// Credit and slack fall one second per second while a chunk is
+    /// awaited, so ordering by when they run out is ordering by their value
+    /// at batch time; a key frozen at request time would let streams that
+    /// ask again and again starve one that asked once.
+    pub fn key(self, now: f64, credit_s: f64, slack_s: f64) -> f64 {
+        match self {
+            Self::Credit => now + credit_s,
+            Self::LeastSlack => now + slack_s,
+            Self::Fifo => now,
+        }
+    }
+}
+
 /// How a moving stream's state travels between engines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]

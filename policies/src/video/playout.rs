@@ -182,6 +182,29 @@ mod tests {
     }
 
     #[test]
+    fn a_chunk_request_that_waits_ages_against_later_ones() {
+        use crate::video::ChunkOrder;
+        // A new stream asks once at t = 0 with 2 s of budget; a playing
+        // stream with 1.45 s of slack asks again at t = 1.8. At batch time
+        // (t = 1.8) the new stream has 0.2 s of slack left: its chunk must
+        // run first.
+        let new = Playout::new(0.0, 0.75, 2.0);
+        let mut playing = Playout::new(0.0, 0.75, 2.0);
+        for t in [1.0, 1.0, 1.0] {
+            playing.deliver(t); // 2.25 s ready at 1.0: 1.45 s of slack at 1.8
+        }
+        let next_s = 0.1;
+        let asked_new = (0.0, credit(new.slack(0.0), 0.0, next_s), new.slack(0.0));
+        let asked_playing = (1.8, credit(playing.slack(1.8), 0.0, next_s), playing.slack(1.8));
+        assert!(asked_new.1 > asked_playing.1, "when each asked, the new stream had more credit");
+        assert!(credit(new.slack(1.8), 0.0, next_s) < credit(playing.slack(1.8), 0.0, next_s));
+        for order in [ChunkOrder::Credit, ChunkOrder::LeastSlack, ChunkOrder::Fifo] {
+            let key = |(at, c, s): (f64, f64, f64)| order.key(at, c, s);
+            assert!(key(asked_new) < key(asked_playing), "{order:?}: the waiting request runs first");
+        }
+    }
+
+    #[test]
     fn pauses_shift_later_deadlines() {
         let mut p = Playout::new(0.0, 1.0, 4.0);
         p.deliver(1.0);
