@@ -65,14 +65,14 @@ mod tests {
     async fn the_terminal_event_ends_the_body_on_its_own_frame() {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut body = ChannelBody::new(rx, is_terminal_line);
-        tx.send(Event::Token { text: "a".into() }.to_line()).unwrap();
+        tx.send(Event::Token { text: "a".into() }.to_line().into()).unwrap();
         let done = Event::Done {
             finish_reason: FinishReason::Length,
             usage: Usage::default(),
             queue_ms: 0.0,
             prefill_ms: 0.0,
         };
-        tx.send(done.to_line()).unwrap();
+        tx.send(done.to_line().into()).unwrap();
         assert!(body.frame().await.is_some());
         assert!(!body.is_end_stream());
         assert!(body.frame().await.is_some());

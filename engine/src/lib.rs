@@ -7,7 +7,7 @@
 //! except that it reuses [`api`] types and [`cli`] options so the wire format
 //! and the child-process flags have one definition.
 
-pub mod api;
+pub use engine_api as api;
 pub mod backend;
 pub mod body;
 pub mod cli;

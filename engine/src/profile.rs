@@ -49,7 +49,7 @@ pub struct ProfileArgs {
     #[arg(long)]
     pub video: bool,
     /// Video: output resolution preset.
-    #[arg(long, value_enum, default_value_t = crate::video::Resolution::Tiny)]
+    #[arg(long, default_value = "tiny")]
     pub video_resolution: crate::video::Resolution,
     /// Video: chunks generated per prompt and configuration.
     #[arg(long, default_value_t = 6)]

@@ -225,7 +225,7 @@ fn authorize(tokens: &[Token], headers: &HeaderMap) -> Result<String, ApiError> 
     // says nothing about how much of a guess matched.
     let mut found = None;
     for t in tokens {
-        if engine::api::constant_time_eq(t.secret.as_bytes(), given.as_bytes()) {
+        if engine_api::constant_time_eq(t.secret.as_bytes(), given.as_bytes()) {
             found = Some(t.id.clone());
         }
     }

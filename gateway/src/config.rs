@@ -171,10 +171,10 @@ impl GatewayConfig {
             Some(p) => Some(
                 std::fs::read_to_string(p).map_err(|e| ConfigError::Read(p.clone(), e))?.trim().to_string(),
             ),
-            None => std::env::var(engine::api::TOKEN_ENV).ok().map(|t| t.trim().to_string()),
+            None => std::env::var(engine_api::TOKEN_ENV).ok().map(|t| t.trim().to_string()),
         };
         match token {
-            Some(t) if t.len() < engine::api::MIN_TOKEN_LEN => {
+            Some(t) if t.len() < engine_api::MIN_TOKEN_LEN => {
                 Err(ConfigError::Token("engine".into(), "must be at least 16 characters"))
             }
             t => Ok(t),

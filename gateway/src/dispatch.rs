@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use engine::api::{ErrorBody, Event, GenerateRequest};
+use engine_api::{ErrorBody, Event, GenerateRequest};
 use http::StatusCode;
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
@@ -213,7 +213,7 @@ pub async fn start(
 async fn try_engine(pool: &EnginePool, idx: usize, body: Bytes) -> Result<(Event, EventStream), EngineError> {
     let slot = pool.slot(idx);
     let engine = slot.spec.id.clone();
-    let uri = join(&slot.spec.url, engine::api::GENERATE_PATH).ok_or_else(|| EngineError::Unreachable {
+    let uri = join(&slot.spec.url, engine_api::GENERATE_PATH).ok_or_else(|| EngineError::Unreachable {
         engine: engine.clone(),
         message: "bad engine URL".into(),
     })?;

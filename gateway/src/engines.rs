@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use engine::api::LoadReport;
+use engine_api::LoadReport;
 use http::Uri;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client, ResponseFuture};
@@ -436,7 +436,7 @@ impl EnginePool {
     }
 
     async fn fetch_profile(&self, spec: &EngineSpec) -> Option<LatencyProfile> {
-        let uri = join(&spec.url, engine::api::PROFILE_PATH)?;
+        let uri = join(&spec.url, engine_api::PROFILE_PATH)?;
         let req = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
         let resp = self.probe_send(req).await.ok()?;
         if !resp.status().is_success() {
@@ -454,7 +454,7 @@ impl EnginePool {
     }
 
     async fn load_report(&self, base: &Uri) -> Option<LoadReport> {
-        let uri = join(base, engine::api::LOAD_PATH)?;
+        let uri = join(base, engine_api::LOAD_PATH)?;
         let req = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
         let resp = self.probe_send(req).await.ok()?;
         let bytes = resp.into_body().collect().await.ok()?.to_bytes();

@@ -10,7 +10,7 @@ use crate::openai::{self, Kind};
 pub fn openai_request(data: &[u8]) {
     for kind in [Kind::Chat, Kind::Completion] {
         if let Ok(r) = openai::parse(kind, data) {
-            assert!(r.stop.len() <= engine::api::bounds::MAX_STOPS);
+            assert!(r.stop.len() <= engine_api::bounds::MAX_STOPS);
             assert!(r.max_tokens != Some(0));
         }
     }
@@ -44,19 +44,19 @@ pub fn engine_api(data: &[u8]) {
     let Some((&which, body)) = data.split_first() else { return };
     match which % 6 {
         0 => {
-            if let Ok(g) = serde_json::from_slice::<engine::api::GenerateRequest>(body) {
+            if let Ok(g) = serde_json::from_slice::<engine_api::GenerateRequest>(body) {
                 let _ = g.validate();
             }
         }
         1 => {
-            if let Ok(c) = serde_json::from_slice::<engine::video::CreateSession>(body) {
+            if let Ok(c) = serde_json::from_slice::<engine_api::video::CreateSession>(body) {
                 if c.validate().is_ok() {
-                    assert!(c.latent_frames >= 1 && c.latent_frames <= engine::video::MAX_LATENT_FRAMES);
+                    assert!(c.latent_frames >= 1 && c.latent_frames <= engine_api::video::MAX_LATENT_FRAMES);
                 }
             }
         }
         2 => {
-            let _ = serde_json::from_slice::<engine::video::ChunkRequest>(body);
+            let _ = serde_json::from_slice::<engine_api::video::ChunkRequest>(body);
         }
         3 => {
             if let Ok(h) = serde_json::from_slice::<policies::batching::BatchHints>(body) {
@@ -64,7 +64,7 @@ pub fn engine_api(data: &[u8]) {
             }
         }
         4 => {
-            let _ = serde_json::from_slice::<engine::api::Event>(body);
+            let _ = serde_json::from_slice::<engine_api::Event>(body);
         }
         _ => {
             // A latency profile, as engines serve it to gateways.
@@ -75,13 +75,5 @@ pub fn engine_api(data: &[u8]) {
                 }
             }
         }
-    }
-}
-
-/// The engine's video import: what it accepts has the model's shape.
-pub fn video_import(data: &[u8]) {
-    if let Ok((meta, state)) = engine::video::parse_export(data) {
-        let s = engine::video::model::StreamState::from_bytes(&state).expect("accepted states parse");
-        assert!(s.fits(meta.resolution, meta.latent_frames as usize));
     }
 }

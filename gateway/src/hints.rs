@@ -36,7 +36,7 @@ pub async fn push_all(pool: &EnginePool, hints: &BatchHints) -> Vec<usize> {
 
 async fn push(pool: &EnginePool, idx: usize, hints: &BatchHints) -> bool {
     let spec = &pool.slot(idx).spec;
-    let Some(uri) = join(&spec.url, engine::api::BATCHING_PATH) else { return false };
+    let Some(uri) = join(&spec.url, engine_api::BATCHING_PATH) else { return false };
     let body = serde_json::to_vec(hints).expect("hints serialise");
     let req = http::Request::put(uri)
         .header(http::header::CONTENT_TYPE, "application/json")

@@ -19,6 +19,7 @@ pub mod certs;
 pub mod cluster;
 pub mod config;
 pub mod dispatch;
+pub mod engine_bin;
 pub mod engines;
 pub mod error;
 pub mod fleet;
@@ -335,7 +336,7 @@ async fn serve_until_signal(
         })
         .await;
     });
-    let signal = engine::shutdown_signal(false);
+    let signal = shutdown_signal();
     println!("gateway listening on https://{addr} (HTTP/2 and HTTP/1.1 over TLS)");
     println!("ready: {ready}/{total} engines");
     if let Some(ca) = ca {
@@ -353,6 +354,20 @@ async fn serve_until_signal(
     let _ = admin_task.await;
     tracing::info!(event = "gateway_stopped");
     Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM; the handlers are installed by this call,
+/// so a signal that arrives before the future is polled is not lost.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler installs");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler installs");
+    async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    }
 }
 
 fn print_example(addr: std::net::SocketAddr, ca: &Path) {

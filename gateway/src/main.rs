@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use engine::backend::BackendKind;
 use gateway::config::GatewayConfig;
 use gateway::supervisor::EngineLaunch;
 
@@ -17,6 +16,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start: the size of the `up` variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Start the embedded single-node system: dev certificates (first run),
@@ -38,8 +39,9 @@ enum Command {
         #[arg(long)]
         max_engines: Option<u32>,
         /// Engine backend.
-        #[arg(long, value_enum, default_value_t = BackendKind::Emulated)]
-        backend: BackendKind,
+        #[arg(long, default_value = "emulated",
+              value_parser = clap::builder::PossibleValuesParser::new(engine_api::BACKENDS))]
+        backend: String,
         /// Policy document (tiers, tenants, keys, models).
         #[arg(long, default_value = "policies/default.toml")]
         policies: PathBuf,
@@ -54,7 +56,7 @@ enum Command {
         config: Option<PathBuf>,
         /// A flag for every engine child, repeatable, e.g.
         /// `--engine-arg=--kv-pages=4096 --engine-arg=--max-batch=32`
-        /// (`gateway engine --help` lists them).
+        /// (`engine --help` lists them).
         #[arg(long = "engine-arg", allow_hyphen_values = true)]
         engine_args: Vec<String>,
         /// Also start this many engines of a second, faster class (ids o0,
@@ -97,9 +99,6 @@ enum Command {
         #[arg(long, default_value = "certs")]
         out: PathBuf,
     },
-    /// Run one engine process (used by `up` for its children).
-    #[command(hide = true)]
-    Engine(engine::cli::EngineArgs),
 }
 
 #[derive(Subcommand)]
@@ -192,7 +191,6 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::Policy { command: PolicyCommand::Check { files } } => check_policies(&files),
-            Command::Engine(args) => engine::run(args).await.map_err(|e| e.to_string()),
         }
     });
     match result {

@@ -49,7 +49,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use engine::api::Usage;
+use engine_api::Usage;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use policies::PolicyDocument;
 

@@ -150,7 +150,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<CompletionRequest, ApiError> {
     };
     let raw = classify(kind, object)?;
     let model = raw.model.ok_or_else(|| field("model", "you must provide a model parameter"))?;
-    if model.len() > engine::api::bounds::MAX_ID_BYTES {
+    if model.len() > engine_api::bounds::MAX_ID_BYTES {
         return Err(field("model", "is too long"));
     }
     let prompt = match kind {
@@ -304,11 +304,11 @@ fn stop_list(stop: Option<Value>) -> Result<Vec<String>, ApiError> {
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(field("stop", "must be a string or an array of strings")),
     };
-    let bounds = engine::api::bounds::MAX_STOPS;
+    let bounds = engine_api::bounds::MAX_STOPS;
     if list.len() > bounds {
         return Err(field("stop", format!("at most {bounds} stop sequences are allowed")));
     }
-    let most = engine::api::bounds::MAX_STOP_BYTES;
+    let most = engine_api::bounds::MAX_STOP_BYTES;
     if let Some(i) = list.iter().position(|s| s.len() > most) {
         return Err(field(format!("stop[{i}]"), format!("a stop sequence is at most {most} bytes")));
     }
@@ -340,7 +340,7 @@ mod tests {
     #[test]
     fn every_string_and_array_is_bounded() {
         let user = json!({"role": "user", "content": "x"});
-        let long_stop = "s".repeat(engine::api::bounds::MAX_STOP_BYTES + 1);
+        let long_stop = "s".repeat(engine_api::bounds::MAX_STOP_BYTES + 1);
         let cases = [
             (json!({"model": "m", "messages": [user], "stop": [long_stop]}), "stop[0]"),
             (json!({"model": "m", "messages": [user], "stop": ["a", "b", "c", "d", "e"]}), "stop"),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use engine::api::{Event, FinishReason, GenerateRequest, Usage};
+use engine_api::{Event, FinishReason, GenerateRequest, Usage};
 use serde_json::{json, Value};
 
 use crate::dispatch::{self, Attempts, Started};

@@ -2,8 +2,8 @@
 //! started, kept warm, drained, stopped and restarted on the control
 //! plane's decisions.
 //!
-//! Each engine is this same executable run as `gateway engine ...`, on a
-//! free loopback port that it reports on its ready line (with its own
+//! Each engine is the workspace's `engine` executable ([`crate::engine_bin`]),
+//! on a free loopback port that it reports on its ready line (with its own
 //! measured warm-up). Each child's stdin is a pipe we hold: if the gateway
 //! dies, even by SIGKILL, the pipe closes and the engine exits, so there
 //! are no orphans. On a normal stop we close the pipe (graceful: in-flight
@@ -47,7 +47,8 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct EngineLaunch {
     pub count: usize,
-    pub backend: engine::backend::BackendKind,
+    /// `--backend` of every child (one of [`engine_api::BACKENDS`]).
+    pub backend: String,
     pub profile: Option<PathBuf>,
     /// Extra engine flags, passed to every child as they are
     /// (`engine --help` lists them: KV cache, batch limits, preemption).
@@ -79,8 +80,8 @@ impl std::fmt::Debug for Secrets {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SupervisorError {
-    #[error("finding the gateway executable: {0}")]
-    Exe(std::io::Error),
+    #[error("{0}")]
+    Exe(String),
     #[error("starting engine {0}: {1}")]
     Spawn(String, std::io::Error),
     #[error("engine {0} did not become ready: {1}")]
@@ -153,7 +154,7 @@ impl Supervisor {
     /// Starts `launch.count` engines (and the overflow engines) and waits
     /// for each one's ready line.
     pub async fn start(launch: &EngineLaunch) -> Result<Arc<Self>, SupervisorError> {
-        let exe = std::env::current_exe().map_err(SupervisorError::Exe)?;
+        let exe = crate::engine_bin::locate().map_err(SupervisorError::Exe)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let sup = Arc::new(Supervisor {
             launch: launch.clone(),
@@ -229,8 +230,8 @@ impl Supervisor {
         };
         let started = Instant::now();
         let mut cmd = Command::new(&self.exe);
-        cmd.args(["engine", "--listen", "127.0.0.1:0", "--id", id, "--exit-on-stdin-eof"])
-            .args(["--backend", self.launch.backend.as_str()])
+        cmd.args(["--listen", "127.0.0.1:0", "--id", id, "--exit-on-stdin-eof"])
+            .args(["--backend", &self.launch.backend])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -238,11 +239,14 @@ impl Supervisor {
         if let Some(p) = &profile {
             cmd.arg("--profile").arg(p);
         }
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "warn"); // the gateway's own default
+        }
         if let Some(t) = &self.launch.secrets.api_token {
-            cmd.env(engine::api::TOKEN_ENV, t);
+            cmd.env(engine_api::TOKEN_ENV, t);
         }
         if let Some(u) = &self.launch.secrets.redis_url {
-            cmd.env(engine::api::REDIS_ENV, u);
+            cmd.env(engine_api::REDIS_ENV, u);
         }
         cmd.args(&self.launch.extra_args);
         let child = cmd.spawn().map_err(|e| SupervisorError::Spawn(id.to_string(), e))?;

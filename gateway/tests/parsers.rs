@@ -197,5 +197,5 @@ async fn video_imports_never_panic_and_only_well_shaped_states_are_accepted() {
     }
     let mut seeds = corpus("video_import");
     seeds.push(export);
-    property("video_import", seeds, gateway::fuzzing::video_import);
+    property("video_import", seeds, engine::video::fuzz_import);
 }

@@ -39,7 +39,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 8192)]
     pub gemm_size: usize,
     /// Video: resolution of the measured chunks (the largest by default).
-    #[arg(long, value_enum, default_value_t = Resolution::Small)]
+    #[arg(long, default_value = "small")]
     pub video_resolution: Resolution,
     /// Video: latent frames per chunk.
     #[arg(long, default_value_t = 5)]

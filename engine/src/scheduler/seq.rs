@@ -42,7 +42,7 @@ impl<S> Seq<S> {
 
     pub(super) fn send(&self, event: &Event) {
         // A closed receiver is noticed at the next boundary and cleaned up.
-        let _ = self.tx.send(event.to_line());
+        let _ = self.tx.send(event.to_line().into());
     }
 
     /// Applies one produced token; `true` when the sequence is finished

@@ -19,85 +19,14 @@ pub mod sched;
 pub mod state;
 pub mod transfer;
 
-use policies::video::Fidelity;
 use serde::{Deserialize, Serialize};
 
-pub use model::Resolution;
+pub use engine_api::video::{
+    ChunkOut, ChunkRequest, CreateSession, Resolution, Version, MAX_ID_BYTES, MAX_LATENT_FRAMES,
+    MAX_PROMPT_BYTES,
+};
 pub use sched::{parse_export, VideoConfig, VideoEngine};
-pub use state::{Meta, Version};
-
-/// `POST /engine/v1/video/sessions`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateSession {
-    pub id: String,
-    pub prompt: String,
-    pub resolution: Resolution,
-    /// Latent frames per chunk (pixel frames / 4), 1 to [`MAX_LATENT_FRAMES`].
-    pub latent_frames: u32,
-}
-
-/// Most latent frames per chunk (a chunk's memory and time grow with it).
-pub const MAX_LATENT_FRAMES: u32 = 16;
-/// Longest session id and prompt accepted.
-pub const MAX_ID_BYTES: usize = 256;
-pub const MAX_PROMPT_BYTES: usize = 64 << 10;
-
-impl CreateSession {
-    /// Checks every field's bounds; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
-        if !(1..=MAX_LATENT_FRAMES).contains(&self.latent_frames) {
-            return Err(format!("latent_frames: must be 1 to {MAX_LATENT_FRAMES}"));
-        }
-        if self.id.is_empty() || self.id.len() > MAX_ID_BYTES {
-            return Err(format!("id: 1 to {MAX_ID_BYTES} bytes"));
-        }
-        if self.prompt.len() > MAX_PROMPT_BYTES {
-            return Err(format!("prompt: at most {MAX_PROMPT_BYTES} bytes"));
-        }
-        Ok(())
-    }
-}
-
-/// `POST /engine/v1/video/sessions/{id}/chunk`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ChunkRequest {
-    /// The prompt epoch the chunk belongs to (a prompt switch starts a new
-    /// one; chunks of an old epoch are refused).
-    pub epoch: u32,
-    pub fidelity: Fidelity,
-    /// Ordering key, lower runs first: a point in time, Unix seconds (when
-    /// the stream's credit or slack runs out, or the request's arrival).
-    pub key: f64,
-    /// The stream's service credit, seconds (eviction keeps the lowest).
-    pub credit: f64,
-    /// Sequence-parallel degree: 2 when the gateway lent this chunk a donor
-    /// engine (elastic SP; the emulated backend runs it at the profile's
-    /// `sp2_factor` of the time, the donor spending as long on its half).
-    #[serde(default = "sp1")]
-    pub sp: u8,
-}
-
-fn sp1() -> u8 {
-    1
-}
-
-/// A generated chunk.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ChunkOut {
-    /// Chunks generated for this session's current prompt before this one.
-    pub index: u64,
-    pub epoch: u32,
-    pub fidelity: Fidelity,
-    /// Chunks in the coalesced batch it ran in.
-    pub batch: u32,
-    /// Waiting for a batch, and in it, milliseconds.
-    pub queue_ms: f64,
-    pub compute_ms: f64,
-    /// The pixel frames, PNG, base64.
-    pub frames: Vec<String>,
-}
+pub use state::Meta;
 
 /// `GET /engine/v1/video/load`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -158,6 +87,15 @@ impl VideoError {
             VideoError::Transfer(_) => "transfer_failed",
             VideoError::BadSp(_) => "invalid_request",
         }
+    }
+}
+
+/// The video import as a fuzz target (`fuzz/`, `gateway/tests/parsers.rs`):
+/// no input panics it, and what it accepts has the model's shape.
+pub fn fuzz_import(data: &[u8]) {
+    if let Ok((meta, state)) = parse_export(data) {
+        let s = model::StreamState::from_bytes(&state).expect("accepted states parse");
+        assert!(s.fits(meta.resolution, meta.latent_frames as usize));
     }
 }
 

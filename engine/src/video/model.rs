@@ -30,28 +30,7 @@ const HIDDEN: usize = kernels::video::HIDDEN;
 /// Widest window any configuration uses (state keeps this many chunks).
 pub const MAX_WINDOW: usize = 7;
 
-/// Output resolution presets: latent `h × w` tokens per latent frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Resolution {
-    /// 32 × 32 pixels (8 × 8 latent).
-    Tiny,
-    /// 64 × 64 pixels (16 × 16 latent).
-    Small,
-}
-
-impl Resolution {
-    pub fn latent_side(self) -> usize {
-        match self {
-            Resolution::Tiny => 8,
-            Resolution::Small => 16,
-        }
-    }
-
-    pub fn pixels(self) -> usize {
-        self.latent_side() * 4
-    }
-}
+pub use engine_api::video::Resolution;
 
 /// The model's weights (generated from a seed; small).
 #[derive(Debug, Clone)]

@@ -17,6 +17,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use engine_api::video::Version;
+
 use super::model::{Resolution, StreamState};
 use super::VideoError;
 
@@ -24,14 +26,6 @@ use super::VideoError;
 pub const KV_PAGES: usize = 8;
 /// Largest KV page accepted (a session's KV at most 8 × this).
 pub const MAX_PAGE_BYTES: usize = 256 << 20;
-
-/// A session's state at a point of its generation: the prompt epoch and
-/// the chunks generated under it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Version {
-    pub epoch: u32,
-    pub chunks: u64,
-}
 
 /// The paged KV window.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::engine::video::{ChunkRequest, CreateSession};
+use engine_api::video::{ChunkRequest, CreateSession};
 use policies::video::bmpr::{self, Mode};
 use policies::video::{self as pv, ChunkOrder, FidelityMode, TransferMode, VideoConfig, VideoProfile};
 use serde_json::json;
@@ -288,7 +288,7 @@ async fn next_chunk(streams: &Streams, stream: &Arc<Stream>, cfg: &VideoConfig) 
 fn deliver(
     streams: &Streams,
     stream: &Stream,
-    out: ::engine::video::ChunkOut,
+    out: engine_api::video::ChunkOut,
     plan: Plan,
     engine: usize,
     asked: f64,

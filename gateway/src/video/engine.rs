@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ::engine::video::{ChunkOut, ChunkRequest, CreateSession, Version};
 use bytes::Bytes;
+use engine_api::video::{ChunkOut, ChunkRequest, CreateSession, Version};
 use http::{Method, StatusCode};
 use http_body_util::{BodyExt, Full};
 use policies::video::VideoProfile;

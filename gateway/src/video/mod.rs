@@ -21,7 +21,7 @@ use policies::video::{Fidelity, Playout, Urgency, VideoConfig, VideoProfile};
 use serde::Serialize;
 use tokio::sync::Notify;
 
-use ::engine::video as engine_video;
+use engine_api::video as engine_video;
 
 use crate::engines::EnginePool;
 use crate::limits::Limits;

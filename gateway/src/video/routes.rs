@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ::engine::video::{CreateSession, Resolution};
+use engine_api::video::{CreateSession, Resolution};
 use http::{header, HeaderValue, Method, Response, StatusCode};
 use http_body_util::BodyExt;
 use policies::video::placement;
@@ -163,7 +163,7 @@ fn check_prompt(prompt: &str) -> Result<(), ApiError> {
     if prompt.trim().is_empty() {
         return Err(invalid("prompt", "must not be empty"));
     }
-    let most = ::engine::video::MAX_PROMPT_BYTES;
+    let most = engine_api::video::MAX_PROMPT_BYTES;
     if prompt.len() > most {
         return Err(invalid("prompt", format!("at most {most} bytes")));
     }

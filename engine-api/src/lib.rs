@@ -1,4 +1,6 @@
-//! The engine's internal wire format, shared with the gateway.
+//! The engine's internal wire format: what gateways and engines send each
+//! other, and nothing else (serde only), so that a gateway links no engine
+//! code. Text generation lives here; video sessions in [`video`].
 //!
 //! Routes (HTTP/2, cleartext on loopback by default):
 //! - `POST /engine/v1/generate`: [`GenerateRequest`] in, a stream of
@@ -18,6 +20,12 @@
 //! readers ignore fields they do not know.
 
 use serde::{Deserialize, Serialize};
+
+pub mod video;
+
+/// The backends an engine can be asked for (`engine --backend`, `gateway up
+/// --backend`): `auto` picks `cuda` when a GPU answers, else `cpu`.
+pub const BACKENDS: [&str; 4] = ["emulated", "cpu", "cuda", "auto"];
 
 /// Path of the generate endpoint.
 pub const GENERATE_PATH: &str = "/engine/v1/generate";
@@ -148,10 +156,10 @@ pub fn is_terminal_line(line: &[u8]) -> bool {
 
 impl Event {
     /// The event as one NDJSON line.
-    pub fn to_line(&self) -> bytes::Bytes {
+    pub fn to_line(&self) -> Vec<u8> {
         let mut line = serde_json::to_vec(self).expect("events always serialise");
         line.push(b'\n');
-        bytes::Bytes::from(line)
+        line
     }
 }
 

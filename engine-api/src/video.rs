@@ -1,0 +1,186 @@
+//! Video session wire types: what a gateway asks an engine for (create a
+//! session, the next chunk at a fidelity) and what comes back.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Arithmetic precision of the denoiser (fp8 is simulated by quantising and
+/// dequantising activations on backends without it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Fp16,
+    Fp8,
+}
+
+/// One fidelity configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Fidelity {
+    /// Denoising steps per chunk (S).
+    pub steps: u8,
+    /// Share of attention key blocks skipped, in percent (ρ × 100).
+    pub sparsity_pct: u8,
+    /// Past chunks attended to besides the sink (W).
+    pub window: u8,
+    pub precision: Precision,
+}
+
+impl Fidelity {
+    /// The reference: most steps, dense attention, widest window, fp16.
+    pub const HIGHEST: Fidelity =
+        Fidelity { steps: 4, sparsity_pct: 0, window: 7, precision: Precision::Fp16 };
+
+    /// ρ as a fraction.
+    pub fn sparsity(&self) -> f64 {
+        f64::from(self.sparsity_pct) / 100.0
+    }
+
+    /// Context blocks attention keeps out of `blocks`: all but ⌊ρ·blocks⌋.
+    pub fn kept_blocks(&self, blocks: usize) -> usize {
+        blocks - ((blocks as f64) * self.sparsity()).floor() as usize
+    }
+
+    /// Every configuration `engine profile --video` measures:
+    /// S ∈ {2,3,4}, ρ ∈ {0, 0.6, 0.7, 0.8, 0.9}, W ∈ {1,3,7}, Q ∈ {fp16, fp8}.
+    pub fn sweep() -> Vec<Fidelity> {
+        let mut out = Vec::new();
+        for steps in [2, 3, 4] {
+            for sparsity_pct in [0, 60, 70, 80, 90] {
+                for window in [1, 3, 7] {
+                    for precision in [Precision::Fp16, Precision::Fp8] {
+                        out.push(Fidelity { steps, sparsity_pct, window, precision });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Display for Fidelity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let q = match self.precision {
+            Precision::Fp16 => "fp16",
+            Precision::Fp8 => "fp8",
+        };
+        write!(f, "S{}-r{:.1}-W{}-{q}", self.steps, self.sparsity(), self.window)
+    }
+}
+
+/// Output resolution presets: latent `h × w` tokens per latent frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Resolution {
+    /// 32 × 32 pixels (8 × 8 latent).
+    Tiny,
+    /// 64 × 64 pixels (16 × 16 latent).
+    Small,
+}
+
+impl Resolution {
+    pub fn latent_side(self) -> usize {
+        match self {
+            Resolution::Tiny => 8,
+            Resolution::Small => 16,
+        }
+    }
+
+    pub fn pixels(self) -> usize {
+        self.latent_side() * 4
+    }
+}
+
+impl FromStr for Resolution {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tiny" => Ok(Resolution::Tiny),
+            "small" => Ok(Resolution::Small),
+            other => Err(format!("unknown resolution `{other}` (tiny, small)")),
+        }
+    }
+}
+
+/// `POST /engine/v1/video/sessions`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    pub id: String,
+    pub prompt: String,
+    pub resolution: Resolution,
+    /// Latent frames per chunk (pixel frames / 4), 1 to [`MAX_LATENT_FRAMES`].
+    pub latent_frames: u32,
+}
+
+/// Most latent frames per chunk (a chunk's memory and time grow with it).
+pub const MAX_LATENT_FRAMES: u32 = 16;
+/// Longest session id and prompt accepted.
+pub const MAX_ID_BYTES: usize = 256;
+pub const MAX_PROMPT_BYTES: usize = 64 << 10;
+
+impl CreateSession {
+    /// Checks every field's bounds; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_LATENT_FRAMES).contains(&self.latent_frames) {
+            return Err(format!("latent_frames: must be 1 to {MAX_LATENT_FRAMES}"));
+        }
+        if self.id.is_empty() || self.id.len() > MAX_ID_BYTES {
+            return Err(format!("id: 1 to {MAX_ID_BYTES} bytes"));
+        }
+        if self.prompt.len() > MAX_PROMPT_BYTES {
+            return Err(format!("prompt: at most {MAX_PROMPT_BYTES} bytes"));
+        }
+        Ok(())
+    }
+}
+
+/// `POST /engine/v1/video/sessions/{id}/chunk`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChunkRequest {
+    /// The prompt epoch the chunk belongs to (a prompt switch starts a new
+    /// one; chunks of an old epoch are refused).
+    pub epoch: u32,
+    pub fidelity: Fidelity,
+    /// Ordering key, lower runs first: a point in time, Unix seconds (when
+    /// the stream's credit or slack runs out, or the request's arrival).
+    pub key: f64,
+    /// The stream's service credit, seconds (eviction keeps the lowest).
+    pub credit: f64,
+    /// Sequence-parallel degree: 2 when the gateway lent this chunk a donor
+    /// engine (elastic SP; the emulated backend runs it at the profile's
+    /// `sp2_factor` of the time, the donor spending as long on its half).
+    #[serde(default = "sp1")]
+    pub sp: u8,
+}
+
+fn sp1() -> u8 {
+    1
+}
+
+/// A generated chunk.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChunkOut {
+    /// Chunks generated for this session's current prompt before this one.
+    pub index: u64,
+    pub epoch: u32,
+    pub fidelity: Fidelity,
+    /// Chunks in the coalesced batch it ran in.
+    pub batch: u32,
+    /// Waiting for a batch, and in it, milliseconds.
+    pub queue_ms: f64,
+    pub compute_ms: f64,
+    /// The pixel frames, PNG, base64.
+    pub frames: Vec<String>,
+}
+
+/// A session's state at a point of its generation: the prompt epoch and
+/// the chunks generated under it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Version {
+    pub epoch: u32,
+    pub chunks: u64,
+}
