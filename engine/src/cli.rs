@@ -9,7 +9,7 @@ use policies::batching::{BatchLimits, BatchMode};
 use policies::LatencyProfile;
 
 use crate::backend::cpu::ModelConfig;
-use crate::backend::BackendKind;
+use crate::backend::{BackendChoice, BackendKind};
 use crate::kv::KvConfig;
 use crate::scheduler::SchedulerConfig;
 
@@ -31,8 +31,11 @@ pub struct EngineArgs {
     #[arg(long, default_value = "engine-0")]
     pub id: String,
     /// Execution backend.
-    #[arg(long, value_enum, default_value_t = BackendKind::Emulated)]
-    pub backend: BackendKind,
+    #[arg(long = "backend", value_enum, default_value_t = BackendChoice::Emulated)]
+    pub backend_choice: BackendChoice,
+    /// `backend_choice` resolved on this machine ([`EngineArgs::resolved`]).
+    #[arg(skip)]
+    resolved_backend: Option<BackendKind>,
     /// Latency profile (TOML): the emulated backend replays it, batch
     /// formation predicts prefill time with it. Bundled default:
     /// `emulated-a100-8b` (emulated) or `cpu-epyc-2core` (cpu).
@@ -185,14 +188,20 @@ impl EngineArgs {
     /// These options with `--backend auto` resolved to this machine's
     /// backend; logs which and why.
     pub fn resolved(mut self) -> Self {
-        let (kind, why) = self.backend.resolve();
-        if self.backend == BackendKind::Auto {
+        let (kind, why) = self.backend_choice.resolve();
+        if self.backend_choice == BackendChoice::Auto {
             tracing::warn!(event = "backend_selected", engine = %self.id, backend = kind.as_str(), why = %why);
         } else {
             tracing::info!(event = "backend_selected", engine = %self.id, backend = kind.as_str(), why = %why);
         }
-        self.backend = kind;
+        self.resolved_backend = Some(kind);
         self
+    }
+
+    /// The backend this engine runs: as resolved at start, or (before
+    /// [`EngineArgs::resolved`]) the choice resolved now.
+    pub fn backend(&self) -> BackendKind {
+        self.resolved_backend.unwrap_or_else(|| self.backend_choice.resolve().0)
     }
 
     /// The cpu backend's model shape.
@@ -214,9 +223,9 @@ impl EngineArgs {
 
     /// KV pages: the flag, or the backend's default.
     pub fn kv_pages(&self) -> u32 {
-        self.kv_pages.unwrap_or_else(|| match self.backend {
+        self.kv_pages.unwrap_or_else(|| match self.backend() {
             BackendKind::Emulated => 16384,
-            BackendKind::Cpu | BackendKind::Cuda | BackendKind::Auto => {
+            BackendKind::Cpu | BackendKind::Cuda => {
                 let page_bytes =
                     self.model_config().kv_bytes_per_token() as u64 * u64::from(self.page_tokens.max(1));
                 let budget = u64::from(self.kv_cache_mb) << 20;

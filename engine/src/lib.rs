@@ -158,13 +158,13 @@ fn profile_source(args: &EngineArgs) -> Result<(String, String), StartError> {
                 .map_err(|e| StartError::ReadProfile(p.display().to_string(), e))?;
             (p.display().to_string(), text)
         }
-        None => match args.backend {
+        None => match args.backend() {
             // No GPU profile is shipped yet (one is measured with `engine
             // profile --backend cuda`): a GPU-class emulated one stands in.
             BackendKind::Emulated | BackendKind::Cuda => {
                 ("bundled emulated-a100-8b.toml".to_string(), DEFAULT_PROFILE.to_string())
             }
-            BackendKind::Cpu | BackendKind::Auto => {
+            BackendKind::Cpu => {
                 ("bundled cpu-epyc-2core.toml".to_string(), CPU_PROFILE.to_string())
             }
         },
@@ -180,7 +180,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
     let cfg = args.scheduler_config(profile.clone());
     let engine_class = profile.engine_class.clone();
     let mut gpu_video = None;
-    let scheduler = match args.backend {
+    let scheduler = match args.backend() {
         BackendKind::Emulated => Scheduler::spawn(Emulated { profile }, Arc::clone(&kv), cfg),
         BackendKind::Cuda => {
             let model = args.model_config();
@@ -190,7 +190,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
             gpu_video = Some(video);
             Scheduler::spawn(lm, Arc::clone(&kv), cfg)
         }
-        BackendKind::Cpu | BackendKind::Auto => {
+        BackendKind::Cpu => {
             let model = args.model_config();
             model.validate().map_err(StartError::Model)?;
             let cpu = Cpu::new(model, args.cpu_threads(), kv.total_pages(), args.page_tokens);
@@ -202,11 +202,11 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
             p.display().to_string(),
             std::fs::read_to_string(p).map_err(|e| StartError::ReadProfile(p.display().to_string(), e))?,
         ),
-        None => match args.backend {
+        None => match args.backend() {
             BackendKind::Emulated | BackendKind::Cuda => {
                 ("bundled video-emulated-h100.toml".to_string(), VIDEO_PROFILE.to_string())
             }
-            BackendKind::Cpu | BackendKind::Auto => {
+            BackendKind::Cpu => {
                 ("bundled video-cpu-epyc-2core.toml".to_string(), CPU_VIDEO_PROFILE.to_string())
             }
         },
@@ -214,7 +214,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
     let video_profile = policies::video::VideoProfile::parse(&video_name, &video_profile_toml)?;
     let video_state_bytes = (args.video_state_mib.clamp(0.0, 2048.0) * 1048576.0) as usize;
     let video = video::VideoEngine::spawn(video::VideoConfig {
-        backend: args.backend,
+        backend: args.backend(),
         profile: video_profile,
         arena_slots: args.video_arena_slots.max(1),
         max_batch: args.video_max_batch.max(1),
@@ -225,7 +225,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
     });
     Ok(Arc::new(Engine {
         id: args.id.clone(),
-        backend: args.backend,
+        backend: args.backend(),
         engine_class,
         profile_toml,
         scheduler,

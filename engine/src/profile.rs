@@ -129,7 +129,7 @@ fn rescaled_video(
 fn measured_video(args: &ProfileArgs) -> Result<(policies::video::VideoProfile, String), ProfileError> {
     use crate::video::profile as vp;
     let e = &args.engine;
-    let (gpu, machine) = match e.backend {
+    let (gpu, machine) = match e.backend() {
         BackendKind::Cpu => (None, host_cpu()),
         BackendKind::Cuda => {
             let gpu = crate::gpu::open_video(e.model_seed).map_err(crate::StartError::Gpu)?;
@@ -152,7 +152,7 @@ fn measured_video(args: &ProfileArgs) -> Result<(policies::video::VideoProfile, 
         engine_class: args
             .engine_class
             .clone()
-            .unwrap_or_else(|| format!("{}-{}", e.backend.as_str(), slug(&machine))),
+            .unwrap_or_else(|| format!("{}-{}", e.backend().as_str(), slug(&machine))),
         model: "synthetic-video".into(),
     };
     let runner = match &gpu {
@@ -167,7 +167,7 @@ fn measured_video(args: &ProfileArgs) -> Result<(policies::video::VideoProfile, 
             p.quality
         );
     });
-    Ok((profile, format!("engine profile --video --backend {} on {machine}", e.backend.as_str())))
+    Ok((profile, format!("engine profile --video --backend {} on {machine}", e.backend().as_str())))
 }
 
 /// Runs `engine profile` and writes the file.
@@ -176,12 +176,12 @@ pub fn run(args: &ProfileArgs) -> Result<Measured, ProfileError> {
     let e = &args.engine;
     let kv = KvAllocator::new(e.kv_config());
     // What was measured, and the machine it ran on (the GPU for cuda).
-    let (m, host) = match e.backend {
+    let (m, host) = match e.backend() {
         BackendKind::Emulated => {
             let profile = crate::load_profile(e)?;
             (measure(&mut Emulated { profile }, &kv, args)?, host_cpu())
         }
-        BackendKind::Cpu | BackendKind::Auto => {
+        BackendKind::Cpu => {
             let model = e.model_config();
             model.validate().map_err(crate::StartError::Model)?;
             let mut cpu = Cpu::new(model, e.cpu_threads(), kv.total_pages(), e.page_tokens);
@@ -196,7 +196,7 @@ pub fn run(args: &ProfileArgs) -> Result<Measured, ProfileError> {
         }
     };
     let class =
-        args.engine_class.clone().unwrap_or_else(|| format!("{}-{}", e.backend.as_str(), slug(&host)));
+        args.engine_class.clone().unwrap_or_else(|| format!("{}-{}", e.backend().as_str(), slug(&host)));
     let text = render(args, &class, &host, &m);
     std::fs::write(&args.out, text)
         .map_err(|err| ProfileError::Write(args.out.display().to_string(), err))?;
@@ -323,12 +323,12 @@ fn render(args: &ProfileArgs, class: &str, host: &str, m: &Measured) -> String {
     let e = &args.engine;
     let points =
         |v: &[(u32, f64)]| v.iter().map(|(x, ms)| format!("[{x}, {ms:.3}]")).collect::<Vec<_>>().join(", ");
-    let model = match e.backend {
+    let model = match e.backend() {
         BackendKind::Cuda => format!(
             "model on the GPU (bf16 weights): {} layers, hidden {}, {} heads, MLP {}, vocab {}, seed {}",
             e.model_layers, e.model_hidden, e.model_heads, e.model_ffn, e.model_vocab, e.model_seed
         ),
-        BackendKind::Cpu | BackendKind::Auto => format!(
+        BackendKind::Cpu => format!(
             "cpu model: {} layers, hidden {}, {} heads, MLP {}, vocab {}, seed {}; {} compute threads",
             e.model_layers,
             e.model_hidden,
@@ -358,7 +358,7 @@ fn render(args: &ProfileArgs, class: &str, host: &str, m: &Measured) -> String {
          batch_points = [{decode}]\n\
          # extra step time per 1,000 tokens of context summed over the batch\n\
          ms_per_1k_context = {slope:.4}\n",
-        backend = e.backend.as_str(),
+        backend = e.backend().as_str(),
         threads = std::thread::available_parallelism().map_or(1, |n| n.get()),
         page = e.page_tokens,
         repeats = args.repeats.max(1),

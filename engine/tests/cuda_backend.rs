@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use engine::backend::cpu::ModelConfig;
-use engine::backend::BackendKind;
+use engine::backend::{BackendChoice, BackendKind};
 use engine::gpu::check::{self, Comparison, Tolerances};
 use engine::gpu::cuda::{self, CudaDevice};
 use engine::video::Resolution;
@@ -52,7 +52,7 @@ fn the_kernels_compile_with_nvrtc_for_ampere_and_hopper() {
 #[test]
 fn auto_picks_cuda_when_a_gpu_answers() {
     let Some(_dev) = device("--backend auto on a GPU") else { return };
-    let (kind, why) = BackendKind::Auto.resolve();
+    let (kind, why) = BackendChoice::Auto.resolve();
     assert_eq!(kind, BackendKind::Cuda, "{why}");
 }
 

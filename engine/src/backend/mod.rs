@@ -20,15 +20,11 @@ use std::time::Duration;
 use crate::api::GenerateRequest;
 use crate::kv::PageId;
 
-/// Which backend an engine runs.
+/// The backend asked for (`--backend`): one of [`BackendKind`], or `auto`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BackendKind {
-    /// Profile-timed, no heavy math; results are labelled "emulated".
+pub enum BackendChoice {
     Emulated,
-    /// A synthetic transformer computed on the host's CPU.
     Cpu,
-    /// The same models on an NVIDIA GPU (engines built with `--features
-    /// cuda`; the CUDA libraries are loaded at start).
     Cuda,
     /// The best this machine offers: `cuda` when a GPU is present and this
     /// engine was built with the `cuda` feature, else `cpu`. Resolved once
@@ -36,22 +32,17 @@ pub enum BackendKind {
     Auto,
 }
 
-impl BackendKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BackendKind::Emulated => "emulated",
-            BackendKind::Cpu => "cpu",
-            BackendKind::Cuda => "cuda",
-            BackendKind::Auto => "auto",
-        }
-    }
-
+impl BackendChoice {
     /// The concrete backend for this machine and why. `Auto` probes for a
     /// GPU and picks `cuda` when one answers, else `cpu`; `cuda` asked for
     /// stays `cuda` (and fails at start if there is no GPU).
     pub fn resolve(self) -> (BackendKind, String) {
+        let asked = |k| (k, "asked for".to_string());
         match self {
-            BackendKind::Auto => match crate::gpu::probe() {
+            BackendChoice::Emulated => asked(BackendKind::Emulated),
+            BackendChoice::Cpu => asked(BackendKind::Cpu),
+            BackendChoice::Cuda => asked(BackendKind::Cuda),
+            BackendChoice::Auto => match crate::gpu::probe() {
                 Ok(d) => (
                     BackendKind::Cuda,
                     format!(
@@ -64,14 +55,35 @@ impl BackendKind {
                 ),
                 Err(why) => (BackendKind::Cpu, format!("no usable GPU ({why}): using cpu")),
             },
-            other => (other, "asked for".to_string()),
+        }
+    }
+}
+
+/// The backend an engine runs (resolved: never `auto`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// Profile-timed, no heavy math; results are labelled "emulated".
+    Emulated,
+    /// A synthetic transformer computed on the host's CPU.
+    Cpu,
+    /// The same models on an NVIDIA GPU (engines built with `--features
+    /// cuda`; the CUDA libraries are loaded at start).
+    Cuda,
+}
+
+impl BackendKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Emulated => "emulated",
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
         }
     }
 
     /// Whether steps compute (or wait for the device) on the calling
     /// thread, and so must not run on the async runtime's workers.
     pub fn computes_on_host(self) -> bool {
-        matches!(self, BackendKind::Cpu | BackendKind::Cuda | BackendKind::Auto)
+        matches!(self, BackendKind::Cpu | BackendKind::Cuda)
     }
 }
 

@@ -616,7 +616,7 @@ impl Core {
                 });
                 job.await.expect("the video batch does not panic")
             }
-            BackendKind::Cpu | BackendKind::Cuda | BackendKind::Auto => {
+            BackendKind::Cpu | BackendKind::Cuda => {
                 let model = Arc::clone(&self.model);
                 let threads = self.cfg.threads.max(1);
                 let job = tokio::task::spawn_blocking(move || {
