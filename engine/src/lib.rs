@@ -164,9 +164,7 @@ fn profile_source(args: &EngineArgs) -> Result<(String, String), StartError> {
             BackendKind::Emulated | BackendKind::Cuda => {
                 ("bundled emulated-a100-8b.toml".to_string(), DEFAULT_PROFILE.to_string())
             }
-            BackendKind::Cpu => {
-                ("bundled cpu-epyc-2core.toml".to_string(), CPU_PROFILE.to_string())
-            }
+            BackendKind::Cpu => ("bundled cpu-epyc-2core.toml".to_string(), CPU_PROFILE.to_string()),
         },
     };
     Ok((name, text))

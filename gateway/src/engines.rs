@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 use bytes::Bytes;
 use engine_api::LoadReport;
 use http::Uri;
@@ -77,9 +78,11 @@ pub struct EngineSlot {
     /// is work the report cannot reflect yet.
     leased_total: AtomicU64,
     leased_at_report: AtomicU64,
-    last_report: Mutex<Option<LoadReport>>,
+    /// Swapped whole by the poller; the request path reads it without a
+    /// lock or a copy.
+    last_report: ArcSwapOption<LoadReport>,
     /// The engine's latency profile, fetched once it first answers.
-    profile: Mutex<Option<LatencyProfile>>,
+    profile: ArcSwapOption<LatencyProfile>,
     /// Found in the cluster registry (not configured): retired when it has
     /// been gone from the registry and unready past the engine TTL.
     discovered: bool,
@@ -108,8 +111,8 @@ impl EngineSlot {
             prefill_backlog: AtomicU64::new(0),
             leased_total: AtomicU64::new(0),
             leased_at_report: AtomicU64::new(0),
-            last_report: Mutex::new(None),
-            profile: Mutex::new(None),
+            last_report: ArcSwapOption::empty(),
+            profile: ArcSwapOption::empty(),
             standby: AtomicBool::new(false),
             draining: AtomicBool::new(false),
         }
@@ -176,16 +179,16 @@ impl EngineSlot {
     /// The decode step time the engine last reported, ms (no report copy:
     /// read on every streamed request).
     pub fn decode_step_ms(&self) -> Option<f64> {
-        self.last_report.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|r| r.decode_step_ms)
+        self.last_report.load().as_ref().map(|r| r.decode_step_ms)
     }
 
     /// The latest load report, if the last probe got one.
-    pub fn report(&self) -> Option<LoadReport> {
-        self.last_report.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    pub fn report(&self) -> Option<Arc<LoadReport>> {
+        self.last_report.load_full()
     }
 
-    pub fn profile(&self) -> Option<LatencyProfile> {
-        self.profile.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    pub fn profile(&self) -> Option<Arc<LatencyProfile>> {
+        self.profile.load_full()
     }
 }
 
@@ -194,11 +197,17 @@ pub use policies::admission::controller::Work;
 /// All engines plus the clients that reach them.
 #[derive(Debug)]
 pub struct EnginePool {
-    /// Append-only: engines discovered later (cluster registry) are added;
-    /// an index always names the same engine.
-    slots: std::sync::RwLock<Vec<Arc<EngineSlot>>>,
-    /// One connection per engine each; requests go round-robin.
-    clients: Vec<EngineClient>,
+    /// An immutable list swapped whole when an engine is added or replaced
+    /// (readers take no lock); an index always names the same engine
+    /// until it is retired and reused.
+    slots: ArcSwap<Vec<Arc<EngineSlot>>>,
+    /// Serialises the writers of `slots`.
+    slots_write: Mutex<()>,
+    /// Request clients (each one connection per engine), one set per
+    /// connection worker (index `worker + 1`) and one for the main runtime
+    /// (index 0): a worker's requests ride connections driven by its own
+    /// runtime. Requests go round-robin within a set.
+    clients: Vec<Vec<EngineClient>>,
     next_client: AtomicU64,
     /// Probes and profile fetches: a connection of their own.
     probe_client: EngineClient,
@@ -232,8 +241,11 @@ impl EnginePool {
         };
         let slots = specs.into_iter().map(|spec| Arc::new(EngineSlot::new(spec, false))).collect();
         Arc::new(Self {
-            slots: std::sync::RwLock::new(slots),
-            clients: (0..limits.engine_connections.max(1)).map(|_| client()).collect(),
+            slots: ArcSwap::from_pointee(slots),
+            slots_write: Mutex::new(()),
+            clients: (0..=limits.workers())
+                .map(|_| (0..limits.engine_connections.max(1)).map(|_| client()).collect())
+                .collect(),
             next_client: AtomicU64::new(0),
             probe_client: client(),
             authorization: token.and_then(|t| {
@@ -245,8 +257,14 @@ impl EnginePool {
         })
     }
 
-    fn slots(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<EngineSlot>>> {
-        self.slots.read().unwrap_or_else(|p| p.into_inner())
+    fn slots(&self) -> Guard<Arc<Vec<Arc<EngineSlot>>>> {
+        self.slots.load()
+    }
+
+    /// Every engine as of now, in index order (retired ones included): one
+    /// atomic load, no lock, no copy.
+    pub fn snapshot(&self) -> Guard<Arc<Vec<Arc<EngineSlot>>>> {
+        self.slots.load()
     }
 
     /// Adds an engine found in the cluster registry; returns its index.
@@ -266,27 +284,32 @@ impl EnginePool {
     }
 
     fn insert(&self, spec: EngineSpec, discovered: bool) -> usize {
-        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = slots.iter().position(|s| s.spec.id == spec.id) {
-            if slots[i].spec.url == spec.url && !slots[i].is_retired() {
-                return i;
-            }
-            tracing::info!(event = "engine_moved", engine = %spec.id, from = %slots[i].spec.url, to = %spec.url);
-            slots[i] = Arc::new(EngineSlot::new(spec, discovered));
-            return i;
-        }
-        tracing::info!(event = "engine_added", engine = %spec.id, url = %spec.url, discovered);
-        let slot = Arc::new(EngineSlot::new(spec, discovered));
-        match slots.iter().position(|s| s.is_retired()) {
+        let _writer = self.slots_write.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slots = Vec::clone(&self.slots.load());
+        let idx = match slots.iter().position(|s| s.spec.id == spec.id) {
+            Some(i) if slots[i].spec.url == spec.url && !slots[i].is_retired() => return i,
             Some(i) => {
-                slots[i] = slot;
+                tracing::info!(event = "engine_moved", engine = %spec.id, from = %slots[i].spec.url, to = %spec.url);
+                slots[i] = Arc::new(EngineSlot::new(spec, discovered));
                 i
             }
             None => {
-                slots.push(slot);
-                slots.len() - 1
+                tracing::info!(event = "engine_added", engine = %spec.id, url = %spec.url, discovered);
+                let slot = Arc::new(EngineSlot::new(spec, discovered));
+                match slots.iter().position(|s| s.is_retired()) {
+                    Some(i) => {
+                        slots[i] = slot;
+                        i
+                    }
+                    None => {
+                        slots.push(slot);
+                        slots.len() - 1
+                    }
+                }
             }
-        }
+        };
+        self.slots.store(Arc::new(slots));
+        idx
     }
 
     /// Retires discovered engines that are not in the registry's listing
@@ -312,8 +335,10 @@ impl EnginePool {
     /// connection (round-robin).
     pub fn send(&self, mut req: http::Request<Full<Bytes>>) -> ResponseFuture {
         self.authorize(&mut req);
+        let set = crate::workers::current().map_or(0, |w| w + 1).min(self.clients.len() - 1);
+        let clients = &self.clients[set];
         let n = self.next_client.fetch_add(1, Ordering::Relaxed) as usize;
-        self.clients[n % self.clients.len()].request(req)
+        clients[n % clients.len()].request(req)
     }
 
     /// As [`EnginePool::send`], on the probes' own connection.
@@ -422,7 +447,7 @@ impl EnginePool {
             let fetched = tokio::time::timeout(PROBE_TIMEOUT, self.fetch_profile(&slot.spec)).await;
             if let Ok(Some(p)) = fetched {
                 tracing::info!(event = "engine_profile", engine = %slot.spec.id, class = %p.engine_class);
-                *slot.profile.lock().unwrap_or_else(|p| p.into_inner()) = Some(p);
+                slot.profile.store(Some(Arc::new(p)));
             }
         }
         if slot.ready.swap(ready, Ordering::AcqRel) != ready {
@@ -432,7 +457,7 @@ impl EnginePool {
             slot.leased_at_report.store(leased, Ordering::Release);
             *slot.last_seen.lock().unwrap_or_else(|p| p.into_inner()) = std::time::Instant::now();
         }
-        *slot.last_report.lock().unwrap_or_else(|p| p.into_inner()) = report;
+        slot.last_report.store(report.map(Arc::new));
     }
 
     async fn fetch_profile(&self, spec: &EngineSpec) -> Option<LatencyProfile> {
@@ -486,8 +511,8 @@ impl EnginePool {
                     "gateway_inflight_tokens": s.inflight_tokens.load(Ordering::Acquire),
                     "gateway_active_sequences": s.active.load(Ordering::Acquire),
                     "gateway_prefill_backlog_tokens": s.prefill_backlog.load(Ordering::Acquire),
-                    "engine_class": s.profile().map(|p| p.engine_class),
-                    "load": *s.last_report.lock().unwrap_or_else(|p| p.into_inner()),
+                    "engine_class": s.profile().map(|p| p.engine_class.clone()),
+                    "load": s.report().as_deref(),
                 })
             })
             .collect();

@@ -113,7 +113,7 @@ impl FleetControl {
             if slot.is_retired() {
                 continue;
             }
-            let class = slot.profile().map_or_else(|| "unknown".to_string(), |p| p.engine_class);
+            let class = slot.profile().map_or_else(|| "unknown".to_string(), |p| p.engine_class.clone());
             match out.iter_mut().find(|(c, _)| *c == class) {
                 Some((_, v)) => v.push(idx),
                 None => out.push((class, vec![idx])),

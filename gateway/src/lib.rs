@@ -38,6 +38,7 @@ pub mod service;
 pub mod supervisor;
 pub mod tls;
 pub mod video;
+pub mod workers;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
@@ -131,6 +132,8 @@ pub enum StartError {
     Supervisor(#[from] supervisor::SupervisorError),
     #[error("binding {0}: {1}")]
     Bind(std::net::SocketAddr, std::io::Error),
+    #[error("starting the connection workers: {0}")]
+    Workers(std::io::Error),
     #[error("cluster: {0}")]
     PolicyKey(String),
     #[error("no engine became ready within {0:?}")]
@@ -331,7 +334,7 @@ async fn serve_until_signal(
     let admin_limits = server::ListenerLimits::admin(&app.config.limits);
     let admin_task = tokio::spawn(async move {
         let mut stop = stop_rx;
-        server::serve(admin_handler, admin_listener, admin_tls, admin_limits, async move {
+        server::serve(admin_handler, admin_listener, admin_tls, admin_limits, None, async move {
             let _ = stop.wait_for(|s| *s).await;
         })
         .await;
@@ -346,10 +349,12 @@ async fn serve_until_signal(
     let public = Arc::clone(&app);
     let handler = move |req| service::handle(Arc::clone(&public), req);
     let public_limits = server::ListenerLimits::public(&app.config.limits);
-    server::serve(handler, listener, tls, public_limits, async {
+    let workers = workers::Workers::start(app.config.limits.workers()).map_err(StartError::Workers)?;
+    server::serve(handler, listener, tls, public_limits, Some(&workers), async {
         signal.await;
     })
     .await;
+    drop(workers); // joins the worker threads
     let _ = stop_tx.send(true);
     let _ = admin_task.await;
     tracing::info!(event = "gateway_stopped");

@@ -50,8 +50,13 @@ pub struct Limits {
     /// failed and the engine leaves rotation until a probe answers.
     pub engine_keepalive_interval_ms: u64,
     pub engine_keepalive_timeout_ms: u64,
-    /// HTTP/2 connections to each engine (streams are spread over them).
+    /// HTTP/2 connections to each engine (streams are spread over them),
+    /// per connection worker.
     pub engine_connections: usize,
+    /// Connection workers of the public listener: threads that each run a
+    /// single-threaded runtime (`gateway/src/workers.rs`). Absent: one per
+    /// core.
+    pub worker_threads: Option<usize>,
     /// Bytes of unread events a video stream's feed holds; past it the
     /// stream stops generating (and is suspended) until the reader catches up.
     pub video_feed_buffer_bytes: usize,
@@ -75,6 +80,7 @@ impl Default for Limits {
             engine_keepalive_interval_ms: 2_000,
             engine_keepalive_timeout_ms: 3_000,
             engine_connections: 2,
+            worker_threads: None,
             video_feed_buffer_bytes: 4 << 20,
         }
     }
@@ -83,7 +89,17 @@ impl Default for Limits {
 /// Steps of silence allowed when the engine reports its step time.
 const EVENT_TIMEOUT_STEPS: f64 = 50.0;
 
+/// Most connection workers.
+const MAX_WORKERS: usize = 256;
+
 impl Limits {
+    /// Connection workers to start: `worker_threads`, else one per core.
+    pub fn workers(&self) -> usize {
+        self.worker_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .clamp(1, MAX_WORKERS)
+    }
+
     /// Checks that no bound is zero; the error names the key.
     pub fn validate(&self) -> Result<(), String> {
         let values = [
@@ -105,6 +121,9 @@ impl Limits {
         ];
         match values.iter().find(|(_, v)| *v == 0) {
             Some((key, _)) => Err(format!("limits.{key} must be greater than 0")),
+            None if self.worker_threads.is_some_and(|n| !(1..=MAX_WORKERS).contains(&n)) => {
+                Err(format!("limits.worker_threads must be 1 to {MAX_WORKERS}"))
+            }
             None if self.engine_connections > 64 => {
                 Err("limits.engine_connections must be at most 64".into())
             }
@@ -156,6 +175,9 @@ mod tests {
         let l = Limits { write_stall_timeout_ms: 0, ..Limits::default() };
         assert_eq!(l.validate().unwrap_err(), "limits.write_stall_timeout_ms must be greater than 0");
         assert!(Limits::default().validate().is_ok());
+        let l = Limits { worker_threads: Some(0), ..Limits::default() };
+        assert_eq!(l.validate().unwrap_err(), "limits.worker_threads must be 1 to 256");
+        assert_eq!(Limits { worker_threads: Some(3), ..Limits::default() }.workers(), 3);
     }
 
     #[test]

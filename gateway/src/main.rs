@@ -9,6 +9,9 @@ use clap::{Parser, Subcommand};
 use gateway::config::GatewayConfig;
 use gateway::supervisor::EngineLaunch;
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "gateway", version, about = "SLO-aware HTTP/2 gateway for generative-AI inference")]
 struct Cli {

@@ -70,11 +70,14 @@ impl ListenerLimits {
 
 /// Serves `handler` on `listener` until `shutdown` resolves, then lets open
 /// connections finish (bounded by [`DRAIN_TIMEOUT`]).
+/// With `workers`, each connection runs on the next connection worker
+/// (`workers.rs`); without, on this runtime.
 pub async fn serve<H, F>(
     handler: H,
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     limits: ListenerLimits,
+    workers: Option<&crate::workers::Workers>,
     shutdown: impl Future<Output = ()>,
 ) where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
@@ -115,8 +118,11 @@ pub async fn serve<H, F>(
         let _ = tcp.set_nodelay(true);
         let (acceptor, builder, handler, stop, limits) =
             (acceptor.clone(), builder.clone(), handler.clone(), stop_rx.clone(), Arc::clone(&limits));
-        tokio::spawn(async move {
+        // The socket moves to the worker's reactor.
+        let Ok(tcp) = tcp.into_std() else { continue };
+        let serve_one = async move {
             let _permit = permit;
+            let Ok(tcp) = tokio::net::TcpStream::from_std(tcp) else { return };
             let _open = OpenGauge::new(limits.name);
             let tls = match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
@@ -131,7 +137,13 @@ pub async fn serve<H, F>(
             let svc = tracked(handler, Arc::clone(&activity));
             let conn = builder.serve_connection(TokioIo::new(tls), svc).into_owned();
             connection(conn, |c| c.graceful_shutdown(), activity, stop, &limits, peer).await;
-        });
+        };
+        match workers {
+            Some(w) => w.spawn(serve_one),
+            None => {
+                tokio::spawn(serve_one);
+            }
+        }
     }
     tracing::info!(event = "draining_connections", open = limits.max_connections - slots.available_permits());
     let _ = stop_tx.send(true);

@@ -21,11 +21,11 @@ impl Admission {
         if st.ctl.waiting() == 0 {
             return;
         }
-        let engines = self.candidates(&mut st.ctl, policy);
         let st = &mut *st;
+        self.candidates(&mut st.ctl, policy, &mut st.candidates);
         st.waiters.retain(|_, (tx, _)| !tx.is_closed());
         let waiters = &st.waiters;
-        let grants = st.ctl.pump(now, policy, &engines, |id| waiters.contains_key(&id));
+        let grants = st.ctl.pump(now, policy, &st.candidates, |id| waiters.contains_key(&id));
         self.deliver(st, grants);
     }
 

@@ -121,6 +121,8 @@ struct State {
     ctl: Controller,
     /// Where each gate waiter's grant goes, with its tier (for the error).
     waiters: HashMap<WaiterId, (Reply, String)>,
+    /// The engines of the last decision (kept: no allocation per request).
+    candidates: Vec<Candidate>,
 }
 
 /// The gateway's admission controller; one per process.
@@ -173,29 +175,32 @@ impl Admission {
         self.lock().ctl.queue_ratio_p95(now, policy)
     }
 
-    /// Candidates for admission: ready engines whose profile is known.
-    fn candidates(&self, ctl: &mut Controller, policy: &PolicyDocument) -> Vec<Candidate> {
-        let mut out = Vec::new();
-        for idx in 0..self.pool.len() {
-            let slot = self.pool.slot(idx);
+    /// Candidates for admission into `out`: ready engines whose profile is
+    /// known. Reads the registry's snapshot; copies nothing but numbers.
+    fn candidates(&self, ctl: &mut Controller, policy: &PolicyDocument, out: &mut Vec<Candidate>) {
+        out.clear();
+        for (idx, slot) in self.pool.snapshot().iter().enumerate() {
             let Some(profile) = slot.profile() else { continue };
             let class = ctl.class_of(&profile);
             if !slot.routable() {
                 continue;
             }
-            let report = slot.report().unwrap_or_default();
+            let report = slot.report();
+            let (page_tokens, free, low, batch) = report.as_deref().map_or((0, 0, 0, 1), |r| {
+                (r.kv_page_tokens, r.kv_pages_free, r.kv_low_watermark_pages, r.batch_target)
+            });
             // Free KV above the low watermark per the last report, less
             // what this gateway sent since (not in the report yet).
-            let headroom = if report.kv_page_tokens == 0 {
+            let headroom = if page_tokens == 0 {
                 u64::MAX
             } else {
-                let pages = u64::from(report.kv_pages_free.saturating_sub(report.kv_low_watermark_pages));
-                (pages * u64::from(report.kv_page_tokens)).saturating_sub(slot.leased_since_report())
+                let pages = u64::from(free.saturating_sub(low));
+                (pages * u64::from(page_tokens)).saturating_sub(slot.leased_since_report())
             };
             out.push(Candidate {
                 idx,
                 class,
-                slots: report.batch_target.max(1),
+                slots: batch.max(1),
                 active: slot.active(),
                 active_out_tokens: slot.active_out_tokens(),
                 prefill_backlog_tokens: slot.prefill_backlog_tokens(),
@@ -203,8 +208,7 @@ impl Admission {
                 long_lane: false,
             });
         }
-        policies::admission::assign_long_lanes(&mut out, policy.routing.long_lane_engines);
-        out
+        policies::admission::assign_long_lanes(out, policy.routing.long_lane_engines);
     }
 
     /// Decides admit / degrade / reject for one request
@@ -223,18 +227,16 @@ impl Admission {
             ttft_hint_ms: r.ttft_hint.map(ms),
             e2e_hint_ms: r.e2e_hint.map(ms),
         };
-        let mut st = self.lock();
-        let engines = if policy.admission.mode == policies::admission::AdmissionMode::Off {
-            Vec::new()
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let off = policy.admission.mode == policies::admission::AdmissionMode::Off;
+        if off {
+            st.candidates.clear();
         } else {
-            self.candidates(&mut st.ctl, policy)
-        };
-        let loads = if policy.admission.mode == policies::admission::AdmissionMode::Off {
-            self.pool.views()
-        } else {
-            Vec::new()
-        };
-        let outcome = st.ctl.request(now, policy, &req, &engines, &loads);
+            self.candidates(&mut st.ctl, policy, &mut st.candidates);
+        }
+        let loads = if off { self.pool.views() } else { Vec::new() };
+        let outcome = st.ctl.request(now, policy, &req, &st.candidates, &loads);
         let (admit, start) = match outcome {
             Outcome::Refuse(refusal) => return Err(refuse(tier, &refusal)),
             Outcome::Start { engine, admit } => {
@@ -250,7 +252,7 @@ impl Admission {
                 (admit, Start::Wait(rx, tokio::time::Instant::now() + wait, v))
             }
         };
-        drop(st);
+        drop(guard);
         let verdict = Verdict::admitted(&admit);
         ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => verdict.decision, "reason" => verdict.reason.clone())
             .increment(1);

@@ -54,7 +54,7 @@ pub async fn run(cluster: Arc<Cluster>, pool: Arc<EnginePool>, store: Arc<Policy
             .filter_map(|i| {
                 let slot = pool.slot(i);
                 let report = slot.report()?;
-                Some((slot.spec.id.clone(), serde_json::to_string(&report).ok()?))
+                Some((slot.spec.id.clone(), serde_json::to_string(&*report).ok()?))
             })
             .collect();
         if let Err(e) = redis.put_loads(&reports).await {
