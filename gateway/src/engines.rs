@@ -213,8 +213,12 @@ pub struct EnginePool {
     probe_client: EngineClient,
     /// `Authorization` for every engine request (the engines' API token).
     authorization: Option<http::HeaderValue>,
-    /// Notified whenever a lease ends (a slot frees).
+    /// Notified when a lease ends (a slot frees) while `gate_waiting`.
     pub slot_freed: Notify,
+    /// Requests wait at the admission gate (set and cleared under the
+    /// admission lock): only then does a freed slot wake the gate task,
+    /// which otherwise costs a cross-thread wake-up per request.
+    pub gate_waiting: AtomicBool,
 }
 
 impl EnginePool {
@@ -254,6 +258,7 @@ impl EnginePool {
                 Some(v)
             }),
             slot_freed: Notify::new(),
+            gate_waiting: AtomicBool::new(false),
         })
     }
 
@@ -562,7 +567,9 @@ impl Drop for EngineLease {
         s.inflight_tokens.fetch_sub(self.work.tokens, Ordering::AcqRel);
         s.active_out.fetch_sub(self.work.out_tokens, Ordering::AcqRel);
         s.active.fetch_sub(1, Ordering::AcqRel);
-        self.pool.slot_freed.notify_one();
+        if self.pool.gate_waiting.load(Ordering::Acquire) {
+            self.pool.slot_freed.notify_one();
+        }
     }
 }
 

@@ -19,13 +19,20 @@ impl Admission {
         let now = self.now();
         let mut st = self.lock();
         if st.ctl.waiting() == 0 {
+            self.pool.gate_waiting.store(false, std::sync::atomic::Ordering::Release);
             return;
         }
         let st = &mut *st;
         self.candidates(&mut st.ctl, policy, &mut st.candidates);
-        st.waiters.retain(|_, (tx, _)| !tx.is_closed());
-        let waiters = &st.waiters;
-        let grants = st.ctl.pump(now, policy, &st.candidates, |id| waiters.contains_key(&id));
+        let waiters = &mut st.waiters;
+        let alive = |id| match waiters.get(&id) {
+            Some((tx, _)) if !tx.is_closed() => true,
+            _ => {
+                waiters.remove(&id); // its caller went away
+                false
+            }
+        };
+        let grants = st.ctl.pump(now, policy, &st.candidates, alive);
         self.deliver(st, grants);
     }
 
@@ -58,8 +65,12 @@ impl Admission {
     pub fn tick(&self, policy: &PolicyDocument) {
         let now = self.now();
         let mut st = self.lock();
+        let st = &mut *st;
+        st.waiters.retain(|_, (tx, _)| !tx.is_closed());
+        let waiters = &st.waiters;
+        st.ctl.purge(|id| waiters.contains_key(&id));
         let (report, expired) = st.ctl.tick(now, policy);
-        self.deliver(&mut st, expired);
+        self.deliver(st, expired);
         if report.changed {
             tracing::warn!(
                 event = "brownout_level",

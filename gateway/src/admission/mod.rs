@@ -245,6 +245,9 @@ impl Admission {
             }
             Outcome::Anywhere { admit } => (admit, Start::Anywhere),
             Outcome::Wait { id, deadline, admit } => {
+                // Freed slots wake the gate from now on; the pump below
+                // catches one freed before this.
+                self.pool.gate_waiting.store(true, std::sync::atomic::Ordering::Release);
                 let (tx, rx) = oneshot::channel();
                 st.waiters.insert(id, (tx, tier.name.clone()));
                 let wait = Duration::try_from_secs_f64((deadline - now).max(0.0)).unwrap_or(Duration::ZERO);

@@ -545,7 +545,7 @@ impl Controller {
         now: f64,
         policy: &PolicyDocument,
         engines: &[Candidate],
-        alive: impl Fn(WaiterId) -> bool,
+        mut alive: impl FnMut(WaiterId) -> bool,
     ) -> Vec<Grant> {
         let mut grants = Vec::new();
         if self.gates.values().all(Drr::is_empty) {
@@ -553,7 +553,9 @@ impl Controller {
         }
         let mut engines = engines.to_vec();
         for (class, gate) in self.gates.iter_mut() {
-            gate.retain(|w| alive(w.id));
+            // A waiter whose caller went away is skipped when its turn
+            // comes (and purged by [`Self::purge`]): scanning the whole
+            // gate on every freed slot made an overloaded gate quadratic.
             let Some(model) = self.models.get(*class) else { continue };
             while !gate.is_empty() {
                 // The free engine with the least prefill backlog.
@@ -563,6 +565,9 @@ impl Controller {
                     .min_by_key(|e| e.prefill_backlog_tokens);
                 let Some(e) = free else { break };
                 let Some((_, w)) = gate.pop() else { break };
+                if !alive(w.id) {
+                    continue;
+                }
                 if now > w.deadline {
                     grants.push(Grant { id: w.id, work: w.work, result: Err(timeout(&w, policy)) });
                     continue;
@@ -588,6 +593,14 @@ impl Controller {
             }
         }
         grants
+    }
+
+    /// Drops every waiter `alive` says is gone (the caller runs it on its
+    /// tick: one scan of the gate, not one per freed slot).
+    pub fn purge(&mut self, alive: impl Fn(WaiterId) -> bool) {
+        for gate in self.gates.values_mut() {
+            gate.retain(|w| alive(w.id));
+        }
     }
 
     /// A waiter's client went away, or the caller timed it out: it leaves
