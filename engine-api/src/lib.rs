@@ -18,6 +18,7 @@
 //! import, end) will live under `/engine/v1/sessions/...`; nothing here
 //! assumes generate is the only kind of work. Adding fields is compatible:
 //! readers ignore fields they do not know.
+#![forbid(unsafe_code)]
 
 use serde::{Deserialize, Serialize};
 

@@ -14,6 +14,8 @@
 //!
 //! Rounds interleave the three so machine noise hits all of them alike;
 //! medians over rounds are reported, with ratios to `naive` / `alone`.
+// Process-level code: it measures real time on purpose.
+#![allow(clippy::disallowed_methods)]
 
 use engine::profile::median;
 use std::time::{Duration, Instant};

@@ -12,6 +12,8 @@
 //! Baseline: a naive allocator that scans a `Vec<bool>` for a free page
 //! (what a first implementation often does), on the same patterns at 50%
 //! occupancy so the scan has work to do.
+// Process-level code: it measures real time on purpose.
+#![allow(clippy::disallowed_methods)]
 
 use engine::profile::median;
 use std::hint::black_box;

@@ -6,11 +6,16 @@
 //! backends ([`backend`]). The gateway talks to it only over the network,
 //! except that it reuses [`api`] types and [`cli`] options so the wire format
 //! and the child-process flags have one definition.
+// `unsafe` only in the GPU module (CUDA FFI) and the cpu backend's AVX2
+// kernel, each use with its safety argument beside it.
+#![deny(unsafe_code)]
 
 pub use engine_api as api;
 pub mod backend;
 pub mod body;
 pub mod cli;
+pub mod clock;
+#[allow(unsafe_code)]
 pub mod gpu;
 pub mod kv;
 pub mod metrics;
@@ -234,7 +239,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
         video_state_bytes,
         ready: AtomicBool::new(false),
         draining: AtomicBool::new(false),
-        started: Instant::now(),
+        started: crate::clock::now(),
         cold_start: std::sync::OnceLock::new(),
     }))
 }

@@ -3,6 +3,7 @@
 //! `engine [FLAGS]` serves; `engine profile --backend <b> --out FILE`
 //! measures the backend and writes a latency profile; `engine gpu-check`
 //! and `engine gpu-bench` check and measure the cuda backend on a GPU.
+#![forbid(unsafe_code)]
 
 use clap::{Parser, Subcommand};
 

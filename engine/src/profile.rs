@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::api::GenerateRequest;
 use crate::backend::cpu::Cpu;
@@ -227,7 +227,7 @@ struct Probe<S> {
 }
 
 fn step<B: Backend>(backend: &mut B, probes: &mut [Probe<B::Seq>], decode: bool) -> Duration {
-    let t0 = Instant::now();
+    let t0 = crate::clock::now();
     let mut slots: Vec<Slot<'_, B::Seq>> = probes
         .iter_mut()
         .map(|p| Slot { context: p.context, pages: p.pages.pages(), seq: &mut p.seq, out: None })

@@ -2,6 +2,8 @@
 //! resume restore bit-identical state, export / import continue the same
 //! video on another engine, a full arena suspends the highest-credit
 //! resident, ready chunks coalesce, and a prompt switch drops stale chunks.
+// Process-level code: it measures real time on purpose.
+#![allow(clippy::disallowed_methods)]
 
 use engine::backend::BackendKind;
 use engine::video::{ChunkRequest, CreateSession, Resolution, VideoConfig, VideoEngine, VideoError};

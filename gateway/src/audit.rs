@@ -84,7 +84,7 @@ pub struct AuditEntry {
 impl AuditEntry {
     pub fn new(outcome: Outcome, source: &Source, version: &str, previous: &str, summary: String) -> Self {
         Self {
-            at: rfc3339(SystemTime::now()),
+            at: rfc3339(crate::clock::wall()),
             outcome,
             source: source.label(),
             admin: source.token_id().map(str::to_string),

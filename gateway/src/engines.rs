@@ -103,7 +103,7 @@ impl EngineSlot {
             spec,
             discovered,
             retired: AtomicBool::new(false),
-            last_seen: Mutex::new(std::time::Instant::now()),
+            last_seen: Mutex::new(crate::clock::now()),
             ready: AtomicBool::new(false),
             inflight_tokens: AtomicU64::new(0),
             active: AtomicU32::new(0),
@@ -460,7 +460,7 @@ impl EnginePool {
         }
         if report.is_some() {
             slot.leased_at_report.store(leased, Ordering::Release);
-            *slot.last_seen.lock().unwrap_or_else(|p| p.into_inner()) = std::time::Instant::now();
+            *slot.last_seen.lock().unwrap_or_else(|p| p.into_inner()) = crate::clock::now();
         }
         slot.last_report.store(report.map(Arc::new));
     }
@@ -592,8 +592,8 @@ mod tests {
         // `b` leaves the registry and stays silent past the TTL; `a` is
         // still listed; the configured engine is never retired.
         let ttl = Duration::from_secs(30);
-        let later = std::time::Instant::now() + Duration::from_secs(31);
-        pool.retire_gone(&["a".into()], ttl, std::time::Instant::now());
+        let later = crate::clock::now() + Duration::from_secs(31);
+        pool.retire_gone(&["a".into()], ttl, crate::clock::now());
         assert!(!pool.slot(b).is_retired(), "not silent long enough yet");
         pool.retire_gone(&["a".into()], ttl, later);
         assert!(pool.slot(b).is_retired() && !pool.slot(a).is_retired() && !pool.slot(0).is_retired());

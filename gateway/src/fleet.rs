@@ -81,7 +81,7 @@ impl FleetControl {
             pool,
             admission,
             supervisor,
-            started: Instant::now(),
+            started: crate::clock::now(),
             bounds,
         })
     }
@@ -94,11 +94,11 @@ impl FleetControl {
     pub async fn run(self: Arc<Self>, store: Arc<PolicyStore>, cluster: Arc<crate::cluster::Cluster>) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last = Instant::now();
+        let mut last = crate::clock::now();
         loop {
             tick.tick().await;
             let dt = last.elapsed().as_secs_f64();
-            last = Instant::now();
+            last = crate::clock::now();
             let policy = store.current();
             self.tick(&policy, cluster.is_leader(), dt);
         }

@@ -10,12 +10,14 @@
 //! the NDJSON-to-SSE relay ([`relay`]), metrics ([`metrics`]), the dev PKI
 //! ([`certs`]) and the embedded mode's engine children ([`supervisor`]).
 //! Decisions come from the pure `policies` crate.
+#![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod admission;
 pub mod audit;
 pub mod body;
 pub mod certs;
+pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod dispatch;
@@ -43,7 +45,7 @@ pub mod workers;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use policies::PolicyDocument;
 
@@ -82,8 +84,9 @@ impl App {
         control: Control,
     ) -> Self {
         // Request ids are unique per process start without coordination.
-        let id_prefix =
-            SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.subsec_nanos() ^ d.as_secs() as u32);
+        let id_prefix = crate::clock::wall()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos() ^ d.as_secs() as u32);
         let admission = admission::Admission::new(Arc::clone(&engines));
         let cluster = Arc::new(cluster::Cluster::new(config.cluster.clone(), config.listen, policy_key));
         let video = video::Streams::new(Arc::clone(&engines), Arc::clone(&cluster), &config.limits);

@@ -1,5 +1,6 @@
 //! `gateway`: the SLO-aware HTTPS gateway, its embedded single-node mode,
 //! and its tools.
+#![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -16,7 +16,6 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::SystemTime;
 
 use policies::text::{self, Change};
 use policies::{PolicyDocument, PolicyError};
@@ -120,7 +119,7 @@ impl PolicyStore {
     ) -> Self {
         let record = VersionRecord {
             version: doc.version.clone(),
-            applied_at: rfc3339(SystemTime::now()),
+            applied_at: rfc3339(crate::clock::wall()),
             source: Source::Startup.label(),
             admin: None,
             summary: "initial version".into(),

@@ -11,7 +11,7 @@
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, UNIX_EPOCH};
 
 use bytes::Bytes;
 use engine_api::GenerateRequest;
@@ -151,7 +151,7 @@ impl Route {
 
 /// Serves one request. Never fails: every error becomes a response.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<GatewayBody>, Infallible> {
-    let arrived = Instant::now();
+    let arrived = crate::clock::now();
     let mut req = Req::new(req);
     let request_id = request_id(&app, req.headers()); // correlates client reports, logs, engines
     let route = Route::of(req.method(), req.uri().path());
@@ -377,7 +377,7 @@ fn plan(
     let encoder = Encoder {
         kind: parsed.kind,
         id: format!("{prefix}-{request_id}"),
-        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        created: crate::clock::wall().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         model: parsed.model.clone(),
         stream: parsed.stream,
         include_usage: parsed.include_usage,

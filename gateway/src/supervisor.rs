@@ -228,7 +228,7 @@ impl Supervisor {
             c.generation += 1;
             (c.profile.clone(), c.generation)
         };
-        let started = Instant::now();
+        let started = crate::clock::now();
         let mut cmd = Command::new(&self.exe);
         cmd.args(["--listen", "127.0.0.1:0", "--id", id, "--exit-on-stdin-eof"])
             .args(["--backend", &self.launch.backend])
@@ -307,7 +307,7 @@ impl Supervisor {
         c.state = ChildState::Restarting;
         c.stop = None;
         let spec = c.spec.take();
-        c.restart_at = Some(Instant::now() + Duration::from_secs_f64(delay));
+        c.restart_at = Some(crate::clock::now() + Duration::from_secs_f64(delay));
         drop(children);
         if let (Some(pool), Some(spec)) = (self.pool.get(), spec) {
             if let Some(idx) = pool.index_of(&spec.id) {

@@ -3,6 +3,8 @@
 //! timeout), degradations are visible in headers and in what is served,
 //! waiters at the gate are served when a slot frees, tenant limits give
 //! 429, SLO hints are validated, and brownout engages and recovers.
+// Process-level code: it measures real time on purpose.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

@@ -2,6 +2,8 @@
 //! load starts engines, quiet drains them before they stop, and no request
 //! fails on the way. Real `gateway up` with real engine processes; the
 //! policy's `[autoscale]` knobs are shortened so the suite stays fast.
+// Process-level code: it measures real time on purpose.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

@@ -3,6 +3,8 @@
 //! a reload on one is active on both; the leader lease moves when the
 //! leader dies; Redis killed during load fails no request, and state comes
 //! back when Redis does.
+// Process-level code: it measures real time on purpose.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

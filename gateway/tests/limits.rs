@@ -4,6 +4,8 @@
 //! connections, bodies that never finish. Small numbers and short
 //! timeouts here; the big figures are in the reliability suite
 //! (docs/reliability.md).
+// Process-level code: it measures real time on purpose.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

@@ -4,6 +4,8 @@
 //! Inputs are random mutations of the fuzz corpus (`fuzz/corpus/`), a
 //! fixed number per target with a fixed seed, so a failure reproduces; the
 //! long, coverage-guided runs are `scripts/fuzz` (docs/reliability.md).
+// Process-level code: it measures real time on purpose.
+#![allow(clippy::disallowed_methods)]
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -4,6 +4,8 @@
 //! key; dry runs apply nothing; the admin API wants its token and lives
 //! only on its own listener; a changed cap holds from the very next
 //! request while admitted requests finish under their version.
+// Process-level code: it measures real time on purpose.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

@@ -1,6 +1,8 @@
 //! Failure behaviour against a real `gateway up` with real engine processes:
 //! client cancellation, engines killed before and after the first byte,
 //! shutdown without orphans.
+// Process-level code: it measures real time on purpose.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

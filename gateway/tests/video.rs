@@ -4,6 +4,8 @@
 //! reset slack; pause holds slack; another tenant's key gets 404; bad
 //! input is a typed 400; a fleet that cannot keep up refuses with 503 and
 //! Retry-After.
+// Process-level code: it measures real time on purpose.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

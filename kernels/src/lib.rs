@@ -20,6 +20,7 @@
 //! (`engine::backend::cpu::math`, `engine::video::model`): GPU results are
 //! checked against it, within the tolerances in `docs/architecture.md`.
 //! This crate has no dependencies.
+#![forbid(unsafe_code)]
 
 use std::fmt;
 

@@ -5,8 +5,6 @@
 //! engines' streams, plus a new stream's home). Medians and p99 of many
 //! repetitions, in microseconds.
 
-use std::time::Instant;
-
 use policies::admission::controller::{Controller, Request};
 use policies::admission::Candidate;
 use policies::autoscale::{AutoscaleConfig, Autoscaler, Signals};
@@ -27,7 +25,7 @@ pub struct Cost {
 fn measure(reps: usize, mut f: impl FnMut(usize)) -> Summary {
     let mut v = Vec::with_capacity(reps);
     for i in 0..reps {
-        let t = Instant::now();
+        let t = crate::clock::now();
         f(i);
         v.push(t.elapsed().as_secs_f64() * 1e6);
     }

@@ -23,10 +23,12 @@
 //! - [`watch`]: a live gateway's fleet sampled during a run.
 //! - [`sim`]: the discrete-event fleet simulator over the production
 //!   policy code, in virtual time.
+#![forbid(unsafe_code)]
 
 pub mod arrival;
 pub mod chaos;
 pub mod client;
+pub mod clock;
 pub mod decision_cost;
 pub mod overhead;
 pub mod progress;

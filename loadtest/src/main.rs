@@ -1,4 +1,5 @@
 //! `loadtest`: measure the gateway. See `loadtest --help`.
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

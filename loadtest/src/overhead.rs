@@ -167,7 +167,7 @@ async fn nonstream_direct(engine: &Conn, a: &OverheadArgs) -> Result<f64, Overhe
 async fn timed(
     send: impl std::future::Future<Output = Result<http::Response<hyper::body::Incoming>, ClientError>>,
 ) -> Result<f64, OverheadError> {
-    let t = Instant::now();
+    let t = crate::clock::now();
     let resp = send.await?;
     if !resp.status().is_success() {
         return Err(OverheadError::Protocol(format!("status {}", resp.status())));
@@ -185,7 +185,7 @@ async fn stream_gateway(gw: &Conn, a: &OverheadArgs) -> Result<Vec<f64>, Overhea
     let mut arrivals = Vec::new();
     while let Some(frame) = resp.body_mut().frame().await {
         let Ok(data) = frame.map_err(ClientError::from)?.into_data() else { continue };
-        let now = Instant::now();
+        let now = crate::clock::now();
         for ev in parser.push(&data) {
             let v: serde_json::Value = serde_json::from_str(&ev.data).unwrap_or_default();
             if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
@@ -203,7 +203,7 @@ async fn stream_direct(engine: &Conn, a: &OverheadArgs) -> Result<Vec<f64>, Over
     let mut arrivals = Vec::new();
     while let Some(frame) = resp.body_mut().frame().await {
         let Ok(data) = frame.map_err(ClientError::from)?.into_data() else { continue };
-        let now = Instant::now();
+        let now = crate::clock::now();
         let tokens = data.split(|b| *b == b'\n').filter(|l| l.starts_with(b"{\"event\":\"token\"")).count();
         arrivals.extend(std::iter::repeat_n(now, tokens));
     }

@@ -211,7 +211,7 @@ pub async fn run(a: &RunArgs) -> Result<Results, RunError> {
     let duration_s = a.load.duration.as_secs_f64();
     let progress = tokio::spawn(crate::progress::watch_run(live.clone(), planned.len(), duration_s));
     let started_unix_s =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        crate::clock::wall().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     let watcher = a.watch.start(&a.ca, duration_s as usize + 600).map_err(RunError::Args)?;
     let records = execute(&target, &workload, &planned, a.load.seed, live).await;
     let fleet = crate::watch::Watcher::finish(watcher).await;

@@ -27,6 +27,7 @@
 //!   urgency, fidelity profiles and their Pareto frontier, Bi-Modal Pareto
 //!   Routing, placement and re-homing.
 //! - [`rng`]: the seeded generator behind every reproducible random choice.
+#![forbid(unsafe_code)]
 
 pub mod admission;
 pub mod autoscale;

@@ -15,7 +15,6 @@
 //! - LM decode tokens/s at batch 1 and 32 (context `--lm-context`).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use kernels::video::{CHANNELS, DIM, HIDDEN};
 use kernels::{Device, Gemm, Result};
@@ -91,7 +90,7 @@ fn time<D: Device>(dev: &D, repeats: usize, mut f: impl FnMut() -> Result<()>) -
     dev.synchronize()?;
     let mut samples = Vec::new();
     for _ in 0..repeats.max(1) {
-        let t = Instant::now();
+        let t = crate::clock::now();
         f()?;
         dev.synchronize()?;
         samples.push(t.elapsed().as_secs_f64());
@@ -236,11 +235,11 @@ impl<D: Device, P: FnMut(&Measurement)> Bench<'_, D, P> {
         store.put("bench", &vec![7u8; bytes])?;
         let (mut out, mut back) = (Vec::new(), Vec::new());
         for _ in 0..self.args.repeats.max(1) + 1 {
-            let t = Instant::now();
+            let t = crate::clock::now();
             store.offload("bench")?;
             store.settle()?;
             out.push(t.elapsed().as_secs_f64());
-            let t = Instant::now();
+            let t = crate::clock::now();
             store.restore("bench")?;
             store.settle()?;
             self.dev.synchronize()?;
@@ -322,7 +321,7 @@ fn cpu_chunk(
                 res,
                 latent_frames: frames,
             };
-            let t = Instant::now();
+            let t = crate::clock::now();
             let latent = crate::video::batch::denoise_batch(model, vec![item], threads);
             model.decode(&latent[0], res);
             t.elapsed().as_secs_f64()

@@ -76,7 +76,7 @@ pub fn start_cuda(
     video_seed: u64,
 ) -> Result<(lm::GpuBackend<cuda::CudaDevice>, std::sync::Arc<dyn video::VideoRunner>), String> {
     use std::sync::Arc;
-    let started = std::time::Instant::now();
+    let started = crate::clock::now();
     let dev = open_device()?;
     let compiled_ms = started.elapsed().as_secs_f64() * 1e3;
     let lm = lm::GpuLm::new(Arc::clone(&dev), cfg, pages, page_tokens).map_err(|e| e.to_string())?;

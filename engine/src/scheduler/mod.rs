@@ -128,7 +128,7 @@ impl Scheduler {
             draining: false,
             drained: Vec::new(),
             next_id: 0,
-            origin: Instant::now(),
+            origin: crate::clock::now(),
             stats: Stats::default(),
             device_free_at: tokio::time::Instant::now(),
         };
@@ -482,7 +482,7 @@ impl<B: Backend> Core<B> {
         if self.running.is_empty() {
             return false;
         }
-        let started = Instant::now();
+        let started = crate::clock::now();
         let (outs, device) = compute(&mut self.backend, &mut self.running, Phase::Decode);
         let batch = outs.len();
         self.wait(device, rx).await;

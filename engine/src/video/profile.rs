@@ -9,8 +9,6 @@
 //! against the reference's, chunk by chunk. `batch_cost` compares a
 //! coalesced batch of 4 reference chunks with one.
 
-use std::time::Instant;
-
 use policies::video::{ConfigPoint, Fidelity, VideoProfile};
 
 use super::batch::{denoise_batch, BatchItem};
@@ -78,7 +76,7 @@ pub fn measure(
                     res: args.resolution,
                     latent_frames: args.latent_frames,
                 };
-                let t = Instant::now();
+                let t = crate::clock::now();
                 let mut out = runner.batch(&model, vec![item]);
                 times.push(t.elapsed().as_secs_f64() * 1e3);
                 frames.push(out.pop().unwrap_or_default());
@@ -126,7 +124,7 @@ fn measure_batch_cost(model: &VideoModel, args: &VideoProfileArgs, runner: Runne
                     latent_frames: args.latent_frames,
                 })
                 .collect();
-            let t = Instant::now();
+            let t = crate::clock::now();
             runner.batch(model, items);
             samples.push(t.elapsed().as_secs_f64());
         }

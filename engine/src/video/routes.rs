@@ -155,7 +155,7 @@ pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineB
         }
         (Method::POST, ["sessions", id, "pull"]) => match read_json::<Pull>(req).await {
             Ok(p) => {
-                let started = std::time::Instant::now();
+                let started = crate::clock::now();
                 let pulled = super::transfer::pull(&p.from, id, &p.token, None, pull_limit(engine)).await;
                 let staged = match pulled {
                     Ok(b) => v.stage(id, b.clone()).await.map(|ver| (ver, b.len())),
@@ -173,7 +173,7 @@ pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineB
         },
         (Method::POST, ["sessions", id, "commit"]) => match read_json::<Pull>(req).await {
             Ok(p) => {
-                let started = std::time::Instant::now();
+                let started = crate::clock::now();
                 let since = v.staged(id).await;
                 let result =
                     match super::transfer::pull(&p.from, id, &p.token, since, pull_limit(engine)).await {

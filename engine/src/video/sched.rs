@@ -294,7 +294,7 @@ impl Core {
                 self.run_steps(batch, &mut rx).await;
                 continue;
             }
-            let started = Instant::now();
+            let started = crate::clock::now();
             let members = self.execute(batch).await;
             let compute_ms = started.elapsed().as_secs_f64() * 1e3;
             self.load.batches += 1;
@@ -439,7 +439,13 @@ impl Core {
                 }
                 Some(s) => {
                     s.credit = req.credit;
-                    self.pending.push(Pending { id, req, reply, enqueued: Instant::now(), steps_left: None });
+                    self.pending.push(Pending {
+                        id,
+                        req,
+                        reply,
+                        enqueued: crate::clock::now(),
+                        steps_left: None,
+                    });
                 }
             },
             Cmd::Prompt(id, prompt, reply) => {
@@ -513,7 +519,7 @@ impl Core {
                 let _ = reply.send(self.staged.remove(&id).map(|_| ()).ok_or(VideoError::NoSession(id)));
             }
             Cmd::Lend(ms, reply) => {
-                let now = Instant::now();
+                let now = crate::clock::now();
                 self.lends.retain(|(until, _)| *until > now);
                 if self.lends.len() < self.cfg.max_batch as usize {
                     let ms = ms.clamp(0.0, 60_000.0);

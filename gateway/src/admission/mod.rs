@@ -139,7 +139,7 @@ impl Admission {
     pub fn new(pool: Arc<EnginePool>) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State::default()),
-            origin: Instant::now(),
+            origin: crate::clock::now(),
             pool,
             arrivals: std::sync::atomic::AtomicU64::new(0),
         })

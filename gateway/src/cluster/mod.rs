@@ -236,7 +236,7 @@ impl Cluster {
 /// Milliseconds of wall-clock time (rate windows are shared across
 /// gateways, so they use the wall clock, not a process-local one).
 pub fn wall_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    crate::clock::wall().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// How long until the next one-minute window starts, in whole seconds.

@@ -46,7 +46,7 @@ pub async fn run(cluster: Arc<Cluster>, pool: Arc<EnginePool>, store: Arc<Policy
                     }
                 }
                 let ttl = Duration::from_secs(cluster.cfg.engine_ttl_s);
-                pool.retire_gone(&live, ttl, std::time::Instant::now());
+                pool.retire_gone(&live, ttl, crate::clock::now());
             }
             Err(e) => tracing::debug!(event = "registry_read_failed", error = %e),
         }

@@ -204,8 +204,8 @@ impl Streams {
             creations: Mutex::new(HashMap::new()),
             feed_stall: limits.stall(),
             state_bytes: std::sync::atomic::AtomicU64::new(1 << 20),
-            origin: Instant::now(),
-            origin_unix_s: std::time::SystemTime::now()
+            origin: crate::clock::now(),
+            origin_unix_s: crate::clock::wall()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
             streams: Mutex::new(HashMap::new()),

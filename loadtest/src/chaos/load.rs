@@ -34,7 +34,7 @@ impl Record {
 
 /// Sends one streaming request and reads it to the end (at most `limit`).
 pub async fn one(conn: &Conn, key: &str, body: &str, t0: Instant, limit: Duration) -> Record {
-    let sent = Instant::now();
+    let sent = crate::clock::now();
     let at = |i: Instant| i.duration_since(t0).as_secs_f64();
     let mut rec = Record {
         sent_s: at(sent),
@@ -76,7 +76,7 @@ pub async fn one(conn: &Conn, key: &str, body: &str, t0: Instant, limit: Duratio
         }
     };
     rec.outcome = tokio::time::timeout(limit, run).await.unwrap_or_else(|_| "timeout".to_string());
-    rec.ended_s = at(Instant::now());
+    rec.ended_s = at(crate::clock::now());
     rec
 }
 
@@ -94,7 +94,7 @@ pub async fn open_loop(
     let n = (rate * duration.as_secs_f64()).round() as usize;
     let out = Arc::new(Mutex::new(Vec::with_capacity(n)));
     let mut tasks = tokio::task::JoinSet::new();
-    let start = Instant::now();
+    let start = crate::clock::now();
     for i in 0..n {
         tokio::time::sleep_until((start + Duration::from_secs_f64(i as f64 / rate)).into()).await;
         let (conn, key, body, out) =

@@ -68,7 +68,7 @@ pub async fn run(args: &ChaosArgs) -> Result<Vec<Outcome>, String> {
     let mut outcomes = Vec::new();
     for (i, s) in chosen.iter().enumerate() {
         eprintln!("chaos: [{}/{}] {s:?} ...", i + 1, chosen.len());
-        let started = std::time::Instant::now();
+        let started = crate::clock::now();
         let o = match s {
             Stalled => scenarios::stalled_readers(bin, &scratch).await,
             Sigstop => scenarios::engine_fault(bin, &scratch, "STOP").await,

@@ -180,7 +180,7 @@ pub async fn stalled_readers(bin: &Path, scratch: &Path) -> Result<Outcome, Stri
     }
     let opened = stalled.iter().filter(|(ok, _, _)| *ok).count();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let t0 = Instant::now();
+    let t0 = crate::clock::now();
     let gold = conns(&gw, 2).await?;
     let records =
         open_loop(&gold, GOLD, &chat(MODEL, 32), 10.0, Duration::from_secs(20), t0, Duration::from_secs(30))
@@ -211,7 +211,7 @@ pub async fn engine_fault(bin: &Path, scratch: &Path, sig: &'static str) -> Resu
     let (gw, idle, rss) = up_measured(bin, scratch, &setup).await?;
     let (victim, pid) = gw.engines[0].clone();
     let c = conns(&gw, 4).await?;
-    let t0 = Instant::now();
+    let t0 = crate::clock::now();
     let stop_at = 10.0;
     let body = chat(MODEL, 100);
     let load = open_loop(&c, GOLD, &body, 8.0, Duration::from_secs(30), t0, Duration::from_secs(60));
@@ -221,7 +221,7 @@ pub async fn engine_fault(bin: &Path, scratch: &Path, sig: &'static str) -> Resu
         if sig == "STOP" {
             tokio::time::sleep(Duration::from_secs(15)).await;
             signal(pid, "CONT");
-            let back = Instant::now();
+            let back = crate::clock::now();
             while !engine_ready(&gw, &victim).await && back.elapsed() < Duration::from_secs(20) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -283,7 +283,7 @@ pub async fn redis_faults(bin: &Path, scratch: &Path) -> Result<Outcome, String>
     let setup = shipped("", vec!["--redis".into(), redis.url()]);
     let (gw, idle, rss) = up_measured(bin, scratch, &setup).await?;
     let c = conns(&gw, 2).await?;
-    let t0 = Instant::now();
+    let t0 = crate::clock::now();
     let body = chat(MODEL, 32);
     let load = open_loop(&c, GOLD, &body, 10.0, Duration::from_secs(40), t0, Duration::from_secs(30));
     let faults = async {
@@ -291,13 +291,13 @@ pub async fn redis_faults(bin: &Path, scratch: &Path) -> Result<Outcome, String>
         redis.kill();
         tokio::time::sleep(Duration::from_secs(8)).await;
         let _ = redis.restart();
-        let after_restart = wait_redis_up(&gw, Instant::now()).await;
+        let after_restart = wait_redis_up(&gw, crate::clock::now()).await;
         tokio::time::sleep_until((t0 + Duration::from_secs(24)).into()).await;
         let pid = redis.pid();
         signal(pid, "STOP");
         tokio::time::sleep(Duration::from_secs(6)).await;
         signal(pid, "CONT");
-        let after_pause = wait_redis_up(&gw, Instant::now()).await;
+        let after_pause = wait_redis_up(&gw, crate::clock::now()).await;
         (after_restart, after_pause)
     };
     let (records, (after_restart, after_pause)) = tokio::join!(load, faults);
@@ -330,7 +330,7 @@ pub async fn cancellation_storm(
     let setup = Setup { engines: 1, profile: &profile, policy: &policy, limits: "", extra };
     let (gw, idle, rss) = up_measured(bin, scratch, &setup).await?;
     let c = conns(&gw, 4).await?;
-    let t0 = Instant::now();
+    let t0 = crate::clock::now();
     let body = chat(MODEL, 12);
     // Open all: the first `cancel` are held by tasks that drop them on
     // the signal; the rest are read to their end.
@@ -397,14 +397,14 @@ pub async fn many_streams(bin: &Path, scratch: &Path, n: usize, hold_s: u32) -> 
     let gw = Gateway::up(bin, scratch, &setup).await?;
     let c = conns(&gw, n.div_ceil(500).max(1)).await?;
     // Idle size: after a few requests have warmed every path.
-    let t0 = Instant::now();
+    let t0 = crate::clock::now();
     let _ =
         open_loop(&c, GOLD, &chat(MODEL, 1), 20.0, Duration::from_secs(1), t0, Duration::from_secs(30)).await;
     let idle = gw.rss_kib();
     let rss = RssPeak::watch(gw.pid);
     let body = chat(MODEL, tokens);
     let mut tasks = tokio::task::JoinSet::new();
-    let ramp = Instant::now();
+    let ramp = crate::clock::now();
     for i in 0..n {
         let (conn, body) = (c[i % c.len()].clone(), body.clone());
         tasks.spawn(async move {
@@ -446,7 +446,7 @@ pub async fn reloads(bin: &Path, scratch: &Path) -> Result<Outcome, String> {
     let setup = shipped("", Vec::new());
     let (gw, idle, rss) = up_measured(bin, scratch, &setup).await?;
     let c = conns(&gw, 4).await?;
-    let t0 = Instant::now();
+    let t0 = crate::clock::now();
     let body = chat(MODEL, 32);
     let load = open_loop(&c, GOLD, &body, 20.0, Duration::from_secs(32), t0, Duration::from_secs(30));
     let token = gw.admin_token();
@@ -498,7 +498,7 @@ pub async fn slow_connections(bin: &Path, scratch: &Path) -> Result<Outcome, Str
             tokio::net::TcpStream::connect(format!("127.0.0.1:{port}")).await.map_err(|e| e.to_string())?,
         );
     }
-    let started = Instant::now();
+    let started = crate::clock::now();
     let mut trickles = tokio::task::JoinSet::new();
     for _ in 0..200 {
         let (port, ca) = (port.clone(), gw.ca.clone());
@@ -507,7 +507,7 @@ pub async fn slow_connections(bin: &Path, scratch: &Path) -> Result<Outcome, Str
             let tls = crate::client::tls_connector(Some(&ca), Proto::Http1).ok()?;
             let name = rustls::pki_types::ServerName::try_from("localhost").ok()?;
             let mut io = tls.connect(name, tcp).await.ok()?;
-            let t = Instant::now();
+            let t = crate::clock::now();
             for b in b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ".iter().cycle().take(120) {
                 if io.write_all(&[*b]).await.is_err() || io.flush().await.is_err() {
                     return Some(t.elapsed().as_secs_f64()); // cut off by the gateway
@@ -519,7 +519,7 @@ pub async fn slow_connections(bin: &Path, scratch: &Path) -> Result<Outcome, Str
     }
     let idle_h2 = conns(&gw, 200).await?;
     let c = conns(&gw, 2).await?;
-    let t0 = Instant::now();
+    let t0 = crate::clock::now();
     let records =
         open_loop(&c, GOLD, &chat(MODEL, 32), 10.0, Duration::from_secs(20), t0, Duration::from_secs(30))
             .await;

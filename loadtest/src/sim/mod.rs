@@ -18,7 +18,6 @@
 //! length-oblivious continuous batching capped at 8, least loaded.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use policies::batching::{BatchLimits, BatchMode};
 use policies::rng::SplitMix;
@@ -237,7 +236,7 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
         advertised: profile.clone(),
     };
     let duration_s = a.load.duration.as_secs_f64();
-    let started = Instant::now();
+    let started = crate::clock::now();
     let mut bar = crate::progress::Progress::new(100);
     let mut shown_pct = 0;
     let sim = Sim::new(&policy, &cfg, hops, fleet_plan, &reqs, duration_s);

@@ -20,7 +20,6 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
-use std::time::Instant;
 
 use policies::video::fleet::{
     self, Active, ChunkLatency, FleetConfig, Gpu, Level, Load, PlaceParams, Scaler, TransferModel,
@@ -242,7 +241,7 @@ pub fn run(setup: &Setup, trace: &Trace, arm: Arm, fixed: u32, time_placement: b
                 r.gpus[g].state = GpuState::Ready;
             }
         }
-        let began = time_placement.then(Instant::now);
+        let began = time_placement.then(crate::clock::now);
         r.control(at);
         if let Some(b) = began {
             r.place_us.push(b.elapsed().as_secs_f64() * 1e6);

@@ -4,7 +4,7 @@
 //! staged copy and commit. Offers expire after `TRANSFER_TTL`; staged
 //! copies too, and at most `arena_slots` are kept.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{Core, Place, Session, Staged};
 use crate::video::model::StreamState;
@@ -89,7 +89,7 @@ impl Core {
             Place::Busy => 0,
         };
         let version = Version { epoch: s.epoch, chunks };
-        let now = Instant::now();
+        let now = crate::clock::now();
         self.offers.retain(|_, (_, until)| *until > now);
         self.offers.insert(id, (token, now + TRANSFER_TTL));
         Ok(version)
@@ -102,7 +102,7 @@ impl Core {
         since: Option<Version>,
     ) -> Result<Vec<u8>, VideoError> {
         let valid = self.offers.get(id).is_some_and(|(t, until)| {
-            *until > Instant::now() && crate::api::bearer_matches(t, Some(&format!("Bearer {token}")))
+            *until > crate::clock::now() && crate::api::bearer_matches(t, Some(&format!("Bearer {token}")))
         });
         if !valid {
             return Err(VideoError::NoOffer(id.into()));
@@ -123,7 +123,7 @@ impl Core {
         if wire.meta.base.is_some() {
             return Err(VideoError::BadState);
         }
-        let now = Instant::now();
+        let now = crate::clock::now();
         self.staged.retain(|_, s| now.duration_since(s.at) < TRANSFER_TTL);
         if self.staged.len() >= self.cfg.arena_slots as usize && !self.staged.contains_key(&id) {
             return Err(VideoError::Busy);

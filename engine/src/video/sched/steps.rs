@@ -61,7 +61,7 @@ impl Core {
             chunk_ms *= self.cfg.profile.sp2_factor;
         }
         let steps_left = member.pending.steps_left.unwrap_or(steps).clamp(1, steps);
-        Running { step_ms: chunk_ms / f64::from(steps), steps_left, since: Instant::now(), member }
+        Running { step_ms: chunk_ms / f64::from(steps), steps_left, since: crate::clock::now(), member }
     }
 
     pub(super) async fn run_steps(&mut self, batch: Vec<Member>, rx: &mut mpsc::UnboundedReceiver<Cmd>) {
@@ -71,7 +71,7 @@ impl Core {
         ::metrics::histogram!(crate::metrics::VIDEO_BATCH).record(running.len() as f64);
         while !running.is_empty() {
             // Donated halves of other engines' chunks run in the batch too.
-            let now = Instant::now();
+            let now = crate::clock::now();
             self.lends.retain(|(until, _)| *until > now);
             let lent = self.lends.iter().map(|(_, ms)| *ms);
             let max = running.iter().map(|r| r.step_ms).chain(lent.clone()).fold(0.0, f64::max);

@@ -1,8 +1,6 @@
 //! `--experiment placement`: placement time per event at 4-256 engines and
 //! the gap to the exhaustive oracle (TurboServe §7.4).
 
-use std::time::Instant;
-
 use policies::rng::SplitMix;
 use policies::video::fleet::{self, Active, ChunkLatency, FleetConfig, Gpu};
 
@@ -67,7 +65,7 @@ pub(super) fn placement(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String
                 on.iter().flatten().for_each(|&g| l[g] += 1);
                 l
             };
-            let began = Instant::now();
+            let began = crate::clock::now();
             match e.kind {
                 Kind::Arrive | Kind::Resume => on[e.session] = fleet::assign(&gpus, &load(&on)),
                 Kind::Idle | Kind::Depart => on[e.session] = None,
@@ -91,7 +89,7 @@ pub(super) fn placement(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String
             let took = began.elapsed().as_secs_f64() * 1e6;
             if i % every == 0 && gaps.len() < 80 {
                 let n = plan.load.iter().sum::<u32>();
-                let began = Instant::now();
+                let began = crate::clock::now();
                 let best = fleet::oracle_ms(&gpus, n);
                 oracle_us.push(began.elapsed().as_secs_f64() * 1e6);
                 place_us.push(took);

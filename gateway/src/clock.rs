@@ -1,0 +1,23 @@
+//! This crate's one clock: every reading of the time goes through here
+//! (`clippy.toml` forbids `Instant::now` and `SystemTime::now` elsewhere).
+//! `now` is tokio's clock, which is the system's except in tests that
+//! pause time: there the whole crate sees the paused, virtual time.
+#![allow(clippy::disallowed_methods)]
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// The monotonic time now.
+pub fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// The wall-clock time now (timestamps for people and other machines,
+/// never for measuring intervals).
+pub fn wall() -> SystemTime {
+    SystemTime::now()
+}
+
+/// The wall-clock time now as Unix seconds.
+pub fn unix_s() -> f64 {
+    wall().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
