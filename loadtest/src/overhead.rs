@@ -39,6 +39,10 @@ pub struct OverheadArgs {
     /// Engine base URL; by default the first engine in the gateway's /readyz.
     #[arg(long)]
     pub engine: Option<String>,
+    /// The engines' API token, for the direct requests: this file (`gateway
+    /// up` writes it), else `ENGINE_API_TOKEN`, else none.
+    #[arg(long, default_value = "certs/engine.token")]
+    pub engine_token_file: PathBuf,
     /// Model name.
     #[arg(long, default_value = "synthetic-small")]
     pub model: String,
@@ -161,7 +165,16 @@ async fn nonstream_gateway(gw: &Conn, a: &OverheadArgs) -> Result<f64, OverheadE
 async fn nonstream_direct(engine: &Conn, a: &OverheadArgs) -> Result<f64, OverheadError> {
     let body =
         json!({"request_id": "bench", "model": a.model, "prompt": PROMPT, "max_tokens": 1}).to_string();
-    timed(engine.post_json("/engine/v1/generate", None, body)).await
+    timed(engine.post_json("/engine/v1/generate", engine_token(a).as_deref(), body)).await
+}
+
+/// The engines' API token (see [`OverheadArgs::engine_token_file`]).
+fn engine_token(a: &OverheadArgs) -> Option<String> {
+    std::fs::read_to_string(&a.engine_token_file)
+        .ok()
+        .or_else(|| std::env::var("ENGINE_API_TOKEN").ok())
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
 }
 
 async fn timed(
@@ -199,7 +212,7 @@ async fn stream_gateway(gw: &Conn, a: &OverheadArgs) -> Result<Vec<f64>, Overhea
 async fn stream_direct(engine: &Conn, a: &OverheadArgs) -> Result<Vec<f64>, OverheadError> {
     let body = json!({"request_id": "bench", "model": a.model, "prompt": PROMPT, "max_tokens": a.tokens})
         .to_string();
-    let mut resp = engine.post_json("/engine/v1/generate", None, body).await?;
+    let mut resp = engine.post_json("/engine/v1/generate", engine_token(a).as_deref(), body).await?;
     let mut arrivals = Vec::new();
     while let Some(frame) = resp.body_mut().frame().await {
         let Ok(data) = frame.map_err(ClientError::from)?.into_data() else { continue };
