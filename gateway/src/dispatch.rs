@@ -196,7 +196,7 @@ pub async fn start(
                 if matches!(e, EngineError::Unreachable { .. }) {
                     pool.mark_unreachable(idx);
                 }
-                tracing::warn!(event = "engine_attempt_failed", request_id = %req.request_id, error = %e);
+                tracing::warn!(event = "engine_attempt_failed", error = %e);
                 attempts.last_error = Some(e);
             }
             Err(_) => {

@@ -148,7 +148,8 @@ pub fn spawn_sse(
         SseRelay { encoder, engine: Some((started, observer)), engine_id, pool, pending: BytesMut::new() };
     relay.encoder.opening(&mut relay.pending);
     relay.on_event(Ok(first));
-    tokio::spawn(relay.run(out, bounds));
+    // The relay logs under the request's span.
+    tokio::spawn(tracing::Instrument::in_current_span(relay.run(out, bounds)));
     body
 }
 
@@ -282,7 +283,7 @@ pub async fn collect(
                 Err(_) => break format!("no event from the engine for {event_timeout:?}"),
             };
         };
-        tracing::warn!(event = "collect_failed", request_id = %req.request_id, error = %failure);
+        tracing::warn!(event = "collect_failed", error = %failure);
         attempts.failed_after_start(&started, failure);
         if attempts.exhausted(pool) {
             return Err(attempts.into_error());

@@ -150,10 +150,23 @@ impl Route {
 }
 
 /// Serves one request. Never fails: every error becomes a response.
+/// Every log line of the request, its relay task's included, carries its
+/// id (the `request` span; at error level so that no log filter that
+/// shows anything hides it).
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<GatewayBody>, Infallible> {
     let arrived = crate::clock::now();
-    let mut req = Req::new(req);
+    let req = Req::new(req);
     let request_id = request_id(&app, req.headers()); // correlates client reports, logs, engines
+    let span = tracing::error_span!("request", id = %request_id);
+    tracing::Instrument::instrument(serve(app, req, request_id, arrived), span).await
+}
+
+async fn serve(
+    app: Arc<App>,
+    mut req: Req,
+    request_id: String,
+    arrived: Instant,
+) -> Result<Response<GatewayBody>, Infallible> {
     let route = Route::of(req.method(), req.uri().path());
     // One policy version from here to the end of the response stream.
     let policy = app.policies.current();
@@ -177,7 +190,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Ga
         req.drain_unread(&app.config.limits).await; // answer after the upload, not into it
     }
     let mut resp = result.unwrap_or_else(|e| {
-        tracing::info!(event = "request_error", request_id = %request_id, code = e.code(), error = %e);
+        tracing::info!(event = "request_error", code = e.code(), error = %e);
         ::metrics::counter!(metrics::ERRORS, "code" => e.code()).increment(1);
         e.into_response()
     });

@@ -122,6 +122,7 @@ async fn engine_killed_mid_stream_ends_the_stream_with_an_error_event() {
     for proto in [Proto::H2, Proto::Http1] {
         let conn = sys.conn(proto).await;
         let (engine, mut resp) = start_stream(&conn, 500).await;
+        let request_id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
         sys.kill_engine(&engine);
         let rest = tokio::time::timeout(Duration::from_secs(5), async {
             let mut bytes = Vec::new();
@@ -138,6 +139,14 @@ async fn engine_killed_mid_stream_ends_the_stream_with_an_error_event() {
         assert_eq!(last["error"]["type"], "server_error");
         assert!(last["error"]["message"].as_str().unwrap().contains(&engine));
         assert!(events.iter().all(|e| e.data != "[DONE]"), "an error is not a [DONE]");
+        // The failure is logged with the request's id (the relay task runs
+        // in the request's span).
+        let log = sys.log();
+        let span = format!("request{{id={request_id}}}");
+        assert!(
+            log.lines().any(|l| l.contains("stream_failed") && l.contains(&engine) && l.contains(&span)),
+            "no stream_failed line under {span} in\n{log}"
+        );
     }
 }
 

@@ -64,17 +64,16 @@ pub struct System {
 }
 
 /// The gateway binary with the fixtures' stdio (stdout read for its
-/// start-up lines; logs shown with `GATEWAY_TEST_LOGS=1`), killed on drop.
-fn gateway_command() -> Command {
+/// start-up lines; logs, its engines' included, in `dir/gateway.log`
+/// ([`System::log`]), or shown with `GATEWAY_TEST_LOGS=1`), killed on drop.
+fn gateway_command(dir: &Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(if std::env::var_os("GATEWAY_TEST_LOGS").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        })
-        .kill_on_drop(true);
+    let log = if std::env::var_os("GATEWAY_TEST_LOGS").is_some() {
+        Stdio::inherit()
+    } else {
+        std::fs::File::create(dir.join("gateway.log")).map_or_else(|_| Stdio::null(), Stdio::from)
+    };
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log).kill_on_drop(true);
     cmd
 }
 
@@ -119,7 +118,7 @@ impl System {
             }
             None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/default.toml"),
         };
-        let mut cmd = gateway_command();
+        let mut cmd = gateway_command(&dir);
         cmd.arg("up")
             .args(["--listen", "127.0.0.1:0", "--engines", &engines.to_string()])
             .arg("--certs")
@@ -199,9 +198,15 @@ impl System {
         );
         let config_path = dir.join("gateway.toml");
         std::fs::write(&config_path, config).unwrap();
-        let mut cmd = gateway_command();
+        let mut cmd = gateway_command(&dir);
         cmd.arg("serve").arg("--config").arg(&config_path).args(args);
         Self::spawn(cmd, dir, policies, certs.join("ca.pem")).await
+    }
+
+    /// What the gateway and its engines logged so far (empty with
+    /// `GATEWAY_TEST_LOGS=1`: then it goes to the terminal).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("gateway.log")).unwrap_or_default()
     }
 
     pub async fn conn(&self, proto: Proto) -> Conn {
