@@ -291,7 +291,9 @@ async fn serve_until_signal(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::spawn(Arc::clone(&pool).poll_forever());
+    // The background loops: owned here, stopped and joined on shutdown.
+    let mut background = tokio::task::JoinSet::new();
+    background.spawn(Arc::clone(&pool).poll_forever());
     if let Some(sup) = &control.supervisor {
         sup.attach(Arc::clone(&pool)); // restarts and new engines join the pool
     }
@@ -310,16 +312,24 @@ async fn serve_until_signal(
         admin_cfg.write_through,
     ));
     let app = Arc::new(App::new(config, Arc::clone(&store), pool, policy_key, control));
-    tokio::spawn(Arc::clone(&app.fleet).run(Arc::clone(&store), Arc::clone(&app.cluster)));
-    tokio::spawn(Arc::clone(&app.admission).run(store.subscribe()));
-    tokio::spawn(hints::follow(Arc::clone(&app.engines), store.subscribe()));
-    tokio::spawn(video::control::run(Arc::clone(&app.video), Arc::clone(&store), Arc::clone(&app.cluster)));
-    tokio::spawn(cluster::sync::run(Arc::clone(&app.cluster), Arc::clone(&app.engines), Arc::clone(&store)));
-    tokio::spawn(policy_watch::on_sighup(Arc::clone(&store)));
+    background.spawn(Arc::clone(&app.fleet).run(Arc::clone(&store), Arc::clone(&app.cluster)));
+    background.spawn(Arc::clone(&app.admission).run(store.subscribe()));
+    background.spawn(hints::follow(Arc::clone(&app.engines), store.subscribe()));
+    background.spawn(video::control::run(
+        Arc::clone(&app.video),
+        Arc::clone(&store),
+        Arc::clone(&app.cluster),
+    ));
+    background.spawn(cluster::sync::run(
+        Arc::clone(&app.cluster),
+        Arc::clone(&app.engines),
+        Arc::clone(&store),
+    ));
+    background.spawn(policy_watch::on_sighup(Arc::clone(&store)));
     if admin_cfg.watch {
         let interval = Duration::from_millis(admin_cfg.watch_interval_ms);
         let debounce = Duration::from_millis(admin_cfg.debounce_ms);
-        tokio::spawn(policy_watch::watch_file(Arc::clone(&store), interval, debounce));
+        background.spawn(policy_watch::watch_file(Arc::clone(&store), interval, debounce));
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let admin_listener = tokio::net::TcpListener::bind(admin_cfg.listen)
@@ -360,6 +370,8 @@ async fn serve_until_signal(
     drop(workers); // joins the worker threads
     let _ = stop_tx.send(true);
     let _ = admin_task.await;
+    // Loops, not work: stopping them at an await point loses nothing.
+    background.shutdown().await;
     tracing::info!(event = "gateway_stopped");
     Ok(())
 }

@@ -22,6 +22,20 @@ use policies::{PolicyDocument, Tenant, Tier};
 use serde_json::json;
 
 use crate::admission::{AdmitRequest, Start, Verdict};
+
+/// A request answered with an error, with admission's verdict when it got
+/// that far (for the decision headers).
+#[derive(Debug)]
+struct Failed {
+    error: ApiError,
+    verdict: Option<Verdict>,
+}
+
+impl From<ApiError> for Failed {
+    fn from(error: ApiError) -> Self {
+        Self { error, verdict: None }
+    }
+}
 use crate::body::{full, GatewayBody};
 use crate::dispatch::{self, Attempts};
 use crate::error::ApiError;
@@ -170,33 +184,41 @@ async fn serve(
     let route = Route::of(req.method(), req.uri().path());
     // One policy version from here to the end of the response stream.
     let policy = app.policies.current();
-    let mut verdict = None;
     let result = match &route {
-        Route::Completions(kind) => {
-            completions(&app, &policy, &mut req, *kind, &request_id, arrived, &mut verdict).await
+        Route::Completions(kind) => completions(&app, &policy, &mut req, *kind, &request_id, arrived).await,
+        Route::Models => {
+            authenticate(&policy, req.headers()).map(|_| models(&policy, None)).map_err(Failed::from)
         }
-        Route::Models => authenticate(&policy, req.headers()).map(|_| models(&policy, None)),
-        Route::Model(id) => authenticate(&policy, req.headers()).map(|_| models(&policy, Some(id))),
+        Route::Model(id) => {
+            authenticate(&policy, req.headers()).map(|_| models(&policy, Some(id))).map_err(Failed::from)
+        }
         Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "alive"}))),
         Route::Readyz => Ok(readyz(&app, &policy)),
         Route::Video(v) => match authenticate(&policy, req.headers()) {
-            Ok(who) => crate::video::routes::handle(&app, &policy, who, v.clone(), &mut req).await,
-            Err(e) => Err(e),
+            Ok(who) => crate::video::routes::handle(&app, &policy, who, v.clone(), &mut req)
+                .await
+                .map_err(Failed::from),
+            Err(e) => Err(e.into()),
         },
-        Route::WrongMethod => Err(ApiError::MethodNotAllowed(req.method().to_string())),
-        Route::Unknown => Err(ApiError::UnknownUrl(req.uri().path().to_string())),
+        Route::WrongMethod => Err(ApiError::MethodNotAllowed(req.method().to_string()).into()),
+        Route::Unknown => Err(ApiError::UnknownUrl(req.uri().path().to_string()).into()),
     };
     if result.is_err() {
         req.drain_unread(&app.config.limits).await; // answer after the upload, not into it
     }
-    let mut resp = result.unwrap_or_else(|e| {
+    let mut resp = result.unwrap_or_else(|Failed { error: e, verdict }| {
         tracing::info!(event = "request_error", code = e.code(), error = %e);
         ::metrics::counter!(metrics::ERRORS, "code" => e.code()).increment(1);
-        e.into_response()
+        let mut resp = e.into_response();
+        if let Some(v) = verdict {
+            resp.extensions_mut().insert(v);
+        }
+        resp
     });
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         resp.headers_mut().insert("x-request-id", v);
     }
+    let verdict = resp.extensions_mut().remove::<Verdict>();
     decision_headers(resp.headers_mut(), &policy.version, verdict.as_ref());
     let status = resp.status().as_u16().to_string();
     ::metrics::counter!(metrics::REQUESTS, "route" => route.label(), "status" => status).increment(1);
@@ -210,7 +232,7 @@ fn decision_headers(h: &mut HeaderMap, version: &str, verdict: Option<&Verdict>)
         h.insert("x-policy-version", v);
     }
     let Some(v) = verdict else { return };
-    h.insert("x-admission", HeaderValue::from_static(v.decision));
+    h.insert("x-admission", HeaderValue::from_static(v.decision.as_str()));
     if let Ok(r) = HeaderValue::from_str(&v.reason) {
         h.insert("x-admission-reason", r);
     }
@@ -229,8 +251,7 @@ async fn completions(
     kind: Kind,
     request_id: &str,
     arrived: Instant,
-    verdict: &mut Option<Verdict>,
-) -> Result<Response<GatewayBody>, ApiError> {
+) -> Result<Response<GatewayBody>, Failed> {
     let (tenant, tier) = authenticate(policy, req.headers())?; // who is calling, on which tier
     let min_hint = policy.admission.min_hint_ms;
     let ttft_hint = slo_hint(req.headers(), "x-slo-ttft-ms", tier.ttft, min_hint)?; // per-request SLO, clamped to the tier
@@ -238,7 +259,7 @@ async fn completions(
     let body = read_body(req, &app.config).await?; // bounded memory and time per request
     let parsed = openai::parse(kind, &body)?; // typed and validated; unknown parameters named
     if policy.model(&parsed.model).is_none() {
-        return Err(ApiError::ModelNotFound(parsed.model));
+        return Err(ApiError::ModelNotFound(parsed.model).into());
     }
     let (encoder, mut gen, prompt_tokens) = plan(parsed, tier, request_id)?; // tier ceiling and cap
     let hold = tenant_limits(app, tenant, tier, u64::from(prompt_tokens) + u64::from(gen.max_tokens)).await?; // fleet-wide limits
@@ -253,11 +274,11 @@ async fn completions(
         ttft_hint,
         e2e_hint,
     };
-    let admitted = app.admission.admit(policy, &ask).map_err(|r| {
-        *verdict = Some(r.verdict);
-        r.error
-    })?;
-    *verdict = Some(admitted.verdict.clone());
+    let admitted =
+        app.admission.admit(policy, &ask).map_err(|r| Failed { error: r.error, verdict: Some(r.verdict) })?;
+    let verdict = admitted.verdict.clone();
+    // From here every answer, error or not, carries the verdict.
+    let failed = |error: ApiError| Failed { error, verdict: Some(verdict.clone()) };
     gen.max_tokens = admitted.max_tokens;
     if !admitted.sampling {
         gen.temperature = None;
@@ -266,7 +287,7 @@ async fn completions(
     gen.ttft_budget_ms = u32::try_from(admitted.ttft_budget.as_millis()).ok();
     let work = admitted.work;
     tracing::debug!(event = "request_admitted", request_id, tenant = %tenant.name, tier = %tier.name,
-        decision = admitted.verdict.decision, reason = %admitted.verdict.reason);
+        decision = admitted.verdict.decision.as_str(), reason = %admitted.verdict.reason);
     let mut observer = RequestObserver::new(arrived, &tier.name);
     observer.hold(hold);
     observer.admitted(admitted.ticket, Arc::clone(policy), admitted.verdict.predicted_ttft_ms);
@@ -274,33 +295,31 @@ async fn completions(
     let first = match admitted.start {
         Start::Now(lease) => Some(lease),
         Start::Anywhere => None,
-        Start::Wait(rx, deadline, mut v) => match tokio::time::timeout_at(deadline, rx).await {
+        Start::Wait(rx, deadline, v) => match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(Ok(lease))) => Some(lease),
             Ok(Ok(Err(refused))) => {
-                *verdict = Some(refused.verdict);
-                return Err(refused.error);
+                return Err(Failed { error: refused.error, verdict: Some(refused.verdict) })
             }
-            Ok(Err(_)) => return Err(ApiError::NoReadyEngine),
+            Ok(Err(_)) => return Err(failed(ApiError::NoReadyEngine)),
             Err(_) => {
-                v.decision = "rejected";
-                v.reason = "queue_timeout".into();
-                *verdict = Some(v);
-                return Err(ApiError::Overloaded {
+                let error = ApiError::Overloaded {
                     reason: "queue_timeout",
                     message: format!(
                         "no engine slot freed within the {} ms TTFT budget; retry shortly",
                         admitted.ttft_budget.as_millis()
                     ),
                     retry_after_s: policy.admission.retry_after_min_s,
-                });
+                };
+                return Err(Failed { error, verdict: Some(v.rejected("queue_timeout")) });
             }
         },
     };
     let timeout = admitted.e2e_budget.max(tier.e2e);
     let limits = &app.config.limits;
     if encoder.stream {
-        let started =
-            dispatch::start(&app.engines, &gen, first, work, timeout, &mut Attempts::default()).await?;
+        let started = dispatch::start(&app.engines, &gen, first, work, timeout, &mut Attempts::default())
+            .await
+            .map_err(failed)?;
         let engine_id = started.inflight.engine_id().to_string();
         let step_ms = app.engines.slot(started.inflight.engine_idx()).decode_step_ms();
         let bounds = StreamBounds {
@@ -314,14 +333,17 @@ async fn completions(
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         insert_engine(h, &engine_id);
+        resp.extensions_mut().insert(verdict);
         Ok(resp)
     } else {
         let event_timeout = limits.event_timeout(None);
-        let done =
-            relay::collect(&app.engines, &gen, first, work, timeout, event_timeout, &mut observer).await?;
+        let done = relay::collect(&app.engines, &gen, first, work, timeout, event_timeout, &mut observer)
+            .await
+            .map_err(failed)?;
         let mut resp =
             json_response(StatusCode::OK, &encoder.complete(&done.text, done.finish_reason, done.usage));
         insert_engine(resp.headers_mut(), &done.engine_id);
+        resp.extensions_mut().insert(verdict);
         Ok(resp)
     }
 }

@@ -34,11 +34,31 @@ mod ticket;
 use crate::error::ApiError;
 use crate::metrics as m;
 
-/// What the response headers say about the decision.
+/// Admission's decision on one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Admitted,
+    Degraded,
+    Rejected,
+}
+
+impl Decision {
+    /// The `x-admission` header value and the metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Admitted => "admitted",
+            Decision::Degraded => "degraded",
+            Decision::Rejected => "rejected",
+        }
+    }
+}
+
+/// What the response headers say about the decision. It travels with the
+/// response as an extension (set where admission decided, read where the
+/// headers are written).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
-    /// `admitted`, `degraded` or `rejected`.
-    pub decision: &'static str,
+    pub decision: Decision,
     /// Why: `slo_feasible`, the degradation steps joined by `+`, or the
     /// rejection's label.
     pub reason: String,
@@ -49,16 +69,22 @@ pub struct Verdict {
 impl Verdict {
     fn admitted(a: &Admit) -> Self {
         Self {
-            decision: a.decision(),
+            decision: if a.steps.is_empty() { Decision::Admitted } else { Decision::Degraded },
             reason: a.reason(),
             predicted_ttft_ms: a.predicted_ttft_ms,
             brownout_level: a.brownout_level,
         }
     }
 
+    /// This verdict turned into a rejection for `reason` (a new value: the
+    /// prediction and brownout level it was made at stay).
+    pub fn rejected(&self, reason: &'static str) -> Self {
+        Self { decision: Decision::Rejected, reason: reason.into(), ..self.clone() }
+    }
+
     fn refused(r: &Refusal) -> Self {
         Self {
-            decision: "rejected",
+            decision: Decision::Rejected,
             reason: r.reason.label().into(),
             predicted_ttft_ms: r.predicted_ttft_ms,
             brownout_level: r.brownout_level,
@@ -257,7 +283,7 @@ impl Admission {
         };
         drop(guard);
         let verdict = Verdict::admitted(&admit);
-        ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => verdict.decision, "reason" => verdict.reason.clone())
+        ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => verdict.decision.as_str(), "reason" => verdict.reason.clone())
             .increment(1);
         let ticket = Ticket::new(self, &r.tenant.name, r.model, r.prompt_tokens, admit.ttft_budget_ms);
         if matches!(start, Start::Wait(..)) {
