@@ -98,7 +98,7 @@ impl Engine {
     }
 
     pub async fn load_report(&self) -> api::LoadReport {
-        self.kv.sample(self.started.elapsed().as_secs_f64());
+        self.kv.sample(crate::clock::since(self.started).as_secs_f64());
         let kv = self.kv.snapshot();
         let s = self.scheduler.snapshot().await;
         api::LoadReport {
@@ -267,7 +267,7 @@ pub async fn warm_up(engine: &Engine) -> Result<Duration, StartError> {
     if !done {
         return Err(StartError::WarmUp("the warm-up sequence did not finish".into()));
     }
-    let cold = engine.started.elapsed();
+    let cold = crate::clock::since(engine.started);
     let _ = engine.cold_start.set(cold);
     ::metrics::gauge!(metrics::COLD_START).set(cold.as_secs_f64());
     ::metrics::gauge!(metrics::KV_TOTAL).set(f64::from(engine.kv.snapshot().total));

@@ -234,7 +234,7 @@ fn step<B: Backend>(backend: &mut B, probes: &mut [Probe<B::Seq>], decode: bool)
         .collect();
     let device = if decode { backend.decode(&mut slots) } else { backend.prefill(&mut slots) };
     let ended = slots.iter().any(|s| s.out == Some(Token::End));
-    let took = t0.elapsed() + device;
+    let took = crate::clock::since(t0) + device;
     if !ended {
         probes.iter_mut().for_each(|p| p.context += 1);
     }

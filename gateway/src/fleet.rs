@@ -97,7 +97,7 @@ impl FleetControl {
         let mut last = crate::clock::now();
         loop {
             tick.tick().await;
-            let dt = last.elapsed().as_secs_f64();
+            let dt = crate::clock::since(last).as_secs_f64();
             last = crate::clock::now();
             let policy = store.current();
             self.tick(&policy, cluster.is_leader(), dt);
@@ -125,7 +125,7 @@ impl FleetControl {
     /// One tick: signals, decisions, metrics, and (leader, embedded mode)
     /// the supervisor's reconciliation. `dt`: seconds since the last tick.
     pub fn tick(&self, policy: &PolicyDocument, leader: bool, dt: f64) {
-        let now = self.started.elapsed().as_secs_f64();
+        let now = crate::clock::since(self.started).as_secs_f64();
         let mut cfg = policy.autoscale.clone();
         if let Some((min, max)) = self.bounds {
             cfg.enabled = true;
@@ -280,7 +280,7 @@ impl FleetControl {
             })
         });
         json!({
-            "now_s": self.started.elapsed().as_secs_f64(),
+            "now_s": crate::clock::since(self.started).as_secs_f64(),
             "output_tokens": m::OUTPUT_TOKENS_SO_FAR.load(std::sync::atomic::Ordering::Relaxed),
             "video_minutes": m::video_minutes(),
             "cost_usd": st.cost_usd,

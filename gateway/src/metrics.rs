@@ -166,7 +166,7 @@ impl RequestObserver {
     pub fn first_token(&mut self) {
         if !self.first_seen {
             self.first_seen = true;
-            let ttft = self.arrived.elapsed();
+            let ttft = crate::clock::since(self.arrived);
             metrics::histogram!(TTFT, "tier" => self.tier.clone()).record(ttft.as_secs_f64());
             if let Some((ticket, _, predicted)) = &mut self.admitted {
                 ticket.first_token(ttft);
@@ -180,7 +180,8 @@ impl RequestObserver {
 
     /// The generation ended normally on engine `engine`.
     pub fn finished(&mut self, engine: usize, usage: Usage, prefill_ms: f64) {
-        metrics::histogram!(TLET, "tier" => self.tier.clone()).record(self.arrived.elapsed().as_secs_f64());
+        metrics::histogram!(TLET, "tier" => self.tier.clone())
+            .record(crate::clock::since(self.arrived).as_secs_f64());
         metrics::counter!(OUTPUT_TOKENS).increment(u64::from(usage.completion_tokens));
         OUTPUT_TOKENS_SO_FAR
             .fetch_add(u64::from(usage.completion_tokens), std::sync::atomic::Ordering::Relaxed);

@@ -263,7 +263,7 @@ impl Supervisor {
                 return Err(e);
             }
         };
-        let cold = started.elapsed().as_secs_f64();
+        let cold = crate::clock::since(started).as_secs_f64();
         self.cold_starts.fetch_add(1, Ordering::Relaxed);
         ::metrics::counter!(m::ENGINE_COLD_STARTS).increment(1);
         ::metrics::histogram!(m::ENGINE_COLD_START).record(cold);

@@ -11,6 +11,11 @@ pub fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
 
+/// Time since `t` (zero if `t` is later).
+pub fn since(t: Instant) -> std::time::Duration {
+    now().saturating_duration_since(t)
+}
+
 /// The wall-clock time now (timestamps for people and other machines,
 /// never for measuring intervals).
 pub fn wall() -> SystemTime {

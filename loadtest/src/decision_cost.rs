@@ -27,7 +27,7 @@ fn measure(reps: usize, mut f: impl FnMut(usize)) -> Summary {
     for i in 0..reps {
         let t = crate::clock::now();
         f(i);
-        v.push(t.elapsed().as_secs_f64() * 1e6);
+        v.push(crate::clock::since(t).as_secs_f64() * 1e6);
     }
     Summary::of(&v).expect("samples")
 }

@@ -186,7 +186,7 @@ async fn timed(
         return Err(OverheadError::Protocol(format!("status {}", resp.status())));
     }
     crate::client::body_bytes(resp).await?;
-    Ok(t.elapsed().as_secs_f64() * 1e3)
+    Ok(crate::clock::since(t).as_secs_f64() * 1e3)
 }
 
 /// Time between successive token events of one generation.

@@ -93,7 +93,7 @@ fn time<D: Device>(dev: &D, repeats: usize, mut f: impl FnMut() -> Result<()>) -
         let t = crate::clock::now();
         f()?;
         dev.synchronize()?;
-        samples.push(t.elapsed().as_secs_f64());
+        samples.push(crate::clock::since(t).as_secs_f64());
     }
     Ok(median(samples))
 }
@@ -238,12 +238,12 @@ impl<D: Device, P: FnMut(&Measurement)> Bench<'_, D, P> {
             let t = crate::clock::now();
             store.offload("bench")?;
             store.settle()?;
-            out.push(t.elapsed().as_secs_f64());
+            out.push(crate::clock::since(t).as_secs_f64());
             let t = crate::clock::now();
             store.restore("bench")?;
             store.settle()?;
             self.dev.synchronize()?;
-            back.push(t.elapsed().as_secs_f64());
+            back.push(crate::clock::since(t).as_secs_f64());
         }
         // The first round trip is the warm-up.
         for (what, mut s) in
@@ -324,7 +324,7 @@ fn cpu_chunk(
             let t = crate::clock::now();
             let latent = crate::video::batch::denoise_batch(model, vec![item], threads);
             model.decode(&latent[0], res);
-            t.elapsed().as_secs_f64()
+            crate::clock::since(t).as_secs_f64()
         })
         .collect();
     (median(samples), threads)

@@ -78,14 +78,14 @@ pub fn start_cuda(
     use std::sync::Arc;
     let started = crate::clock::now();
     let dev = open_device()?;
-    let compiled_ms = started.elapsed().as_secs_f64() * 1e3;
+    let compiled_ms = crate::clock::since(started).as_secs_f64() * 1e3;
     let lm = lm::GpuLm::new(Arc::clone(&dev), cfg, pages, page_tokens).map_err(|e| e.to_string())?;
     let video = warm_video(&dev, video_seed)?;
     tracing::info!(
         event = "gpu_ready",
         device = %kernels::Device::name(&*dev),
         nvrtc_compile_ms = compiled_ms,
-        ready_ms = started.elapsed().as_secs_f64() * 1e3
+        ready_ms = crate::clock::since(started).as_secs_f64() * 1e3
     );
     Ok((lm::GpuBackend { lm }, video))
 }

@@ -296,7 +296,7 @@ impl<B: Backend> Core<B> {
     }
 
     fn now(&self) -> Duration {
-        self.origin.elapsed()
+        crate::clock::since(self.origin)
     }
 
     fn command(&mut self, c: Command) {
@@ -486,9 +486,10 @@ impl<B: Backend> Core<B> {
         let (outs, device) = compute(&mut self.backend, &mut self.running, Phase::Decode);
         let batch = outs.len();
         self.wait(device, rx).await;
-        self.stats.decode_step_ms = smooth(self.stats.decode_step_ms, started.elapsed().as_secs_f64() * 1e3);
+        self.stats.decode_step_ms =
+            smooth(self.stats.decode_step_ms, crate::clock::since(started).as_secs_f64() * 1e3);
         self.stats.batch_achieved = smooth(self.stats.batch_achieved, batch as f64);
-        ::metrics::histogram!(m::DECODE_STEP).record(started.elapsed().as_secs_f64());
+        ::metrics::histogram!(m::DECODE_STEP).record(crate::clock::since(started).as_secs_f64());
         ::metrics::histogram!(m::BATCH_SIZE).record(batch as f64);
         let mut done = vec![false; batch];
         for (i, out) in outs.into_iter().enumerate() {

@@ -78,7 +78,7 @@ pub fn measure(
                 };
                 let t = crate::clock::now();
                 let mut out = runner.batch(&model, vec![item]);
-                times.push(t.elapsed().as_secs_f64() * 1e3);
+                times.push(crate::clock::since(t).as_secs_f64() * 1e3);
                 frames.push(out.pop().unwrap_or_default());
             }
         }
@@ -126,7 +126,7 @@ fn measure_batch_cost(model: &VideoModel, args: &VideoProfileArgs, runner: Runne
                 .collect();
             let t = crate::clock::now();
             runner.batch(model, items);
-            samples.push(t.elapsed().as_secs_f64());
+            samples.push(crate::clock::since(t).as_secs_f64());
         }
         median(samples)
     };

@@ -165,7 +165,7 @@ pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineB
                     StatusCode::OK,
                     staged.map(|(ver, n)| {
                         serde_json::json!({"epoch": ver.epoch, "chunks": ver.chunks, "bytes": n,
-                            "ms": started.elapsed().as_secs_f64() * 1e3})
+                            "ms": crate::clock::since(started).as_secs_f64() * 1e3})
                     }),
                 )
             }
@@ -183,7 +183,7 @@ pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineB
                 done(
                     StatusCode::OK,
                     result.map(
-                        |n| serde_json::json!({"bytes": n, "ms": started.elapsed().as_secs_f64() * 1e3}),
+                        |n| serde_json::json!({"bytes": n, "ms": crate::clock::since(started).as_secs_f64() * 1e3}),
                     ),
                 )
             }

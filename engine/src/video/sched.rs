@@ -296,7 +296,7 @@ impl Core {
             }
             let started = crate::clock::now();
             let members = self.execute(batch).await;
-            let compute_ms = started.elapsed().as_secs_f64() * 1e3;
+            let compute_ms = crate::clock::since(started).as_secs_f64() * 1e3;
             self.load.batches += 1;
             let size = members.len() as u32;
             ::metrics::histogram!(crate::metrics::VIDEO_BATCH).record(f64::from(size));

@@ -177,7 +177,7 @@ impl Admission {
 
     /// Seconds since this controller started: the `now` of every decision.
     pub fn now(&self) -> f64 {
-        self.origin.elapsed().as_secs_f64()
+        crate::clock::since(self.origin).as_secs_f64()
     }
 
     pub fn brownout_level(&self) -> usize {

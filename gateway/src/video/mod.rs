@@ -218,7 +218,7 @@ impl Streams {
 
     /// Seconds since this registry started: the `now` of every decision.
     pub fn now(&self) -> f64 {
-        self.origin.elapsed().as_secs_f64()
+        crate::clock::since(self.origin).as_secs_f64()
     }
 
     /// `now` (this registry's clock) as Unix seconds.
@@ -369,7 +369,7 @@ impl Streams {
         budget_s: f64,
     ) -> Arc<Stream> {
         let n = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let id = format!("vs_{:08x}{n:06}", self.origin.elapsed().subsec_nanos());
+        let id = format!("vs_{:08x}{n:06}", crate::clock::since(self.origin).subsec_nanos());
         let now = self.now();
         let chunk_s = f64::from(params.frames_per_chunk) / f64::from(params.fps);
         let (feed, feed_body) = outbox(self.feed_bytes);

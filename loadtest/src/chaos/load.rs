@@ -58,7 +58,7 @@ pub async fn one(conn: &Conn, key: &str, body: &str, t0: Instant, limit: Duratio
             match body.frame().await {
                 Some(Ok(frame)) => {
                     if rec.ttft_s.is_none() {
-                        rec.ttft_s = Some(sent.elapsed().as_secs_f64());
+                        rec.ttft_s = Some(crate::clock::since(sent).as_secs_f64());
                     }
                     for e in parser.push(&frame.into_data().unwrap_or_default()) {
                         if e.data == "[DONE]" {

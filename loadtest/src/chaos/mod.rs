@@ -85,7 +85,7 @@ pub async fn run(args: &ChaosArgs) -> Result<Vec<Outcome>, String> {
             i + 1,
             chosen.len(),
             o.name,
-            started.elapsed().as_secs_f64(),
+            crate::clock::since(started).as_secs_f64(),
             o.protected.ok,
             o.protected.requests,
             o.lost,

@@ -222,10 +222,10 @@ pub async fn engine_fault(bin: &Path, scratch: &Path, sig: &'static str) -> Resu
             tokio::time::sleep(Duration::from_secs(15)).await;
             signal(pid, "CONT");
             let back = crate::clock::now();
-            while !engine_ready(&gw, &victim).await && back.elapsed() < Duration::from_secs(20) {
+            while !engine_ready(&gw, &victim).await && crate::clock::since(back) < Duration::from_secs(20) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            Some(back.elapsed().as_secs_f64())
+            Some(crate::clock::since(back).as_secs_f64())
         } else {
             None
         }
@@ -271,10 +271,10 @@ async fn redis_up(gw: &Gateway) -> bool {
 
 /// Seconds from `since` until `/readyz` says Redis answers (20 s at most).
 async fn wait_redis_up(gw: &Gateway, since: Instant) -> f64 {
-    while !redis_up(gw).await && since.elapsed() < Duration::from_secs(20) {
+    while !redis_up(gw).await && crate::clock::since(since) < Duration::from_secs(20) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    since.elapsed().as_secs_f64()
+    crate::clock::since(since).as_secs_f64()
 }
 
 /// Redis killed and restarted, then paused and resumed, under load.
@@ -357,7 +357,7 @@ pub async fn cancellation_storm(
         }
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let storm_at = t0.elapsed().as_secs_f64();
+    let storm_at = crate::clock::since(t0).as_secs_f64();
     let _ = go_tx.send(true);
     let mut cancelled_open = 0;
     while let Some(r) = dropped.join_next().await {
@@ -414,7 +414,7 @@ pub async fn many_streams(bin: &Path, scratch: &Path, n: usize, hold_s: u32) -> 
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    let ramp_s = ramp.elapsed().as_secs_f64();
+    let ramp_s = crate::clock::since(ramp).as_secs_f64();
     // Held: all open now, the last opened a moment ago.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let held = gw.rss_kib();
@@ -510,7 +510,7 @@ pub async fn slow_connections(bin: &Path, scratch: &Path) -> Result<Outcome, Str
             let t = crate::clock::now();
             for b in b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ".iter().cycle().take(120) {
                 if io.write_all(&[*b]).await.is_err() || io.flush().await.is_err() {
-                    return Some(t.elapsed().as_secs_f64()); // cut off by the gateway
+                    return Some(crate::clock::since(t).as_secs_f64()); // cut off by the gateway
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -556,7 +556,7 @@ pub async fn slow_connections(bin: &Path, scratch: &Path) -> Result<Outcome, Str
             "trickled_heads_cut_off": cut.len(),
             "slowest_cut_off_s": slowest_cut,
             "idle_h2_closed": idle_closed,
-            "elapsed_s": started.elapsed().as_secs_f64(),
+            "elapsed_s": crate::clock::since(started).as_secs_f64(),
         }),
         target: "gold served 100%; every slow or idle connection closed by its timeout".into(),
         met,

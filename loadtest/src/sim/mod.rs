@@ -254,7 +254,7 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
         }
         bar.done();
     }
-    let wall_s = started.elapsed().as_secs_f64();
+    let wall_s = crate::clock::since(started).as_secs_f64();
     let mut records = out.records;
     let timeout_ms = a.timeout.as_secs_f64() * 1e3;
     for r in &mut records {

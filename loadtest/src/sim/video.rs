@@ -244,7 +244,7 @@ pub fn run(setup: &Setup, trace: &Trace, arm: Arm, fixed: u32, time_placement: b
         let began = time_placement.then(crate::clock::now);
         r.control(at);
         if let Some(b) = began {
-            r.place_us.push(b.elapsed().as_secs_f64() * 1e6);
+            r.place_us.push(crate::clock::since(b).as_secs_f64() * 1e6);
         }
         if r.timeline.last().is_none_or(|l| at - l.0 >= 1.0) {
             let serving = r.gpus.iter().filter(|g| g.state == GpuState::Ready).count() as u32;

@@ -89,7 +89,7 @@ impl Core {
                 let mut m = r.member;
                 m.state.chunks += 1;
                 let frames = placeholder_frames(&m.state, m.res, m.latent_frames);
-                self.complete(m, frames, size, r.since, r.since.elapsed().as_secs_f64() * 1e3);
+                self.complete(m, frames, size, r.since, crate::clock::since(r.since).as_secs_f64() * 1e3);
             }
             running = still;
             // The step boundary: commands for sessions not in the batch

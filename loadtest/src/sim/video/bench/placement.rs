@@ -86,12 +86,12 @@ pub(super) fn placement(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String
             for m in &plan.moves {
                 on[m.session as usize] = Some(m.to);
             }
-            let took = began.elapsed().as_secs_f64() * 1e6;
+            let took = crate::clock::since(began).as_secs_f64() * 1e6;
             if i % every == 0 && gaps.len() < 80 {
                 let n = plan.load.iter().sum::<u32>();
                 let began = crate::clock::now();
                 let best = fleet::oracle_ms(&gpus, n);
-                oracle_us.push(began.elapsed().as_secs_f64() * 1e6);
+                oracle_us.push(crate::clock::since(began).as_secs_f64() * 1e6);
                 place_us.push(took);
                 gaps.push(if best > 0.0 { plan.after_ms / best - 1.0 } else { 0.0 });
             }
