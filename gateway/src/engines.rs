@@ -124,6 +124,12 @@ impl EngineSlot {
         self.ready.store(on, Ordering::Release);
     }
 
+    /// Gives the engine a latency profile as a fetch would (unit tests).
+    #[cfg(test)]
+    pub(crate) fn set_profile(&self, p: LatencyProfile) {
+        self.profile.store(Some(Arc::new(p)));
+    }
+
     /// Ready and neither warm standby nor draining: new work may go here.
     pub fn routable(&self) -> bool {
         self.is_ready() && !self.is_standby() && !self.is_draining() && !self.is_retired()

@@ -364,3 +364,6 @@ fn api_error(tier: &str, r: &Refusal) -> ApiError {
     };
     ApiError::Overloaded { reason: r.reason.label(), message, retry_after_s }
 }
+
+#[cfg(test)]
+mod tests;
