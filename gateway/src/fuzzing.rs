@@ -3,7 +3,9 @@
 //! (`gateway/tests/parsers.rs`). Each takes arbitrary bytes; none may
 //! panic, and each checks what must hold of the result besides.
 
-use crate::dispatch::{EventLines, MAX_EVENT_LINE};
+use crate::dispatch::EventLines;
+/// The engine event reader's line bound (the parser tests go past it).
+pub use crate::dispatch::MAX_EVENT_LINE;
 use crate::openai::{self, Kind};
 
 /// The OpenAI request parser, as both endpoints.

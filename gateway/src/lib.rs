@@ -12,35 +12,35 @@
 //! Decisions come from the pure `policies` crate.
 #![forbid(unsafe_code)]
 
-pub mod admin;
-pub mod admission;
-pub mod audit;
-pub mod body;
+pub(crate) mod admin;
+pub(crate) mod admission;
+pub(crate) mod audit;
+pub(crate) mod body;
 pub mod certs;
 pub mod clock;
-pub mod cluster;
+pub(crate) mod cluster;
 pub mod config;
-pub mod dispatch;
-pub mod engine_bin;
-pub mod engines;
-pub mod error;
-pub mod fleet;
+pub(crate) mod dispatch;
+pub(crate) mod engine_bin;
+pub(crate) mod engines;
+pub(crate) mod error;
+pub(crate) mod fleet;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod hints;
-pub mod limits;
-pub mod metrics;
-pub mod openai;
-pub mod outbox;
-pub mod policy_watch;
-pub mod relay;
-pub mod reload;
-pub mod server;
-pub mod service;
+pub(crate) mod hints;
+pub(crate) mod limits;
+pub(crate) mod metrics;
+pub(crate) mod openai;
+pub(crate) mod outbox;
+pub(crate) mod policy_watch;
+pub(crate) mod relay;
+pub(crate) mod reload;
+pub(crate) mod server;
+pub(crate) mod service;
 pub mod supervisor;
-pub mod tls;
-pub mod video;
-pub mod workers;
+pub(crate) mod tls;
+pub(crate) mod video;
+pub(crate) mod workers;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;

@@ -71,15 +71,6 @@ impl Workers {
         Ok(Self { queues, next: AtomicUsize::new(0), threads: Mutex::new(threads) })
     }
 
-    /// Workers started.
-    pub fn len(&self) -> usize {
-        self.queues.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.queues.is_empty()
-    }
-
     /// Runs `task` on the next worker.
     pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.queues.len();

@@ -145,7 +145,7 @@ fn engine_event_streams_never_panic_the_reader_nor_grow_its_buffer() {
     property("engine_events", corpus("engine_events"), gateway::fuzzing::engine_events);
     // A line that never ends is cut at the bound.
     let mut endless = vec![1u8];
-    endless.extend(std::iter::repeat_n(b'x', gateway::dispatch::MAX_EVENT_LINE + 10));
+    endless.extend(std::iter::repeat_n(b'x', gateway::fuzzing::MAX_EVENT_LINE + 10));
     gateway::fuzzing::engine_events(&endless);
 }
 
