@@ -262,7 +262,7 @@ async fn completions(
         return Err(ApiError::ModelNotFound(parsed.model).into());
     }
     let (encoder, mut gen, prompt_tokens) = plan(parsed, tier, request_id)?; // tier ceiling and cap
-    let hold = tenant_limits(app, tenant, tier, u64::from(prompt_tokens) + u64::from(gen.max_tokens)).await?; // fleet-wide limits
+    let hold = tenant_limits(app, tenant, tier, u64::from(prompt_tokens) + u64::from(gen.max_tokens)).await?; // this gateway's or fleet-wide
                                                                                                               // Admission: admit, degrade or refuse against the tier's SLO, fast.
     let ask = AdmitRequest {
         tenant,
@@ -348,14 +348,16 @@ async fn completions(
     }
 }
 
-/// The tenant's fleet-wide limits (concurrency, requests and tokens per
-/// minute), held until the response ends.
+/// The tenant's limits (concurrency, requests and tokens per minute),
+/// held until the response ends. Their one owner is the cluster layer: this
+/// process's counters on a single gateway, Redis's across a fleet; a
+/// concurrency refusal is an admission decision in both (headers, metric).
 async fn tenant_limits(
     app: &App,
     tenant: &Tenant,
     tier: &Tier,
     tokens: u64,
-) -> Result<crate::cluster::Hold, ApiError> {
+) -> Result<crate::cluster::Hold, Failed> {
     let limits = crate::cluster::Limits {
         max_concurrency: tier.max_concurrency.map(|v| v.get()),
         requests_per_minute: tier.requests_per_minute.map(|v| v.get()),
@@ -363,12 +365,15 @@ async fn tenant_limits(
     };
     match app.cluster.acquire(&tenant.name, limits, tokens, crate::cluster::wall_ms()).await {
         Ok(grant) => Ok(crate::cluster::Hold::new(Arc::clone(&app.cluster), grant)),
-        Err(crate::cluster::Denied::Concurrency { limit }) => Err(ApiError::TenantConcurrency { limit }),
+        Err(crate::cluster::Denied::Concurrency { limit }) => {
+            let verdict = app.admission.tenant_concurrency(tier);
+            Err(Failed { error: ApiError::TenantConcurrency { limit }, verdict: Some(verdict) })
+        }
         Err(crate::cluster::Denied::Requests { limit, retry_after_s }) => {
-            Err(ApiError::RateLimited { what: "requests", limit, retry_after_s })
+            Err(ApiError::RateLimited { what: "requests", limit, retry_after_s }.into())
         }
         Err(crate::cluster::Denied::Tokens { limit, retry_after_s }) => {
-            Err(ApiError::RateLimited { what: "tokens", limit, retry_after_s })
+            Err(ApiError::RateLimited { what: "tokens", limit, retry_after_s }.into())
         }
     }
 }

@@ -56,6 +56,9 @@ async fn two_gateways_share_engines_limits_and_the_policy() {
     for conn in [&ca, &cb] {
         let resp = conn.post_json("/v1/completions", Some(BRONZE), completion("x", 2, false)).await.unwrap();
         assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        // The same answer as on a single gateway: an admission decision.
+        assert_eq!(header(&resp, "x-admission"), "rejected");
+        assert_eq!(header(&resp, "x-admission-reason"), "tenant_concurrency");
         assert_eq!(json(&body_bytes(resp).await.unwrap())["error"]["code"], "tenant_concurrency");
     }
     drop(sse_events(held_a).await);

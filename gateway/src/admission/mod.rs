@@ -302,6 +302,21 @@ impl Admission {
         })
     }
 
+    /// The verdict of a request refused for its tenant's concurrency (the
+    /// tenant-limits layer counts it; admission decides nothing more),
+    /// counted as an admission decision.
+    pub fn tenant_concurrency(&self, tier: &Tier) -> Verdict {
+        let reason = Reason::TenantConcurrency.label();
+        ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => "rejected", "reason" => reason)
+            .increment(1);
+        Verdict {
+            decision: Decision::Rejected,
+            reason: reason.into(),
+            predicted_ttft_ms: None,
+            brownout_level: self.brownout_level(),
+        }
+    }
+
     /// Carries out gate grants: leases to waiters, or their refusals.
     /// A waiter gone by now drops its lease, which frees the slot again.
     fn deliver(&self, st: &mut State, grants: Vec<Grant>) {

@@ -1,5 +1,5 @@
-//! Tenant limits kept in this process: the single-gateway default (rate
-//! windows; concurrency is admission's own count there) and the fallback
+//! Tenant limits kept in this process: the single-gateway default and the
+//! fallback
 //! while Redis is unreachable (everything, at a fraction of the global
 //! limits). Windows are fixed wall-clock minutes, as in Redis.
 

@@ -207,8 +207,9 @@ impl Cluster {
             let local = limits.scaled(self.cfg.local_fraction);
             return self.local.acquire(tenant, local, tokens, now_ms);
         }
-        // One gateway: admission counts concurrency itself.
-        self.local.acquire(tenant, Limits { max_concurrency: None, ..limits }, tokens, now_ms)
+        // One gateway: the same limits, counted here (the one owner of a
+        // tenant's concurrency in both modes).
+        self.local.acquire(tenant, limits, tokens, now_ms)
     }
 
     /// Gives a grant back (the request's response ended).
