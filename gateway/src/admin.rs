@@ -29,7 +29,7 @@ use crate::audit::Source;
 use crate::body::{full, GatewayBody};
 use crate::error::{ApiError, PolicyProblem};
 use crate::reload::{Accepted, Mode, ReloadError};
-use crate::service::{bearer, json_response, read_request_body};
+use crate::request::{bearer, json_response, read_request_body};
 use crate::App;
 
 /// One admin token: its id (recorded in the audit log) and its secret.

@@ -46,14 +46,11 @@
 //!   (over `limits.max_connections`), `gateway_connections_closed_total{listener,why}`
 //!   (`idle`, `header_timeout`)
 
-use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use engine_api::Usage;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use policies::PolicyDocument;
-
-use crate::admission::Ticket;
 
 pub const REQUESTS: &str = "gateway_requests_total";
 pub const ERRORS: &str = "gateway_errors_total";
@@ -134,60 +131,43 @@ pub fn handle() -> &'static PrometheusHandle {
 }
 
 /// Follows one generation: TTFT at its first token, TLET at its end, and
-/// the in-flight gauge for as long as it lives.
-/// It also carries the request's admission [`Ticket`] (released with it)
-/// and feeds it what learning needs.
+/// the in-flight gauge for as long as it lives (metrics only: what a
+/// request holds is its permit, `permit.rs`).
 #[derive(Debug)]
 pub struct RequestObserver {
     arrived: Instant,
     tier: String,
     first_seen: bool,
-    admitted: Option<(Ticket, Arc<PolicyDocument>, Option<f64>)>,
-    /// The tenant's cluster limits, given back when the response ends.
-    hold: Option<crate::cluster::Hold>,
 }
 
 impl RequestObserver {
     pub fn new(arrived: Instant, tier: &str) -> Self {
         metrics::gauge!(INFLIGHT).increment(1.0);
-        Self { arrived, tier: tier.to_string(), first_seen: false, admitted: None, hold: None }
+        Self { arrived, tier: tier.to_string(), first_seen: false }
     }
 
-    /// Attaches the admission ticket and the prediction it was admitted on.
-    /// Keeps the tenant's cluster hold for as long as the response lives.
-    pub fn hold(&mut self, hold: crate::cluster::Hold) {
-        self.hold = Some(hold);
+    pub fn tier(&self) -> &str {
+        &self.tier
     }
 
-    pub fn admitted(&mut self, ticket: Ticket, policy: Arc<PolicyDocument>, predicted_ttft_ms: Option<f64>) {
-        self.admitted = Some((ticket, policy, predicted_ttft_ms));
-    }
-
-    pub fn first_token(&mut self) {
-        if !self.first_seen {
-            self.first_seen = true;
-            let ttft = crate::clock::since(self.arrived);
-            metrics::histogram!(TTFT, "tier" => self.tier.clone()).record(ttft.as_secs_f64());
-            if let Some((ticket, _, predicted)) = &mut self.admitted {
-                ticket.first_token(ttft);
-                if let Some(p) = predicted.filter(|p| *p > 0.0) {
-                    metrics::histogram!(TTFT_PREDICTION, "tier" => self.tier.clone())
-                        .record(ttft.as_secs_f64() * 1e3 / p);
-                }
-            }
+    /// Records TTFT at the first call; returns it then (`None` after).
+    pub fn first_token(&mut self) -> Option<Duration> {
+        if self.first_seen {
+            return None;
         }
+        self.first_seen = true;
+        let ttft = crate::clock::since(self.arrived);
+        metrics::histogram!(TTFT, "tier" => self.tier.clone()).record(ttft.as_secs_f64());
+        Some(ttft)
     }
 
-    /// The generation ended normally on engine `engine`.
-    pub fn finished(&mut self, engine: usize, usage: Usage, prefill_ms: f64) {
+    /// The generation ended normally.
+    pub fn finished(&mut self, usage: Usage) {
         metrics::histogram!(TLET, "tier" => self.tier.clone())
             .record(crate::clock::since(self.arrived).as_secs_f64());
         metrics::counter!(OUTPUT_TOKENS).increment(u64::from(usage.completion_tokens));
         OUTPUT_TOKENS_SO_FAR
             .fetch_add(u64::from(usage.completion_tokens), std::sync::atomic::Ordering::Relaxed);
-        if let Some((ticket, policy, _)) = &mut self.admitted {
-            ticket.finished(policy, engine, usage.completion_tokens, prefill_ms);
-        }
     }
 }
 

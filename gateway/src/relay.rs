@@ -17,9 +17,9 @@ use serde_json::{json, Value};
 use crate::dispatch::{self, Attempts, Started};
 use crate::engines::{EngineLease, EnginePool, Work};
 use crate::error::ApiError;
-use crate::metrics::RequestObserver;
 use crate::openai::Kind;
 use crate::outbox::{outbox, Outbox, OutboxBody, Stall, Stop};
+use crate::permit::Permit;
 
 /// Builds OpenAI's response objects for one request.
 #[derive(Debug, Clone)]
@@ -130,22 +130,22 @@ pub struct StreamBounds {
 /// Relays one started generation as SSE: a task reads the engine's events
 /// into a bounded [`outbox`] and the returned body hands them to hyper.
 /// The engine lease, the admission ticket and the tenant's hold (all in
-/// `observer` and `started`) are released the moment the engine finishes,
+/// `permit` and `started`) are released the moment the engine finishes,
 /// fails, falls silent past `event_timeout`, or the client goes away or
 /// stalls, whichever comes first; a stalled client's stream is reset.
 pub fn spawn_sse(
     encoder: Encoder,
     started: Started,
-    mut observer: RequestObserver,
+    mut permit: Permit,
     pool: Arc<EnginePool>,
     bounds: StreamBounds,
 ) -> OutboxBody {
     let (out, body) = outbox(bounds.buffer_bytes);
-    observer.first_token();
+    permit.first_token();
     let first = started.first.clone();
     let engine_id = started.inflight.engine_id().to_string();
     let mut relay =
-        SseRelay { encoder, engine: Some((started, observer)), engine_id, pool, pending: BytesMut::new() };
+        SseRelay { encoder, engine: Some((started, permit)), engine_id, pool, pending: BytesMut::new() };
     relay.encoder.opening(&mut relay.pending);
     relay.on_event(Ok(first));
     // The relay logs under the request's span.
@@ -158,8 +158,8 @@ pub fn spawn_sse(
 struct SseRelay {
     encoder: Encoder,
     /// What the engine side holds (the event stream, the engine lease, the
-    /// admission ticket and tenant hold in the observer) until it ends.
-    engine: Option<(Started, RequestObserver)>,
+    /// admission ticket, tenant hold and metrics in the permit) until it ends.
+    engine: Option<(Started, Permit)>,
     engine_id: String,
     pool: Arc<EnginePool>,
     /// Encoded bytes not yet in the outbox.
@@ -203,8 +203,8 @@ impl SseRelay {
             Ok(Event::Token { text }) => self.encoder.token(&mut self.pending, &text),
             Ok(Event::Done { finish_reason, usage, prefill_ms, .. }) => {
                 self.encoder.finish(&mut self.pending, finish_reason, usage);
-                if let Some((started, observer)) = &mut self.engine {
-                    observer.finished(started.inflight.engine_idx(), usage, prefill_ms);
+                if let Some((started, permit)) = &mut self.engine {
+                    permit.finished(started.inflight.engine_idx(), usage, prefill_ms);
                 }
                 self.engine = None;
             }
@@ -258,19 +258,19 @@ pub async fn collect(
     work: Work,
     timeout: Duration,
     event_timeout: Duration,
-    observer: &mut RequestObserver,
+    permit: &mut Permit,
 ) -> Result<Collected, ApiError> {
     let mut attempts = Attempts::default();
     loop {
         let mut started = dispatch::start(pool, req, first.take(), work, timeout, &mut attempts).await?;
-        observer.first_token();
+        permit.first_token();
         let mut text = String::new();
         let mut next = Some(Ok(started.first.clone()));
         let failure = loop {
             match next {
                 Some(Ok(Event::Token { text: t })) => text.push_str(&t),
                 Some(Ok(Event::Done { finish_reason, usage, prefill_ms, .. })) => {
-                    observer.finished(started.inflight.engine_idx(), usage, prefill_ms);
+                    permit.finished(started.inflight.engine_idx(), usage, prefill_ms);
                     let engine_id = started.inflight.engine_id().to_string();
                     return Ok(Collected { text, finish_reason, usage, engine_id });
                 }

@@ -16,7 +16,7 @@ use super::{chunk_time_s, driver, engine as calls, Stream, StreamParams};
 use crate::body::GatewayBody;
 use crate::error::ApiError;
 use crate::metrics as m;
-use crate::service::{json_response, read_body};
+use crate::request::{json_response, read_body};
 use crate::App;
 
 /// The routes under `/v1/video/streams`.
@@ -98,7 +98,7 @@ pub async fn handle(
     policy: &Arc<PolicyDocument>,
     (tenant, tier): (&Tenant, &Tier),
     route: VideoRoute,
-    req: &mut crate::service::Req,
+    req: &mut crate::request::Req,
 ) -> Result<Response<GatewayBody>, ApiError> {
     let streams = &app.video;
     let find =

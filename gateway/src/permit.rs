@@ -1,0 +1,58 @@
+//! What one admitted request holds, in one value released on drop: the
+//! tenant's hold (its concurrency, in this process or in Redis), the
+//! admission ticket (the controller's open count and what learning needs),
+//! and the request's metrics observer (the in-flight gauge). The relay
+//! keeps it beside the engine stream and drops both when the engine ends,
+//! not when the client has read (issue 18). The engine lease stays with
+//! the engine stream it counts (`dispatch::Started`): a retry moves it to
+//! another engine.
+
+use std::sync::Arc;
+
+use engine_api::Usage;
+use policies::PolicyDocument;
+
+use crate::admission::Ticket;
+use crate::cluster::Hold;
+use crate::metrics::{self, RequestObserver};
+
+/// One admitted request's permit.
+#[derive(Debug)]
+pub struct Permit {
+    // Fields drop in order: the ticket (admission's count), the tenant
+    // hold, then the observer (the in-flight gauge last).
+    ticket: Ticket,
+    policy: Arc<PolicyDocument>,
+    predicted_ttft_ms: Option<f64>,
+    _hold: Hold,
+    observer: RequestObserver,
+}
+
+impl Permit {
+    pub fn new(
+        observer: RequestObserver,
+        hold: Hold,
+        ticket: Ticket,
+        policy: Arc<PolicyDocument>,
+        predicted_ttft_ms: Option<f64>,
+    ) -> Self {
+        Self { ticket, policy, predicted_ttft_ms, _hold: hold, observer }
+    }
+
+    /// The first token reached the client's stream: TTFT, its prediction
+    /// ratio, and the ticket's learning (once).
+    pub fn first_token(&mut self) {
+        let Some(ttft) = self.observer.first_token() else { return };
+        self.ticket.first_token(ttft);
+        if let Some(p) = self.predicted_ttft_ms.filter(|p| *p > 0.0) {
+            ::metrics::histogram!(metrics::TTFT_PREDICTION, "tier" => self.observer.tier().to_string())
+                .record(ttft.as_secs_f64() * 1e3 / p);
+        }
+    }
+
+    /// The generation ended normally on engine `engine`.
+    pub fn finished(&mut self, engine: usize, usage: Usage, prefill_ms: f64) {
+        self.observer.finished(usage);
+        self.ticket.finished(&self.policy, engine, usage.completion_tokens, prefill_ms);
+    }
+}

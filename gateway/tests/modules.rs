@@ -1,0 +1,104 @@
+//! The gateway crate's modules depend on each other without cycles: each
+//! top-level module's `crate::` paths (tests and comments aside) form a
+//! graph that must be acyclic, so any module can be read, tested and
+//! replaced from the bottom up.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The code of a file without its comments and its `#[cfg(test)] mod tests`.
+fn code(text: &str) -> String {
+    let text = text.split("#[cfg(test)]\nmod tests {").next().unwrap_or(text);
+    text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
+}
+
+/// The top-level modules `code` names: `crate::m` anywhere, and the first
+/// name of each item of `use crate::{a::X, b, ...}`.
+fn names(code: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let ident = |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
+    for (i, _) in code.match_indices("crate::") {
+        let rest = &code[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 0;
+            let mut item = String::new();
+            for ch in group.chars() {
+                match ch {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.insert(ident(item.trim()));
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(ch);
+            }
+            out.insert(ident(item.trim()));
+        } else {
+            out.insert(ident(rest));
+        }
+    }
+    out.retain(|n| !n.is_empty() && n.chars().next().is_some_and(|c| c.is_lowercase()));
+    out
+}
+
+#[test]
+fn the_gateway_modules_form_no_cycle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        let top = rel.iter().next().unwrap().to_str().unwrap().trim_end_matches(".rs").to_string();
+        if top == "lib" || top == "main" || rel.ends_with("tests.rs") {
+            continue;
+        }
+        let deps = names(&code(&std::fs::read_to_string(f).unwrap()));
+        graph.entry(top.clone()).or_default().extend(deps.into_iter().filter(|d| *d != top));
+    }
+    assert!(graph.len() > 20, "found the modules: {:?}", graph.keys());
+    // Depth-first search for a back edge; report the cycle it closes.
+    fn visit(
+        m: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == m) {
+            let mut cycle = path[i..].to_vec();
+            cycle.push(m.to_string());
+            return Some(cycle);
+        }
+        if !done.insert(m.to_string()) {
+            return None;
+        }
+        path.push(m.to_string());
+        for d in graph.get(m).into_iter().flatten() {
+            if let Some(c) = visit(d, graph, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    for m in graph.keys() {
+        let cycle = visit(m, &graph, &mut Vec::new(), &mut done);
+        assert!(cycle.is_none(), "module cycle: {}", cycle.unwrap().join(" -> "));
+    }
+}
