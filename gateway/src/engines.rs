@@ -17,7 +17,7 @@
 //! immediate, unlike polling. Dropping a lease wakes whoever waits for a
 //! free slot ([`EnginePool::slot_freed`]).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -83,6 +83,9 @@ pub struct EngineSlot {
     last_report: ArcSwapOption<LoadReport>,
     /// The engine's latency profile, fetched once it first answers.
     profile: ArcSwapOption<LatencyProfile>,
+    /// What admission reads of them on every decision, as plain numbers
+    /// (see [`AdmissionView`]); written with them.
+    view: AdmissionAtomics,
     /// Found in the cluster registry (not configured): retired when it has
     /// been gone from the registry and unready past the engine TTL.
     discovered: bool,
@@ -113,6 +116,7 @@ impl EngineSlot {
             leased_at_report: AtomicU64::new(0),
             last_report: ArcSwapOption::empty(),
             profile: ArcSwapOption::empty(),
+            view: AdmissionAtomics::default(),
             standby: AtomicBool::new(false),
             draining: AtomicBool::new(false),
         }
@@ -127,7 +131,45 @@ impl EngineSlot {
     /// Gives the engine a latency profile as a fetch would (unit tests).
     #[cfg(test)]
     pub(crate) fn set_profile(&self, p: LatencyProfile) {
+        self.store_profile(p);
+    }
+
+    fn store_profile(&self, p: LatencyProfile) {
         self.profile.store(Some(Arc::new(p)));
+        self.view.has_profile.store(true, Ordering::Release);
+    }
+
+    fn store_report(&self, report: Option<LoadReport>) {
+        let v = &self.view;
+        let (batch, free, low, page) = report.as_ref().map_or((1, 0, 0, 0), |r| {
+            (r.batch_target, r.kv_pages_free, r.kv_low_watermark_pages, r.kv_page_tokens)
+        });
+        v.batch_target.store(batch, Ordering::Relaxed);
+        v.kv_pages_free.store(free, Ordering::Relaxed);
+        v.kv_low_watermark_pages.store(low, Ordering::Relaxed);
+        v.kv_page_tokens.store(page, Ordering::Relaxed);
+        self.last_report.store(report.map(Arc::new));
+    }
+
+    /// What admission needs of the last report and the profile, read from
+    /// atomics; `None` until the profile is known.
+    pub fn admission_view(&self) -> Option<AdmissionView> {
+        let v = &self.view;
+        if !v.has_profile.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(AdmissionView {
+            class: Some(v.class.load(Ordering::Relaxed)).filter(|c| *c != usize::MAX),
+            batch_target: v.batch_target.load(Ordering::Relaxed),
+            kv_pages_free: v.kv_pages_free.load(Ordering::Relaxed),
+            kv_low_watermark_pages: v.kv_low_watermark_pages.load(Ordering::Relaxed),
+            kv_page_tokens: v.kv_page_tokens.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Remembers the admission class of this engine's profile.
+    pub fn set_admission_class(&self, class: usize) {
+        self.view.class.store(class, Ordering::Relaxed);
     }
 
     /// Ready and neither warm standby nor draining: new work may go here.
@@ -199,6 +241,41 @@ impl EngineSlot {
 }
 
 pub use policies::admission::controller::Work;
+
+/// The numbers admission reads of an engine per decision (from its last
+/// load report and its profile), without touching either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmissionView {
+    /// The admission class of its profile, once admission assigned one.
+    pub class: Option<usize>,
+    pub batch_target: u32,
+    pub kv_pages_free: u32,
+    pub kv_low_watermark_pages: u32,
+    pub kv_page_tokens: u32,
+}
+
+#[derive(Debug)]
+struct AdmissionAtomics {
+    has_profile: AtomicBool,
+    class: AtomicUsize,
+    batch_target: AtomicU32,
+    kv_pages_free: AtomicU32,
+    kv_low_watermark_pages: AtomicU32,
+    kv_page_tokens: AtomicU32,
+}
+
+impl Default for AdmissionAtomics {
+    fn default() -> Self {
+        Self {
+            has_profile: AtomicBool::new(false),
+            class: AtomicUsize::new(usize::MAX),
+            batch_target: AtomicU32::new(1),
+            kv_pages_free: AtomicU32::new(0),
+            kv_low_watermark_pages: AtomicU32::new(0),
+            kv_page_tokens: AtomicU32::new(0),
+        }
+    }
+}
 
 /// All engines plus the clients that reach them.
 #[derive(Debug)]
@@ -458,7 +535,7 @@ impl EnginePool {
             let fetched = tokio::time::timeout(PROBE_TIMEOUT, self.fetch_profile(&slot.spec)).await;
             if let Ok(Some(p)) = fetched {
                 tracing::info!(event = "engine_profile", engine = %slot.spec.id, class = %p.engine_class);
-                slot.profile.store(Some(Arc::new(p)));
+                slot.store_profile(p);
             }
         }
         if slot.ready.swap(ready, Ordering::AcqRel) != ready {
@@ -468,7 +545,7 @@ impl EnginePool {
             slot.leased_at_report.store(leased, Ordering::Release);
             *slot.last_seen.lock().unwrap_or_else(|p| p.into_inner()) = crate::clock::now();
         }
-        slot.last_report.store(report.map(Arc::new));
+        slot.store_report(report);
     }
 
     async fn fetch_profile(&self, spec: &EngineSpec) -> Option<LatencyProfile> {

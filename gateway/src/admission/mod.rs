@@ -206,15 +206,21 @@ impl Admission {
     fn candidates(&self, ctl: &mut Controller, policy: &PolicyDocument, out: &mut Vec<Candidate>) {
         out.clear();
         for (idx, slot) in self.pool.snapshot().iter().enumerate() {
-            let Some(profile) = slot.profile() else { continue };
-            let class = ctl.class_of(&profile);
+            let Some(view) = slot.admission_view() else { continue };
+            let class = match view.class {
+                Some(c) => c,
+                None => {
+                    let Some(profile) = slot.profile() else { continue };
+                    let c = ctl.class_of(&profile);
+                    slot.set_admission_class(c);
+                    c
+                }
+            };
             if !slot.routable() {
                 continue;
             }
-            let report = slot.report();
-            let (page_tokens, free, low, batch) = report.as_deref().map_or((0, 0, 0, 1), |r| {
-                (r.kv_page_tokens, r.kv_pages_free, r.kv_low_watermark_pages, r.batch_target)
-            });
+            let (page_tokens, free, low, batch) =
+                (view.kv_page_tokens, view.kv_pages_free, view.kv_low_watermark_pages, view.batch_target);
             // Free KV above the low watermark per the last report, less
             // what this gateway sent since (not in the report yet).
             let headroom = if page_tokens == 0 {

@@ -77,3 +77,50 @@ async fn a_waiter_gets_the_slot_freed_before_its_deadline_and_is_refused_at_it()
     assert_eq!(tokio::time::Instant::now(), deadline);
     gate.abort();
 }
+
+/// The gateway's whole admission decision (the registry snapshot read into
+/// candidates, the state machine's decision, the lease) at 256 engines.
+/// A micro-benchmark, not a test (timings need a release build and a quiet
+/// machine): `cargo test --release -p gateway --lib admission_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn admission_cost_at_256_engines() {
+    let policy = policy();
+    let specs = (0..256)
+        .map(|i| EngineSpec {
+            id: format!("e{i}"),
+            url: format!("http://127.0.0.1:{}", 10_000 + i).parse().unwrap(),
+        })
+        .collect();
+    let pool = EnginePool::new(specs, &crate::limits::Limits::default(), None);
+    let profile = policies::LatencyProfile::parse(
+        "a100",
+        include_str!("../../../policies/profiles/emulated-a100-8b.toml"),
+    )
+    .unwrap();
+    for i in 0..256 {
+        pool.slot(i).set_ready(true);
+        pool.slot(i).set_profile(profile.clone());
+    }
+    let adm = Admission::new(pool);
+    let mut held = std::collections::VecDeque::new();
+    let mut us = Vec::new();
+    for n in 0..20_000 {
+        let t = crate::clock::now();
+        let a = adm.admit(&policy, &ask(&policy));
+        us.push(crate::clock::since(t).as_secs_f64() * 1e6);
+        // Keep ~128 requests open (half the engines busy), as under load.
+        held.push_back(a);
+        if held.len() > 128 || n % 7 == 0 {
+            held.pop_front();
+        }
+    }
+    us.sort_by(f64::total_cmp);
+    let q = |p: f64| us[((us.len() - 1) as f64 * p) as usize];
+    println!(
+        "admission decision, 256 engines: p50 {:.2} us, p99 {:.2} us, max {:.1} us",
+        q(0.5),
+        q(0.99),
+        q(1.0)
+    );
+}
