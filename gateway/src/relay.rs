@@ -31,6 +31,9 @@ pub struct Encoder {
     /// SSE (`stream: true`) or one JSON body.
     pub stream: bool,
     pub include_usage: bool,
+    /// A token chunk's SSE bytes before and after its JSON-escaped text,
+    /// rendered once per response (see [`Encoder::token`]).
+    pub token_template: std::sync::OnceLock<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Encoder {
@@ -77,8 +80,24 @@ impl Encoder {
         }
     }
 
+    /// A token chunk: the per-response template with the text escaped in
+    /// between, byte for byte what rendering the whole chunk would give,
+    /// without building and serialising a JSON tree per token.
     fn token(&self, out: &mut BytesMut, text: &str) {
-        sse(out, &self.chunk(Some(self.choice(Some(text), None, false))));
+        let (before, after) = self.token_template.get_or_init(|| self.render_token_template());
+        out.put_slice(before);
+        serde_json::to_writer((&mut *out).writer(), text).expect("strings always serialise");
+        out.put_slice(after);
+    }
+
+    /// Renders a token chunk around a marker text and splits it there.
+    fn render_token_template(&self) -> (Vec<u8>, Vec<u8>) {
+        const MARK: &str = "\u{1}token\u{1}";
+        let mut whole = BytesMut::new();
+        sse(&mut whole, &self.chunk(Some(self.choice(Some(MARK), None, false))));
+        let quoted = serde_json::to_vec(MARK).expect("strings always serialise");
+        let at = whole.windows(quoted.len()).position(|w| w == quoted).expect("the marker is in the chunk");
+        (whole[..at].to_vec(), whole[at + quoted.len()..].to_vec())
     }
 
     fn finish(&self, out: &mut BytesMut, reason: FinishReason, usage: Usage) {
@@ -287,6 +306,35 @@ pub async fn collect(
         attempts.failed_after_start(&started, failure);
         if attempts.exhausted(pool) {
             return Err(attempts.into_error());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_chunks_from_the_template_are_the_rendered_chunks_byte_for_byte() {
+        for (kind, include_usage) in [(Kind::Chat, false), (Kind::Chat, true), (Kind::Completion, false)] {
+            let e = Encoder {
+                kind,
+                id: "chatcmpl-req_\"1\"".into(),
+                created: 1_700_000_000,
+                model: "synthetic-small".into(),
+                stream: true,
+                include_usage,
+                token_template: Default::default(),
+            };
+            for text in
+                ["hello", " world", "quote \" and \\ backslash", "line\nbreak\t", "é漢字🙂", "\u{1}", ""]
+            {
+                let mut rendered = BytesMut::new();
+                sse(&mut rendered, &e.chunk(Some(e.choice(Some(text), None, false))));
+                let mut templated = BytesMut::new();
+                e.token(&mut templated, text);
+                assert_eq!(templated, rendered, "{kind:?} {text:?}");
+            }
         }
     }
 }

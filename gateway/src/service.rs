@@ -353,6 +353,7 @@ fn plan(
         model: parsed.model.clone(),
         stream: parsed.stream,
         include_usage: parsed.include_usage,
+        token_template: Default::default(),
     };
     let gen = GenerateRequest {
         request_id: request_id.to_string(),
