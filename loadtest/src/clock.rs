@@ -1,28 +1,4 @@
-//! This crate's one clock: every reading of the time goes through here
-//! (`clippy.toml` forbids `Instant::now` and `SystemTime::now` elsewhere).
-//! `now` is tokio's clock, which is the system's except in tests that
-//! pause time: there the whole crate sees the paused, virtual time.
-#![allow(clippy::disallowed_methods)]
+//! This crate's clock: the workspace's one clock (the `clock` crate), so
+//! that a test pausing tokio's time pauses every reading of it.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
-
-/// The monotonic time now.
-pub fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
-}
-
-/// Time since `t` (zero if `t` is later).
-pub fn since(t: Instant) -> std::time::Duration {
-    now().saturating_duration_since(t)
-}
-
-/// The wall-clock time now (timestamps for people and other machines,
-/// never for measuring intervals).
-pub fn wall() -> SystemTime {
-    SystemTime::now()
-}
-
-/// The wall-clock time now as Unix seconds.
-pub fn unix_s() -> f64 {
-    wall().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
-}
+pub use ::clock::{now, since, unix_s, wall};
