@@ -39,6 +39,7 @@ pub(crate) mod reload;
 pub(crate) mod request;
 pub(crate) mod server;
 pub(crate) mod service;
+pub(crate) mod stack;
 pub mod supervisor;
 pub(crate) mod tls;
 pub(crate) mod video;
@@ -361,8 +362,8 @@ async fn serve_until_signal(
         print_example(addr, ca);
     }
     tracing::info!(event = "gateway_ready", %addr, ready, total, policy_version = %store.current().version);
-    let public = Arc::clone(&app);
-    let handler = move |req| service::handle(Arc::clone(&public), req);
+    let public = stack::public(Arc::clone(&app));
+    let handler = move |req| tower::ServiceExt::oneshot(public.clone(), req);
     let public_limits = server::ListenerLimits::public(&app.config.limits);
     let workers = workers::Workers::start(app.config.limits.workers()).map_err(StartError::Workers)?;
     server::serve(handler, listener, tls, public_limits, Some(&workers), async {

@@ -8,7 +8,6 @@
 //! gate) -> dispatch (retries before the first byte) -> SSE relay or
 //! collected JSON.
 
-use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Instant, UNIX_EPOCH};
@@ -22,23 +21,10 @@ use serde_json::json;
 
 use crate::admission::{AdmitRequest, Start, Verdict};
 
-/// A request answered with an error, with admission's verdict when it got
-/// that far (for the decision headers).
-#[derive(Debug)]
-struct Failed {
-    error: ApiError,
-    verdict: Option<Verdict>,
-}
-
-impl From<ApiError> for Failed {
-    fn from(error: ApiError) -> Self {
-        Self { error, verdict: None }
-    }
-}
 use crate::body::GatewayBody;
 use crate::dispatch::{self, Attempts};
 use crate::error::ApiError;
-use crate::metrics::{self, RequestObserver};
+use crate::metrics::RequestObserver;
 use crate::openai::{self, Kind};
 use crate::permit::Permit;
 use crate::relay::{self, Encoder, StreamBounds};
@@ -46,9 +32,32 @@ use crate::request::{bearer, json_response, read_body, Req};
 use crate::video::routes::VideoRoute;
 use crate::App;
 
+/// A request answered with an error, with admission's verdict when it got
+/// that far (for the decision headers). The stack's error layer turns it
+/// into the response (`stack.rs`).
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub error: ApiError,
+    pub verdict: Option<Verdict>,
+}
+
+impl From<ApiError> for Failed {
+    fn from(error: ApiError) -> Self {
+        Self { error, verdict: None }
+    }
+}
+
+/// A request's id and arrival (a request extension, set by the stack's id
+/// layer).
+#[derive(Debug, Clone)]
+pub(crate) struct Ident {
+    pub request_id: String,
+    pub arrived: Instant,
+}
+
 /// Routes of the public listener; `label` is the metrics label.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Route {
+pub(crate) enum Route {
     Completions(Kind),
     Models,
     Model(String),
@@ -60,7 +69,7 @@ enum Route {
 }
 
 impl Route {
-    fn of(method: &Method, path: &str) -> Self {
+    pub(crate) fn of(method: &Method, path: &str) -> Self {
         if let Some(v) = VideoRoute::of(method, path) {
             return Route::Video(v);
         }
@@ -82,7 +91,7 @@ impl Route {
         }
     }
 
-    fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             Route::Completions(Kind::Chat) => "chat_completions",
             Route::Completions(Kind::Completion) => "completions",
@@ -95,41 +104,33 @@ impl Route {
     }
 }
 
-/// Serves one request. Never fails: every error becomes a response.
-/// Every log line of the request, its relay task's included, carries its
-/// id (the `request` span; at error level so that no log filter that
-/// shows anything hides it).
-pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<GatewayBody>, Infallible> {
-    let arrived = crate::clock::now();
-    let req = Req::new(req);
-    let request_id = request_id(&app, req.headers()); // correlates client reports, logs, engines
-    let span = tracing::error_span!("request", id = %request_id);
-    tracing::Instrument::instrument(serve(app, req, request_id, arrived), span).await
-}
-
-async fn serve(
+/// The router, innermost in the stack (`stack.rs`): the route's work,
+/// under the policy version and request id the outer layers set. An error
+/// answers after the client's upload ends (`drain_unread`).
+pub(crate) async fn route(
     app: Arc<App>,
-    mut req: Req,
-    request_id: String,
-    arrived: Instant,
-) -> Result<Response<GatewayBody>, Infallible> {
-    let route = Route::of(req.method(), req.uri().path());
-    // One policy version from here to the end of the response stream.
-    let policy = app.policies.current();
-    let result = match &route {
-        Route::Completions(kind) => completions(&app, &policy, &mut req, *kind, &request_id, arrived).await,
+    req: Request<Incoming>,
+    ctx: Ident,
+    policy: Arc<PolicyDocument>,
+) -> Result<Response<GatewayBody>, Failed> {
+    let policy = &policy;
+    let mut req = Req::new(req);
+    let result = match Route::of(req.method(), req.uri().path()) {
+        Route::Completions(kind) => {
+            completions(&app, policy, &mut req, kind, &ctx.request_id, ctx.arrived).await
+        }
         Route::Models => {
-            authenticate(&policy, req.headers()).map(|_| models(&policy, None)).map_err(Failed::from)
+            authenticate(policy, req.headers()).map(|_| models(policy, None)).map_err(Failed::from)
         }
         Route::Model(id) => {
-            authenticate(&policy, req.headers()).map(|_| models(&policy, Some(id))).map_err(Failed::from)
+            authenticate(policy, req.headers()).map(|_| models(policy, Some(&id))).map_err(Failed::from)
         }
         Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "alive"}))),
-        Route::Readyz => Ok(readyz(&app, &policy)),
-        Route::Video(v) => match authenticate(&policy, req.headers()) {
-            Ok(who) => crate::video::routes::handle(&app, &policy, who, v.clone(), &mut req)
-                .await
-                .map_err(Failed::from),
+        Route::Readyz => Ok(readyz(&app, policy)),
+        Route::Video(v) => match authenticate(policy, req.headers()) {
+            Ok(who) => {
+                crate::video::routes::handle(&app, policy, who, v, &mut req).await.map_err(Failed::from)
+            }
             Err(e) => Err(e.into()),
         },
         Route::WrongMethod => Err(ApiError::MethodNotAllowed(req.method().to_string()).into()),
@@ -138,28 +139,12 @@ async fn serve(
     if result.is_err() {
         req.drain_unread(&app.config.limits).await; // answer after the upload, not into it
     }
-    let mut resp = result.unwrap_or_else(|Failed { error: e, verdict }| {
-        tracing::info!(event = "request_error", code = e.code(), error = %e);
-        ::metrics::counter!(metrics::ERRORS, "code" => e.code()).increment(1);
-        let mut resp = e.into_response();
-        if let Some(v) = verdict {
-            resp.extensions_mut().insert(v);
-        }
-        resp
-    });
-    if let Ok(v) = HeaderValue::from_str(&request_id) {
-        resp.headers_mut().insert("x-request-id", v);
-    }
-    let verdict = resp.extensions_mut().remove::<Verdict>();
-    decision_headers(resp.headers_mut(), &policy.version, verdict.as_ref());
-    let status = resp.status().as_u16().to_string();
-    ::metrics::counter!(metrics::REQUESTS, "route" => route.label(), "status" => status).increment(1);
-    Ok(resp)
+    result
 }
 
 /// `x-admission`, `x-admission-reason`, `x-predicted-ttft-ms` and
 /// `x-brownout-level` once admission has decided; `x-policy-version` always.
-fn decision_headers(h: &mut HeaderMap, version: &str, verdict: Option<&Verdict>) {
+pub(crate) fn decision_headers(h: &mut HeaderMap, version: &str, verdict: Option<&Verdict>) {
     if let Ok(v) = HeaderValue::from_str(version) {
         h.insert("x-policy-version", v);
     }
@@ -415,7 +400,7 @@ fn readyz(app: &App, policy: &PolicyDocument) -> Response<GatewayBody> {
 }
 
 /// The client's `x-request-id` when it is a sane token, else a new one.
-fn request_id(app: &App, headers: &HeaderMap) -> String {
+pub(crate) fn request_id(app: &App, headers: &HeaderMap) -> String {
     let given = headers.get("x-request-id").and_then(|v| v.to_str().ok()).filter(|s| {
         (1..=128).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
     });

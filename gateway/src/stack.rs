@@ -1,0 +1,286 @@
+//! The public listener's request path as a `tower` stack, outermost first:
+//!
+//! ```text
+//! RequestId   the request id (the client's x-request-id if sane), a
+//!             `request{id=…}` span around everything below, x-request-id
+//!             on the answer
+//! Metrics     gateway_requests_total{route,status} once the answer is known
+//! Policy      one policy version for the whole request (and its stream);
+//!             x-policy-version and admission's decision headers on the answer
+//! Errors      the one place an error becomes an HTTP answer (OpenAI-style
+//!             body, gateway_errors_total, the verdict kept for the headers)
+//! router      service::route: auth, bounded body read (size and time),
+//!             parse, tenant limits, admission, dispatch, relay
+//! ```
+//!
+//! Why this order: the id and span first so that every log line below
+//! carries the id; metrics see the final status, errors included; the
+//! policy layer writes the decision headers on every answer, so it sits
+//! above the error layer that produces error answers. Each layer is always
+//! ready (`poll_ready` is `Ready`): back-pressure is the listener's
+//! (connections, streams) and admission's, not the stack's. Time limits
+//! are where their time runs: the body read in the router, the engine's
+//! first event in dispatch, the gate's wait at the gate.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+
+use http::{HeaderValue, Request, Response};
+use hyper::body::Incoming;
+use policies::PolicyDocument;
+use tower::{Layer, Service, ServiceBuilder};
+
+use crate::admission::Verdict;
+use crate::body::GatewayBody;
+use crate::metrics;
+use crate::reload::PolicyStore;
+use crate::service::{self, Failed, Ident, Route};
+use crate::App;
+
+type Answer = Response<GatewayBody>;
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// The policy version the request runs under (a request extension, set by
+/// the policy layer).
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshot(pub Arc<PolicyDocument>);
+
+/// The public service: the stack over the router.
+pub(crate) fn public(
+    app: Arc<App>,
+) -> impl Service<
+    Request<Incoming>,
+    Response = Answer,
+    Error = Infallible,
+    Future = BoxFuture<Result<Answer, Infallible>>,
+> + Clone
+       + Send
+       + Sync
+       + 'static {
+    let router = Router { app: Arc::clone(&app) };
+    ServiceBuilder::new()
+        .layer(RequestIdLayer { app: Arc::clone(&app) })
+        .layer(MetricsLayer)
+        .layer(PolicyLayer { store: Arc::clone(&app.policies) })
+        .layer(ErrorLayer)
+        .service(router)
+}
+
+/// The router as a service (`service::route`).
+#[derive(Clone)]
+struct Router {
+    app: Arc<App>,
+}
+
+impl Service<Request<Incoming>> for Router {
+    type Response = Answer;
+    type Error = Failed;
+    type Future = BoxFuture<Result<Answer, Failed>>;
+
+    fn poll_ready(&mut self, _: &mut TaskContext<'_>) -> Poll<Result<(), Failed>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
+        // Set by the layers above; a router used alone makes its own.
+        let app = &self.app;
+        let ident = req.extensions_mut().remove::<Ident>().unwrap_or_else(|| Ident {
+            request_id: service::request_id(app, req.headers()),
+            arrived: crate::clock::now(),
+        });
+        let policy =
+            req.extensions_mut().remove::<Snapshot>().map_or_else(|| app.policies.current(), |s| s.0);
+        Box::pin(service::route(Arc::clone(app), req, ident, policy))
+    }
+}
+
+#[derive(Clone)]
+struct RequestIdLayer {
+    app: Arc<App>,
+}
+
+impl<S> Layer<S> for RequestIdLayer {
+    type Service = RequestId<S>;
+    fn layer(&self, inner: S) -> RequestId<S> {
+        RequestId { app: Arc::clone(&self.app), inner }
+    }
+}
+
+#[derive(Clone)]
+struct RequestId<S> {
+    app: Arc<App>,
+    inner: S,
+}
+
+impl<S> Service<Request<Incoming>> for RequestId<S>
+where
+    S: Service<Request<Incoming>, Response = Answer, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = Answer;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Answer, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
+        let arrived = crate::clock::now();
+        let id = service::request_id(&self.app, req.headers()); // correlates client reports, logs, engines
+                                                                // At error level, so that no log filter that shows a line hides it.
+        let span = tracing::error_span!("request", id = %id);
+        let stamp = HeaderValue::from_str(&id).ok();
+        req.extensions_mut().insert(Ident { request_id: id, arrived });
+        let answer = {
+            let _entered = span.enter();
+            self.inner.call(req)
+        };
+        Box::pin(tracing::Instrument::instrument(
+            async move {
+                let Ok(mut resp) = answer.await;
+                if let Some(v) = stamp {
+                    resp.headers_mut().insert("x-request-id", v);
+                }
+                Ok(resp)
+            },
+            span,
+        ))
+    }
+}
+
+#[derive(Clone)]
+struct MetricsLayer;
+
+impl<S> Layer<S> for MetricsLayer {
+    type Service = Metrics<S>;
+    fn layer(&self, inner: S) -> Metrics<S> {
+        Metrics { inner }
+    }
+}
+
+#[derive(Clone)]
+struct Metrics<S> {
+    inner: S,
+}
+
+impl<S> Service<Request<Incoming>> for Metrics<S>
+where
+    S: Service<Request<Incoming>, Response = Answer, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = Answer;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Answer, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let route = Route::of(req.method(), req.uri().path()).label();
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            let Ok(resp) = answer.await;
+            let status = resp.status().as_u16().to_string();
+            ::metrics::counter!(metrics::REQUESTS, "route" => route, "status" => status).increment(1);
+            Ok(resp)
+        })
+    }
+}
+
+#[derive(Clone)]
+struct PolicyLayer {
+    store: Arc<PolicyStore>,
+}
+
+impl<S> Layer<S> for PolicyLayer {
+    type Service = Policy<S>;
+    fn layer(&self, inner: S) -> Policy<S> {
+        Policy { store: Arc::clone(&self.store), inner }
+    }
+}
+
+#[derive(Clone)]
+struct Policy<S> {
+    store: Arc<PolicyStore>,
+    inner: S,
+}
+
+impl<S> Service<Request<Incoming>> for Policy<S>
+where
+    S: Service<Request<Incoming>, Response = Answer, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = Answer;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Answer, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
+        // One policy version from here to the end of the response stream.
+        let policy = self.store.current();
+        req.extensions_mut().insert(Snapshot(Arc::clone(&policy)));
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            let Ok(mut resp) = answer.await;
+            let verdict = resp.extensions_mut().remove::<Verdict>();
+            service::decision_headers(resp.headers_mut(), &policy.version, verdict.as_ref());
+            Ok(resp)
+        })
+    }
+}
+
+#[derive(Clone)]
+struct ErrorLayer;
+
+impl<S> Layer<S> for ErrorLayer {
+    type Service = Errors<S>;
+    fn layer(&self, inner: S) -> Errors<S> {
+        Errors { inner }
+    }
+}
+
+#[derive(Clone)]
+struct Errors<S> {
+    inner: S,
+}
+
+impl<S> Service<Request<Incoming>> for Errors<S>
+where
+    S: Service<Request<Incoming>, Response = Answer, Error = Failed>,
+    S::Future: Send + 'static,
+{
+    type Response = Answer;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Answer, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Infallible>> {
+        // The router is always ready; an error there would be a bug.
+        match self.inner.poll_ready(cx) {
+            Poll::Ready(_) => Poll::Ready(Ok(())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            Ok(answer.await.unwrap_or_else(|Failed { error, verdict }| {
+                tracing::info!(event = "request_error", code = error.code(), error = %error);
+                ::metrics::counter!(metrics::ERRORS, "code" => error.code()).increment(1);
+                let mut resp = error.into_response();
+                if let Some(v) = verdict {
+                    resp.extensions_mut().insert(v);
+                }
+                resp
+            }))
+        })
+    }
+}
