@@ -62,9 +62,9 @@ pub(crate) fn public(
        + 'static {
     let router = Router { app: Arc::clone(&app) };
     ServiceBuilder::new()
-        .layer(RequestIdLayer { app: Arc::clone(&app) })
-        .layer(MetricsLayer)
-        .layer(PolicyLayer { store: Arc::clone(&app.policies) })
+        .layer(Wrap::layer(RequestId { app: Arc::clone(&app) }))
+        .layer(Wrap::layer(Metrics))
+        .layer(Wrap::layer(Policy { store: Arc::clone(&app.policies) }))
         .layer(ErrorLayer)
         .service(router)
 }
@@ -97,26 +97,34 @@ impl Service<Request<Incoming>> for Router {
     }
 }
 
-#[derive(Clone)]
-struct RequestIdLayer {
-    app: Arc<App>,
-}
-
-impl<S> Layer<S> for RequestIdLayer {
-    type Service = RequestId<S>;
-    fn layer(&self, inner: S) -> RequestId<S> {
-        RequestId { app: Arc::clone(&self.app), inner }
+/// One of the outer layers: it prepares the request, runs what is below
+/// (inside its span, if it has one), and finishes the answer.
+trait Around: Clone + Send + Sync + 'static {
+    type State: Send + 'static;
+    fn before(&self, req: &mut Request<Incoming>) -> Self::State;
+    fn after(state: Self::State, resp: &mut Answer);
+    /// The span the rest of the request runs in.
+    fn span(_: &Self::State) -> tracing::Span {
+        tracing::Span::none()
     }
 }
 
+/// An [`Around`] as a `tower` layer and service.
 #[derive(Clone)]
-struct RequestId<S> {
-    app: Arc<App>,
+struct Wrap<H, S> {
+    hook: H,
     inner: S,
 }
 
-impl<S> Service<Request<Incoming>> for RequestId<S>
+impl<H: Around> Wrap<H, ()> {
+    fn layer<S>(hook: H) -> impl Layer<S, Service = Wrap<H, S>> + Clone {
+        tower::layer::layer_fn(move |inner| Wrap { hook: hook.clone(), inner })
+    }
+}
+
+impl<H, S> Service<Request<Incoming>> for Wrap<H, S>
 where
+    H: Around,
     S: Service<Request<Incoming>, Response = Answer, Error = Infallible>,
     S::Future: Send + 'static,
 {
@@ -129,111 +137,88 @@ where
     }
 
     fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
-        let arrived = crate::clock::now();
-        let id = service::request_id(&self.app, req.headers()); // correlates client reports, logs, engines
-                                                                // At error level, so that no log filter that shows a line hides it.
-        let span = tracing::error_span!("request", id = %id);
-        let stamp = HeaderValue::from_str(&id).ok();
-        req.extensions_mut().insert(Ident { request_id: id, arrived });
+        let state = self.hook.before(&mut req);
+        let span = H::span(&state);
         let answer = {
             let _entered = span.enter();
             self.inner.call(req)
         };
-        Box::pin(tracing::Instrument::instrument(
-            async move {
-                let Ok(mut resp) = answer.await;
-                if let Some(v) = stamp {
-                    resp.headers_mut().insert("x-request-id", v);
-                }
-                Ok(resp)
-            },
-            span,
-        ))
-    }
-}
-
-#[derive(Clone)]
-struct MetricsLayer;
-
-impl<S> Layer<S> for MetricsLayer {
-    type Service = Metrics<S>;
-    fn layer(&self, inner: S) -> Metrics<S> {
-        Metrics { inner }
-    }
-}
-
-#[derive(Clone)]
-struct Metrics<S> {
-    inner: S,
-}
-
-impl<S> Service<Request<Incoming>> for Metrics<S>
-where
-    S: Service<Request<Incoming>, Response = Answer, Error = Infallible>,
-    S::Future: Send + 'static,
-{
-    type Response = Answer;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<Answer, Infallible>>;
-
-    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let route = Route::of(req.method(), req.uri().path()).label();
-        let answer = self.inner.call(req);
-        Box::pin(async move {
-            let Ok(resp) = answer.await;
-            let status = resp.status().as_u16().to_string();
-            ::metrics::counter!(metrics::REQUESTS, "route" => route, "status" => status).increment(1);
+        let finish = async move {
+            let Ok(mut resp) = answer.await;
+            H::after(state, &mut resp);
             Ok(resp)
-        })
+        };
+        Box::pin(tracing::Instrument::instrument(finish, span))
     }
 }
 
+/// The request id (the client's `x-request-id` if sane), a `request{id}`
+/// span (error level, so that no log filter that shows a line hides it),
+/// `x-request-id` on the answer.
 #[derive(Clone)]
-struct PolicyLayer {
+struct RequestId {
+    app: Arc<App>,
+}
+
+impl Around for RequestId {
+    type State = (tracing::Span, Option<HeaderValue>);
+
+    fn before(&self, req: &mut Request<Incoming>) -> Self::State {
+        let arrived = crate::clock::now();
+        let id = service::request_id(&self.app, req.headers()); // correlates client reports, logs, engines
+        let span = tracing::error_span!("request", id = %id);
+        let stamp = HeaderValue::from_str(&id).ok();
+        req.extensions_mut().insert(Ident { request_id: id, arrived });
+        (span, stamp)
+    }
+
+    fn after((_, stamp): Self::State, resp: &mut Answer) {
+        if let Some(v) = stamp {
+            resp.headers_mut().insert("x-request-id", v);
+        }
+    }
+
+    fn span((span, _): &Self::State) -> tracing::Span {
+        span.clone()
+    }
+}
+
+/// `gateway_requests_total{route,status}` once the answer is known.
+#[derive(Clone)]
+struct Metrics;
+
+impl Around for Metrics {
+    type State = &'static str;
+
+    fn before(&self, req: &mut Request<Incoming>) -> &'static str {
+        Route::of(req.method(), req.uri().path()).label()
+    }
+
+    fn after(route: &'static str, resp: &mut Answer) {
+        let status = resp.status().as_u16().to_string();
+        ::metrics::counter!(metrics::REQUESTS, "route" => route, "status" => status).increment(1);
+    }
+}
+
+/// One policy version from here to the end of the response stream;
+/// `x-policy-version` and admission's decision headers on every answer.
+#[derive(Clone)]
+struct Policy {
     store: Arc<PolicyStore>,
 }
 
-impl<S> Layer<S> for PolicyLayer {
-    type Service = Policy<S>;
-    fn layer(&self, inner: S) -> Policy<S> {
-        Policy { store: Arc::clone(&self.store), inner }
-    }
-}
+impl Around for Policy {
+    type State = Arc<PolicyDocument>;
 
-#[derive(Clone)]
-struct Policy<S> {
-    store: Arc<PolicyStore>,
-    inner: S,
-}
-
-impl<S> Service<Request<Incoming>> for Policy<S>
-where
-    S: Service<Request<Incoming>, Response = Answer, Error = Infallible>,
-    S::Future: Send + 'static,
-{
-    type Response = Answer;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<Answer, Infallible>>;
-
-    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
-        // One policy version from here to the end of the response stream.
+    fn before(&self, req: &mut Request<Incoming>) -> Arc<PolicyDocument> {
         let policy = self.store.current();
         req.extensions_mut().insert(Snapshot(Arc::clone(&policy)));
-        let answer = self.inner.call(req);
-        Box::pin(async move {
-            let Ok(mut resp) = answer.await;
-            let verdict = resp.extensions_mut().remove::<Verdict>();
-            service::decision_headers(resp.headers_mut(), &policy.version, verdict.as_ref());
-            Ok(resp)
-        })
+        policy
+    }
+
+    fn after(policy: Arc<PolicyDocument>, resp: &mut Answer) {
+        let verdict = resp.extensions_mut().remove::<Verdict>();
+        service::decision_headers(resp.headers_mut(), &policy.version, verdict.as_ref());
     }
 }
 
