@@ -134,10 +134,6 @@ impl EnginePool {
         })
     }
 
-    fn slots(&self) -> Guard<Arc<Vec<Arc<EngineSlot>>>> {
-        self.slots.load()
-    }
-
     /// Every engine as of now, in index order (retired ones included): one
     /// atomic load, no lock, no copy.
     pub fn snapshot(&self) -> Guard<Arc<Vec<Arc<EngineSlot>>>> {
@@ -192,7 +188,7 @@ impl EnginePool {
     /// Retires discovered engines that are not in the registry's listing
     /// `live` and have not answered a probe for `ttl`.
     pub fn retire_gone(&self, live: &[String], ttl: Duration, now: std::time::Instant) {
-        for s in self.slots().iter() {
+        for s in self.snapshot().iter() {
             let silent =
                 now.saturating_duration_since(*s.last_seen.lock().unwrap_or_else(|p| p.into_inner()));
             if s.discovered && !s.is_retired() && !s.is_ready() && !live.contains(&s.spec.id) && silent >= ttl
@@ -205,7 +201,7 @@ impl EnginePool {
 
     /// The specs of every engine, in slot order.
     pub fn specs(&self) -> Vec<EngineSpec> {
-        self.slots().iter().map(|s| s.spec.clone()).collect()
+        self.snapshot().iter().map(|s| s.spec.clone()).collect()
     }
 
     /// Sends `req` to an engine with the API token, on the next request
@@ -231,20 +227,20 @@ impl EnginePool {
     }
 
     pub fn len(&self) -> usize {
-        self.slots().len()
+        self.snapshot().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slots().is_empty()
+        self.snapshot().is_empty()
     }
 
     pub fn slot(&self, idx: usize) -> Arc<EngineSlot> {
-        Arc::clone(&self.slots()[idx])
+        Arc::clone(&self.snapshot()[idx])
     }
 
     /// What routing may know about each engine, in slot order.
     pub fn views(&self) -> Vec<EngineView> {
-        self.slots()
+        self.snapshot()
             .iter()
             .map(|s| EngineView {
                 id: s.spec.id.clone(),
@@ -256,12 +252,12 @@ impl EnginePool {
     }
 
     pub fn ready_count(&self) -> usize {
-        self.slots().iter().filter(|s| s.ready.load(Ordering::Acquire) && !s.is_retired()).count()
+        self.snapshot().iter().filter(|s| s.ready.load(Ordering::Acquire) && !s.is_retired()).count()
     }
 
     /// Engines new work may go to (ready, not warm standby, not draining).
     pub fn routable_count(&self) -> usize {
-        self.slots().iter().filter(|s| s.routable()).count()
+        self.snapshot().iter().filter(|s| s.routable()).count()
     }
 
     /// Takes an engine out for good (the supervisor stopped it); its index
@@ -275,7 +271,7 @@ impl EnginePool {
 
     /// The index of the engine with this id, if it is not retired.
     pub fn index_of(&self, id: &str) -> Option<usize> {
-        self.slots().iter().position(|s| s.spec.id == id && !s.is_retired())
+        self.snapshot().iter().position(|s| s.spec.id == id && !s.is_retired())
     }
 
     /// Counts `work` against engine `idx` until the lease drops.
@@ -376,7 +372,7 @@ impl EnginePool {
     /// Readiness detail for `/readyz`.
     pub fn detail(&self) -> serde_json::Value {
         let engines: Vec<_> = self
-            .slots()
+            .snapshot()
             .iter()
             .filter(|s| !s.is_retired())
             .map(|s| {
