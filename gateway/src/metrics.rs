@@ -11,7 +11,7 @@
 //! - `gateway_admission_decisions_total{tier,decision,reason}`: admitted,
 //!   degraded and rejected requests by why
 //! - `gateway_brownout_level`, `gateway_brownout_signal`: the level and the
-//!   p95 signal (1.0 = at the TTFT budget) driving it
+//!   trouble share (0-1) driving it
 //! - `gateway_queue_waiting`: requests waiting at the gate for a slot
 //! - `gateway_ttft_prediction_ratio{tier}`: observed / predicted TTFT
 //! - `gateway_video_streams`: live video streams

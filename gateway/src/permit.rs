@@ -43,7 +43,7 @@ impl Permit {
     /// ratio, and the ticket's learning (once).
     pub fn first_token(&mut self) {
         let Some(ttft) = self.observer.first_token() else { return };
-        self.ticket.first_token(ttft);
+        self.ticket.first_token(&self.policy, ttft);
         if let Some(p) = self.predicted_ttft_ms.filter(|p| *p > 0.0) {
             ::metrics::histogram!(metrics::TTFT_PREDICTION, "tier" => self.observer.tier().to_string())
                 .record(ttft.as_secs_f64() * 1e3 / p);

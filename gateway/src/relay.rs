@@ -266,6 +266,7 @@ pub struct Collected {
     pub finish_reason: FinishReason,
     pub usage: Usage,
     pub engine_id: String,
+    pub engine_idx: usize,
 }
 
 /// Runs a generation to its end, retrying on other engines while attempts
@@ -291,7 +292,8 @@ pub async fn collect(
                 Some(Ok(Event::Done { finish_reason, usage, prefill_ms, .. })) => {
                     permit.finished(started.inflight.engine_idx(), usage, prefill_ms);
                     let engine_id = started.inflight.engine_id().to_string();
-                    return Ok(Collected { text, finish_reason, usage, engine_id });
+                    let engine_idx = started.inflight.engine_idx();
+                    return Ok(Collected { text, finish_reason, usage, engine_id, engine_idx });
                 }
                 Some(Ok(Event::Error { code, message })) => break format!("{code}: {message}"),
                 Some(Err(message)) => break message,

@@ -142,8 +142,9 @@ pub(crate) async fn route(
     result
 }
 
-/// `x-admission`, `x-admission-reason`, `x-predicted-ttft-ms` and
-/// `x-brownout-level` once admission has decided; `x-policy-version` always.
+/// `x-admission`, `x-admission-reason`, `x-predicted-ttft-ms`,
+/// `x-predicted-e2e-ms` and `x-brownout-level` once admission has decided;
+/// `x-policy-version` always.
 pub(crate) fn decision_headers(h: &mut HeaderMap, version: &str, verdict: Option<&Verdict>) {
     if let Ok(v) = HeaderValue::from_str(version) {
         h.insert("x-policy-version", v);
@@ -153,9 +154,11 @@ pub(crate) fn decision_headers(h: &mut HeaderMap, version: &str, verdict: Option
     if let Ok(r) = HeaderValue::from_str(&v.reason) {
         h.insert("x-admission-reason", r);
     }
-    if let Some(p) = v.predicted_ttft_ms {
-        if let Ok(p) = HeaderValue::from_str(&format!("{p:.1}")) {
-            h.insert("x-predicted-ttft-ms", p);
+    let predicted =
+        [("x-predicted-ttft-ms", v.predicted_ttft_ms), ("x-predicted-e2e-ms", v.predicted_e2e_ms)];
+    for (name, p) in predicted {
+        if let Some(p) = p.and_then(|p| HeaderValue::from_str(&format!("{p:.1}")).ok()) {
+            h.insert(name, p);
         }
     }
     h.insert("x-brownout-level", HeaderValue::from(v.brownout_level));
@@ -238,7 +241,8 @@ async fn completions(
             .await
             .map_err(failed)?;
         let engine_id = started.inflight.engine_id().to_string();
-        let step_ms = app.engines.slot(started.inflight.engine_idx()).decode_step_ms();
+        let engine_idx = started.inflight.engine_idx();
+        let step_ms = app.engines.slot(engine_idx).decode_step_ms();
         let bounds = StreamBounds {
             buffer_bytes: limits.stream_buffer_bytes,
             stall: limits.stall(),
@@ -249,7 +253,7 @@ async fn completions(
         let h = resp.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        insert_engine(h, &engine_id);
+        insert_engine(h, &app.engines, engine_idx, &engine_id);
         resp.extensions_mut().insert(verdict);
         Ok(resp)
     } else {
@@ -259,7 +263,7 @@ async fn completions(
             .map_err(failed)?;
         let mut resp =
             json_response(StatusCode::OK, &encoder.complete(&done.text, done.finish_reason, done.usage));
-        insert_engine(resp.headers_mut(), &done.engine_id);
+        insert_engine(resp.headers_mut(), &app.engines, done.engine_idx, &done.engine_id);
         resp.extensions_mut().insert(verdict);
         Ok(resp)
     }
@@ -355,9 +359,14 @@ fn plan(
     Ok((encoder, gen, prompt_tokens))
 }
 
-fn insert_engine(h: &mut HeaderMap, engine_id: &str) {
+/// `x-engine` (which engine served) and `x-engine-class` (its class, what
+/// the load tester groups the predictor's calibration by).
+fn insert_engine(h: &mut HeaderMap, engines: &crate::engines::EnginePool, idx: usize, engine_id: &str) {
     if let Ok(v) = HeaderValue::from_str(engine_id) {
         h.insert("x-engine", v);
+    }
+    if let Some(v) = engines.slot(idx).profile().and_then(|p| HeaderValue::from_str(&p.engine_class).ok()) {
+        h.insert("x-engine-class", v);
     }
 }
 

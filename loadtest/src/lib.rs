@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 pub mod arrival;
+pub mod calibration;
 pub mod chaos;
 pub mod client;
 pub mod clock;
@@ -33,6 +34,7 @@ pub mod decision_cost;
 pub mod overhead;
 pub mod progress;
 pub mod record;
+pub mod regimes;
 pub mod report;
 pub mod results;
 pub mod run;

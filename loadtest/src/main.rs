@@ -59,6 +59,12 @@ enum Command {
         #[arg(required = true)]
         results: Vec<PathBuf>,
     },
+    /// The admission benchmark's regime sweep (loads x burst factors, arms,
+    /// seeds) as one Markdown table, medians over seeds, with ours checked
+    /// against B1 (goodput, met-SLO share per tier, misses, refusals and
+    /// degradations where B1 does well). DIR/<cell>/seed-<n>/<arm>/results.json,
+    /// as scripts/sim-regimes writes. Also writes DIR/regimes.json.
+    Regimes { dir: PathBuf },
     /// Re-render report.html from a results.json.
     Report {
         results: PathBuf,
@@ -119,6 +125,18 @@ enum Command {
     },
 }
 
+fn regimes(dir: &std::path::Path) -> Result<(), String> {
+    let cells = loadtest::regimes::load(dir)?;
+    if cells.is_empty() {
+        return Err(format!("{}: no DIR/<cell>/seed-<n>/<arm>/results.json found", dir.display()));
+    }
+    let json = serde_json::to_string_pretty(&cells).map_err(|e| e.to_string())?;
+    let path = dir.join("regimes.json");
+    std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+    print!("{}", loadtest::regimes::markdown(&cells));
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let result = match Cli::parse().command {
@@ -134,6 +152,7 @@ async fn main() -> ExitCode {
             runs.map(|r| print!("{}", loadtest::text::fleet_table(&r)))
         }
         Command::Report { results, out } => report(&results, out),
+        Command::Regimes { dir } => regimes(&dir),
         Command::Sweep(args) => sweep(&args).await,
         Command::Video(args) => video(args).await,
         Command::VideoTable { files } => video_table(&files),

@@ -28,6 +28,12 @@ pub struct Admission {
     pub reason: Option<String>,
     /// `x-predicted-ttft-ms`.
     pub predicted_ttft_ms: Option<f64>,
+    /// `x-predicted-e2e-ms`.
+    #[serde(default)]
+    pub predicted_e2e_ms: Option<f64>,
+    /// `x-engine-class`: the class of the engine that served it.
+    #[serde(default)]
+    pub engine_class: Option<String>,
     /// `x-policy-version`.
     pub policy_version: Option<String>,
     /// `retry-after`, seconds.

@@ -44,6 +44,7 @@ pub fn html(r: &Results) -> String {
     );
     out.push_str(&tier_table(r));
     out.push_str(&reasons_table(r));
+    out.push_str(&calibration_table(r));
     out.push_str("<h2>Latency distributions</h2><div class=\"grid\">");
     for (what, pick) in METRICS {
         out.push_str(&cdf_chart(r, what, *pick).render());
@@ -79,6 +80,42 @@ fn fmt_summary(s: Option<Summary>) -> String {
     s.map_or("<td>-</td><td>-</td><td>-</td>".into(), |s| {
         format!("<td>{:.1}</td><td>{:.1}</td><td>{:.1}</td>", s.p50, s.p95, s.p99)
     })
+}
+
+fn calibration_table(r: &Results) -> String {
+    let rows = &r.summary.calibration;
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "<h2>Predictor calibration</h2><table><tr><th>engine class</th><th>tier</th><th>measure</th><th>requests</th>\
+         <th>observed p50</th><th>p95</th><th>p99</th><th>predicted p50</th><th>p95</th><th>p99</th>\
+         <th>observed &le; predicted</th><th>observed / predicted p50</th></tr>",
+    );
+    for c in rows {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.0}</td><td>{:.1}%</td><td>{:.2}</td></tr>",
+            esc(&c.class),
+            esc(&c.tier),
+            esc(&c.what),
+            c.observed_ms.count,
+            c.observed_ms.p50,
+            c.observed_ms.p95,
+            c.observed_ms.p99,
+            c.predicted_ms.p50,
+            c.predicted_ms.p95,
+            c.predicted_ms.p99,
+            c.coverage * 100.0,
+            c.ratio_p50
+        );
+    }
+    out.push_str(
+        "</table><p>Admitted requests that finished, against the TTFT and end-to-end latency admission predicted for them \
+         (the quantile it is set to, times the guard factor γ; milliseconds). Coverage near 100% with a ratio well under 1 \
+         means the predictor over-predicts and refuses work it could serve.</p>",
+    );
+    out
 }
 
 fn tier_table(r: &Results) -> String {

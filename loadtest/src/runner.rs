@@ -334,6 +334,8 @@ fn admission(h: &http::HeaderMap) -> Admission {
         decision: s("x-admission"),
         reason: s("x-admission-reason"),
         predicted_ttft_ms: f("x-predicted-ttft-ms"),
+        predicted_e2e_ms: f("x-predicted-e2e-ms"),
+        engine_class: s("x-engine-class"),
         policy_version: s("x-policy-version"),
         retry_after_s: f("retry-after"),
     }

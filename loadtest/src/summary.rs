@@ -62,6 +62,9 @@ pub struct RunSummary {
     pub schedule_error_ms: Option<Summary>,
     pub overall: Group,
     pub tiers: BTreeMap<String, Group>,
+    /// The admission predictor's calibration (requests with a prediction).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calibration: Vec<crate::calibration::Calibration>,
 }
 
 /// Whether `r` finished normally within `slo`.
@@ -99,6 +102,7 @@ pub fn summarise(
         schedule_error_ms: Summary::of(&errors),
         tiers: tiers.iter().map(|(t, rs)| (t.clone(), group(rs, slos))).collect(),
         overall,
+        calibration: crate::calibration::of(records),
     }
 }
 

@@ -367,6 +367,7 @@ mod tests {
                 schedule_error_ms: None,
                 overall,
                 tiers: BTreeMap::new(),
+                calibration: Vec::new(),
             },
             timeseries: TimeSeries {
                 bin_s: 1.0,

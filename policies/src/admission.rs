@@ -132,6 +132,8 @@ pub struct Candidate {
 /// already applied by the caller).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ask<'a> {
+    /// The request's tier (TTFT calibration is per tier).
+    pub tier: &'a str,
     pub n_in: u32,
     pub max_tokens: u32,
     /// Expected output ([`crate::estimate::OutputHistory::expected`]).
@@ -167,6 +169,9 @@ pub struct Plan {
     /// The part of `ttft_ms` spent waiting (for a slot, or behind the
     /// engine's prefill backlog and batch fill), not prefilling.
     pub wait_ms: f64,
+    /// The TTFT by raw profile times (no margin): what the observed TTFT is
+    /// compared with to calibrate ([`crate::estimate::Calibration`]).
+    pub nominal_ttft_ms: f64,
     /// The ladder steps taken, in order (empty: admitted as asked).
     pub steps: Vec<Degradation>,
 }
@@ -219,6 +224,7 @@ struct Fit {
     ttft_ms: f64,
     e2e_ms: f64,
     wait_ms: f64,
+    nominal_ttft_ms: f64,
     /// Decode time per output token, for `reduce_output`.
     per_token_ms: f64,
 }
@@ -255,37 +261,52 @@ fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit
         if c.len() <= b as usize {
             c.resize(b as usize + 1, None);
         }
-        *c[b as usize].get_or_insert_with(|| model.predict(ask.n_in, out, f64::from(b), est))
+        *c[b as usize].get_or_insert_with(|| model.predict(ask.tier, ask.n_in, out, f64::from(b), est))
     };
+    // `wait`: raw (profile) milliseconds; the TTFT calibration covers what
+    // the raw wait misses.
     let finish = |e: &Candidate, s: &ServiceTime, wait: f64| -> Fit {
-        let ttft = wait + s.prefill_ms;
+        let ttft = s.ttft_ms(wait);
         let decode = s.decode_ms * sample;
         Fit {
             engine: (e.active < e.slots).then_some(e.idx),
             ttft_ms: ttft,
             e2e_ms: ttft + decode,
-            wait_ms: wait,
+            wait_ms: (ttft - s.prefill_ms * s.guard).max(0.0),
+            nominal_ttft_ms: s.nominal_ttft_ms(wait),
             per_token_ms: decode / f64::from(out.max(1)),
         }
     };
     // Engines with a free slot now: backlog prefill + batch fill.
-    let lane_ok = |e: &&&Candidate| !ask.long || e.long_lane || !of_class.iter().any(|c| c.long_lane);
-    let free = of_class
-        .iter()
-        .filter(|e| e.active < e.slots)
-        .filter(lane_ok)
-        .map(|e| {
-            let s = predict(e);
-            let backlog = if e.prefill_backlog_tokens > 0 {
-                model.prefill_raw_ms(e.prefill_backlog_tokens.min(u64::from(u32::MAX)) as u32)
-                    * model.prefill_ratio.high(est.ratio_z)
-                    * est.guard_factor
-            } else {
-                0.0
-            };
-            finish(e, &s, backlog + s.step_ms)
-        })
-        .min_by(|a, b| a.e2e_ms.total_cmp(&b.e2e_ms));
+    let on_free = |lane_only: bool| {
+        let lane_ok =
+            |e: &&&Candidate| !lane_only || !ask.long || e.long_lane || !of_class.iter().any(|c| c.long_lane);
+        of_class
+            .iter()
+            .filter(|e| e.active < e.slots)
+            .filter(lane_ok)
+            .map(|e| {
+                let s = predict(e);
+                let backlog = if e.prefill_backlog_tokens > 0 {
+                    model.prefill_raw_ms(e.prefill_backlog_tokens.min(u64::from(u32::MAX)) as u32)
+                } else {
+                    0.0
+                };
+                finish(e, &s, backlog + s.step_raw_ms)
+            })
+            .min_by(|a, b| a.e2e_ms.total_cmp(&b.e2e_ms))
+    };
+    // A long prompt keeps to the long lane, unless the lane cannot give it
+    // its first token in time and another free engine can: the lane spares
+    // short prompts a long prefill ahead of them, it must not turn away a
+    // long prompt the fleet can serve.
+    let mut free = on_free(true);
+    if ask.long && free.as_ref().is_none_or(|f| f.ttft_ms > ask.ttft_budget_ms) {
+        let anywhere = on_free(false);
+        if anywhere.as_ref().is_some_and(|a| free.as_ref().is_none_or(|f| a.ttft_ms < f.ttft_ms)) {
+            free = anywhere;
+        }
+    }
     if let Some(f) = free {
         if ahead <= 0.0 {
             return Some(f);
@@ -300,7 +321,7 @@ fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit
             let step = match full_step.iter().find(|(s, _)| *s == slots) {
                 Some(&(_, step)) => step,
                 None => {
-                    let step = model.predict(ask.n_in, 1, f64::from(slots), est).step_ms;
+                    let step = model.step_raw_ms(f64::from(slots), f64::from(ask.n_in));
                     full_step.push((slots, step));
                     step
                 }
@@ -314,7 +335,7 @@ fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit
     let wait = (ahead + mean_out / 2.0) / mu;
     let e = of_class.iter().min_by_key(|e| e.active).expect("non-empty");
     let s = predict(e);
-    let mut f = finish(e, &s, wait + s.step_ms);
+    let mut f = finish(e, &s, wait + s.step_raw_ms);
     f.engine = None;
     Some(f)
 }
@@ -390,6 +411,7 @@ pub fn decide(
             ttft_ms: best.ttft_ms,
             e2e_ms: best.e2e_ms,
             wait_ms: best.wait_ms,
+            nominal_ttft_ms: best.nominal_ttft_ms,
             steps,
         });
     }
@@ -436,5 +458,7 @@ pub fn retry_after(excess_ms: f64, cfg: &AdmissionConfig) -> u32 {
 pub mod controller;
 pub use controller::Controller;
 
+#[cfg(test)]
+mod brownout_tests;
 #[cfg(test)]
 mod tests;

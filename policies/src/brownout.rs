@@ -1,14 +1,19 @@
 //! Brownout: graceful degradation under overload, before anything is refused.
 //!
-//! A level state machine (0 = normal) driven by one signal: the larger of
-//! the window p95 of queue latency and of TTFT, each relative to the tier's
-//! TTFT budget (1.0 = at the budget). Queue latency is sampled at admission
-//! for every arriving request (its predicted wait, so refused requests count
-//! too); TTFT when the first token arrives. Each level lists, per tier, how
-//! far the output cap and the context ceiling shrink; the shipped levels
-//! tighten bronze first, then silver, and leave gold alone.
+//! A level state machine (0 = normal) driven by one observed signal: the
+//! **trouble share**, the share of the requests of the last `window_s`
+//! seconds that were in trouble. A request is in trouble when it was refused
+//! for capacity (`ttft_infeasible`, `e2e_infeasible`, `kv_headroom`,
+//! `deadline_unreachable`, `queue_timeout`) or when its first token came
+//! after `trouble_ttft_fraction` of its TTFT budget. Both are things that
+//! happened, not predictions: a fleet that serves everything well inside its
+//! budgets reads 0 however pessimistic the estimator is, and brownout stays
+//! at level 0. Its own refusals (`brownout_context`) and tenant limits do
+//! not count (they say nothing about capacity). Each level lists, per tier,
+//! how far the output cap and the context ceiling shrink; the shipped
+//! levels tighten bronze first, then silver, and leave gold alone.
 //!
-//! Hysteresis: a level is entered when the signal stays above its
+//! Hysteresis: a level is entered when the share stays above its
 //! `enter_above` for `up_dwell_s`, and left when it stays below its
 //! `exit_below` (lower) for `down_dwell_s` (longer), one level per step, so
 //! a noisy signal near a threshold does not flap.
@@ -38,9 +43,9 @@ impl Default for TierCaps {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LevelConfig {
-    /// Enter this level when the signal stays above this.
+    /// Enter this level when the trouble share stays above this (0-1).
     pub enter_above: f64,
-    /// Leave it when the signal stays below this (must be < enter_above).
+    /// Leave it when the share stays below this (must be < enter_above).
     pub exit_below: f64,
     /// Caps by tier name; tiers not named keep their limits.
     #[serde(default)]
@@ -52,8 +57,11 @@ pub struct LevelConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct BrownoutConfig {
     pub enabled: bool,
-    /// Length of the sliding window the p95s are taken over, seconds.
+    /// Length of the sliding window the trouble share is taken over, seconds.
     pub window_s: f64,
+    /// A served request is in trouble when its first token came after this
+    /// share of its TTFT budget.
+    pub trouble_ttft_fraction: f64,
     /// Samples needed in the window before it says anything.
     pub min_samples: usize,
     /// How long the signal must stay above the next level's threshold.
@@ -73,19 +81,20 @@ impl Default for BrownoutConfig {
         Self {
             enabled: true,
             window_s: 10.0,
+            trouble_ttft_fraction: 0.9,
             min_samples: 20,
             up_dwell_s: 1.0,
             down_dwell_s: 10.0,
             levels: vec![
-                LevelConfig { enter_above: 0.6, exit_below: 0.3, tiers: caps(&[("bronze", 0.5, 1.0)]) },
+                LevelConfig { enter_above: 0.05, exit_below: 0.01, tiers: caps(&[("bronze", 0.5, 1.0)]) },
                 LevelConfig {
-                    enter_above: 0.8,
-                    exit_below: 0.45,
+                    enter_above: 0.15,
+                    exit_below: 0.04,
                     tiers: caps(&[("bronze", 0.25, 0.5), ("silver", 0.5, 1.0)]),
                 },
                 LevelConfig {
-                    enter_above: 1.0,
-                    exit_below: 0.6,
+                    enter_above: 0.3,
+                    exit_below: 0.1,
                     tiers: caps(&[("bronze", 0.125, 0.25), ("silver", 0.25, 0.5)]),
                 },
             ],
@@ -100,11 +109,15 @@ impl BrownoutConfig {
         if !pos(self.window_s) || !pos(self.up_dwell_s) || !pos(self.down_dwell_s) {
             return Err(("brownout".into(), "window_s, up_dwell_s and down_dwell_s must be > 0".into()));
         }
+        if !(pos(self.trouble_ttft_fraction) && self.trouble_ttft_fraction <= 1.0) {
+            return Err(("brownout.trouble_ttft_fraction".into(), "must be in (0, 1]".into()));
+        }
         let mut last = 0.0;
         for (i, l) in self.levels.iter().enumerate() {
             let key = |k: &str| format!("brownout.levels[{i}].{k}");
-            if !(pos(l.enter_above) && l.exit_below.is_finite() && l.exit_below >= 0.0) {
-                return Err((key("enter_above"), "thresholds must be finite, enter_above > 0".into()));
+            if !(pos(l.enter_above) && l.enter_above < 1.0 && l.exit_below.is_finite() && l.exit_below >= 0.0)
+            {
+                return Err((key("enter_above"), "shares: enter_above in (0, 1), exit_below >= 0".into()));
             }
             if l.exit_below >= l.enter_above {
                 return Err((key("exit_below"), format!("must be < enter_above ({})", l.enter_above)));
@@ -156,12 +169,27 @@ impl Window {
         self.samples.push_back((now, value));
     }
 
-    /// The 95th percentile of the samples of the last `span` seconds, when
-    /// there are at least `min` of them.
-    pub fn p95(&mut self, now: f64, span: f64, min: usize) -> Option<f64> {
+    fn forget(&mut self, now: f64, span: f64) {
         while self.samples.front().is_some_and(|&(t, _)| t < now - span) {
             self.samples.pop_front();
         }
+    }
+
+    /// The share of the samples of the last `span` seconds that are at
+    /// least `at`, when there are at least `min` of them.
+    pub fn share(&mut self, now: f64, span: f64, min: usize, at: f64) -> Option<f64> {
+        self.forget(now, span);
+        if self.samples.len() < min.max(1) {
+            return None;
+        }
+        let over = self.samples.iter().filter(|&&(_, x)| x >= at).count();
+        Some(over as f64 / self.samples.len() as f64)
+    }
+
+    /// The 95th percentile of the samples of the last `span` seconds, when
+    /// there are at least `min` of them.
+    pub fn p95(&mut self, now: f64, span: f64, min: usize) -> Option<f64> {
+        self.forget(now, span);
         if self.samples.len() < min.max(1) {
             return None;
         }
@@ -259,8 +287,8 @@ mod tests {
         assert_eq!(w.p95(20.0, 10.0, 20), None, "all samples older than the window");
     }
 
-    /// A signal oscillating ±0.15 around an enter threshold (0.6) never
-    /// flaps: it climbs once it is clearly above, and only comes down after
+    /// A trouble share oscillating around an enter threshold never flaps:
+    /// it climbs once it is clearly above, and only comes down after
     /// staying below the lower exit threshold for the down dwell.
     #[test]
     fn hysteresis_on_a_noisy_signal_does_not_flap() {
@@ -269,38 +297,53 @@ mod tests {
         let mut rng = SplitMix(7);
         let mut changes = Vec::new();
         let mut t = 0.0;
-        let mut run =
-            |b: &mut Brownout, mean: f64, secs: f64, t: &mut f64, changes: &mut Vec<(f64, usize)>| {
-                let end = *t + secs;
-                while *t < end {
-                    let noise = (rng.unit_f64() - 0.5) * 0.3;
-                    if let Some(l) = b.update(*t, Some(mean + noise), &cfg) {
-                        changes.push((*t, l));
-                    }
-                    *t += 0.25;
+        // `secs` of a signal uniform in mean ± spread, one sample per 0.25 s.
+        let mut run = |b: &mut Brownout,
+                       mean: f64,
+                       spread: f64,
+                       secs: f64,
+                       t: &mut f64,
+                       changes: &mut Vec<(f64, usize)>| {
+            let end = *t + secs;
+            while *t < end {
+                let noise = (rng.unit_f64() - 0.5) * 2.0 * spread;
+                if let Some(l) = b.update(*t, Some((mean + noise).max(0.0)), &cfg) {
+                    changes.push((*t, l));
                 }
-            };
-        // Noise straddling level 1's exit threshold (0.3) at level 0: quiet.
-        run(&mut b, 0.3, 30.0, &mut t, &mut changes);
+                *t += 0.25;
+            }
+        };
+        // A few percent in trouble, straddling level 1's exit (1%) but under
+        // its entry (5%): quiet.
+        run(&mut b, 0.02, 0.025, 30.0, &mut t, &mut changes);
         assert!(changes.is_empty(), "{changes:?}");
-        // Overload: straight to level 1, then 2 (0.9 ± 0.15 > 0.8 mostly,
-        // but not always for a whole dwell: allow 1 or 2, never back).
-        run(&mut b, 0.95, 20.0, &mut t, &mut changes);
-        assert!(b.level() >= 2, "{changes:?}");
-        let peak = b.level();
+        // Overload: 17-23% in trouble, above level 2's entry (15%), under
+        // level 3's (30%): up to level 2, never back.
+        run(&mut b, 0.2, 0.03, 20.0, &mut t, &mut changes);
+        assert_eq!(b.level(), 2, "{changes:?}");
         let n = changes.len();
         assert!(changes.windows(2).all(|w| w[1].1 > w[0].1), "only rises under overload: {changes:?}");
-        // Back around 0.5: between level 2's exit (0.45) and level 1's enter:
-        // holds (no flapping) even though the signal crosses 0.45 often.
-        run(&mut b, 0.55, 30.0, &mut t, &mut changes);
-        assert_eq!(b.level(), peak, "{changes:?}");
+        // 3-9%: below level 2's entry, crossing its exit (4%) often: holds.
+        run(&mut b, 0.06, 0.03, 30.0, &mut t, &mut changes);
+        assert_eq!(b.level(), 2, "{changes:?}");
         assert_eq!(changes.len(), n);
         // Quiet: steps down one level per dwell, each >= down_dwell apart.
-        run(&mut b, 0.05, 60.0, &mut t, &mut changes);
+        run(&mut b, 0.0, 0.005, 60.0, &mut t, &mut changes);
         assert_eq!(b.level(), 0, "{changes:?}");
         let downs: Vec<f64> = changes[n..].iter().map(|c| c.0).collect();
-        assert_eq!(downs.len(), peak);
+        assert_eq!(downs.len(), 2);
         assert!(downs.windows(2).all(|w| w[1] - w[0] >= cfg.down_dwell_s), "{downs:?}");
+    }
+
+    #[test]
+    fn window_share_counts_samples_at_or_over_the_mark() {
+        let mut w = Window::default();
+        for i in 0..20 {
+            w.push(f64::from(i) * 0.1, if i % 4 == 0 { 1.0 } else { 0.5 });
+        }
+        assert_eq!(w.share(2.0, 10.0, 20, 0.9), Some(0.25));
+        assert_eq!(w.share(2.0, 10.0, 21, 0.9), None, "too few samples");
+        assert_eq!(w.share(2.0, 10.0, 1, 0.4), Some(1.0));
     }
 
     #[test]

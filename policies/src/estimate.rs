@@ -16,8 +16,23 @@
 //!   engine's batch size and `f(ctx) = 1 + k · B · ctx / b` its context term.
 //!   Both parts carry a learned correction ratio (observed / predicted,
 //!   exponentially weighted mean and variance) refitted online from engine
-//!   timings; predictions use its high quantile (mean + z·sd) times the
-//!   guard factor γ.
+//!   timings; decode predictions use its high quantile (mean + z·sd) until
+//!   `min_samples` requests have finished and its mean after (a long decode
+//!   averages its steps' noise out, and the expected output is already a
+//!   high quantile of the tenant's outputs), times the guard factor γ.
+//! - **TTFT** (wait + prefill, what admission refuses on) is calibrated as a
+//!   whole ([`Calibration`]). Its nominal value is the raw wait (prefill
+//!   backlog, batch fill, gate wait by the profile) plus prefill corrected
+//!   by the learned prefill ratio's mean; the gateway reports every first
+//!   token's observed TTFT minus that nominal, and predictions add the
+//!   `ttft_quantile` of the last `calibration_window` of those residuals,
+//!   then multiply by γ. This is split conformal calibration with an
+//!   additive residual: what the wait model misses (batching with other
+//!   prompts, token boundaries, gate waits) is time spent behind other
+//!   work, not a multiple of the request's own prefill, so a long prompt
+//!   is not charged the relative spread of short ones. Until `min_samples`
+//!   first tokens are seen, prefill uses the prefill ratio's high quantile
+//!   and nothing is added.
 //!
 //! Pure: observations and predictions are plain function calls.
 
@@ -43,17 +58,24 @@ pub struct EstimatorConfig {
     pub learning_rate: f64,
     /// z of the high quantile of the correction ratio (1.645: p95).
     pub ratio_z: f64,
+    /// Quantile of the observed - nominal TTFT residuals that TTFT
+    /// predictions add.
+    pub ttft_quantile: f64,
+    /// First tokens remembered per engine class for that quantile.
+    pub calibration_window: usize,
 }
 
 impl Default for EstimatorConfig {
     fn default() -> Self {
         Self {
-            guard_factor: 1.25,
+            guard_factor: 1.1,
             output_quantile: 0.9,
             output_window: 256,
             min_samples: 16,
             learning_rate: 0.05,
             ratio_z: 1.645,
+            ttft_quantile: 0.75,
+            calibration_window: 512,
         }
     }
 }
@@ -75,6 +97,12 @@ impl EstimatorConfig {
         }
         if !(self.ratio_z.is_finite() && (0.0..=5.0).contains(&self.ratio_z)) {
             return Err(("estimator.ratio_z", "must be in [0, 5]".into()));
+        }
+        if !(self.ttft_quantile >= 0.5 && self.ttft_quantile <= 1.0) {
+            return Err(("estimator.ttft_quantile", "must be in [0.5, 1]".into()));
+        }
+        if !(self.min_samples..=65_536).contains(&self.calibration_window) {
+            return Err(("estimator.calibration_window", "must be in [min_samples, 65536]".into()));
         }
         Ok(())
     }
@@ -104,6 +132,19 @@ impl OutputHistory {
         let rank = ((v.len() as f64 * cfg.output_quantile).ceil() as usize).clamp(1, v.len()) - 1;
         let (_, q, _) = v.select_nth_unstable(rank);
         (*q).clamp(1, max_tokens.max(1))
+    }
+
+    /// Mean output of a request asking for `max_tokens` (each remembered
+    /// output capped at it): what a queue of many requests holds on
+    /// average, where [`Self::expected`] is one request's high quantile.
+    /// `max_tokens` itself before `min_samples` observations.
+    pub fn mean(&self, max_tokens: u32, cfg: &EstimatorConfig) -> u32 {
+        if self.recent.len() < cfg.min_samples.max(1) {
+            return max_tokens;
+        }
+        let cap = max_tokens.max(1);
+        let sum: u64 = self.recent.iter().map(|&n| u64::from(n.min(cap))).sum();
+        ((sum as f64 / self.recent.len() as f64).round() as u32).clamp(1, cap)
     }
 
     pub fn samples(&self) -> usize {
@@ -146,15 +187,98 @@ impl Ratio {
     }
 }
 
+/// Observed - nominal residuals of one quantity (TTFT, ms), remembered
+/// over a bounded window; predictions read one quantile of them. The
+/// quantile is recomputed every [`Self::EVERY`] observations (and when the
+/// quantile asked changes), so reading it costs nothing on the request path.
+#[derive(Debug, Clone, Default)]
+pub struct Calibration {
+    residuals: VecDeque<f64>,
+    seen: u64,
+    /// (quantile asked, its value) as of the last recomputation.
+    cached: Option<(f64, f64)>,
+}
+
+impl Calibration {
+    const EVERY: u64 = 16;
+
+    /// Folds in one residual (clamped to ±1 h).
+    pub fn observe(&mut self, residual: f64, cfg: &EstimatorConfig) {
+        if !residual.is_finite() {
+            return;
+        }
+        while self.residuals.len() >= cfg.calibration_window.max(1) {
+            self.residuals.pop_front();
+        }
+        self.residuals.push_back(residual.clamp(-3.6e6, 3.6e6));
+        self.seen += 1;
+        if self.seen % Self::EVERY == 0 {
+            self.cached = None;
+        }
+    }
+
+    pub fn samples(&self) -> usize {
+        self.residuals.len()
+    }
+
+    /// The `cfg.ttft_quantile` of the remembered residuals; `None` before
+    /// `cfg.min_samples` of them.
+    pub fn quantile(&mut self, cfg: &EstimatorConfig) -> Option<f64> {
+        if self.residuals.len() < cfg.min_samples.max(1) {
+            return None;
+        }
+        let q = cfg.ttft_quantile;
+        if let Some((_, v)) = self.cached.filter(|(at, _)| *at == q) {
+            return Some(v);
+        }
+        let v = self.peek(q)?;
+        self.cached = Some((q, v));
+        Some(v)
+    }
+
+    /// The `q` quantile now, without caching.
+    pub fn peek(&self, q: f64) -> Option<f64> {
+        if self.residuals.is_empty() {
+            return None;
+        }
+        let mut v: Vec<f64> = self.residuals.iter().copied().collect();
+        let rank = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
+        let (_, x, _) = v.select_nth_unstable_by(rank, f64::total_cmp);
+        Some(*x)
+    }
+}
+
 /// Predicted service time of one request on one engine class, in
-/// milliseconds, already at the high quantile and times γ.
+/// milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ServiceTime {
+    /// Prefill, corrected by the learned ratio (its mean once TTFT is
+    /// calibrated, its high quantile before): part of the nominal TTFT.
     pub prefill_ms: f64,
+    /// One decode step at the assumed batch by the profile alone: a token
+    /// boundary, the time a new sequence waits to join the running batch.
+    pub step_raw_ms: f64,
+    /// Decode of the output, at the high quantile and times γ.
     pub decode_ms: f64,
-    /// One decode step at the assumed batch: a token boundary, the time a
-    /// new sequence waits to join the running batch.
-    pub step_ms: f64,
+    /// The calibrated TTFT residual quantile (0 before calibration).
+    pub ttft_residual_ms: f64,
+    /// γ.
+    pub guard: f64,
+}
+
+impl ServiceTime {
+    /// The nominal TTFT after a raw wait of `wait_raw_ms`: what the
+    /// observed TTFT is compared with.
+    pub fn nominal_ttft_ms(&self, wait_raw_ms: f64) -> f64 {
+        wait_raw_ms + self.prefill_ms
+    }
+
+    /// The predicted TTFT after a raw wait of `wait_raw_ms`: nominal plus
+    /// the residual quantile (never below the prefill), times γ.
+    pub fn ttft_ms(&self, wait_raw_ms: f64) -> f64 {
+        let nominal = self.nominal_ttft_ms(wait_raw_ms);
+        (nominal + self.ttft_residual_ms).max(self.prefill_ms) * self.guard
+    }
 }
 
 /// Service-time model of one engine class, seeded from its profile.
@@ -168,6 +292,14 @@ pub struct ServiceModel {
     pub w: f64,
     pub prefill_ratio: Ratio,
     pub decode_ratio: Ratio,
+    /// Observed - nominal TTFT of first tokens on this class, all tiers.
+    pub ttft: Calibration,
+    /// `ttft`'s quantile as of the last observation; `None` before it has
+    /// samples enough.
+    ttft_residual: Option<f64>,
+    /// The same per tier (tiers wait differently: priority orders the
+    /// queues); a tier without samples enough reads the pooled one.
+    tiers: Vec<(String, Calibration, Option<f64>)>,
 }
 
 impl ServiceModel {
@@ -181,7 +313,52 @@ impl ServiceModel {
             w,
             prefill_ratio: Ratio::default(),
             decode_ratio: Ratio::default(),
+            ttft: Calibration::default(),
+            ttft_residual: None,
+            tiers: Vec::new(),
         }
+    }
+
+    /// What multiplies raw decode time: the learned ratio's high quantile
+    /// until `min_samples` requests have finished, then its mean (a long
+    /// decode averages its steps' noise out, and the output estimate is
+    /// already a high quantile), times γ.
+    pub fn decode_factor(&self, cfg: &EstimatorConfig) -> f64 {
+        let r = &self.decode_ratio;
+        let ratio = if r.samples >= cfg.min_samples as u64 { r.mean } else { r.high(cfg.ratio_z) };
+        ratio * cfg.guard_factor
+    }
+
+    /// Tiers calibrated apart, at most (a reload renaming tiers again and
+    /// again drops the oldest).
+    const MAX_TIERS: usize = 32;
+
+    /// A first token of `tier` came `observed_ms` after arrival, for a
+    /// request whose nominal TTFT at admission was `nominal_ms`.
+    pub fn observe_ttft(&mut self, tier: &str, observed_ms: f64, nominal_ms: f64, cfg: &EstimatorConfig) {
+        let residual = observed_ms - nominal_ms;
+        self.ttft.observe(residual, cfg);
+        self.ttft_residual = self.ttft.quantile(cfg);
+        let i = match self.tiers.iter().position(|(t, ..)| t == tier) {
+            Some(i) => i,
+            None => {
+                if self.tiers.len() >= Self::MAX_TIERS {
+                    self.tiers.remove(0);
+                }
+                self.tiers.push((tier.to_string(), Calibration::default(), None));
+                self.tiers.len() - 1
+            }
+        };
+        let (_, cal, q) = &mut self.tiers[i];
+        cal.observe(residual, cfg);
+        *q = cal.quantile(cfg);
+    }
+
+    /// The TTFT residual quantile for `tier` (pooled while the tier has too
+    /// few samples; `None` before any calibration).
+    pub fn ttft_residual(&self, tier: &str) -> Option<f64> {
+        let own = self.tiers.iter().find(|(t, ..)| t == tier).and_then(|(_, _, q)| *q);
+        own.or(self.ttft_residual)
     }
 
     /// Raw (uncorrected) prefill time of `n_in` tokens.
@@ -190,7 +367,7 @@ impl ServiceModel {
     }
 
     /// Raw decode step time `b` at `batch` and the context factor.
-    fn step_raw_ms(&self, batch: f64, ctx_per_seq: f64) -> f64 {
+    pub fn step_raw_ms(&self, batch: f64, ctx_per_seq: f64) -> f64 {
         let n = batch.max(1.0).round() as u32;
         let b = self.profile.decode_step_ms(n, 0);
         let ctx_total = (batch.max(1.0) * ctx_per_seq).min(f64::from(u32::MAX));
@@ -205,14 +382,27 @@ impl ServiceModel {
         f64::from(n_out) * self.step_raw_ms(batch, mean_ctx)
     }
 
-    /// The prediction used by admission (high quantile × γ).
-    pub fn predict(&self, n_in: u32, n_out: u32, batch: f64, cfg: &EstimatorConfig) -> ServiceTime {
-        let g = cfg.guard_factor;
-        let d = self.decode_ratio.high(cfg.ratio_z) * g;
+    /// The prediction used by admission: the TTFT's parts and its
+    /// calibration, decode at the high quantile × γ.
+    pub fn predict(
+        &self,
+        tier: &str,
+        n_in: u32,
+        n_out: u32,
+        batch: f64,
+        cfg: &EstimatorConfig,
+    ) -> ServiceTime {
+        let residual = self.ttft_residual(tier);
+        let prefill_ratio = match residual {
+            Some(_) => self.prefill_ratio.mean,
+            None => self.prefill_ratio.high(cfg.ratio_z),
+        };
         ServiceTime {
-            prefill_ms: self.prefill_raw_ms(n_in) * self.prefill_ratio.high(cfg.ratio_z) * g,
-            decode_ms: self.decode_raw_ms(n_in, n_out, batch) * d,
-            step_ms: self.step_raw_ms(batch, f64::from(n_in)) * d,
+            prefill_ms: self.prefill_raw_ms(n_in) * prefill_ratio,
+            step_raw_ms: self.step_raw_ms(batch, f64::from(n_in)),
+            decode_ms: self.decode_raw_ms(n_in, n_out, batch) * self.decode_factor(cfg),
+            ttft_residual_ms: residual.unwrap_or(0.0),
+            guard: cfg.guard_factor,
         }
     }
 
@@ -314,12 +504,12 @@ mod tests {
         let m = ServiceModel::from_profile(&profile());
         let cfg = EstimatorConfig { guard_factor: 1.25, ..Default::default() };
         // 400-token prompt, 100 output tokens at batch 5:
-        // prefill = 0.1 × 400 = 40 ms, × γ = 50 ms.
+        // prefill = 0.1 × 400 = 40 ms, × γ = 50 ms (nothing learned yet).
         // step at batch 5 = 14 ms; mean context 400 + 50 = 450 per sequence,
         // 5 × 450 = 2,250 tokens × 1 ms/1k = 2.25 ms → 16.25 ms per token.
         // decode = 100 × 16.25 × 1.25 = 2,031.25 ms.
-        let p = m.predict(400, 100, 5.0, &cfg);
-        assert!((p.prefill_ms - 50.0).abs() < 1e-6, "{p:?}");
+        let p = m.predict("gold", 400, 100, 5.0, &cfg);
+        assert!((p.ttft_ms(0.0) - 50.0).abs() < 1e-6, "{p:?}");
         assert!((p.decode_ms - 2031.25).abs() < 1e-3, "{p:?}");
     }
 
@@ -349,6 +539,8 @@ mod tests {
         }
         assert_eq!(h.expected(300, &cfg), 90, "p90 of 10..100");
         assert_eq!(h.expected(50, &cfg), 50, "never above max_tokens");
+        assert_eq!(h.mean(300, &cfg), 55, "mean of 10..100");
+        assert_eq!(h.mean(50, &cfg), 40, "each output capped at max_tokens: (10+20+30+40+6*50)/10");
         for _ in 0..10 {
             h.observe(5, &cfg);
         }

@@ -63,6 +63,7 @@ pub struct Verdict {
     /// rejection's label.
     pub reason: String,
     pub predicted_ttft_ms: Option<f64>,
+    pub predicted_e2e_ms: Option<f64>,
     pub brownout_level: usize,
 }
 
@@ -72,6 +73,7 @@ impl Verdict {
             decision: if a.steps.is_empty() { Decision::Admitted } else { Decision::Degraded },
             reason: a.reason(),
             predicted_ttft_ms: a.predicted_ttft_ms,
+            predicted_e2e_ms: a.predicted_e2e_ms,
             brownout_level: a.brownout_level,
         }
     }
@@ -87,6 +89,7 @@ impl Verdict {
             decision: Decision::Rejected,
             reason: r.reason.label().into(),
             predicted_ttft_ms: r.predicted_ttft_ms,
+            predicted_e2e_ms: None,
             brownout_level: r.brownout_level,
         }
     }
@@ -245,7 +248,11 @@ impl Admission {
 
     /// Decides admit / degrade / reject for one request
     /// ([`Controller::request`]) and carries the decision out.
-    pub fn admit(self: &Arc<Self>, policy: &PolicyDocument, r: &AdmitRequest) -> Result<Admitted, Refused> {
+    pub fn admit(
+        self: &Arc<Self>,
+        policy: &PolicyDocument,
+        r: &AdmitRequest,
+    ) -> Result<Admitted, Box<Refused>> {
         self.arrivals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let now = self.now();
         let tier = r.tier;
@@ -270,7 +277,7 @@ impl Admission {
         let loads = if off { self.pool.views() } else { Vec::new() };
         let outcome = st.ctl.request(now, policy, &req, &st.candidates, &loads);
         let (admit, start) = match outcome {
-            Outcome::Refuse(refusal) => return Err(refuse(tier, &refusal)),
+            Outcome::Refuse(refusal) => return Err(Box::new(refuse(tier, &refusal))),
             Outcome::Start { engine, admit } => {
                 let lease = self.pool.lease(engine, admit.work);
                 (admit, Start::Now(lease))
@@ -291,7 +298,15 @@ impl Admission {
         let verdict = Verdict::admitted(&admit);
         ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => verdict.decision.as_str(), "reason" => verdict.reason.clone())
             .increment(1);
-        let ticket = Ticket::new(self, &r.tenant.name, r.model, r.prompt_tokens, admit.ttft_budget_ms);
+        let ticket = Ticket::new(
+            self,
+            &r.tenant.name,
+            &tier.name,
+            r.model,
+            r.prompt_tokens,
+            admit.ttft_budget_ms,
+            admit.nominal,
+        );
         if matches!(start, Start::Wait(..)) {
             self.pump(policy); // a slot may be free already
         }
@@ -319,6 +334,7 @@ impl Admission {
             decision: Decision::Rejected,
             reason: reason.into(),
             predicted_ttft_ms: None,
+            predicted_e2e_ms: None,
             brownout_level: self.brownout_level(),
         }
     }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use policies::admission::controller::Nominal;
 use policies::PolicyDocument;
 
 use super::{ms, Admission};
@@ -16,9 +17,11 @@ use super::{ms, Admission};
 pub struct Ticket {
     admission: Arc<Admission>,
     tenant: String,
+    tier: String,
     model: String,
     prompt_tokens: u32,
     ttft_budget_ms: f64,
+    nominal: Option<Nominal>,
     first_at: Option<f64>,
 }
 
@@ -26,25 +29,37 @@ impl Ticket {
     pub(super) fn new(
         a: &Arc<Admission>,
         tenant: &str,
+        tier: &str,
         model: &str,
         prompt_tokens: u32,
         ttft_budget_ms: f64,
+        nominal: Option<Nominal>,
     ) -> Self {
         Self {
             admission: Arc::clone(a),
             tenant: tenant.to_string(),
+            tier: tier.to_string(),
             model: model.to_string(),
             prompt_tokens,
             ttft_budget_ms,
+            nominal,
             first_at: None,
         }
     }
 
-    /// The first token reached the gateway `ttft` after arrival.
-    pub fn first_token(&mut self, ttft: Duration) {
+    /// The first token reached the gateway `ttft` after arrival: brownout's
+    /// evidence, and the TTFT calibration's when admission predicted it.
+    pub fn first_token(&mut self, policy: &PolicyDocument, ttft: Duration) {
         let now = self.admission.now();
         self.first_at = Some(now);
-        self.admission.lock().ctl.first_token(now, ms(ttft), self.ttft_budget_ms);
+        self.admission.lock().ctl.first_token(
+            now,
+            policy,
+            &self.tier,
+            ms(ttft),
+            self.ttft_budget_ms,
+            self.nominal,
+        );
     }
 
     /// The request finished on engine `engine`: learn its output length and

@@ -410,6 +410,8 @@ impl<'a> Sim<'a> {
             decision: Some(admit.decision().into()),
             reason: Some(admit.reason()),
             predicted_ttft_ms: admit.predicted_ttft_ms,
+            predicted_e2e_ms: admit.predicted_e2e_ms,
+            engine_class: Some(self.plan.class.clone()),
             policy_version: Some(self.policy.version.clone()),
             retry_after_s: None,
         };
@@ -549,7 +551,9 @@ impl<'a> Sim<'a> {
         rec.ttft_ms = Some((now + self.hops.client_s) * 1e3 - rec.scheduled_at_ms);
         let ttft_ms = (now - self.live[r].arrived) * 1e3;
         let budget = self.live[r].admit.as_ref().map_or(1.0, |a| a.ttft_budget_ms);
-        self.ctl.first_token(now, ttft_ms, budget);
+        let nominal = self.live[r].admit.as_ref().and_then(|a| a.nominal);
+        let tier = &self.records[r].tier;
+        self.ctl.first_token(now, self.policy, tier, ttft_ms, budget, nominal);
     }
 
     fn finished(&mut self, now: f64, t: usize, tokens: u32, prefill_ms: f64, decode_ms: f64, batch: f64) {

@@ -164,6 +164,14 @@ impl Refusal {
     }
 }
 
+/// What a first token is compared with to calibrate TTFT predictions: the
+/// engine class admission predicted for and its nominal (raw) TTFT.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Nominal {
+    pub class: usize,
+    pub ttft_ms: f64,
+}
+
 /// What an admitted request got.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Admit {
@@ -172,6 +180,9 @@ pub struct Admit {
     /// Admission is off: admitted without a prediction.
     pub unchecked: bool,
     pub predicted_ttft_ms: Option<f64>,
+    pub predicted_e2e_ms: Option<f64>,
+    /// For calibration, when admission predicted (not with admission off).
+    pub nominal: Option<Nominal>,
     pub brownout_level: usize,
     pub max_tokens: u32,
     pub sampling: bool,
@@ -251,6 +262,7 @@ struct Waiter {
     recheck_ms: f64,
     ttft_budget_ms: f64,
     level: usize,
+    tier: String,
 }
 
 /// The admission state machine; one per gateway (or simulated gateway).
@@ -259,11 +271,12 @@ pub struct Controller {
     models: Vec<ServiceModel>,
     /// Output histories by tenant, then model.
     outputs: HashMap<String, HashMap<String, OutputHistory>>,
-    queue_signal: Window,
+    /// Brownout's evidence, one sample per request: its observed TTFT over
+    /// its budget, or [`REFUSED`] for a capacity refusal.
+    trouble: Window,
     /// Predicted wait alone (no prefill) over the TTFT budget: queue latency
     /// for the autoscaler.
     wait_signal: Window,
-    ttft_signal: Window,
     brownout: Brownout,
     open: HashMap<String, u32>,
     /// Gate queues by engine class.
@@ -278,7 +291,7 @@ pub struct TickReport {
     pub level: usize,
     /// The level changed at this tick.
     pub changed: bool,
-    /// The signal (window p95 of queue latency and TTFT over budget).
+    /// The signal: the window's trouble share (0-1; see [`crate::brownout`]).
     pub signal: Option<f64>,
     pub waiting: usize,
 }
@@ -373,13 +386,16 @@ impl Controller {
         let ttft_budget_ms = r.ttft_hint_ms.unwrap_or(ms(tier.ttft));
         let e2e_budget_ms = r.e2e_hint_ms.unwrap_or(ms(tier.e2e)).max(ttft_budget_ms);
         let expected = self.expected(policy, r.tenant, r.model, max_tokens);
+        // Queues hold many requests: their work is counted at the mean
+        // output, one request's own time at the high quantile (`expected`).
+        let mean_out = self.mean_out(policy, r.tenant, r.model, max_tokens);
         let overflow =
             tier.overflow_class.as_ref().and_then(|name| self.models.iter().position(|m| &m.class == name));
         // The primary class: the first ready engine's outside the overflow class.
         let class =
             engines.iter().find(|e| Some(e.class) != overflow).or(engines.first()).map_or(0, |e| e.class);
         let weight = tier.priority_weight.get();
-        let n_hat = u64::from(r.prompt_tokens) + u64::from(expected);
+        let n_hat = u64::from(r.prompt_tokens) + u64::from(mean_out);
         let key = self.key(policy, r, now, expected);
         let ahead_tokens = self
             .gates
@@ -387,6 +403,7 @@ impl Controller {
             .filter(|g| !g.is_empty())
             .map_or(0, |g| g.tokens_ahead(r.tenant, weight, n_hat, key));
         let ask = Ask {
+            tier: &tier.name,
             n_in: r.prompt_tokens,
             max_tokens,
             expected_out: expected,
@@ -398,15 +415,17 @@ impl Controller {
             class,
             overflow_class: overflow,
             long: r.prompt_tokens >= policy.routing.long_prompt_tokens,
-            // The gate counts prompt + expected output; the wait is decode
+            // The gate counts prompt + mean output; the wait is decode
             // work, the output part in the same proportion.
-            queue_ahead_out_tokens: ahead_tokens as f64 * f64::from(expected) / n_hat.max(1) as f64,
+            queue_ahead_out_tokens: ahead_tokens as f64 * f64::from(mean_out) / n_hat.max(1) as f64,
         };
         let plan = match decide(&ask, engines, &self.models, &policy.estimator, &policy.admission) {
             Decision::Reject(rej) => {
-                // A capacity refusal feeds brownout with the wait it predicted.
-                let ratio = rej.predicted_ttft_ms / ask.ttft_budget_ms;
-                self.queue_signal.push(now, if ratio.is_finite() { ratio } else { 10.0 });
+                // A capacity refusal is trouble brownout can relieve; no
+                // engine at all is not.
+                if rej.reason != RejectReason::NoEngine {
+                    self.trouble.push(now, REFUSED);
+                }
                 let wait = rej.predicted_wait_ms / ask.ttft_budget_ms;
                 self.wait_signal.push(now, if wait.is_finite() { wait } else { 10.0 });
                 let mut refusal = Refusal::new(rej.reason.into(), rej.retry_after_s, level);
@@ -419,18 +438,19 @@ impl Controller {
             Decision::Admit(plan) => plan,
         };
         steps.extend(plan.steps.iter().map(|d| Step::Ladder(*d)));
-        self.queue_signal.push(now, plan.ttft_ms / ask.ttft_budget_ms);
         self.wait_signal.push(now, plan.wait_ms / ask.ttft_budget_ms);
         let work = Work {
             tokens: u64::from(r.prompt_tokens) + u64::from(plan.max_tokens),
             prompt_tokens: u64::from(r.prompt_tokens),
-            out_tokens: u64::from(expected.min(plan.max_tokens)),
+            out_tokens: u64::from(mean_out.min(plan.max_tokens)),
         };
         self.hold(r.tenant);
         let admit = Admit {
             steps,
             unchecked: false,
             predicted_ttft_ms: Some(plan.ttft_ms),
+            predicted_e2e_ms: Some(plan.e2e_ms),
+            nominal: Some(Nominal { class: plan.class, ttft_ms: plan.nominal_ttft_ms }),
             brownout_level: level,
             max_tokens: plan.max_tokens,
             sampling: plan.sampling,
@@ -457,6 +477,7 @@ impl Controller {
                     recheck_ms: ttft_budget_ms * policy.admission.recheck_factor,
                     ttft_budget_ms,
                     level,
+                    tier: tier.name.clone(),
                 };
                 let quantum = policy.routing.drr_quantum_tokens;
                 let gate = self.gates.entry(plan.class).or_insert_with(|| Drr::new(quantum));
@@ -495,6 +516,8 @@ impl Controller {
             steps: Vec::new(),
             unchecked: true,
             predicted_ttft_ms: None,
+            predicted_e2e_ms: None,
+            nominal: None,
             brownout_level: level,
             max_tokens: r.max_tokens,
             sampling: r.sampling,
@@ -507,6 +530,14 @@ impl Controller {
             Some(engine) => Outcome::Start { engine, admit },
             None => Outcome::Anywhere { admit },
         }
+    }
+
+    /// The mean output of `tenant` on `model` under `max_tokens`.
+    fn mean_out(&self, policy: &PolicyDocument, tenant: &str, model: &str, max_tokens: u32) -> u32 {
+        self.outputs
+            .get(tenant)
+            .and_then(|m| m.get(model))
+            .map_or(max_tokens, |h| h.mean(max_tokens, &policy.estimator))
     }
 
     /// The expected output of `tenant` on `model` under `max_tokens`.
@@ -569,11 +600,12 @@ impl Controller {
                     continue;
                 }
                 if now > w.deadline {
+                    self.trouble.push(now, REFUSED);
                     grants.push(Grant { id: w.id, work: w.work, result: Err(timeout(&w, policy)) });
                     continue;
                 }
                 let waited_ms = (now - w.arrived) * 1e3;
-                let prefill = model.predict(w.n_in, 1, 1.0, &policy.estimator).prefill_ms;
+                let prefill = model.predict(&w.tier, w.n_in, 1, 1.0, &policy.estimator).ttft_ms(0.0);
                 if waited_ms + prefill > w.recheck_ms {
                     let mut refusal = Refusal::new(
                         Reason::DeadlineUnreachable,
@@ -583,6 +615,7 @@ impl Controller {
                     refusal.waited_ms = waited_ms;
                     refusal.prefill_ms = prefill;
                     refusal.ttft_budget_ms = w.recheck_ms;
+                    self.trouble.push(now, REFUSED);
                     grants.push(Grant { id: w.id, work: w.work, result: Err(refusal) });
                     continue;
                 }
@@ -611,9 +644,23 @@ impl Controller {
         }
     }
 
-    /// The first token reached the caller `ttft_ms` after arrival.
-    pub fn first_token(&mut self, now: f64, ttft_ms: f64, ttft_budget_ms: f64) {
-        self.ttft_signal.push(now, ttft_ms / ttft_budget_ms.max(1.0));
+    /// The first token reached the caller `ttft_ms` after arrival; with
+    /// `nominal` (admission predicted it) the TTFT calibration learns.
+    pub fn first_token(
+        &mut self,
+        now: f64,
+        policy: &PolicyDocument,
+        tier: &str,
+        ttft_ms: f64,
+        ttft_budget_ms: f64,
+        nominal: Option<Nominal>,
+    ) {
+        self.trouble.push(now, ttft_ms / ttft_budget_ms.max(1.0));
+        if let Some(n) = nominal {
+            if let Some(m) = self.models.get_mut(n.class) {
+                m.observe_ttft(tier, ttft_ms, n.ttft_ms, &policy.estimator);
+            }
+        }
     }
 
     /// A request of `tenant` on `model` finished on an engine of `class`
@@ -676,17 +723,14 @@ impl Controller {
     /// a `queue_timeout` refusal.
     pub fn tick(&mut self, now: f64, policy: &PolicyDocument) -> (TickReport, Vec<Grant>) {
         let cfg = &policy.brownout;
-        let q = self.queue_signal.p95(now, cfg.window_s, cfg.min_samples);
-        let t = self.ttft_signal.p95(now, cfg.window_s, cfg.min_samples);
-        let signal = match (q, t) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
+        let signal = self.trouble.share(now, cfg.window_s, cfg.min_samples, cfg.trouble_ttft_fraction);
         let changed = self.brownout.update(now, signal, cfg).is_some();
         let mut expired = Vec::new();
+        let trouble = &mut self.trouble;
         for gate in self.gates.values_mut() {
             gate.retain(|w| {
                 if now > w.deadline {
+                    trouble.push(now, REFUSED);
                     expired.push(Grant { id: w.id, work: w.work, result: Err(timeout(w, policy)) });
                     false
                 } else {
@@ -698,6 +742,10 @@ impl Controller {
         (report, expired)
     }
 }
+
+/// A capacity refusal's sample in the trouble window: past any
+/// `trouble_ttft_fraction`.
+const REFUSED: f64 = 10.0;
 
 fn timeout(w: &Waiter, policy: &PolicyDocument) -> Refusal {
     let mut refusal = Refusal::new(Reason::QueueTimeout, policy.admission.retry_after_min_s, w.level);

@@ -41,6 +41,7 @@ fn engine(idx: usize, slots: u32, active: u32) -> Candidate {
 
 fn ask(ttft: f64, e2e: f64) -> Ask<'static> {
     Ask {
+        tier: "gold",
         n_in: 400,
         max_tokens: 100,
         expected_out: 100,
