@@ -26,6 +26,7 @@ use serde::Serialize;
 
 use crate::calibration::Calibration;
 use crate::results::Results;
+use crate::stats::median;
 use crate::summary::Group;
 
 /// The refusal both the baselines and ours make (the tier's context
@@ -81,20 +82,6 @@ pub struct Checks {
 impl Checks {
     pub fn pass(&self) -> bool {
         self.goodput_ok && self.met_below.is_empty() && self.miss_ok && self.touched_over.is_empty()
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
 
@@ -238,7 +225,7 @@ pub fn markdown(cells: &[Cell]) -> String {
         let Some(k) = &c.checks else { continue };
         let _ = writeln!(
             out,
-            "| {} | {:.3} | {} | {:.2} pp | {} | {} | {} |",
+            "| {} | {:.4} | {} | {:.2} pp | {} | {} | {} |",
             c.name,
             k.goodput_ratio,
             yes(k.met_below.is_empty(), &k.met_below),

@@ -13,6 +13,22 @@ pub fn sorted_percentile(v: &[f64], q: f64) -> Option<f64> {
     (!v.is_empty()).then(|| v[rank.clamp(1, v.len()) - 1])
 }
 
+/// The median of the finite values of `v` (mean of the middle two for an
+/// even count); NaN when there are none.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
 /// Count, p50, p90, p95, p99 and max of a sample set, for reports.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Summary {

@@ -456,9 +456,12 @@ pub fn retry_after(excess_ms: f64, cfg: &AdmissionConfig) -> u32 {
 }
 
 pub mod controller;
+pub mod outcome;
 pub use controller::Controller;
 
 #[cfg(test)]
 mod brownout_tests;
+#[cfg(test)]
+mod fixtures;
 #[cfg(test)]
 mod tests;

@@ -5,34 +5,10 @@
 //! calibration converges on a stationary load.
 
 use super::controller::{Controller, Outcome, Request};
-use super::Candidate;
+use super::fixtures::{engines, policy, profile};
 use crate::estimate::{EstimatorConfig, ServiceModel};
 use crate::rng::SplitMix;
-use crate::{LatencyProfile, PolicyDocument};
-
-fn policy() -> PolicyDocument {
-    PolicyDocument::parse("default.toml", include_str!("../../default.toml")).unwrap()
-}
-
-fn profile() -> LatencyProfile {
-    LatencyProfile::parse("p.toml", include_str!("../../profiles/emulated-a100-8b.toml")).unwrap()
-}
-
-fn engines(ctl: &mut Controller, n: usize, active: u32) -> Vec<Candidate> {
-    let class = ctl.class_of(&profile());
-    (0..n)
-        .map(|idx| Candidate {
-            idx,
-            class,
-            slots: 8,
-            active,
-            active_out_tokens: u64::from(active) * 200,
-            prefill_backlog_tokens: 0,
-            kv_headroom_tokens: 1 << 30,
-            long_lane: false,
-        })
-        .collect()
-}
+use crate::PolicyDocument;
 
 /// A gold request with a 120 ms TTFT hint and a 900-token prompt: its
 /// predicted TTFT (prefill alone, with margins) is most of the hint, so the
@@ -55,7 +31,7 @@ fn tight<'a>(p: &'a PolicyDocument) -> Request<'a> {
 fn brownout_stays_at_level_0_while_served_requests_meet_their_budgets() {
     let p = policy();
     let mut ctl = Controller::new();
-    let free = engines(&mut ctl, 4, 0);
+    let free = engines(&mut ctl, 4, 8, 0);
     let mut predicted_over_budget = Vec::new();
     let mut t = 0.0;
     // 60 s at 20 req/s; every request admitted at once and served in 60%
@@ -83,7 +59,7 @@ fn brownout_stays_at_level_0_while_served_requests_meet_their_budgets() {
 fn capacity_refusals_raise_brownout() {
     let p = policy();
     let mut ctl = Controller::new();
-    let full = engines(&mut ctl, 1, 8);
+    let full = engines(&mut ctl, 1, 8, 8);
     let mut r = tight(&p);
     r.ttft_hint_ms = Some(50.0); // a full engine cannot start anything within 50 ms
     let mut level = 0;

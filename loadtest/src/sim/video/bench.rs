@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use super::trace::{self, Trace, TraceSpec};
 use super::{run, Arm, Outcome, Setup, Transfer};
 use crate::progress::Progress;
+use crate::stats::median;
 
 mod levels;
 mod placement;
@@ -132,19 +133,6 @@ pub fn main(args: &SimVideoArgs) -> Result<String, String> {
     std::fs::write(&path, serde_json::to_vec_pretty(&json).expect("serialises"))
         .map_err(|e| e.to_string())?;
     Ok(report)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 fn scaled(args: &SimVideoArgs, spec: &TraceSpec, engines: u32, k: u32, seed: u64) -> Trace {

@@ -1,0 +1,31 @@
+//! What the admission tests share: the shipped policy, the bundled A100
+//! profile, and a fleet of candidates on it.
+
+use super::{Candidate, Controller};
+use crate::{LatencyProfile, PolicyDocument};
+
+pub fn policy() -> PolicyDocument {
+    PolicyDocument::parse("default.toml", include_str!("../../default.toml")).unwrap()
+}
+
+pub fn profile() -> LatencyProfile {
+    LatencyProfile::parse("p.toml", include_str!("../../profiles/emulated-a100-8b.toml")).unwrap()
+}
+
+/// `n` engines of the profile's class with `slots` decode slots, `active`
+/// of them busy (200 expected output tokens each).
+pub fn engines(ctl: &mut Controller, n: usize, slots: u32, active: u32) -> Vec<Candidate> {
+    let class = ctl.class_of(&profile());
+    (0..n)
+        .map(|idx| Candidate {
+            idx,
+            class,
+            slots,
+            active,
+            active_out_tokens: u64::from(active) * 200,
+            prefill_backlog_tokens: 0,
+            kv_headroom_tokens: 1 << 30,
+            long_lane: false,
+        })
+        .collect()
+}
