@@ -68,13 +68,13 @@ pub struct EstimatorConfig {
 impl Default for EstimatorConfig {
     fn default() -> Self {
         Self {
-            guard_factor: 1.1,
+            guard_factor: 1.0,
             output_quantile: 0.9,
             output_window: 256,
             min_samples: 16,
             learning_rate: 0.05,
             ratio_z: 1.645,
-            ttft_quantile: 0.75,
+            ttft_quantile: 0.95,
             calibration_window: 512,
         }
     }
