@@ -25,7 +25,8 @@
 //!   backlog, batch fill, gate wait by the profile) plus prefill corrected
 //!   by the learned prefill ratio's mean; the gateway reports every first
 //!   token's observed TTFT minus that nominal, and predictions add the
-//!   `ttft_quantile` of the last `calibration_window` of those residuals,
+//!   `ttft_quantile` of the last `calibration_window` of those residuals
+//!   (per engine class and tier, none older than `calibration_max_age_s`),
 //!   then multiply by γ. This is split conformal calibration with an
 //!   additive residual: what the wait model misses (batching with other
 //!   prompts, token boundaries, gate waits) is time spent behind other
@@ -61,8 +62,10 @@ pub struct EstimatorConfig {
     /// Quantile of the observed - nominal TTFT residuals that TTFT
     /// predictions add.
     pub ttft_quantile: f64,
-    /// First tokens remembered per engine class for that quantile.
+    /// First tokens remembered per engine class and tier for that quantile.
     pub calibration_window: usize,
+    /// Residuals older than this (seconds) are forgotten.
+    pub calibration_max_age_s: f64,
 }
 
 impl Default for EstimatorConfig {
@@ -76,6 +79,7 @@ impl Default for EstimatorConfig {
             ratio_z: 1.645,
             ttft_quantile: 0.95,
             calibration_window: 512,
+            calibration_max_age_s: 60.0,
         }
     }
 }
@@ -103,6 +107,9 @@ impl EstimatorConfig {
         }
         if !(self.min_samples..=65_536).contains(&self.calibration_window) {
             return Err(("estimator.calibration_window", "must be in [min_samples, 65536]".into()));
+        }
+        if !(self.calibration_max_age_s.is_finite() && self.calibration_max_age_s > 0.0) {
+            return Err(("estimator.calibration_max_age_s", "must be > 0".into()));
         }
         Ok(())
     }
@@ -187,33 +194,52 @@ impl Ratio {
     }
 }
 
-/// Observed - nominal residuals of one quantity (TTFT, ms), remembered
-/// over a bounded window; predictions read one quantile of them. The
-/// quantile is recomputed every [`Self::EVERY`] observations (and when the
-/// quantile asked changes), so reading it costs nothing on the request path.
+/// Observed - nominal residuals of one quantity (TTFT, ms) with the time
+/// each was observed, remembered over a bounded window: at most
+/// `calibration_window` of them, none older than `calibration_max_age_s`.
+/// Predictions read one quantile, recomputed every [`Self::EVERY`]
+/// changes, so reading it costs nothing on the request path. The age bound
+/// is what lets a tier recover after an overload: residuals measured while
+/// queues were long would otherwise keep its predictions high, and its
+/// refused requests bring no new first tokens to replace them.
 #[derive(Debug, Clone, Default)]
 pub struct Calibration {
-    residuals: VecDeque<f64>,
-    seen: u64,
-    /// (quantile asked, its value) as of the last recomputation.
-    cached: Option<(f64, f64)>,
+    residuals: VecDeque<(f64, f64)>,
+    /// Changes since the quantile was last computed.
+    changed: u64,
+    /// The quantile as of the last computation.
+    cached: Option<f64>,
 }
 
 impl Calibration {
     const EVERY: u64 = 16;
 
-    /// Folds in one residual (clamped to ±1 h).
-    pub fn observe(&mut self, residual: f64, cfg: &EstimatorConfig) {
+    /// Folds in one residual (clamped to ±1 h) observed at `now` (seconds).
+    pub fn observe(&mut self, now: f64, residual: f64, cfg: &EstimatorConfig) {
         if !residual.is_finite() {
             return;
         }
         while self.residuals.len() >= cfg.calibration_window.max(1) {
             self.residuals.pop_front();
         }
-        self.residuals.push_back(residual.clamp(-3.6e6, 3.6e6));
-        self.seen += 1;
-        if self.seen % Self::EVERY == 0 {
+        self.residuals.push_back((now, residual.clamp(-3.6e6, 3.6e6)));
+        self.changed += 1;
+        self.expire(now, cfg);
+    }
+
+    /// Forgets residuals older than `calibration_max_age_s`; keeps the
+    /// quantile current.
+    pub fn expire(&mut self, now: f64, cfg: &EstimatorConfig) {
+        while self.residuals.front().is_some_and(|&(t, _)| now - t > cfg.calibration_max_age_s) {
+            self.residuals.pop_front();
+            self.changed += 1;
+        }
+        let too_few = self.residuals.len() < cfg.min_samples.max(1);
+        if too_few {
             self.cached = None;
+        } else if self.changed >= Self::EVERY || self.cached.is_none() {
+            self.cached = self.peek(cfg.ttft_quantile);
+            self.changed = 0;
         }
     }
 
@@ -221,19 +247,10 @@ impl Calibration {
         self.residuals.len()
     }
 
-    /// The `cfg.ttft_quantile` of the remembered residuals; `None` before
-    /// `cfg.min_samples` of them.
-    pub fn quantile(&mut self, cfg: &EstimatorConfig) -> Option<f64> {
-        if self.residuals.len() < cfg.min_samples.max(1) {
-            return None;
-        }
-        let q = cfg.ttft_quantile;
-        if let Some((_, v)) = self.cached.filter(|(at, _)| *at == q) {
-            return Some(v);
-        }
-        let v = self.peek(q)?;
-        self.cached = Some((q, v));
-        Some(v)
+    /// The `cfg.ttft_quantile` of the remembered residuals as of the last
+    /// change; `None` with fewer than `cfg.min_samples` of them.
+    pub fn quantile(&self) -> Option<f64> {
+        self.cached
     }
 
     /// The `q` quantile now, without caching.
@@ -241,7 +258,7 @@ impl Calibration {
         if self.residuals.is_empty() {
             return None;
         }
-        let mut v: Vec<f64> = self.residuals.iter().copied().collect();
+        let mut v: Vec<f64> = self.residuals.iter().map(|&(_, r)| r).collect();
         let rank = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
         let (_, x, _) = v.select_nth_unstable_by(rank, f64::total_cmp);
         Some(*x)
@@ -292,14 +309,11 @@ pub struct ServiceModel {
     pub w: f64,
     pub prefill_ratio: Ratio,
     pub decode_ratio: Ratio,
-    /// Observed - nominal TTFT of first tokens on this class, all tiers.
-    pub ttft: Calibration,
-    /// `ttft`'s quantile as of the last observation; `None` before it has
-    /// samples enough.
-    ttft_residual: Option<f64>,
-    /// The same per tier (tiers wait differently: priority orders the
-    /// queues); a tier without samples enough reads the pooled one.
-    tiers: Vec<(String, Calibration, Option<f64>)>,
+    /// Observed - nominal TTFT of first tokens on this class, per tier
+    /// (tiers wait differently: priority orders the queues). A tier without
+    /// samples enough is predicted uncalibrated, not from other tiers'
+    /// waits.
+    tiers: Vec<(String, Calibration)>,
 }
 
 impl ServiceModel {
@@ -313,8 +327,6 @@ impl ServiceModel {
             w,
             prefill_ratio: Ratio::default(),
             decode_ratio: Ratio::default(),
-            ttft: Calibration::default(),
-            ttft_residual: None,
             tiers: Vec::new(),
         }
     }
@@ -333,32 +345,42 @@ impl ServiceModel {
     /// again drops the oldest).
     const MAX_TIERS: usize = 32;
 
-    /// A first token of `tier` came `observed_ms` after arrival, for a
-    /// request whose nominal TTFT at admission was `nominal_ms`.
-    pub fn observe_ttft(&mut self, tier: &str, observed_ms: f64, nominal_ms: f64, cfg: &EstimatorConfig) {
-        let residual = observed_ms - nominal_ms;
-        self.ttft.observe(residual, cfg);
-        self.ttft_residual = self.ttft.quantile(cfg);
-        let i = match self.tiers.iter().position(|(t, ..)| t == tier) {
+    /// A first token of `tier` came `observed_ms` after arrival, at `now`
+    /// (seconds), for a request whose nominal TTFT at admission was
+    /// `nominal_ms`.
+    pub fn observe_ttft(
+        &mut self,
+        now: f64,
+        tier: &str,
+        observed_ms: f64,
+        nominal_ms: f64,
+        cfg: &EstimatorConfig,
+    ) {
+        let i = match self.tiers.iter().position(|(t, _)| t == tier) {
             Some(i) => i,
             None => {
                 if self.tiers.len() >= Self::MAX_TIERS {
                     self.tiers.remove(0);
                 }
-                self.tiers.push((tier.to_string(), Calibration::default(), None));
+                self.tiers.push((tier.to_string(), Calibration::default()));
                 self.tiers.len() - 1
             }
         };
-        let (_, cal, q) = &mut self.tiers[i];
-        cal.observe(residual, cfg);
-        *q = cal.quantile(cfg);
+        self.tiers[i].1.observe(now, observed_ms - nominal_ms, cfg);
     }
 
-    /// The TTFT residual quantile for `tier` (pooled while the tier has too
-    /// few samples; `None` before any calibration).
+    /// Ages the TTFT calibration out to `now` (the controller calls it at
+    /// every tick).
+    pub fn expire(&mut self, now: f64, cfg: &EstimatorConfig) {
+        for (_, cal) in &mut self.tiers {
+            cal.expire(now, cfg);
+        }
+    }
+
+    /// The TTFT residual quantile for `tier`; `None` while the tier has too
+    /// few recent samples.
     pub fn ttft_residual(&self, tier: &str) -> Option<f64> {
-        let own = self.tiers.iter().find(|(t, ..)| t == tier).and_then(|(_, _, q)| *q);
-        own.or(self.ttft_residual)
+        self.tiers.iter().find(|(t, _)| t == tier).and_then(|(_, c)| c.quantile())
     }
 
     /// Raw (uncorrected) prefill time of `n_in` tokens.

@@ -83,12 +83,12 @@ fn ttft_calibration_converges_on_a_stationary_load() {
     let mut rng = SplitMix(28);
     let nominal = m.predict("gold", 400, 1, 1.0, &cfg).nominal_ttft_ms(0.0);
     let mut observed = Vec::new();
-    for _ in 0..4000 {
-        // Exponential wait behind other work, mean 60 ms.
+    for i in 0..4000 {
+        // Exponential wait behind other work, mean 60 ms; 100 a second.
         let residual = -60.0 * (1.0 - rng.unit_f64()).ln();
         let o = nominal + residual;
         observed.push(o);
-        m.observe_ttft("gold", o, nominal, &cfg);
+        m.observe_ttft(f64::from(i) * 0.01, "gold", o, nominal, &cfg);
     }
     let recent = &mut observed[4000 - cfg.calibration_window..];
     recent.sort_by(f64::total_cmp);
@@ -96,6 +96,10 @@ fn ttft_calibration_converges_on_a_stationary_load() {
     let predicted = m.predict("gold", 400, 1, 1.0, &cfg).ttft_ms(0.0);
     let err = (predicted - observed_p95).abs() / observed_p95;
     assert!(err < 0.10, "predicted {predicted:.1} ms vs observed p95 {observed_p95:.1} ms");
-    // Another tier with no samples of its own reads the pooled calibration.
-    assert_eq!(m.predict("bronze", 400, 1, 1.0, &cfg).ttft_ms(0.0), predicted);
+    // Another tier is not predicted from gold's waits: it has no samples.
+    assert_eq!(m.predict("bronze", 400, 1, 1.0, &cfg).ttft_residual_ms, 0.0);
+    // A minute without first tokens (everything refused, or idle): the
+    // residuals age out and gold is predicted uncalibrated again.
+    m.expire(40.0 + cfg.calibration_max_age_s, &cfg);
+    assert_eq!(m.ttft_residual("gold"), None);
 }

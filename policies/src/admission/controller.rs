@@ -442,7 +442,7 @@ impl Controller {
         self.trouble.push(now, ttft_ms / ttft_budget_ms.max(1.0));
         if let Some(n) = nominal {
             if let Some(m) = self.models.get_mut(n.class) {
-                m.observe_ttft(tier, ttft_ms, n.ttft_ms, &policy.estimator);
+                m.observe_ttft(now, tier, ttft_ms, n.ttft_ms, &policy.estimator);
             }
         }
     }
@@ -506,6 +506,9 @@ impl Controller {
     /// One brownout step; waiters past their deadline leave the gate with
     /// a `queue_timeout` refusal.
     pub fn tick(&mut self, now: f64, policy: &PolicyDocument) -> (TickReport, Vec<Grant>) {
+        for m in &mut self.models {
+            m.expire(now, &policy.estimator);
+        }
         let cfg = &policy.brownout;
         let signal = self.trouble.share(now, cfg.window_s, cfg.min_samples, cfg.trouble_ttft_fraction);
         let changed = self.brownout.update(now, signal, cfg).is_some();
