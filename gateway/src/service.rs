@@ -128,9 +128,7 @@ pub(crate) async fn route(
         Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "alive"}))),
         Route::Readyz => Ok(readyz(&app, policy)),
         Route::Video(v) => match authenticate(policy, req.headers()) {
-            Ok(who) => {
-                crate::video::routes::handle(&app, policy, who, v, &mut req).await.map_err(Failed::from)
-            }
+            Ok(who) => video(&app, policy, who, v, &mut req).await,
             Err(e) => Err(e.into()),
         },
         Route::WrongMethod => Err(ApiError::MethodNotAllowed(req.method().to_string()).into()),
@@ -267,6 +265,25 @@ async fn completions(
         resp.extensions_mut().insert(verdict);
         Ok(resp)
     }
+}
+
+/// A video route. Creating a stream goes through the tenant's limits like
+/// a completion: it counts against `requests_per_minute`, and the live
+/// stream holds one of the tenant's `max_concurrency` until it ends (its
+/// hold is released with the stream). The other video routes act on a
+/// stream the tenant already holds and are not counted again.
+async fn video(
+    app: &Arc<App>,
+    policy: &Arc<PolicyDocument>,
+    (tenant, tier): (&Tenant, &Tier),
+    route: crate::video::routes::VideoRoute,
+    req: &mut Req,
+) -> Result<Response<GatewayBody>, Failed> {
+    let hold = match route {
+        crate::video::routes::VideoRoute::Create => Some(tenant_limits(app, tenant, tier, 0).await?),
+        _ => None,
+    };
+    crate::video::routes::handle(app, policy, (tenant, tier), route, req, hold).await.map_err(Failed::from)
 }
 
 /// The tenant's limits (concurrency, requests and tokens per minute),

@@ -480,3 +480,42 @@ async fn a_stalled_stream_borrows_a_donor_for_sp2_and_gives_it_back_once_recover
     let released = sp[first..].iter().position(|&d| d == 1).expect("the donor was given back");
     assert!(sp[first + released..].iter().filter(|&&d| d == 1).count() >= 3, "{sp:?}");
 }
+
+/// Creating a stream goes through the tenant's limits like a completion:
+/// a live stream holds one of the tenant's `max_concurrency` until it ends,
+/// and a create past the limit is the same 429 with admission headers.
+#[tokio::test]
+async fn a_live_stream_holds_one_of_its_tenants_concurrency() {
+    let p = default_policy();
+    let i = p.find("[tiers.gold]").unwrap();
+    let j = i + p[i..].find("max_concurrency = 256").unwrap();
+    let policy = format!("{}max_concurrency = 1{}", &p[..j], &p[j + "max_concurrency = 256".len()..]);
+    let sys = System::start_with_policy(INSTANT, 1, &[], Some(&policy)).await;
+    let conn = sys.conn(Proto::H2).await;
+    let body = json!({"prompt": "a fox in the snow"});
+    let (status, first, _) = create(&conn, GOLD, body.clone()).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    // The tenant's one place is the live stream: another stream and a
+    // completion are both refused, typed, with the admission headers.
+    let resp = conn.post_json("/v1/video/streams", Some(GOLD), body.to_string()).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&resp, "x-admission"), "rejected");
+    assert_eq!(header(&resp, "x-admission-reason"), "tenant_concurrency");
+    assert_eq!(json(&body_bytes(resp).await.unwrap())["error"]["code"], "tenant_concurrency");
+    let resp = conn.post_json("/v1/completions", Some(GOLD), completion("hi", 5, false)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Ending the stream gives the place back.
+    let id = first["id"].as_str().unwrap();
+    let (status, _) = call(&conn, "DELETE", &format!("/v1/video/streams/{id}"), GOLD, json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut freed = false;
+    for _ in 0..50 {
+        let resp = conn.post_json("/v1/completions", Some(GOLD), completion("hi", 5, false)).await.unwrap();
+        if resp.status() == StatusCode::OK {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(freed, "an ended stream releases its tenant's hold");
+}

@@ -110,11 +110,19 @@ pub struct Stream {
     pub feed: Outbox,
     /// The feed's body, until a client opens it.
     feed_body: Mutex<Option<OutboxBody>>,
+    /// The tenant's hold (one of its `max_concurrency`), released when
+    /// the stream is deleted or leaves the registry (its driver ended it).
+    tenant_hold: Mutex<Option<crate::cluster::Hold>>,
 }
 
 impl Stream {
     pub fn lock(&self) -> MutexGuard<'_, StreamState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps the tenant's hold for as long as the stream is registered.
+    pub fn hold(&self, hold: Option<crate::cluster::Hold>) {
+        *self.tenant_hold.lock().unwrap_or_else(|p| p.into_inner()) = hold;
     }
 
     /// Chunk duration in seconds.
@@ -244,8 +252,12 @@ impl Streams {
         self.map().values().cloned().collect()
     }
 
+    /// Unregisters a stream and releases its tenant's hold.
     pub fn remove(&self, id: &str) {
-        self.map().remove(id);
+        let gone = self.map().remove(id);
+        if let Some(s) = gone {
+            s.hold(None);
+        }
     }
 
     /// Records a stream's home engine and owner in the cluster state (off
@@ -407,6 +419,7 @@ impl Streams {
             wake: Notify::new(),
             feed,
             feed_body: Mutex::new(Some(feed_body)),
+            tenant_hold: Mutex::new(None),
         });
         self.map().insert(id, Arc::clone(&stream));
         stream

@@ -99,6 +99,7 @@ pub async fn handle(
     (tenant, tier): (&Tenant, &Tier),
     route: VideoRoute,
     req: &mut crate::request::Req,
+    hold: Option<crate::cluster::Hold>,
 ) -> Result<Response<GatewayBody>, ApiError> {
     let streams = &app.video;
     let find =
@@ -106,7 +107,7 @@ pub async fn handle(
     match route {
         VideoRoute::Create => {
             let body = read_body(req, &app.config).await?;
-            create(app, policy, tenant, tier, &body).await
+            create(app, policy, tenant, tier, &body, hold).await
         }
         VideoRoute::Status(id) => Ok(json_response(StatusCode::OK, &find(&id)?.status(streams.now()))),
         VideoRoute::Events(id) => {
@@ -151,6 +152,7 @@ pub async fn handle(
                     st.ended = Some("deleted");
                 }
             }
+            s.hold(None); // ended: it no longer counts against the tenant
             s.wake.notify_one();
             Ok(json_response(StatusCode::OK, &json!({"id": id, "object": "video.stream", "deleted": true})))
         }
@@ -176,6 +178,7 @@ async fn create(
     tenant: &Tenant,
     tier: &Tier,
     body: &[u8],
+    hold: Option<crate::cluster::Hold>,
 ) -> Result<Response<GatewayBody>, ApiError> {
     let cfg = &policy.video;
     let b: CreateBody = parse(body)?;
@@ -229,6 +232,7 @@ async fn create(
     let first_s = chunk_time_s(&profile, profile.best().chunk_ms, resident + 1);
     let budget_s = cfg.initial_slack_factor * first_s;
     let stream = streams.insert(&tenant.name, &tier.name, b.prompt.clone(), params.clone(), home, budget_s);
+    stream.hold(hold);
     let session = CreateSession {
         id: stream.id.clone(),
         prompt: b.prompt,
