@@ -313,6 +313,19 @@ fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit
         }
     }
     // Every slot busy (or others already waiting): wait at the gateway.
+    let wait = gate_wait_ms(model, &of_class, ahead, ask.n_in);
+    let e = of_class.iter().min_by_key(|e| e.active).expect("non-empty");
+    let s = predict(e);
+    let mut f = finish(e, &s, wait + s.step_raw_ms);
+    f.engine = None;
+    Some(f)
+}
+
+/// The raw wait at the gateway for a slot of the class `of_class`: the
+/// output tokens served before it (`ahead`) plus half a mean running output
+/// (the residual to the first slot release), over the class's decode
+/// throughput Σ slots / step(slots).
+fn gate_wait_ms(model: &ServiceModel, of_class: &[&Candidate], ahead: f64, n_in: u32) -> f64 {
     let mut full_step: Vec<(u32, f64)> = Vec::new(); // by slot count
     let mu: f64 = of_class
         .iter()
@@ -321,7 +334,7 @@ fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit
             let step = match full_step.iter().find(|(s, _)| *s == slots) {
                 Some(&(_, step)) => step,
                 None => {
-                    let step = model.step_raw_ms(f64::from(slots), f64::from(ask.n_in));
+                    let step = model.step_raw_ms(f64::from(slots), f64::from(n_in));
                     full_step.push((slots, step));
                     step
                 }
@@ -332,12 +345,7 @@ fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit
     let (active, out_tokens) =
         of_class.iter().fold((0u64, 0u64), |(a, o), e| (a + u64::from(e.active), o + e.active_out_tokens));
     let mean_out = if active > 0 { out_tokens as f64 / active as f64 } else { 0.0 };
-    let wait = (ahead + mean_out / 2.0) / mu;
-    let e = of_class.iter().min_by_key(|e| e.active).expect("non-empty");
-    let s = predict(e);
-    let mut f = finish(e, &s, wait + s.step_raw_ms);
-    f.engine = None;
-    Some(f)
+    (ahead + mean_out / 2.0) / mu
 }
 
 /// Decides admit / degrade / reject for `ask` over `engines` (ready ones).

@@ -243,10 +243,6 @@ impl Calibration {
         }
     }
 
-    pub fn samples(&self) -> usize {
-        self.residuals.len()
-    }
-
     /// The `cfg.ttft_quantile` of the remembered residuals as of the last
     /// change; `None` with fewer than `cfg.min_samples` of them.
     pub fn quantile(&self) -> Option<f64> {
@@ -254,7 +250,7 @@ impl Calibration {
     }
 
     /// The `q` quantile now, without caching.
-    pub fn peek(&self, q: f64) -> Option<f64> {
+    fn peek(&self, q: f64) -> Option<f64> {
         if self.residuals.is_empty() {
             return None;
         }

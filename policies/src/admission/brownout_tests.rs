@@ -5,7 +5,7 @@
 //! calibration converges on a stationary load.
 
 use super::controller::{Controller, Outcome, Request};
-use super::fixtures::{engines, policy, profile};
+use super::fixtures::{engines, policy, profile, req};
 use crate::estimate::{EstimatorConfig, ServiceModel};
 use crate::rng::SplitMix;
 use crate::PolicyDocument;
@@ -15,16 +15,7 @@ use crate::PolicyDocument;
 /// old, predicted signal (p95 of predicted TTFT over budget, level 1 above
 /// 0.6) read it as overload.
 fn tight<'a>(p: &'a PolicyDocument) -> Request<'a> {
-    Request {
-        tenant: "a",
-        tier: p.tiers.iter().find(|t| t.name == "gold").unwrap(),
-        model: "m",
-        prompt_tokens: 900,
-        max_tokens: 64,
-        sampling: false,
-        ttft_hint_ms: Some(120.0),
-        e2e_hint_ms: None,
-    }
+    Request { ttft_hint_ms: Some(120.0), ..req(p, "gold", "a", 900, 64) }
 }
 
 #[test]

@@ -169,10 +169,13 @@ impl Controller {
         };
         let ttft_budget_ms = r.ttft_hint_ms.unwrap_or(ms(tier.ttft));
         let e2e_budget_ms = r.e2e_hint_ms.unwrap_or(ms(tier.e2e)).max(ttft_budget_ms);
-        let expected = self.expected(policy, r.tenant, r.model, max_tokens);
         // Queues hold many requests: their work is counted at the mean
         // output, one request's own time at the high quantile (`expected`).
-        let mean_out = self.mean_out(policy, r.tenant, r.model, max_tokens);
+        // Before a tenant has history, both are `max_tokens`.
+        let history = self.outputs.get(r.tenant).and_then(|m| m.get(r.model));
+        let est = &policy.estimator;
+        let expected = history.map_or(max_tokens, |h| h.expected(max_tokens, est));
+        let mean_out = history.map_or(max_tokens, |h| h.mean(max_tokens, est));
         let overflow =
             tier.overflow_class.as_ref().and_then(|name| self.models.iter().position(|m| &m.class == name));
         // The primary class: the first ready engine's outside the overflow class.
@@ -314,22 +317,6 @@ impl Controller {
             Some(engine) => Outcome::Start { engine, admit },
             None => Outcome::Anywhere { admit },
         }
-    }
-
-    /// The mean output of `tenant` on `model` under `max_tokens`.
-    fn mean_out(&self, policy: &PolicyDocument, tenant: &str, model: &str, max_tokens: u32) -> u32 {
-        self.outputs
-            .get(tenant)
-            .and_then(|m| m.get(model))
-            .map_or(max_tokens, |h| h.mean(max_tokens, &policy.estimator))
-    }
-
-    /// The expected output of `tenant` on `model` under `max_tokens`.
-    fn expected(&self, policy: &PolicyDocument, tenant: &str, model: &str, max_tokens: u32) -> u32 {
-        self.outputs
-            .get(tenant)
-            .and_then(|m| m.get(model))
-            .map_or(max_tokens, |h| h.expected(max_tokens, &policy.estimator))
     }
 
     /// The engine-queue ordering key: milliseconds on this controller's

@@ -1,6 +1,7 @@
 //! What the admission tests share: the shipped policy, the bundled A100
 //! profile, and a fleet of candidates on it.
 
+use super::controller::Request;
 use super::{Candidate, Controller};
 use crate::{LatencyProfile, PolicyDocument};
 
@@ -28,4 +29,19 @@ pub fn engines(ctl: &mut Controller, n: usize, slots: u32, active: u32) -> Vec<C
             long_lane: false,
         })
         .collect()
+}
+
+/// A request of `tenant` on `tier` with `prompt` tokens asking for `max`.
+pub fn req<'a>(p: &'a PolicyDocument, tier: &str, tenant: &'a str, prompt: u32, max: u32) -> Request<'a> {
+    let tier = p.tiers.iter().find(|t| t.name == tier).unwrap();
+    Request {
+        tenant,
+        tier,
+        model: "m",
+        prompt_tokens: prompt,
+        max_tokens: max,
+        sampling: false,
+        ttft_hint_ms: None,
+        e2e_hint_ms: None,
+    }
 }

@@ -3,21 +3,7 @@
 //! counts follow admissions and releases.
 
 use super::*;
-use crate::admission::fixtures::{engines, policy};
-
-fn req<'a>(p: &'a PolicyDocument, tier: &str, tenant: &'a str, prompt: u32, max: u32) -> Request<'a> {
-    let tier = p.tiers.iter().find(|t| t.name == tier).unwrap();
-    Request {
-        tenant,
-        tier,
-        model: "m",
-        prompt_tokens: prompt,
-        max_tokens: max,
-        sampling: false,
-        ttft_hint_ms: None,
-        e2e_hint_ms: None,
-    }
-}
+use crate::admission::fixtures::{engines, policy, req};
 
 #[test]
 fn a_free_slot_starts_at_once_and_a_full_fleet_waits_at_the_gate() {
