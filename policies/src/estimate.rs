@@ -566,6 +566,30 @@ mod tests {
         assert_eq!(h.expected(300, &cfg), 5, "old samples fall out of the window");
     }
 
+    /// The calibration's memory is bounded three ways: residuals per tier
+    /// (`calibration_window`), their age (`calibration_max_age_s`), and
+    /// tiers per class (a policy renaming tiers again and again).
+    #[test]
+    fn ttft_calibration_memory_is_bounded() {
+        let cfg = EstimatorConfig { min_samples: 4, calibration_window: 16, ..Default::default() };
+        let mut m = ServiceModel::from_profile(&profile());
+        // 1,000 huge residuals, then one window of small ones: only the
+        // window is remembered.
+        for i in 0..1000 {
+            m.observe_ttft(f64::from(i) * 0.001, "gold", 10_000.0, 0.0, &cfg);
+        }
+        for i in 0..16 {
+            m.observe_ttft(1.0 + f64::from(i) * 0.001, "gold", 5.0, 0.0, &cfg);
+        }
+        assert_eq!(m.ttft_residual("gold"), Some(5.0));
+        assert!(m.tiers[0].1.residuals.len() <= cfg.calibration_window);
+        for t in 0..(ServiceModel::MAX_TIERS + 8) {
+            m.observe_ttft(2.0, &format!("tier-{t}"), 5.0, 0.0, &cfg);
+        }
+        assert_eq!(m.tiers.len(), ServiceModel::MAX_TIERS, "oldest tiers dropped");
+        assert!(m.tiers.iter().all(|(t, _)| t != "gold"));
+    }
+
     #[test]
     fn ratios_ignore_nonsense() {
         let mut r = Ratio::default();
