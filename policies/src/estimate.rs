@@ -573,12 +573,13 @@ mod tests {
     fn ttft_calibration_memory_is_bounded() {
         let cfg = EstimatorConfig { min_samples: 4, calibration_window: 16, ..Default::default() };
         let mut m = ServiceModel::from_profile(&profile());
-        // 1,000 huge residuals, then one window of small ones: only the
-        // window is remembered.
+        // 1,000 huge residuals, then two windows of small ones (the
+        // quantile is recomputed every 16 changes): only the last window is
+        // remembered.
         for i in 0..1000 {
             m.observe_ttft(f64::from(i) * 0.001, "gold", 10_000.0, 0.0, &cfg);
         }
-        for i in 0..16 {
+        for i in 0..32 {
             m.observe_ttft(1.0 + f64::from(i) * 0.001, "gold", 5.0, 0.0, &cfg);
         }
         assert_eq!(m.ttft_residual("gold"), Some(5.0));
