@@ -20,12 +20,31 @@ use crate::error::ApiError;
 pub struct Req {
     pub parts: http::request::Parts,
     body: Option<Incoming>,
+    /// The body, once the stack's body layer has read it.
+    read: Option<Bytes>,
 }
 
 impl Req {
     pub fn new(req: Request<Incoming>) -> Self {
         let (parts, body) = req.into_parts();
-        Self { parts, body: Some(body) }
+        Self { parts, body: Some(body), read: None }
+    }
+
+    /// Reads the whole body, bounded (`read_body`), for [`Self::take_read`].
+    pub(crate) async fn read(&mut self, config: &crate::config::GatewayConfig) -> Result<(), ApiError> {
+        let bytes = read_body(self, config).await?;
+        self.read = Some(bytes);
+        Ok(())
+    }
+
+    /// The body the stack's body layer read (empty for a route whose
+    /// requests carry none).
+    pub(crate) fn take_read(&mut self) -> Bytes {
+        self.read.take().unwrap_or_default()
+    }
+
+    pub(crate) fn extensions_mut(&mut self) -> &mut http::Extensions {
+        &mut self.parts.extensions
     }
 
     pub fn headers(&self) -> &HeaderMap {

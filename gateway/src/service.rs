@@ -1,21 +1,18 @@
-//! The public request path, top to bottom, in one place.
+//! The public routes, under the layers of `stack.rs` (request id, metrics,
+//! policy snapshot, errors, auth, body limit).
 //!
-//! `handle` stamps the request id, routes, runs the route, maps any error to
-//! its response (in `error.rs`), adds the admission headers, and counts the
-//! result. `completions` is the generation path: auth -> SLO hints ->
-//! bounded body read -> schema -> model -> plan (context ceiling, output
-//! cap) -> admission (brownout caps, estimate, admit / degrade / reject, the
-//! gate) -> dispatch (retries before the first byte) -> SSE relay or
-//! collected JSON.
+//! `completions` is the generation path: SLO hints -> schema -> model ->
+//! plan (context ceiling, output cap) -> tenant limits -> admission
+//! (brownout caps, estimate, admit / degrade / reject, the gate) -> dispatch
+//! (retries before the first byte) -> SSE relay or collected JSON.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Instant, UNIX_EPOCH};
 
 use engine_api::GenerateRequest;
-use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use policies::{PolicyDocument, Tenant, Tier};
 use serde_json::json;
 
@@ -28,7 +25,7 @@ use crate::metrics::RequestObserver;
 use crate::openai::{self, Kind};
 use crate::permit::Permit;
 use crate::relay::{self, Encoder, StreamBounds};
-use crate::request::{bearer, json_response, read_body, Req};
+use crate::request::{bearer, json_response, Req};
 use crate::video::routes::VideoRoute;
 use crate::App;
 
@@ -104,30 +101,57 @@ impl Route {
     }
 }
 
-/// The router, innermost in the stack (`stack.rs`): the route's work,
-/// under the policy version and request id the outer layers set. An error
-/// answers after the client's upload ends (`drain_unread`).
+/// The tenant the auth layer found for the request's key: an index into
+/// the request's policy snapshot (a request extension).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caller(pub usize);
+
+impl Route {
+    /// Whether the route answers only to a tenant's key (the auth layer).
+    pub(crate) fn needs_key(&self) -> bool {
+        matches!(self, Route::Completions(_) | Route::Models | Route::Model(_) | Route::Video(_))
+    }
+
+    /// Whether the route's requests carry a body it reads (the body layer).
+    pub(crate) fn takes_body(&self) -> bool {
+        matches!(self, Route::Completions(_) | Route::Video(VideoRoute::Create | VideoRoute::Prompt(_)))
+    }
+}
+
+/// The key's tenant and tier: the auth layer's [`Caller`] if it ran.
+pub(crate) fn caller<'a>(
+    policy: &'a PolicyDocument,
+    req: &Req,
+    found: Option<Caller>,
+) -> Result<(&'a Tenant, &'a Tier), ApiError> {
+    match found {
+        Some(Caller(i)) => Ok(policy.tenant_at(i)),
+        None => authenticate(policy, req.headers()),
+    }
+}
+
+/// The router, innermost in the stack (`stack.rs`): the route's work, under
+/// the policy version, request id, caller and body the layers above set.
+/// An error answers after the client's upload ends (`drain_unread`).
 pub(crate) async fn route(
     app: Arc<App>,
-    req: Request<Incoming>,
-    ctx: Ident,
+    mut req: Req,
+    (ctx, route): (Ident, Route),
     policy: Arc<PolicyDocument>,
+    found: Option<Caller>,
 ) -> Result<Response<GatewayBody>, Failed> {
     let policy = &policy;
-    let mut req = Req::new(req);
-    let result = match Route::of(req.method(), req.uri().path()) {
-        Route::Completions(kind) => {
-            completions(&app, policy, &mut req, kind, &ctx.request_id, ctx.arrived).await
-        }
-        Route::Models => {
-            authenticate(policy, req.headers()).map(|_| models(policy, None)).map_err(Failed::from)
-        }
-        Route::Model(id) => {
-            authenticate(policy, req.headers()).map(|_| models(policy, Some(&id))).map_err(Failed::from)
-        }
+    let result = match route {
+        Route::Completions(kind) => match caller(policy, &req, found) {
+            Ok(who) => completions(&app, policy, who, &mut req, kind, &ctx).await,
+            Err(e) => Err(e.into()),
+        },
+        Route::Models | Route::Model(_) => caller(policy, &req, found)
+            .map(|_| models(policy, if let Route::Model(id) = &route { Some(id) } else { None }))
+            .map_err(Failed::from),
         Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "alive"}))),
         Route::Readyz => Ok(readyz(&app, policy)),
-        Route::Video(v) => match authenticate(policy, req.headers()) {
+        Route::Video(v) => match caller(policy, &req, found) {
             Ok(who) => video(&app, policy, who, v, &mut req).await,
             Err(e) => Err(e.into()),
         },
@@ -165,16 +189,16 @@ pub(crate) fn decision_headers(h: &mut HeaderMap, version: &str, verdict: Option
 async fn completions(
     app: &App,
     policy: &Arc<PolicyDocument>,
+    (tenant, tier): (&Tenant, &Tier),
     req: &mut Req,
     kind: Kind,
-    request_id: &str,
-    arrived: Instant,
+    ctx: &Ident,
 ) -> Result<Response<GatewayBody>, Failed> {
-    let (tenant, tier) = authenticate(policy, req.headers())?; // who is calling, on which tier
+    let (request_id, arrived) = (ctx.request_id.as_str(), ctx.arrived);
     let min_hint = policy.admission.min_hint_ms;
     let ttft_hint = slo_hint(req.headers(), "x-slo-ttft-ms", tier.ttft, min_hint)?; // per-request SLO, clamped to the tier
     let e2e_hint = slo_hint(req.headers(), "x-slo-e2e-ms", tier.e2e, min_hint)?;
-    let body = read_body(req, &app.config).await?; // bounded memory and time per request
+    let body = req.take_read(); // read by the body layer: bounded memory and time
     let parsed = openai::parse(kind, &body)?; // typed and validated; unknown parameters named
     if policy.model(&parsed.model).is_none() {
         return Err(ApiError::ModelNotFound(parsed.model).into());

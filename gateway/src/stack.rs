@@ -9,14 +9,22 @@
 //!             x-policy-version and admission's decision headers on the answer
 //! Errors      the one place an error becomes an HTTP answer (OpenAI-style
 //!             body, gateway_errors_total, the verdict kept for the headers)
-//! router      service::route: auth, bounded body read (size and time),
-//!             parse, tenant limits, admission, dispatch, relay
+//! Auth        the bearer key of a route that needs one -> the tenant
+//!             (`Caller`), else 401 after the upload is drained
+//! BodyLimit   the body of a route that takes one, read whole within
+//!             max_body_bytes and body_read_timeout_ms (413 / 408)
+//! router      service::route: parse, tenant limits, admission, dispatch,
+//!             relay
 //! ```
 //!
 //! Why this order: the id and span first so that every log line below
 //! carries the id; metrics see the final status, errors included; the
 //! policy layer writes the decision headers on every answer, so it sits
-//! above the error layer that produces error answers. Each layer is always
+//! above the error layer that produces error answers; auth before the body
+//! so that an unknown caller costs no body read (its upload is drained, not
+//! buffered). The route is found once, by the metrics layer, and travels
+//! down as a request extension; below the error layer the request is a
+//! [`Req`] (its body may already be read) and errors are typed ([`Failed`]). Each layer is always
 //! ready (`poll_ready` is `Ready`): back-pressure is the listener's
 //! (connections, streams) and admission's, not the stack's. Time limits
 //! are where their time runs: the body read in the router, the engine's
@@ -37,7 +45,8 @@ use crate::admission::Verdict;
 use crate::body::GatewayBody;
 use crate::metrics;
 use crate::reload::PolicyStore;
-use crate::service::{self, Failed, Ident, Route};
+use crate::request::Req;
+use crate::service::{self, Caller, Failed, Ident, Route};
 use crate::App;
 
 type Answer = Response<GatewayBody>;
@@ -66,6 +75,8 @@ pub(crate) fn public(
         .layer(Wrap::layer(Metrics))
         .layer(Wrap::layer(Policy { store: Arc::clone(&app.policies) }))
         .layer(ErrorLayer)
+        .layer(Step::layer(Auth, Arc::clone(&app)))
+        .layer(Step::layer(BodyLimit, Arc::clone(&app)))
         .service(router)
 }
 
@@ -75,7 +86,7 @@ struct Router {
     app: Arc<App>,
 }
 
-impl Service<Request<Incoming>> for Router {
+impl Service<Req> for Router {
     type Response = Answer;
     type Error = Failed;
     type Future = BoxFuture<Result<Answer, Failed>>;
@@ -84,16 +95,107 @@ impl Service<Request<Incoming>> for Router {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
-        // Set by the layers above; a router used alone makes its own.
+    fn call(&mut self, mut req: Req) -> Self::Future {
+        // Set by the layers above; a router used alone finds its own.
         let app = &self.app;
-        let ident = req.extensions_mut().remove::<Ident>().unwrap_or_else(|| Ident {
+        let ext = req.extensions_mut();
+        let ident = ext.remove::<Ident>();
+        let policy = ext.remove::<Snapshot>().map_or_else(|| app.policies.current(), |s| s.0);
+        let route = ext.remove::<Route>();
+        let caller = ext.remove::<Caller>();
+        let ident = ident.unwrap_or_else(|| Ident {
             request_id: service::request_id(app, req.headers()),
             arrived: crate::clock::now(),
         });
-        let policy =
-            req.extensions_mut().remove::<Snapshot>().map_or_else(|| app.policies.current(), |s| s.0);
-        Box::pin(service::route(Arc::clone(app), req, ident, policy))
+        let route = route.unwrap_or_else(|| Route::of(req.method(), req.uri().path()));
+        Box::pin(service::route(Arc::clone(app), req, (ident, route), policy, caller))
+    }
+}
+
+/// One of the inner layers: a check on the request that either passes it
+/// down (having added to it) or answers with an error, after draining
+/// what the client was still uploading (bounded, `Req::drain_unread`).
+trait Check: Clone + Send + Sync + 'static {
+    fn check<'a>(
+        &'a self,
+        app: &'a App,
+        req: &'a mut Req,
+    ) -> impl Future<Output = Result<(), crate::error::ApiError>> + Send + 'a;
+}
+
+/// A [`Check`] as a `tower` layer and service.
+#[derive(Clone)]
+struct Step<C, S> {
+    check: C,
+    app: Arc<App>,
+    inner: S,
+}
+
+impl<C: Check> Step<C, ()> {
+    fn layer<S>(check: C, app: Arc<App>) -> impl Layer<S, Service = Step<C, S>> + Clone {
+        tower::layer::layer_fn(move |inner| Step { check: check.clone(), app: Arc::clone(&app), inner })
+    }
+}
+
+impl<C, S> Service<Req> for Step<C, S>
+where
+    C: Check,
+    S: Service<Req, Response = Answer, Error = Failed> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Answer;
+    type Error = Failed;
+    type Future = BoxFuture<Result<Answer, Failed>>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Failed>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Req) -> Self::Future {
+        // The service that was polled ready serves this call (tower's rule).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let (check, app) = (self.check.clone(), Arc::clone(&self.app));
+        Box::pin(async move {
+            if let Err(error) = check.check(&app, &mut req).await {
+                req.drain_unread(&app.config.limits).await; // answer after the upload, not into it
+                return Err(error.into());
+            }
+            inner.call(req).await
+        })
+    }
+}
+
+/// The tenant owning the bearer key, for a route that needs one.
+#[derive(Clone)]
+struct Auth;
+
+impl Check for Auth {
+    async fn check(&self, _: &App, req: &mut Req) -> Result<(), crate::error::ApiError> {
+        let ext = &req.parts.extensions;
+        let (Some(route), Some(Snapshot(policy))) = (ext.get::<Route>(), ext.get::<Snapshot>()) else {
+            return Ok(()); // the router authenticates itself
+        };
+        if !route.needs_key() {
+            return Ok(());
+        }
+        let key = crate::request::bearer(req.headers()).ok_or(crate::error::ApiError::MissingKey)?;
+        let tenant = policy.key_owner(key).ok_or(crate::error::ApiError::InvalidKey)?;
+        req.extensions_mut().insert(Caller(tenant));
+        Ok(())
+    }
+}
+
+/// The whole body of a route that takes one, bounded in size and time.
+#[derive(Clone)]
+struct BodyLimit;
+
+impl Check for BodyLimit {
+    async fn check(&self, app: &App, req: &mut Req) -> Result<(), crate::error::ApiError> {
+        match req.parts.extensions.get::<Route>() {
+            Some(route) if route.takes_body() => req.read(&app.config).await,
+            _ => Ok(()),
+        }
     }
 }
 
@@ -183,7 +285,8 @@ impl Around for RequestId {
     }
 }
 
-/// `gateway_requests_total{route,status}` once the answer is known.
+/// `gateway_requests_total{route,status}` once the answer is known; finds
+/// the route (a request extension for the layers below).
 #[derive(Clone)]
 struct Metrics;
 
@@ -191,7 +294,10 @@ impl Around for Metrics {
     type State = &'static str;
 
     fn before(&self, req: &mut Request<Incoming>) -> &'static str {
-        Route::of(req.method(), req.uri().path()).label()
+        let route = Route::of(req.method(), req.uri().path());
+        let label = route.label();
+        req.extensions_mut().insert(route);
+        label
     }
 
     fn after(route: &'static str, resp: &mut Answer) {
@@ -239,7 +345,7 @@ struct Errors<S> {
 
 impl<S> Service<Request<Incoming>> for Errors<S>
 where
-    S: Service<Request<Incoming>, Response = Answer, Error = Failed>,
+    S: Service<Req, Response = Answer, Error = Failed>,
     S::Future: Send + 'static,
 {
     type Response = Answer;
@@ -255,7 +361,7 @@ where
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let answer = self.inner.call(req);
+        let answer = self.inner.call(Req::new(req));
         Box::pin(async move {
             Ok(answer.await.unwrap_or_else(|Failed { error, verdict }| {
                 tracing::info!(event = "request_error", code = error.code(), error = %error);

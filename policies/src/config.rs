@@ -56,6 +56,14 @@ impl ApiKey {
     }
 }
 
+/// Keys are looked up by the presented `&str` (no copy per request); the
+/// derived `Hash` and `Eq` are the `String`'s, hence `str`'s.
+impl std::borrow::Borrow<str> for ApiKey {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Debug for ApiKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let prefix: String = self.0.chars().take(4).collect();
@@ -365,9 +373,21 @@ impl PolicyDocument {
 
     /// The tenant owning `key`, with its tier.
     pub fn authenticate(&self, key: &str) -> Option<(&Tenant, &Tier)> {
-        let i = *self.keys.get(&ApiKey(key.to_string()))?;
+        self.key_owner(key).map(|i| self.tenant_at(i))
+    }
+
+    /// The index of the tenant owning `key` (stable for this document).
+    pub fn key_owner(&self, key: &str) -> Option<usize> {
+        self.keys.get(key).copied()
+    }
+
+    /// Tenant `i` of this document ([`Self::key_owner`]), with its tier.
+    ///
+    /// # Panics
+    /// If `i` is not a tenant index of this document.
+    pub fn tenant_at(&self, i: usize) -> (&Tenant, &Tier) {
         let tenant = &self.tenants[i];
-        Some((tenant, &self.tiers[tenant.tier]))
+        (tenant, &self.tiers[tenant.tier])
     }
 
     /// The model with this id.

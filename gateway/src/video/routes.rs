@@ -16,7 +16,7 @@ use super::{chunk_time_s, driver, engine as calls, Stream, StreamParams};
 use crate::body::GatewayBody;
 use crate::error::ApiError;
 use crate::metrics as m;
-use crate::request::{json_response, read_body};
+use crate::request::json_response;
 use crate::App;
 
 /// The routes under `/v1/video/streams`.
@@ -106,7 +106,7 @@ pub async fn handle(
         |id: &str| streams.get(id, &tenant.name).ok_or_else(|| ApiError::StreamNotFound(id.to_string()));
     match route {
         VideoRoute::Create => {
-            let body = read_body(req, &app.config).await?;
+            let body = req.take_read();
             create(app, policy, tenant, tier, &body, hold).await
         }
         VideoRoute::Status(id) => Ok(json_response(StatusCode::OK, &find(&id)?.status(streams.now()))),
@@ -138,7 +138,7 @@ pub async fn handle(
         }
         VideoRoute::Prompt(id) => {
             let s = find(&id)?;
-            let body = read_body(req, &app.config).await?;
+            let body = req.take_read();
             let p: PromptBody = parse(&body)?;
             check_prompt(&p.prompt)?;
             switch_prompt(app, policy, &s, p.prompt).await?;
