@@ -41,6 +41,8 @@ pub(crate) mod server;
 pub(crate) mod service;
 pub(crate) mod stack;
 pub mod supervisor;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testkit;
 pub(crate) mod tls;
 pub(crate) mod video;
 pub(crate) mod workers;

@@ -26,14 +26,14 @@ use bytes::Bytes;
 use engine_api::LoadReport;
 use http::Uri;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client, ResponseFuture};
+use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use policies::routing::EngineView;
 use policies::LatencyProfile;
 use tokio::sync::Notify;
 
 /// The HTTP/2 client used for engine traffic.
-pub type EngineClient = Client<HttpConnector, Full<Bytes>>;
+pub type EngineClient = Client<EngineConnector, Full<Bytes>>;
 
 /// How often load reports are polled.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
@@ -61,9 +61,11 @@ mod uri_string {
     }
 }
 
+pub use connect::EngineConnector;
 pub use policies::admission::controller::Work;
 pub use slot::EngineSlot;
 
+mod connect;
 mod slot;
 
 /// All engines plus the clients that reach them.
@@ -96,10 +98,17 @@ pub struct EnginePool {
 impl EnginePool {
     /// `token`: the engines' API token, sent on every request.
     pub fn new(specs: Vec<EngineSpec>, limits: &crate::limits::Limits, token: Option<&str>) -> Arc<Self> {
+        Self::with_connector(specs, limits, token, EngineConnector::tcp(Duration::from_secs(1)))
+    }
+
+    /// As [`EnginePool::new`], reaching the engines through `connector`.
+    pub fn with_connector(
+        specs: Vec<EngineSpec>,
+        limits: &crate::limits::Limits,
+        token: Option<&str>,
+        connector: EngineConnector,
+    ) -> Arc<Self> {
         let client = || {
-            let mut connector = HttpConnector::new();
-            connector.set_nodelay(true);
-            connector.set_connect_timeout(Some(Duration::from_secs(1)));
             Client::builder(TokioExecutor::new())
                 .http2_only(true)
                 .timer(TokioTimer::new())
@@ -113,7 +122,7 @@ impl EnginePool {
                 // counted towards closing the whole connection; remember as
                 // many as can be in flight.
                 .http2_max_concurrent_reset_streams(MAX_RESET_STREAMS)
-                .build(connector)
+                .build(connector.clone())
         };
         let slots = specs.into_iter().map(|spec| Arc::new(EngineSlot::new(spec, false))).collect();
         Arc::new(Self {

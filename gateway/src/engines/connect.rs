@@ -1,0 +1,138 @@
+//! How the engine clients reach an engine: TCP, or (with the `test-util`
+//! feature, and in this crate's tests) an in-process scripted engine over
+//! an in-memory pipe (`testkit.rs`), so that the request path can be tested
+//! in tokio's paused time. Production builds have the TCP arm only.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Uri;
+use hyper::rt::{Read, ReadBufCursor, Write};
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The connector of every engine client.
+#[derive(Clone)]
+pub struct EngineConnector {
+    tcp: HttpConnector,
+    #[cfg(any(test, feature = "test-util"))]
+    scripted: Option<crate::testkit::Scripted>,
+}
+
+impl EngineConnector {
+    /// TCP with `TCP_NODELAY` and a connect timeout.
+    pub fn tcp(connect_timeout: Duration) -> Self {
+        let mut tcp = HttpConnector::new();
+        tcp.set_nodelay(true);
+        tcp.set_connect_timeout(Some(connect_timeout));
+        Self {
+            tcp,
+            #[cfg(any(test, feature = "test-util"))]
+            scripted: None,
+        }
+    }
+
+    /// Connections to the scripted engines' URLs go to them in-process;
+    /// any other URL over TCP.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn with_scripted(mut self, scripted: crate::testkit::Scripted) -> Self {
+        self.scripted = Some(scripted);
+        self
+    }
+}
+
+impl std::fmt::Debug for EngineConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EngineConnector")
+    }
+}
+
+impl tower::Service<Uri> for EngineConnector {
+    type Response = EngineIo;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<EngineIo, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        tower::Service::<Uri>::poll_ready(&mut self.tcp, cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        #[cfg(any(test, feature = "test-util"))]
+        if let Some(pipe) = self.scripted.as_ref().and_then(|s| s.connect(&uri)) {
+            return Box::pin(std::future::ready(Ok(EngineIo::Pipe(TokioIo::new(pipe)))));
+        }
+        let connecting = self.tcp.call(uri);
+        Box::pin(async move { connecting.await.map(EngineIo::Tcp).map_err(Into::into) })
+    }
+}
+
+/// One connection to an engine.
+#[derive(Debug)]
+pub enum EngineIo {
+    Tcp(TokioIo<TcpStream>),
+    #[cfg(any(test, feature = "test-util"))]
+    Pipe(TokioIo<tokio::io::DuplexStream>),
+}
+
+/// Forwards a call to whichever stream the connection is.
+macro_rules! each {
+    ($self:ident, $io:ident => $call:expr) => {
+        match $self.get_mut() {
+            EngineIo::Tcp($io) => $call,
+            #[cfg(any(test, feature = "test-util"))]
+            EngineIo::Pipe($io) => $call,
+        }
+    };
+}
+
+impl Connection for EngineIo {
+    fn connected(&self) -> Connected {
+        match self {
+            EngineIo::Tcp(io) => io.connected(),
+            #[cfg(any(test, feature = "test-util"))]
+            EngineIo::Pipe(_) => Connected::new(),
+        }
+    }
+}
+
+impl Read for EngineIo {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: ReadBufCursor<'_>) -> Poll<io::Result<()>> {
+        each!(self, io => Pin::new(io).poll_read(cx, buf))
+    }
+}
+
+impl Write for EngineIo {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        each!(self, io => Pin::new(io).poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        each!(self, io => Pin::new(io).poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            EngineIo::Tcp(io) => io.is_write_vectored(),
+            #[cfg(any(test, feature = "test-util"))]
+            EngineIo::Pipe(io) => io.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each!(self, io => Pin::new(io).poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each!(self, io => Pin::new(io).poll_shutdown(cx))
+    }
+}

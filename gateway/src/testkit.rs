@@ -1,0 +1,372 @@
+//! The gateway and its engines in one process, for tests in tokio's paused
+//! time (the `test-util` feature; always in this crate's own tests).
+//!
+//! A [`Harness`] is the real request path — the `tower` stack of
+//! `stack.rs` served by hyper's HTTP/2 server, admission with its gate
+//! task, dispatch, the relay — with two things swapped for in-memory
+//! pipes: the client's connection and the engines'. Each engine is a
+//! scripted HTTP/2 server: for every generate request it plays a
+//! [`Script`] (events after delays, a refusal, silence, garbage) and counts
+//! what happened to its streams ([`EngineStats`]). Nothing touches a
+//! socket or the wall clock, so a test can assert *when* something
+//! happened, exactly, in virtual time: a retry after the first-token
+//! timeout, an error event after the engine's silence, a reset after the
+//! client's stall.
+//!
+//! This is the layer under the process-level tests (`tests/*.rs`), which
+//! keep covering what only real processes show: TLS, real sockets,
+//! signals, the engine binary.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use engine_api::{ErrorBody, Event, GenerateRequest};
+use http::{Request, Response, StatusCode, Uri};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use policies::PolicyDocument;
+use tokio::io::DuplexStream;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::config::GatewayConfig;
+use crate::engines::{EngineConnector, EnginePool, EngineSpec};
+use crate::reload::PolicyStore;
+use crate::{App, Control};
+
+/// Bytes in flight per in-memory pipe (each direction).
+const PIPE_BYTES: usize = 1 << 20;
+
+/// The latency profile every scripted engine serves (the bundled emulated
+/// A100's).
+const PROFILE: &str = include_str!("../../policies/profiles/emulated-a100-8b.toml");
+
+/// The load report every scripted engine serves: ready, a batch of 32,
+/// KV to spare.
+fn load_report(id: &str) -> engine_api::LoadReport {
+    engine_api::LoadReport {
+        engine_id: id.into(),
+        backend: "emulated".into(),
+        engine_class: "emulated-a100".into(),
+        ready: true,
+        kv_pages_free: 65_536,
+        kv_pages_total: 65_536,
+        kv_admitting: true,
+        kv_page_tokens: 16,
+        decode_step_ms: 10.0,
+        batch_target: 32,
+        ..Default::default()
+    }
+}
+
+/// What an engine does with one generate request.
+#[derive(Debug, Clone)]
+pub enum Script {
+    /// Answers `status` with an error body, before any event.
+    Refuse(StatusCode, &'static str),
+    /// Streams these steps, then ends the stream cleanly.
+    Stream(Vec<Step>),
+}
+
+/// One step of a streamed answer.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// Virtual time passes.
+    Wait(Duration),
+    /// One event line.
+    Event(Event),
+    /// Raw bytes (a broken or hostile engine).
+    Raw(&'static [u8]),
+    /// Nothing more, ever: the stream stays open and silent.
+    Hang,
+}
+
+impl Script {
+    /// `n` tokens ("t0", "t1", …) `every` apart after `first` (the time to
+    /// the first token), then `done`.
+    pub fn tokens(first: Duration, n: u32, every: Duration) -> Self {
+        let mut steps = vec![Step::Wait(first)];
+        for i in 0..n {
+            if i > 0 {
+                steps.push(Step::Wait(every));
+            }
+            steps.push(Step::Event(Event::Token { text: format!("t{i}") }));
+        }
+        steps.push(Step::Event(done(n)));
+        Script::Stream(steps)
+    }
+}
+
+/// A normal end after `completion_tokens` tokens.
+pub fn done(completion_tokens: u32) -> Event {
+    Event::Done {
+        finish_reason: engine_api::FinishReason::Length,
+        usage: engine_api::Usage { prompt_tokens: 8, completion_tokens },
+        queue_ms: 0.0,
+        prefill_ms: 1.0,
+    }
+}
+
+/// What happened at one scripted engine.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    /// Generate requests received.
+    pub requests: AtomicUsize,
+    /// Streams whose reader went away before the script ended (the
+    /// gateway cancelled them: RST_STREAM).
+    pub cancelled: AtomicUsize,
+    /// `max_tokens` of the last generate request.
+    pub last_max_tokens: AtomicUsize,
+}
+
+impl EngineStats {
+    pub fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+
+    pub fn cancelled(&self) -> usize {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+
+    pub fn last_max_tokens(&self) -> usize {
+        self.last_max_tokens.load(Ordering::SeqCst)
+    }
+}
+
+type Scripts = Arc<Mutex<HashMap<String, (Arc<Mutex<Vec<Script>>>, Arc<EngineStats>)>>>;
+
+/// The scripted engines, by the host of their URL (`http://<id>.scripted`).
+#[derive(Clone, Default)]
+pub struct Scripted {
+    engines: Scripts,
+}
+
+impl Scripted {
+    /// An engine named `id` playing `scripts` in turn (the last one for
+    /// every request after).
+    pub fn add(&self, id: &str, scripts: Vec<Script>) -> Arc<EngineStats> {
+        let stats = Arc::new(EngineStats::default());
+        let entry = (Arc::new(Mutex::new(scripts)), Arc::clone(&stats));
+        self.engines.lock().unwrap_or_else(|p| p.into_inner()).insert(format!("{id}.scripted"), entry);
+        stats
+    }
+
+    /// A new connection to the engine at `uri`, if it is scripted.
+    pub(crate) fn connect(&self, uri: &Uri) -> Option<DuplexStream> {
+        let engines = self.engines.lock().unwrap_or_else(|p| p.into_inner());
+        let (scripts, stats) = engines.get(uri.host()?)?.clone();
+        let (ours, theirs) = tokio::io::duplex(PIPE_BYTES);
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let script = {
+                let mut s = scripts.lock().unwrap_or_else(|p| p.into_inner());
+                if s.len() > 1 {
+                    s.remove(0)
+                } else {
+                    s.first().cloned().unwrap_or(Script::Stream(vec![Step::Hang]))
+                }
+            };
+            play(req, script, Arc::clone(&stats))
+        });
+        tokio::spawn(
+            hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .serve_connection(TokioIo::new(theirs), service),
+        );
+        Some(ours)
+    }
+}
+
+async fn play(
+    req: Request<Incoming>,
+    script: Script,
+    stats: Arc<EngineStats>,
+) -> Result<Response<ScriptBody>, Infallible> {
+    match req.uri().path() {
+        engine_api::GENERATE_PATH => {}
+        engine_api::LOAD_PATH => {
+            let id = req.uri().host().unwrap_or("").trim_end_matches(".scripted");
+            let report = serde_json::to_vec(&load_report(id)).unwrap_or_default();
+            return Ok(answer(StatusCode::OK, Bytes::from(report)));
+        }
+        engine_api::PROFILE_PATH => {
+            return Ok(answer(StatusCode::OK, Bytes::from_static(PROFILE.as_bytes())))
+        }
+        _ => return Ok(answer(StatusCode::NOT_FOUND, Bytes::new())),
+    }
+    stats.requests.fetch_add(1, Ordering::SeqCst);
+    let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    match serde_json::from_slice::<GenerateRequest>(&body) {
+        Ok(gen) => stats.last_max_tokens.store(gen.max_tokens as usize, Ordering::SeqCst),
+        Err(_) => return Ok(answer(StatusCode::BAD_REQUEST, Bytes::new())),
+    }
+    let steps = match script {
+        Script::Refuse(status, code) => {
+            let body = ErrorBody { code: code.into(), message: "scripted refusal".into() };
+            return Ok(answer(status, Bytes::from(serde_json::to_vec(&body).unwrap_or_default())));
+        }
+        Script::Stream(steps) => steps,
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        for step in steps {
+            let sent = tokio::select! {
+                () = tx.closed() => false,
+                sent = async {
+                    match step {
+                        Step::Wait(d) => {
+                            tokio::time::sleep(d).await;
+                            true
+                        }
+                        Step::Event(e) => tx.send(Bytes::from(e.to_line())).await.is_ok(),
+                        Step::Raw(b) => tx.send(Bytes::from_static(b)).await.is_ok(),
+                        Step::Hang => std::future::pending().await,
+                    }
+                } => sent,
+            };
+            if !sent {
+                stats.cancelled.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+        }
+    });
+    let mut resp = Response::new(ScriptBody(rx));
+    resp.headers_mut()
+        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/x-ndjson"));
+    Ok(resp)
+}
+
+fn answer(status: StatusCode, body: Bytes) -> Response<ScriptBody> {
+    let (tx, rx) = mpsc::channel(1);
+    let _ = tx.try_send(body);
+    let mut resp = Response::new(ScriptBody(rx));
+    *resp.status_mut() = status;
+    resp
+}
+
+/// A scripted engine's response body: the bytes its task sends.
+pub struct ScriptBody(mpsc::Receiver<Bytes>);
+
+impl http_body::Body for ScriptBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// The gateway in-process over scripted engines, and an HTTP/2 client
+/// connected to it.
+pub struct Harness {
+    pub app: Arc<App>,
+    /// Each engine's counters, in the order given.
+    pub engines: Vec<Arc<EngineStats>>,
+    client: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    _tasks: JoinSet<()>,
+}
+
+impl Harness {
+    /// `policy`: a policy document's text; `engines`: each engine's id and
+    /// scripts (each serves the bundled emulated A100 profile and a load
+    /// report of a ready engine with a batch of 32);
+    /// `configure` adjusts the gateway's config (limits) first.
+    pub async fn start(
+        policy: &str,
+        engines: Vec<(&str, Vec<Script>)>,
+        configure: impl FnOnce(&mut GatewayConfig),
+    ) -> Self {
+        let mut config = GatewayConfig::default();
+        configure(&mut config);
+        let scripted = Scripted::default();
+        let stats = engines.iter().map(|(id, scripts)| scripted.add(id, scripts.clone())).collect();
+        let specs = engines
+            .iter()
+            .map(|(id, _)| EngineSpec {
+                id: (*id).into(),
+                url: format!("http://{id}.scripted").parse().unwrap(),
+            })
+            .collect();
+        let connector = EngineConnector::tcp(Duration::from_secs(1)).with_scripted(scripted);
+        let pool = EnginePool::with_connector(specs, &config.limits, None, connector);
+        // Readiness, profiles and load reports as in production: the poller.
+        pool.poll_once().await;
+        assert_eq!(pool.ready_count(), pool.len(), "every scripted engine answers its probe");
+        let mut tasks = JoinSet::new();
+        tasks.spawn(Arc::clone(&pool).poll_forever());
+        let doc = PolicyDocument::parse("test.toml", policy).expect("the test's policy parses");
+        let store = Arc::new(PolicyStore::new(doc, policy, None, None));
+        let control = Control { supervisor: None, bounds: None };
+        let app = Arc::new(App::new(config, Arc::clone(&store), pool, None, control));
+        let gate = Arc::clone(&app.admission).run(store.subscribe());
+        tasks.spawn(async move {
+            let _store = store; // the gate stops when the store goes
+            gate.await;
+        });
+        let (client_io, server_io) = tokio::io::duplex(PIPE_BYTES);
+        let public = crate::stack::public(Arc::clone(&app));
+        let service = hyper::service::service_fn(move |req| tower::ServiceExt::oneshot(public.clone(), req));
+        let server = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .serve_connection(TokioIo::new(server_io), service);
+        tasks.spawn(async move {
+            let _ = server.await;
+        });
+        // A client with HTTP/2's default 64 KiB stream window and no
+        // adaptive growth: one that stops reading stalls the gateway soon.
+        let (client, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .initial_stream_window_size(65_535)
+            .adaptive_window(false)
+            .handshake(TokioIo::new(client_io))
+            .await
+            .expect("the in-memory handshake succeeds");
+        tasks.spawn(async move {
+            let _ = conn.await;
+        });
+        Self { app, engines: stats, client, _tasks: tasks }
+    }
+
+    /// Sends `body` to `path` with `Authorization: Bearer <key>`.
+    pub async fn post(&self, path: &str, key: &str, body: &serde_json::Value) -> Response<Incoming> {
+        let req = Request::post(format!("http://gateway.test{path}"))
+            .header(http::header::AUTHORIZATION, format!("Bearer {key}"))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .expect("a valid request");
+        let mut client = self.client.clone();
+        client.ready().await.expect("the connection is up");
+        client.send_request(req).await.expect("the gateway answers")
+    }
+
+    /// Sequences the gateway counts on engine `idx` (its leases).
+    pub fn engine_sequences(&self, idx: usize) -> u32 {
+        self.app.engines.slot(idx).active()
+    }
+}
+
+/// Reads the next data frame of `body` (None at its end, Err on a reset).
+pub async fn next_chunk(body: &mut Incoming) -> Option<Result<Bytes, hyper::Error>> {
+    loop {
+        match body.frame().await? {
+            Ok(frame) => match frame.into_data() {
+                Ok(data) => return Some(Ok(data)),
+                Err(_) => continue, // trailers
+            },
+            Err(e) => return Some(Err(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,260 @@
+//! The request path's timeouts in tokio's paused time, against scripted
+//! engines in-process: each test asserts what a client sees (status,
+//! headers, SSE bytes) and exactly when, in virtual time.
+
+use std::time::Duration;
+
+use engine_api::Event;
+use http::StatusCode;
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::*;
+
+const POLICY: &str = include_str!("../../../policies/default.toml");
+
+fn chat(max_tokens: u32) -> serde_json::Value {
+    json!({
+        "model": "synthetic-small",
+        "stream": true,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "hello"}],
+    })
+}
+
+fn header<'a>(resp: &'a Response<Incoming>, name: &str) -> &'a str {
+    resp.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+}
+
+/// Reads SSE bytes until `needle` has arrived; the text read.
+async fn read_until(body: &mut Incoming, needle: &str) -> String {
+    let mut text = String::new();
+    while !text.contains(needle) {
+        match next_chunk(body).await {
+            Some(Ok(b)) => text.push_str(&String::from_utf8_lossy(&b)),
+            other => panic!("the stream ended before {needle:?} ({other:?}); read: {text}"),
+        }
+    }
+    text
+}
+
+/// The rest of the body; `Err` if it ended with a reset.
+async fn read_rest(body: &mut Incoming) -> Result<String, String> {
+    let mut text = String::new();
+    while let Some(chunk) = next_chunk(body).await {
+        match chunk {
+            Ok(b) => text.push_str(&String::from_utf8_lossy(&b)),
+            Err(e) => return Err(format!("{e} after {text:?}")),
+        }
+    }
+    Ok(text)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_streamed_answer_arrives_on_the_engines_schedule() {
+    let h = Harness::start(
+        POLICY,
+        vec![("e0", vec![Script::tokens(Duration::from_millis(40), 3, Duration::from_millis(10))])],
+        |_| {},
+    )
+    .await;
+    let t0 = Instant::now();
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(3)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "x-admission"), "admitted");
+    assert_eq!(header(&resp, "x-engine"), "e0");
+    let mut body = resp.into_body();
+    read_until(&mut body, "\"t0\"").await;
+    assert_eq!(t0.elapsed(), Duration::from_millis(40), "the first token as the engine sent it");
+    let rest = read_rest(&mut body).await.unwrap();
+    assert!(rest.contains("\"t2\"") && rest.ends_with("data: [DONE]\n\n"), "{rest}");
+    assert_eq!(t0.elapsed(), Duration::from_millis(60));
+    assert_eq!(h.engines[0].cancelled(), 0);
+    assert_eq!(h.engine_sequences(0), 0, "the lease ends with the stream");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_that_refuses_costs_no_time_the_next_one_serves() {
+    let h = Harness::start(
+        POLICY,
+        vec![
+            ("e0", vec![Script::Refuse(StatusCode::SERVICE_UNAVAILABLE, "kv_low_watermark")]),
+            ("e1", vec![Script::tokens(Duration::from_millis(25), 1, Duration::ZERO)]),
+        ],
+        |_| {},
+    )
+    .await;
+    let t0 = Instant::now();
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(1)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "x-engine"), "e1");
+    assert_eq!(t0.elapsed(), Duration::from_millis(25), "the refusal cost no virtual time");
+    assert_eq!((h.engines[0].requests(), h.engines[1].requests()), (1, 1));
+    read_rest(&mut resp.into_body()).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_silent_before_its_first_token_is_left_for_the_next_at_the_first_token_timeout() {
+    let h = Harness::start(
+        POLICY,
+        vec![
+            ("e0", vec![Script::Stream(vec![Step::Hang])]),
+            ("e1", vec![Script::tokens(Duration::from_millis(5), 1, Duration::ZERO)]),
+        ],
+        |_| {},
+    )
+    .await;
+    let t0 = Instant::now();
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(1)).await;
+    // Nothing reached the client while e0 was silent, so the request moved
+    // to e1 once gold's first-event timeout (its 20 s end-to-end budget)
+    // had passed, and e0's stream was cancelled.
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "x-engine"), "e1");
+    assert_eq!(t0.elapsed(), Duration::from_millis(20_005));
+    assert_eq!(h.engines[0].cancelled(), 1, "e0's silent stream is reset");
+    assert_eq!(h.engine_sequences(0), 0, "and its lease released");
+    read_rest(&mut resp.into_body()).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_silent_mid_stream_ends_the_stream_with_an_error_event_at_the_event_timeout() {
+    let steps = vec![
+        Step::Wait(Duration::from_millis(10)),
+        Step::Event(Event::Token { text: "t0".into() }),
+        Step::Hang,
+    ];
+    let h = Harness::start(POLICY, vec![("e0", vec![Script::Stream(steps)])], |c| {
+        c.limits.engine_event_timeout_ms = 7_000;
+    })
+    .await;
+    let t0 = Instant::now();
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(8)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    read_until(&mut body, "\"t0\"").await;
+    assert_eq!(t0.elapsed(), Duration::from_millis(10));
+    let rest = read_rest(&mut body).await.expect("the stream ends cleanly, with an error event");
+    assert_eq!(t0.elapsed(), Duration::from_millis(7_010), "exactly the event timeout after the last event");
+    assert!(rest.contains("\"type\":\"engine_error\"") || rest.contains("engine_failed"), "{rest}");
+    assert!(rest.contains("no event from the engine for 7s"), "{rest}");
+    assert!(!rest.contains("[DONE]"), "a failed stream does not claim success: {rest}");
+    assert_eq!(h.engines[0].cancelled(), 1, "the engine's stream is reset");
+    assert_eq!(h.engine_sequences(0), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_stops_reading_is_reset_at_the_stall_timeout_and_the_engine_released() {
+    // 8 MB at once: far more than every buffer on the way (the client's
+    // 64 KiB window, the 64 KiB outbox, HTTP/2 send buffers and the engine
+    // connection's window), so the engine is still sending when the
+    // gateway gives up on the client.
+    let big = "x".repeat(1000);
+    let mut steps = vec![Step::Wait(Duration::from_millis(10))];
+    steps.extend((0..8_000).map(|_| Step::Event(Event::Token { text: big.clone() })));
+    steps.push(Step::Event(done(8_000)));
+    let h = Harness::start(POLICY, vec![("e0", vec![Script::Stream(steps)])], |c| {
+        c.limits.write_stall_timeout_ms = 4_000;
+    })
+    .await;
+    let t0 = Instant::now();
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(1024)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    // The client holds the response and reads nothing.
+    tokio::time::sleep_until(t0 + Duration::from_millis(3_900)).await;
+    assert_eq!(h.engines[0].cancelled(), 0, "within the stall timeout the stream lives");
+    assert_eq!(h.engine_sequences(0), 1);
+    tokio::time::sleep_until(t0 + Duration::from_millis(4_100)).await;
+    assert_eq!(h.engines[0].cancelled(), 1, "past it the engine's stream is cancelled");
+    assert_eq!(h.engine_sequences(0), 0, "and the engine's slot freed, before the client reads");
+    let end = read_rest(&mut resp.into_body()).await;
+    assert!(end.is_err(), "the client's stream is reset, not ended as if complete");
+}
+
+#[tokio::test(start_paused = true)]
+async fn late_first_tokens_raise_brownout_which_caps_bronze_then_recedes() {
+    // Every bronze request's first token comes at 2.9 s, past 0.9 of its
+    // 3 s TTFT budget: trouble, though every one is served.
+    let late = Script::tokens(Duration::from_millis(2_900), 1, Duration::ZERO);
+    let h = Harness::start(POLICY, vec![("e0", vec![late])], |_| {}).await;
+    let t0 = Instant::now();
+    let burst: Vec<_> = (0..24)
+        .map(|_| {
+            let h = &h;
+            async move {
+                let resp = h.post("/v1/chat/completions", "sk-demo-bronze", &chat(256)).await;
+                assert_eq!(resp.status(), StatusCode::OK);
+                read_rest(&mut resp.into_body()).await.unwrap();
+            }
+        })
+        .collect();
+    futures_join_all(burst).await;
+    assert_eq!(t0.elapsed(), Duration::from_millis(2_900));
+    // The signal (share in trouble over the window: 24 of 24) is above
+    // every level's threshold. The gate ticks every 250 ms; a level is
+    // entered once the signal has been above it for up_dwell_s (1 s), and
+    // the dwell for the next one starts at the tick after: levels at 4.0,
+    // 5.25 and 6.5 s.
+    let app = &h.app;
+    let level_at = |ms| async move {
+        tokio::time::sleep_until(t0 + Duration::from_millis(ms)).await;
+        app.admission.brownout_level()
+    };
+    assert_eq!(level_at(3_900).await, 0);
+    assert_eq!(level_at(4_100).await, 1);
+    assert_eq!(level_at(5_200).await, 1);
+    assert_eq!(level_at(5_300).await, 2);
+    assert_eq!(level_at(6_600).await, 3);
+    // At level 3 a bronze request is served with an eighth of its output
+    // (down to bronze's floor of 32 tokens), and says so.
+    let resp = h.post("/v1/chat/completions", "sk-demo-bronze", &chat(256)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "x-brownout-level"), "3");
+    assert_eq!(h.engines[0].last_max_tokens(), 32);
+    read_rest(&mut resp.into_body()).await.unwrap();
+    // Once the troubled requests have left the 10 s window the signal is
+    // gone; each level lasts down_dwell_s (10 s) below its exit threshold.
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    assert_eq!(h.app.admission.brownout_level(), 0, "brownout recedes without trouble");
+    let resp = h.post("/v1/chat/completions", "sk-demo-bronze", &chat(256)).await;
+    assert_eq!(header(&resp, "x-brownout-level"), "0");
+    assert_eq!(h.engines[0].last_max_tokens(), 256);
+    read_rest(&mut resp.into_body()).await.unwrap();
+}
+
+/// Runs the futures concurrently on this task (no extra crate for it).
+async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: Vec<F>) {
+    let mut set: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    std::future::poll_fn(|cx| {
+        set.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if set.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_that_answers_garbage_is_left_for_the_next_at_once() {
+    let h = Harness::start(
+        POLICY,
+        vec![
+            ("e0", vec![Script::Stream(vec![Step::Raw(b"<html>502 Bad Gateway</html>\n")])]),
+            ("e1", vec![Script::tokens(Duration::from_millis(15), 2, Duration::from_millis(5))]),
+        ],
+        |_| {},
+    )
+    .await;
+    let t0 = Instant::now();
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(2)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "x-engine"), "e1");
+    assert_eq!(t0.elapsed(), Duration::from_millis(15));
+    let rest = read_rest(&mut resp.into_body()).await.unwrap();
+    assert!(rest.contains("\"t1\"") && rest.ends_with("data: [DONE]\n\n"), "{rest}");
+    // e0 leaves rotation only for transport failures; a bad line is the
+    // engine's, and its lease is back.
+    assert_eq!(h.engine_sequences(0), 0);
+}
