@@ -297,7 +297,8 @@ impl Harness {
                 url: format!("http://{id}.scripted").parse().unwrap(),
             })
             .collect();
-        let connector = EngineConnector::tcp(Duration::from_secs(1)).with_scripted(scripted);
+        let connector = EngineConnector::tcp(Duration::from_secs(1))
+            .with_dial(Arc::new(move |uri| scripted.connect(uri)));
         let pool = EnginePool::with_connector(specs, &config.limits, None, connector);
         // Readiness, profiles and load reports as in production: the poller.
         pool.poll_once().await;

@@ -17,12 +17,17 @@ use tokio::net::TcpStream;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// An in-process way to an engine: a pipe for `uri`, or `None` to use TCP
+/// (the testkit's scripted engines).
+#[cfg(any(test, feature = "test-util"))]
+pub type Dial = std::sync::Arc<dyn Fn(&Uri) -> Option<tokio::io::DuplexStream> + Send + Sync>;
+
 /// The connector of every engine client.
 #[derive(Clone)]
 pub struct EngineConnector {
     tcp: HttpConnector,
     #[cfg(any(test, feature = "test-util"))]
-    scripted: Option<crate::testkit::Scripted>,
+    dial: Option<Dial>,
 }
 
 impl EngineConnector {
@@ -34,15 +39,15 @@ impl EngineConnector {
         Self {
             tcp,
             #[cfg(any(test, feature = "test-util"))]
-            scripted: None,
+            dial: None,
         }
     }
 
-    /// Connections to the scripted engines' URLs go to them in-process;
-    /// any other URL over TCP.
+    /// Connections that `dial` answers go through its pipe; the rest over
+    /// TCP.
     #[cfg(any(test, feature = "test-util"))]
-    pub fn with_scripted(mut self, scripted: crate::testkit::Scripted) -> Self {
-        self.scripted = Some(scripted);
+    pub fn with_dial(mut self, dial: Dial) -> Self {
+        self.dial = Some(dial);
         self
     }
 }
@@ -64,7 +69,7 @@ impl tower::Service<Uri> for EngineConnector {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         #[cfg(any(test, feature = "test-util"))]
-        if let Some(pipe) = self.scripted.as_ref().and_then(|s| s.connect(&uri)) {
+        if let Some(pipe) = self.dial.as_ref().and_then(|dial| dial(&uri)) {
             return Box::pin(std::future::ready(Ok(EngineIo::Pipe(TokioIo::new(pipe)))));
         }
         let connecting = self.tcp.call(uri);

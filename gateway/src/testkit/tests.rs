@@ -73,48 +73,46 @@ async fn a_streamed_answer_arrives_on_the_engines_schedule() {
     assert_eq!(h.engine_sequences(0), 0, "the lease ends with the stream");
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_engine_that_refuses_costs_no_time_the_next_one_serves() {
-    let h = Harness::start(
-        POLICY,
-        vec![
-            ("e0", vec![Script::Refuse(StatusCode::SERVICE_UNAVAILABLE, "kv_low_watermark")]),
-            ("e1", vec![Script::tokens(Duration::from_millis(25), 1, Duration::ZERO)]),
-        ],
-        |_| {},
-    )
-    .await;
+/// Engine e0 plays `failing`; e1 answers two tokens, the first after
+/// `e1_ttft`. The request must end on e1, complete; returns the harness
+/// and how long the answer's headers (sent with the first token) took.
+async fn moved_to_e1(failing: Script, e1_ttft: Duration) -> (Harness, Duration) {
+    let e1 = Script::tokens(e1_ttft, 2, Duration::ZERO);
+    let h = Harness::start(POLICY, vec![("e0", vec![failing]), ("e1", vec![e1])], |_| {}).await;
     let t0 = Instant::now();
-    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(1)).await;
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(2)).await;
+    let took = t0.elapsed();
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(header(&resp, "x-engine"), "e1");
-    assert_eq!(t0.elapsed(), Duration::from_millis(25), "the refusal cost no virtual time");
+    let rest = read_rest(&mut resp.into_body()).await.unwrap();
+    assert!(rest.contains("\"t1\"") && rest.ends_with("data: [DONE]\n\n"), "{rest}");
     assert_eq!((h.engines[0].requests(), h.engines[1].requests()), (1, 1));
-    read_rest(&mut resp.into_body()).await.unwrap();
+    assert_eq!(h.engine_sequences(0), 0, "e0's lease is back");
+    (h, took)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_that_refuses_costs_no_time_the_next_one_serves() {
+    let refuses = Script::Refuse(StatusCode::SERVICE_UNAVAILABLE, "kv_low_watermark");
+    let (_, took) = moved_to_e1(refuses, Duration::from_millis(25)).await;
+    assert_eq!(took, Duration::from_millis(25), "the refusal cost no virtual time");
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_engine_silent_before_its_first_token_is_left_for_the_next_at_the_first_token_timeout() {
-    let h = Harness::start(
-        POLICY,
-        vec![
-            ("e0", vec![Script::Stream(vec![Step::Hang])]),
-            ("e1", vec![Script::tokens(Duration::from_millis(5), 1, Duration::ZERO)]),
-        ],
-        |_| {},
-    )
-    .await;
-    let t0 = Instant::now();
-    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(1)).await;
+    let (h, took) = moved_to_e1(Script::Stream(vec![Step::Hang]), Duration::from_millis(5)).await;
     // Nothing reached the client while e0 was silent, so the request moved
     // to e1 once gold's first-event timeout (its 20 s end-to-end budget)
     // had passed, and e0's stream was cancelled.
-    assert_eq!(resp.status(), StatusCode::OK);
-    assert_eq!(header(&resp, "x-engine"), "e1");
-    assert_eq!(t0.elapsed(), Duration::from_millis(20_005));
+    assert_eq!(took, Duration::from_millis(20_005));
     assert_eq!(h.engines[0].cancelled(), 1, "e0's silent stream is reset");
-    assert_eq!(h.engine_sequences(0), 0, "and its lease released");
-    read_rest(&mut resp.into_body()).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_that_answers_garbage_is_left_for_the_next_at_once() {
+    let garbage = Script::Stream(vec![Step::Raw(b"<html>502 Bad Gateway</html>\n")]);
+    let (_, took) = moved_to_e1(garbage, Duration::from_millis(15)).await;
+    assert_eq!(took, Duration::from_millis(15));
 }
 
 #[tokio::test(start_paused = true)]
@@ -234,27 +232,4 @@ async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: Vec<F>) 
         }
     })
     .await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn an_engine_that_answers_garbage_is_left_for_the_next_at_once() {
-    let h = Harness::start(
-        POLICY,
-        vec![
-            ("e0", vec![Script::Stream(vec![Step::Raw(b"<html>502 Bad Gateway</html>\n")])]),
-            ("e1", vec![Script::tokens(Duration::from_millis(15), 2, Duration::from_millis(5))]),
-        ],
-        |_| {},
-    )
-    .await;
-    let t0 = Instant::now();
-    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(2)).await;
-    assert_eq!(resp.status(), StatusCode::OK);
-    assert_eq!(header(&resp, "x-engine"), "e1");
-    assert_eq!(t0.elapsed(), Duration::from_millis(15));
-    let rest = read_rest(&mut resp.into_body()).await.unwrap();
-    assert!(rest.contains("\"t1\"") && rest.ends_with("data: [DONE]\n\n"), "{rest}");
-    // e0 leaves rotation only for transport failures; a bad line is the
-    // engine's, and its lease is back.
-    assert_eq!(h.engine_sequences(0), 0);
 }
