@@ -67,6 +67,7 @@ pub use slot::EngineSlot;
 
 mod connect;
 mod slot;
+pub mod telemetry;
 
 /// All engines plus the clients that reach them.
 #[derive(Debug)]
