@@ -187,6 +187,10 @@ impl GatewayConfig {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.to_path_buf(), e))?;
         let config: Self = toml::from_str(&text).map_err(|e| ConfigError::Parse(path.to_path_buf(), e))?;
         config.limits.validate().map_err(|e| ConfigError::Invalid(path.to_path_buf(), e))?;
+        for e in &config.engines {
+            e.validate()
+                .map_err(|m| ConfigError::Invalid(path.to_path_buf(), format!("engine {}: {m}", e.id)))?;
+        }
         Ok(config)
     }
 }

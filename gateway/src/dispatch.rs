@@ -21,7 +21,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
-use crate::engines::{join, EngineLease, EnginePool, Work};
+use crate::engines::{join, EngineKind, EngineLease, EnginePool, EngineSpec, Work};
 use crate::error::ApiError;
 
 /// At most this many engines are tried for one request.
@@ -40,11 +40,14 @@ pub enum EngineError {
     Timeout { engine: String, timeout: Duration },
 }
 
-/// Newline-delimited engine events read from a response body.
+/// Engine events read from a response body: newline-delimited JSON from
+/// this project's engines, OpenAI SSE from `openai` ones (`upstream.rs`).
 #[derive(Debug)]
 pub struct EventStream {
     body: Incoming,
     lines: EventLines,
+    /// `Some` for an `openai` engine.
+    sse: Option<crate::upstream::SseDecoder>,
 }
 
 /// Longest engine event line accepted: an engine that sends more without a
@@ -76,11 +79,18 @@ impl EventLines {
     /// line that is not an event, or past [`MAX_EVENT_LINE`] bytes without
     /// a newline.
     pub fn next_event(&mut self) -> Option<Result<Event, String>> {
+        self.next_line().map(|line| {
+            line.and_then(|l| serde_json::from_slice(&l).map_err(|e| format!("bad event line: {e}")))
+        })
+    }
+
+    /// The next complete line (with its newline), if there is one.
+    fn next_line(&mut self) -> Option<Result<BytesMut, String>> {
         match self.buf[self.scanned..].iter().position(|b| *b == b'\n') {
             Some(pos) => {
                 let line = self.buf.split_to(self.scanned + pos + 1);
                 self.scanned = 0;
-                Some(serde_json::from_slice(&line).map_err(|e| format!("bad event line: {e}")))
+                Some(Ok(line))
             }
             None if self.buf.len() > MAX_EVENT_LINE => {
                 self.buf.clear();
@@ -100,8 +110,27 @@ impl EventStream {
     /// the body; a partial trailing line is an error.
     pub fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Event, String>>> {
         loop {
-            if let Some(event) = self.lines.next_event() {
-                return Poll::Ready(Some(event));
+            match &mut self.sse {
+                None => {
+                    if let Some(event) = self.lines.next_event() {
+                        return Poll::Ready(Some(event));
+                    }
+                }
+                Some(sse) => {
+                    if let Some(event) = sse.pop() {
+                        return Poll::Ready(Some(Ok(event)));
+                    }
+                    if sse.ended() {
+                        return Poll::Ready(None); // what follows the end is not read
+                    }
+                    if let Some(line) = self.lines.next_line() {
+                        let fed = line.and_then(|l| sse.line(l.strip_suffix(b"\n").unwrap_or(&l[..])));
+                        if let Err(e) = fed {
+                            return Poll::Ready(Some(Err(e)));
+                        }
+                        continue;
+                    }
+                }
             }
             match Pin::new(&mut self.body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
@@ -110,6 +139,10 @@ impl EventStream {
                     }
                 }
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.to_string()))),
+                Poll::Ready(None) if self.sse.is_some() && self.lines.pending() > 0 => self.lines.push(b"\n"),
+                Poll::Ready(None) if self.sse.as_ref().is_some_and(|s| !s.ended()) => {
+                    return Poll::Ready(Some(Err("the upstream's stream ended without [DONE]".into())))
+                }
                 Poll::Ready(None) if self.lines.pending() == 0 => return Poll::Ready(None),
                 Poll::Ready(None) => return Poll::Ready(Some(Err("stream ended mid-line".into()))),
                 Poll::Pending => return Poll::Pending,
@@ -164,6 +197,40 @@ impl Attempts {
     }
 }
 
+/// One generation as each kind of engine is sent it: this project's
+/// engines get the rendered [`GenerateRequest`], `openai` engines the
+/// client's own body with the gateway's decisions (`upstream.rs`).
+#[derive(Debug)]
+pub struct Outbound {
+    pub gen: GenerateRequest,
+    /// The client's route and body.
+    pub client: (crate::openai::Kind, Bytes),
+    native: std::sync::OnceLock<Bytes>,
+}
+
+impl Outbound {
+    pub fn new(gen: GenerateRequest, kind: crate::openai::Kind, client_body: Bytes) -> Self {
+        Self { gen, client: (kind, client_body), native: std::sync::OnceLock::new() }
+    }
+
+    /// The path and body for `engine`.
+    fn for_engine(&self, engine: &EngineSpec) -> Result<(&'static str, Bytes), String> {
+        match engine.kind {
+            EngineKind::Native => {
+                let body = self.native.get_or_init(|| {
+                    Bytes::from(serde_json::to_vec(&self.gen).expect("generate requests always serialise"))
+                });
+                Ok((engine_api::GENERATE_PATH, body.clone()))
+            }
+            EngineKind::Openai => {
+                let (kind, client) = &self.client;
+                let body = crate::upstream::body(client, &self.gen, engine.upstream.served_model.as_deref())?;
+                Ok((crate::upstream::path(*kind), body))
+            }
+        }
+    }
+}
+
 /// Starts `req` on the engine admission chose (`first`, already counted
 /// against it), then, while attempts remain, on the ready engine with the
 /// fewest in-flight tokens among those not tried yet. `work` is what the
@@ -171,13 +238,12 @@ impl Attempts {
 /// for the first token.
 pub async fn start(
     pool: &Arc<EnginePool>,
-    req: &GenerateRequest,
+    req: &Outbound,
     mut first: Option<EngineLease>,
     work: Work,
     first_event_timeout: Duration,
     attempts: &mut Attempts,
 ) -> Result<Started, ApiError> {
-    let body = Bytes::from(serde_json::to_vec(req).expect("generate requests always serialise"));
     while !attempts.exhausted(pool) {
         let mut inflight = match first.take().filter(|l| !attempts.tried.contains(&l.engine_idx())) {
             Some(lease) => lease,
@@ -187,7 +253,7 @@ pub async fn start(
             },
         };
         let idx = inflight.engine_idx();
-        match tokio::time::timeout(first_event_timeout, try_engine(pool, idx, body.clone())).await {
+        match tokio::time::timeout(first_event_timeout, try_engine(pool, idx, req)).await {
             Ok(Ok((first, events))) => {
                 inflight.first_token();
                 return Ok(Started { first, events, inflight });
@@ -210,31 +276,54 @@ pub async fn start(
     Err(std::mem::take(attempts).into_error())
 }
 
-async fn try_engine(pool: &EnginePool, idx: usize, body: Bytes) -> Result<(Event, EventStream), EngineError> {
+async fn try_engine(
+    pool: &EnginePool,
+    idx: usize,
+    out: &Outbound,
+) -> Result<(Event, EventStream), EngineError> {
     let slot = pool.slot(idx);
     let engine = slot.spec.id.clone();
-    let uri = join(&slot.spec.url, engine_api::GENERATE_PATH).ok_or_else(|| EngineError::Unreachable {
+    let (path, body) = out.for_engine(&slot.spec).map_err(|message| EngineError::Refused {
+        engine: engine.clone(),
+        status: StatusCode::BAD_REQUEST,
+        code: "invalid_request".into(),
+        message,
+    })?;
+    let uri = join(&slot.spec.url, path).ok_or_else(|| EngineError::Unreachable {
         engine: engine.clone(),
         message: "bad engine URL".into(),
     })?;
-    let req = http::Request::post(uri)
+    let mut req = http::Request::post(uri)
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(body))
         .expect("static request parts are valid");
+    if let Ok(id) = http::HeaderValue::from_str(&out.gen.request_id) {
+        req.headers_mut().insert("x-request-id", id);
+    }
+    let sent_at = crate::clock::now();
     let resp = pool
-        .send(req)
+        .send(req, &slot)
         .await
         .map_err(|e| EngineError::Unreachable { engine: engine.clone(), message: error_chain(&e) })?;
     let status = resp.status();
     if status != StatusCode::OK {
         let bytes = Limited::new(resp.into_body(), 64 << 10).collect().await.map(|c| c.to_bytes());
-        let parsed = bytes.ok().and_then(|b| serde_json::from_slice::<ErrorBody>(&b).ok());
+        // This project's engines answer an `ErrorBody`; OpenAI servers
+        // `{"error": {"message", "type", "code"}}`.
+        let parsed = bytes.ok().and_then(|b| {
+            serde_json::from_slice::<ErrorBody>(&b).ok().or_else(|| crate::upstream::error_body(&b))
+        });
         let (code, message) =
             parsed.map_or_else(|| ("unknown".into(), String::new()), |b| (b.code, b.message));
         return Err(EngineError::Refused { engine, status, code, message });
     }
-    let mut events = EventStream { body: resp.into_body(), lines: EventLines::default() };
-    match events.next().await {
+    let sse = (slot.spec.kind == EngineKind::Openai).then(crate::upstream::SseDecoder::default);
+    let mut events = EventStream { body: resp.into_body(), lines: EventLines::default(), sse };
+    let first = events.next().await;
+    if let Some(sse) = &mut events.sse {
+        sse.set_prefill_ms(crate::clock::since(sent_at).as_secs_f64() * 1e3);
+    }
+    match first {
         Some(Ok(Event::Error { code, message })) => {
             Err(EngineError::Stream { engine, message: format!("{code}: {message}") })
         }

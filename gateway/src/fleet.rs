@@ -300,9 +300,8 @@ mod tests {
     #[tokio::test]
     async fn discovered_engines_beyond_the_decision_stand_by_warm_and_come_back_first() {
         let specs = (0..4)
-            .map(|i| EngineSpec {
-                id: format!("k{i}"),
-                url: format!("http://127.0.0.1:{}", 9100 + i).parse().unwrap(),
+            .map(|i| {
+                EngineSpec::native(format!("k{i}"), format!("http://127.0.0.1:{}", 9100 + i).parse().unwrap())
             })
             .collect();
         let pool = EnginePool::new(specs, &crate::limits::Limits::default(), None);

@@ -35,7 +35,11 @@ pub async fn push_all(pool: &EnginePool, hints: &BatchHints) -> Vec<usize> {
 }
 
 async fn push(pool: &EnginePool, idx: usize, hints: &BatchHints) -> bool {
-    let spec = &pool.slot(idx).spec;
+    let slot = pool.slot(idx);
+    let spec = &slot.spec;
+    if spec.kind != crate::engines::EngineKind::Native {
+        return true; // third-party engines batch by their own settings
+    }
     let Some(uri) = join(&spec.url, engine_api::BATCHING_PATH) else { return false };
     let body = serde_json::to_vec(hints).expect("hints serialise");
     let req = http::Request::put(uri)
@@ -43,7 +47,7 @@ async fn push(pool: &EnginePool, idx: usize, hints: &BatchHints) -> bool {
         .body(Full::new(Bytes::from(body)))
         .expect("valid request parts");
     let sent = tokio::time::timeout(PUSH_TIMEOUT, async {
-        let resp = pool.send(req).await.map_err(|e| e.to_string())?;
+        let resp = pool.send(req, &slot).await.map_err(|e| e.to_string())?;
         let status = resp.status();
         let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
         if status.is_success() {

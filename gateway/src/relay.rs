@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use engine_api::{Event, FinishReason, GenerateRequest, Usage};
+use engine_api::{Event, FinishReason, Usage};
 use serde_json::{json, Value};
 
 use crate::dispatch::{self, Attempts, Started};
@@ -273,7 +273,7 @@ pub struct Collected {
 /// remain (nothing has reached the client yet).
 pub async fn collect(
     pool: &Arc<EnginePool>,
-    req: &GenerateRequest,
+    req: &dispatch::Outbound,
     mut first: Option<EngineLease>,
     work: Work,
     timeout: Duration,

@@ -227,6 +227,7 @@ async fn completions(
     }
     gen.priority_key = Some(admitted.key);
     gen.ttft_budget_ms = u32::try_from(admitted.ttft_budget.as_millis()).ok();
+    let out = dispatch::Outbound::new(gen, kind, body); // as each kind of engine is sent it
     let work = admitted.work;
     tracing::debug!(event = "request_admitted", request_id, tenant = %tenant.name, tier = %tier.name,
         decision = admitted.verdict.decision.as_str(), reason = %admitted.verdict.reason);
@@ -259,7 +260,7 @@ async fn completions(
     let timeout = admitted.e2e_budget.max(tier.e2e);
     let limits = &app.config.limits;
     if encoder.stream {
-        let started = dispatch::start(&app.engines, &gen, first, work, timeout, &mut Attempts::default())
+        let started = dispatch::start(&app.engines, &out, first, work, timeout, &mut Attempts::default())
             .await
             .map_err(failed)?;
         let engine_id = started.inflight.engine_id().to_string();
@@ -280,7 +281,7 @@ async fn completions(
         Ok(resp)
     } else {
         let event_timeout = limits.event_timeout(None);
-        let done = relay::collect(&app.engines, &gen, first, work, timeout, event_timeout, &mut permit)
+        let done = relay::collect(&app.engines, &out, first, work, timeout, event_timeout, &mut permit)
             .await
             .map_err(failed)?;
         let mut resp =

@@ -612,7 +612,7 @@ async fn ready_url(mut child: Child, id: &str) -> Result<(EngineSpec, u32, Child
         .ok_or_else(|| not_ready(&format!("unexpected first line {line:?}")))?;
     let url = format!("http://{addr}").parse().map_err(|_| not_ready(&format!("bad address {addr:?}")))?;
     let pid = child.id().unwrap_or(0);
-    Ok((EngineSpec { id: id.to_string(), url }, pid, child, lines))
+    Ok((EngineSpec::native(id, url), pid, child, lines))
 }
 
 async fn monitor(

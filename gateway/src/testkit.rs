@@ -125,6 +125,8 @@ pub struct EngineStats {
     pub cancelled: AtomicUsize,
     /// `max_tokens` of the last generate request.
     pub last_max_tokens: AtomicUsize,
+    /// The last request body an OpenAI-speaking engine received.
+    pub last_body: Mutex<Option<serde_json::Value>>,
 }
 
 impl EngineStats {
@@ -141,7 +143,19 @@ impl EngineStats {
     }
 }
 
-type Scripts = Arc<Mutex<HashMap<String, (Arc<Mutex<Vec<Script>>>, Arc<EngineStats>)>>>;
+/// The protocol a scripted engine speaks.
+#[derive(Debug, Clone)]
+pub enum Speaks {
+    /// This project's engine API over HTTP/2 (NDJSON events).
+    Native,
+    /// An OpenAI-compatible server over HTTP/1.1 (SSE), as vLLM, SGLang,
+    /// TGI and llama.cpp server are: `/health`, `/metrics` (this text),
+    /// `/v1/chat/completions` and `/v1/completions`.
+    OpenAi { metrics: String },
+}
+
+type Engine = (Speaks, Arc<Mutex<Vec<Script>>>, Arc<EngineStats>);
+type Scripts = Arc<Mutex<HashMap<String, Engine>>>;
 
 /// The scripted engines, by the host of their URL (`http://<id>.scripted`).
 #[derive(Clone, Default)]
@@ -152,9 +166,9 @@ pub struct Scripted {
 impl Scripted {
     /// An engine named `id` playing `scripts` in turn (the last one for
     /// every request after).
-    pub fn add(&self, id: &str, scripts: Vec<Script>) -> Arc<EngineStats> {
+    pub fn add(&self, id: &str, speaks: Speaks, scripts: Vec<Script>) -> Arc<EngineStats> {
         let stats = Arc::new(EngineStats::default());
-        let entry = (Arc::new(Mutex::new(scripts)), Arc::clone(&stats));
+        let entry = (speaks, Arc::new(Mutex::new(scripts)), Arc::clone(&stats));
         self.engines.lock().unwrap_or_else(|p| p.into_inner()).insert(format!("{id}.scripted"), entry);
         stats
     }
@@ -162,8 +176,9 @@ impl Scripted {
     /// A new connection to the engine at `uri`, if it is scripted.
     pub(crate) fn connect(&self, uri: &Uri) -> Option<DuplexStream> {
         let engines = self.engines.lock().unwrap_or_else(|p| p.into_inner());
-        let (scripts, stats) = engines.get(uri.host()?)?.clone();
+        let (speaks, scripts, stats) = engines.get(uri.host()?)?.clone();
         let (ours, theirs) = tokio::io::duplex(PIPE_BYTES);
+        let http1 = matches!(speaks, Speaks::OpenAi { .. });
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let script = {
                 let mut s = scripts.lock().unwrap_or_else(|p| p.into_inner());
@@ -173,22 +188,32 @@ impl Scripted {
                     s.first().cloned().unwrap_or(Script::Stream(vec![Step::Hang]))
                 }
             };
-            play(req, script, Arc::clone(&stats))
+            play(req, speaks.clone(), script, Arc::clone(&stats))
         });
-        tokio::spawn(
-            hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .serve_connection(TokioIo::new(theirs), service),
-        );
+        if http1 {
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(theirs), service),
+            );
+        } else {
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .timer(TokioTimer::new())
+                    .serve_connection(TokioIo::new(theirs), service),
+            );
+        }
         Some(ours)
     }
 }
 
 async fn play(
     req: Request<Incoming>,
+    speaks: Speaks,
     script: Script,
     stats: Arc<EngineStats>,
 ) -> Result<Response<ScriptBody>, Infallible> {
+    if let Speaks::OpenAi { metrics } = speaks {
+        return Ok(play_openai(req, &metrics, script, stats).await);
+    }
     match req.uri().path() {
         engine_api::GENERATE_PATH => {}
         engine_api::LOAD_PATH => {
@@ -214,6 +239,77 @@ async fn play(
         }
         Script::Stream(steps) => steps,
     };
+    let mut resp = Response::new(stream(steps, stats, |e| Bytes::from(e.to_line())));
+    resp.headers_mut()
+        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/x-ndjson"));
+    Ok(resp)
+}
+
+/// An OpenAI-compatible server's side of one request.
+async fn play_openai(
+    req: Request<Incoming>,
+    metrics: &str,
+    script: Script,
+    stats: Arc<EngineStats>,
+) -> Response<ScriptBody> {
+    match req.uri().path() {
+        "/health" => return answer(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ok\"}")),
+        "/metrics" => return answer(StatusCode::OK, Bytes::from(metrics.to_string())),
+        "/v1/chat/completions" | "/v1/completions" => {}
+        _ => return answer(StatusCode::NOT_FOUND, Bytes::new()),
+    }
+    stats.requests.fetch_add(1, Ordering::SeqCst);
+    let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return answer(StatusCode::BAD_REQUEST, Bytes::new());
+    };
+    let max_tokens = doc.get("max_tokens").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    stats.last_max_tokens.store(max_tokens as usize, Ordering::SeqCst);
+    *stats.last_body.lock().unwrap_or_else(|p| p.into_inner()) = Some(doc);
+    let steps = match script {
+        Script::Refuse(status, code) => {
+            let body = serde_json::json!({"error": {"message": "scripted refusal", "type": code, "code": status.as_u16()}});
+            return answer(status, Bytes::from(body.to_string()));
+        }
+        Script::Stream(steps) => steps,
+    };
+    let mut resp = Response::new(stream(steps, stats, sse_chunk));
+    resp.headers_mut()
+        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/event-stream"));
+    resp
+}
+
+/// An event as an OpenAI server streams it.
+fn sse_chunk(e: Event) -> Bytes {
+    let data = |v: serde_json::Value| format!("data: {v}\n\n");
+    let text = match e {
+        Event::Token { text } => data(serde_json::json!({
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}],
+        })),
+        Event::Done { finish_reason, usage, .. } => {
+            let reason = match finish_reason {
+                engine_api::FinishReason::Length => "length",
+                engine_api::FinishReason::Stop => "stop",
+            };
+            let usage = serde_json::json!({
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            });
+            data(serde_json::json!({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}))
+                + &data(serde_json::json!({"choices": [], "usage": usage}))
+                + "data: [DONE]\n\n"
+        }
+        Event::Error { code, message } => {
+            data(serde_json::json!({"error": {"message": message, "code": code}}))
+        }
+    };
+    Bytes::from(text)
+}
+
+/// A response body playing `steps`, each event encoded by `encode`.
+fn stream(steps: Vec<Step>, stats: Arc<EngineStats>, encode: fn(Event) -> Bytes) -> ScriptBody {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
         for step in steps {
@@ -225,7 +321,7 @@ async fn play(
                             tokio::time::sleep(d).await;
                             true
                         }
-                        Step::Event(e) => tx.send(Bytes::from(e.to_line())).await.is_ok(),
+                        Step::Event(e) => tx.send(encode(e)).await.is_ok(),
                         Step::Raw(b) => tx.send(Bytes::from_static(b)).await.is_ok(),
                         Step::Hang => std::future::pending().await,
                     }
@@ -237,10 +333,7 @@ async fn play(
             }
         }
     });
-    let mut resp = Response::new(ScriptBody(rx));
-    resp.headers_mut()
-        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/x-ndjson"));
-    Ok(resp)
+    ScriptBody(rx)
 }
 
 fn answer(status: StatusCode, body: Bytes) -> Response<ScriptBody> {
@@ -266,6 +359,31 @@ impl http_body::Body for ScriptBody {
     }
 }
 
+/// One scripted engine of a [`Harness`].
+#[derive(Debug, Clone)]
+pub struct TestEngine {
+    pub spec: EngineSpec,
+    pub speaks: Speaks,
+    pub scripts: Vec<Script>,
+}
+
+impl TestEngine {
+    /// This project's engine.
+    pub fn native(id: &str, scripts: Vec<Script>) -> Self {
+        let spec = EngineSpec::native(id, format!("http://{id}.scripted").parse().expect("a valid URL"));
+        Self { spec, speaks: Speaks::Native, scripts }
+    }
+
+    /// An OpenAI-compatible server (`kind = "openai"`) with these upstream
+    /// settings, serving `metrics` at `/metrics`.
+    pub fn openai(id: &str, upstream: crate::engines::Upstream, metrics: &str, scripts: Vec<Script>) -> Self {
+        let mut spec = EngineSpec::native(id, format!("http://{id}.scripted").parse().expect("a valid URL"));
+        spec.kind = crate::engines::EngineKind::Openai;
+        spec.upstream = upstream;
+        Self { spec, speaks: Speaks::OpenAi { metrics: metrics.to_string() }, scripts }
+    }
+}
+
 /// The gateway in-process over scripted engines, and an HTTP/2 client
 /// connected to it.
 pub struct Harness {
@@ -286,17 +404,22 @@ impl Harness {
         engines: Vec<(&str, Vec<Script>)>,
         configure: impl FnOnce(&mut GatewayConfig),
     ) -> Self {
+        let engines = engines.into_iter().map(|(id, scripts)| TestEngine::native(id, scripts)).collect();
+        Self::start_with(policy, engines, configure).await
+    }
+
+    /// As [`Harness::start`], with engines of either kind.
+    pub async fn start_with(
+        policy: &str,
+        engines: Vec<TestEngine>,
+        configure: impl FnOnce(&mut GatewayConfig),
+    ) -> Self {
         let mut config = GatewayConfig::default();
         configure(&mut config);
         let scripted = Scripted::default();
-        let stats = engines.iter().map(|(id, scripts)| scripted.add(id, scripts.clone())).collect();
-        let specs = engines
-            .iter()
-            .map(|(id, _)| EngineSpec {
-                id: (*id).into(),
-                url: format!("http://{id}.scripted").parse().unwrap(),
-            })
-            .collect();
+        let stats =
+            engines.iter().map(|e| scripted.add(&e.spec.id, e.speaks.clone(), e.scripts.clone())).collect();
+        let specs = engines.into_iter().map(|e| e.spec).collect();
         let connector = EngineConnector::tcp(Duration::from_secs(1))
             .with_dial(Arc::new(move |uri| scripted.connect(uri)));
         let pool = EnginePool::with_connector(specs, &config.limits, None, connector);
@@ -371,3 +494,5 @@ pub async fn next_chunk(body: &mut Incoming) -> Option<Result<Bytes, hyper::Erro
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod upstream_tests;

@@ -17,7 +17,7 @@ fn policy() -> PolicyDocument {
 /// A pool of one ready engine (one batch slot: it reports nothing) with
 /// the bundled A100 profile.
 fn one_engine() -> Arc<EnginePool> {
-    let spec = EngineSpec { id: "e0".into(), url: "http://127.0.0.1:9".parse().unwrap() };
+    let spec = EngineSpec::native("e0", "http://127.0.0.1:9".parse().unwrap());
     let pool = EnginePool::new(vec![spec], &crate::limits::Limits::default(), None);
     let profile = policies::LatencyProfile::parse(
         "a100",
@@ -87,9 +87,8 @@ async fn a_waiter_gets_the_slot_freed_before_its_deadline_and_is_refused_at_it()
 fn admission_cost_at_256_engines() {
     let policy = policy();
     let specs = (0..256)
-        .map(|i| EngineSpec {
-            id: format!("e{i}"),
-            url: format!("http://127.0.0.1:{}", 10_000 + i).parse().unwrap(),
+        .map(|i| {
+            EngineSpec::native(format!("e{i}"), format!("http://127.0.0.1:{}", 10_000 + i).parse().unwrap())
         })
         .collect();
     let pool = EnginePool::new(specs, &crate::limits::Limits::default(), None);

@@ -42,7 +42,7 @@ pub async fn run(cluster: Arc<Cluster>, pool: Arc<EnginePool>, store: Arc<Policy
                 let live: Vec<String> = found.iter().map(|(id, _)| id.clone()).collect();
                 for (id, url) in found {
                     if let Ok(url) = url.parse() {
-                        pool.add(EngineSpec { id, url });
+                        pool.add(EngineSpec::native(id, url));
                     }
                 }
                 let ttl = Duration::from_secs(cluster.cfg.engine_ttl_s);

@@ -42,7 +42,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Recently cancelled engine streams remembered per connection.
 const MAX_RESET_STREAMS: usize = 4096;
 
-/// Where an engine is.
+/// Where an engine is, and what it speaks.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EngineSpec {
@@ -50,6 +50,77 @@ pub struct EngineSpec {
     /// Base URL, e.g. `http://127.0.0.1:9000`.
     #[serde(with = "uri_string")]
     pub url: Uri,
+    /// `native` (this project's engine, the default) or `openai` (a
+    /// third-party OpenAI-compatible server: docs/engines.md).
+    #[serde(default)]
+    pub kind: EngineKind,
+    /// What an `openai` engine is and how to reach it (an inline table:
+    /// `upstream = { flavour = "llamacpp", max_batch = 4 }`).
+    #[serde(default)]
+    pub upstream: Upstream,
+}
+
+/// The protocol an engine speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    #[default]
+    Native,
+    Openai,
+}
+
+/// An `openai` engine's settings (unset for native engines).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    /// Which server it is: `vllm`, `sglang`, `tgi`, `llamacpp`, `generic`
+    /// (which metrics the gateway reads).
+    #[serde(default)]
+    pub flavour: telemetry::Flavour,
+    /// Environment variable holding the upstream's API key (sent as
+    /// `Authorization: Bearer`).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// The model id the upstream serves, sent in place of the request's.
+    #[serde(default)]
+    pub served_model: Option<String>,
+    /// Requests it runs at once (llama.cpp's `--parallel` slots, vLLM's
+    /// `--max-num-seqs`): the gateway's gate holds the rest.
+    #[serde(default)]
+    pub max_batch: Option<u32>,
+    /// A latency profile to start the estimator from (else the bundled
+    /// conservative default, corrected online).
+    #[serde(default)]
+    pub profile: Option<std::path::PathBuf>,
+    /// The upstream's KV cache in tokens: with the flavour's KV-usage
+    /// gauge, admission's KV headroom check (else none).
+    #[serde(default)]
+    pub kv_tokens: Option<u64>,
+}
+
+impl EngineSpec {
+    /// What the config cannot mean: `upstream` settings on a native
+    /// engine, or an upstream the gateway cannot reach (TLS to upstreams
+    /// is not supported yet: put them on a private network or a sidecar).
+    pub fn validate(&self) -> Result<(), String> {
+        match self.kind {
+            EngineKind::Native if self.upstream != Upstream::default() => {
+                Err("`upstream` settings need kind = \"openai\"".into())
+            }
+            EngineKind::Openai if self.url.scheme_str() != Some("http") => {
+                Err(format!("url {}: only http:// upstreams are supported", self.url))
+            }
+            EngineKind::Openai if self.upstream.max_batch == Some(0) => {
+                Err("upstream.max_batch must be > 0".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// This project's engine at `url`.
+    pub fn native(id: impl Into<String>, url: Uri) -> Self {
+        Self { id: id.into(), url, kind: EngineKind::Native, upstream: Upstream::default() }
+    }
 }
 
 mod uri_string {
@@ -66,6 +137,7 @@ pub use policies::admission::controller::Work;
 pub use slot::EngineSlot;
 
 mod connect;
+mod external;
 mod slot;
 pub mod telemetry;
 
@@ -86,6 +158,9 @@ pub struct EnginePool {
     next_client: AtomicU64,
     /// Probes and profile fetches: a connection of their own.
     probe_client: EngineClient,
+    /// `openai` engines (HTTP/1.1, which every third-party server speaks;
+    /// a pool of keep-alive connections per engine).
+    upstream_client: EngineClient,
     /// `Authorization` for every engine request (the engines' API token).
     authorization: Option<http::HeaderValue>,
     /// Notified when a lease ends (a slot frees) while `gate_waiting`.
@@ -134,6 +209,12 @@ impl EnginePool {
                 .collect(),
             next_client: AtomicU64::new(0),
             probe_client: client(),
+            upstream_client: Client::builder(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .pool_timer(TokioTimer::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .pool_max_idle_per_host(external::MAX_IDLE_PER_UPSTREAM)
+                .build(connector.clone()),
             authorization: token.and_then(|t| {
                 let mut v = http::HeaderValue::from_str(&format!("Bearer {t}")).ok()?;
                 v.set_sensitive(true); // never indexed by HPACK, redacted in Debug
@@ -214,9 +295,13 @@ impl EnginePool {
         self.snapshot().iter().map(|s| s.spec.clone()).collect()
     }
 
-    /// Sends `req` to an engine with the API token, on the next request
-    /// connection (round-robin).
-    pub fn send(&self, mut req: http::Request<Full<Bytes>>) -> ResponseFuture {
+    /// Sends `req` to `engine` with its credential (this project's engines:
+    /// the engines' API token; an `openai` engine: its own key, if any), on
+    /// the next request connection (round-robin).
+    pub fn send(&self, mut req: http::Request<Full<Bytes>>, engine: &EngineSlot) -> ResponseFuture {
+        if engine.spec.kind == EngineKind::Openai {
+            return self.upstream_send(req, engine);
+        }
         self.authorize(&mut req);
         let set = crate::workers::current().map_or(0, |w| w + 1).min(self.clients.len() - 1);
         let clients = &self.clients[set];
@@ -323,11 +408,22 @@ impl EnginePool {
     async fn probe(&self, idx: usize) {
         let slot = self.slot(idx);
         let leased = slot.leased_total.load(Ordering::Acquire);
-        let report =
-            tokio::time::timeout(PROBE_TIMEOUT, self.load_report(&slot.spec.url)).await.ok().flatten();
+        let report = async {
+            match slot.spec.kind {
+                EngineKind::Native => self.load_report(&slot.spec.url).await,
+                EngineKind::Openai => self.external_report(&slot).await,
+            }
+        };
+        let report = tokio::time::timeout(PROBE_TIMEOUT, report).await.ok().flatten();
         let ready = report.as_ref().is_some_and(|r| r.ready);
         if report.is_some() && slot.profile().is_none() {
-            let fetched = tokio::time::timeout(PROBE_TIMEOUT, self.fetch_profile(&slot.spec)).await;
+            let fetch = async {
+                match slot.spec.kind {
+                    EngineKind::Native => self.fetch_profile(&slot.spec).await,
+                    EngineKind::Openai => external::profile(&slot.spec),
+                }
+            };
+            let fetched = tokio::time::timeout(PROBE_TIMEOUT, fetch).await;
             if let Ok(Some(p)) = fetched {
                 tracing::info!(event = "engine_profile", engine = %slot.spec.id, class = %p.engine_class);
                 slot.store_profile(p);
@@ -456,7 +552,7 @@ mod tests {
     use super::*;
 
     fn spec(id: &str, port: u16) -> EngineSpec {
-        EngineSpec { id: id.into(), url: format!("http://127.0.0.1:{port}").parse().unwrap() }
+        EngineSpec::native(id, format!("http://127.0.0.1:{port}").parse().unwrap())
     }
 
     #[tokio::test]

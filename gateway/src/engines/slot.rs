@@ -16,6 +16,8 @@ use super::EngineSpec;
 #[derive(Debug)]
 pub struct EngineSlot {
     pub spec: EngineSpec,
+    /// `Authorization` for an `openai` engine (its `api_key_env`).
+    upstream_key: Option<http::HeaderValue>,
     pub(super) ready: AtomicBool,
     pub(super) inflight_tokens: AtomicU64,
     /// Sequences dispatched and not finished.
@@ -53,7 +55,15 @@ pub struct EngineSlot {
 
 impl EngineSlot {
     pub(super) fn new(spec: EngineSpec, discovered: bool) -> Self {
+        // An upstream's key is read from its environment variable once.
+        let upstream_key = spec.upstream.api_key_env.as_deref().and_then(|var| {
+            let key = std::env::var(var).ok()?;
+            let mut v = http::HeaderValue::from_str(&format!("Bearer {}", key.trim())).ok()?;
+            v.set_sensitive(true);
+            Some(v)
+        });
         Self {
+            upstream_key,
             spec,
             discovered,
             retired: AtomicBool::new(false),
@@ -144,6 +154,11 @@ impl EngineSlot {
     /// Starts (or cancels) draining: routing stops sending it work.
     pub fn set_draining(&self, on: bool) {
         self.draining.store(on, Ordering::Release);
+    }
+
+    /// The credential an `openai` engine is sent, if it has one.
+    pub fn upstream_key(&self) -> Option<&http::HeaderValue> {
+        self.upstream_key.as_ref()
     }
 
     pub fn is_ready(&self) -> bool {

@@ -14,16 +14,12 @@
 //! A gauge with labels (vLLM and SGLang label by model) is summed over its
 //! series. What a flavour does not expose stays `None`, and the gateway
 //! falls back to its own counts.
-//!
-//! Status: parsed and tested; not yet wired to a poller (the external
-//! engine class of issue 22 is in progress), hence the allowance below.
-#![cfg_attr(not(test), allow(dead_code))]
 
 /// Longest exposition read (bytes): a scrape past it is cut there.
 pub const MAX_EXPOSITION_BYTES: usize = 4 << 20;
 
 /// Which server an external engine is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Flavour {
     Vllm,
@@ -31,6 +27,7 @@ pub enum Flavour {
     Tgi,
     Llamacpp,
     /// Any other OpenAI-compatible server: no metrics are read.
+    #[default]
     Generic,
 }
 

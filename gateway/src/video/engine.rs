@@ -45,8 +45,8 @@ async fn call(
     timeout: Duration,
 ) -> Result<Bytes, CallError> {
     let fail = |status: Option<StatusCode>, message: String| CallError { status, message };
-    let spec = &pool.slot(idx).spec;
-    let uri = join(&spec.url, path).ok_or_else(|| fail(None, format!("bad engine URL for {path}")))?;
+    let slot = pool.slot(idx);
+    let uri = join(&slot.spec.url, path).ok_or_else(|| fail(None, format!("bad engine URL for {path}")))?;
     let req = http::Request::builder()
         .method(method)
         .uri(uri)
@@ -54,7 +54,7 @@ async fn call(
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| fail(None, e.to_string()))?;
     let run = async {
-        let resp = pool.send(req).await.map_err(|e| fail(None, e.to_string()))?;
+        let resp = pool.send(req, &slot).await.map_err(|e| fail(None, e.to_string()))?;
         let status = resp.status();
         let bytes =
             resp.into_body().collect().await.map_err(|e| fail(Some(status), e.to_string()))?.to_bytes();

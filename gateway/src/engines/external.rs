@@ -1,0 +1,207 @@
+//! Readiness and load of `openai` engines (vLLM, SGLang, TGI, llama.cpp
+//! server, any OpenAI-compatible server), as the load report admission
+//! reads: `/health` (a `generic` server: `/v1/models`) for readiness, the
+//! flavour's `/metrics` gauges ([`telemetry`]) for its load, combined with
+//! the gateway's own count of what it sent there.
+//!
+//! What the gateway cannot know about a third-party engine it does not
+//! invent: without `upstream.kv_tokens` there is no KV headroom check;
+//! without a metrics endpoint (`generic`, or a scrape that fails) the
+//! engine's own queue is unknown and the gateway's counts stand alone;
+//! without `upstream.profile` the estimator starts from
+//! `policies/profiles/external-default.toml` and learns online.
+
+use bytes::Bytes;
+use engine_api::LoadReport;
+use http_body_util::{BodyExt, Full, Limited};
+use policies::LatencyProfile;
+
+use super::telemetry::{self, Flavour, Telemetry};
+use super::{join, EnginePool, EngineSlot, EngineSpec};
+
+/// Idle keep-alive connections kept per upstream.
+pub(super) const MAX_IDLE_PER_UPSTREAM: usize = 64;
+/// Requests an upstream runs at once when its config does not say.
+pub const DEFAULT_MAX_BATCH: u32 = 8;
+/// Tokens per page of the KV accounting derived from `kv_tokens`.
+const PAGE_TOKENS: u32 = 16;
+const DEFAULT_PROFILE: &str = include_str!("../../../policies/profiles/external-default.toml");
+
+impl EnginePool {
+    /// The upstream's state as a load report; `None` if it does not answer.
+    pub(super) async fn external_report(&self, slot: &EngineSlot) -> Option<LoadReport> {
+        let flavour = slot.spec.upstream.flavour;
+        let health = if flavour == Flavour::Generic { "/v1/models" } else { "/health" };
+        let (status, _) = self.upstream_get(slot, health, 64 << 10).await?;
+        let ready = status.is_success();
+        let seen = match flavour.has_metrics() {
+            true => match self.upstream_get(slot, "/metrics", telemetry::MAX_EXPOSITION_BYTES).await {
+                Some((s, text)) if s.is_success() => flavour.read(&String::from_utf8_lossy(&text)),
+                _ => Telemetry::default(),
+            },
+            false => Telemetry::default(),
+        };
+        Some(report(&slot.spec, ready, seen, slot.active()))
+    }
+
+    async fn upstream_get(
+        &self,
+        slot: &EngineSlot,
+        path: &str,
+        limit: usize,
+    ) -> Option<(http::StatusCode, Bytes)> {
+        let uri = join(&slot.spec.url, path)?;
+        let req = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
+        let resp = self.upstream_send(req, slot).await.ok()?;
+        let status = resp.status();
+        let body = Limited::new(resp.into_body(), limit).collect().await.ok()?.to_bytes();
+        Some((status, body))
+    }
+
+    /// Sends `req` to an `openai` engine with its own key (never the
+    /// engines' API token).
+    pub(super) fn upstream_send(
+        &self,
+        mut req: http::Request<Full<Bytes>>,
+        slot: &EngineSlot,
+    ) -> hyper_util::client::legacy::ResponseFuture {
+        if let Some(key) = slot.upstream_key() {
+            req.headers_mut().insert(http::header::AUTHORIZATION, key.clone());
+        }
+        self.upstream_client.request(req)
+    }
+}
+
+/// The load report of an upstream that is `ready`, whose metrics said
+/// `seen`, to which this gateway has `ours` requests open. Requests the
+/// upstream runs or queues beyond ours (other clients, other gateways)
+/// take its batch slots first.
+pub(super) fn report(spec: &EngineSpec, ready: bool, seen: Telemetry, ours: u32) -> LoadReport {
+    let up = &spec.upstream;
+    let max_batch = up.max_batch.unwrap_or(DEFAULT_MAX_BATCH).max(1);
+    let running = seen.running.unwrap_or(0.0);
+    let waiting = seen.waiting.unwrap_or(0.0);
+    let foreign = ((running + waiting) - f64::from(ours)).max(0.0).min(f64::from(u32::MAX)) as u32;
+    let (page_tokens, total, free) = match (up.kv_tokens, seen.kv_usage) {
+        (Some(tokens), Some(used)) => {
+            let total = u32::try_from(tokens / u64::from(PAGE_TOKENS)).unwrap_or(u32::MAX);
+            (PAGE_TOKENS, total, (f64::from(total) * (1.0 - used)) as u32)
+        }
+        _ => (0, 0, 0), // unknown capacity: no KV check
+    };
+    LoadReport {
+        engine_id: spec.id.clone(),
+        backend: "external".into(),
+        engine_class: format!("{:?}", up.flavour).to_lowercase(),
+        ready,
+        queued_sequences: waiting as u32,
+        inflight_sequences: running as u32,
+        kv_pages_free: free,
+        kv_pages_total: total,
+        kv_admitting: true,
+        kv_page_tokens: page_tokens,
+        batch_target: max_batch.saturating_sub(foreign).max(1),
+        batch_achieved: running.max(1.0),
+        ..Default::default()
+    }
+}
+
+/// The profile an upstream starts from: its configured file, else the
+/// bundled default.
+pub(super) fn profile(spec: &EngineSpec) -> Option<LatencyProfile> {
+    let (name, text) = match &spec.upstream.profile {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(t) => (path.display().to_string(), t),
+            Err(e) => {
+                tracing::warn!(event = "engine_profile_unreadable", engine = %spec.id, path = %path.display(), error = %e);
+                ("external-default".to_string(), DEFAULT_PROFILE.to_string())
+            }
+        },
+        None => ("external-default".to_string(), DEFAULT_PROFILE.to_string()),
+    };
+    match LatencyProfile::parse(&name, &text) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!(event = "engine_profile_invalid", engine = %spec.id, error = %e);
+            LatencyProfile::parse("external-default", DEFAULT_PROFILE).ok()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engines::{EngineKind, Upstream};
+
+    fn spec(up: Upstream) -> EngineSpec {
+        EngineSpec {
+            kind: EngineKind::Openai,
+            upstream: up,
+            ..EngineSpec::native("u0", "http://u0:8080".parse().unwrap())
+        }
+    }
+
+    #[test]
+    fn foreign_load_takes_batch_slots_first() {
+        let s = spec(Upstream { flavour: Flavour::Llamacpp, max_batch: Some(4), ..Default::default() });
+        let seen = Telemetry { running: Some(3.0), waiting: Some(1.0), kv_usage: None };
+        let ours_all = report(&s, true, seen, 4);
+        assert_eq!(ours_all.batch_target, 4, "all four are ours: the slots are ours to count");
+        let ours_one = report(&s, true, seen, 1);
+        assert_eq!(ours_one.batch_target, 1, "three foreign requests leave one slot");
+        assert_eq!(report(&s, true, Telemetry { running: Some(9.0), ..seen }, 0).batch_target, 1, "never 0");
+        assert_eq!((ours_one.inflight_sequences, ours_one.queued_sequences), (3, 1));
+        assert_eq!(ours_one.kv_page_tokens, 0, "no kv_tokens: no KV check");
+    }
+
+    #[test]
+    fn kv_usage_with_a_known_capacity_is_headroom() {
+        let s = spec(Upstream { flavour: Flavour::Vllm, kv_tokens: Some(16_000), ..Default::default() });
+        let r = report(&s, true, Telemetry { kv_usage: Some(0.75), ..Default::default() }, 0);
+        assert_eq!((r.kv_page_tokens, r.kv_pages_total, r.kv_pages_free), (16, 1000, 250));
+        assert_eq!(r.batch_target, DEFAULT_MAX_BATCH);
+    }
+
+    #[test]
+    fn engine_entries_parse_and_what_cannot_work_is_refused() {
+        #[derive(serde::Deserialize)]
+        struct Doc {
+            engines: Vec<EngineSpec>,
+        }
+        let doc: Doc = toml::from_str(
+            r#"
+            [[engines]]
+            id = "llama"
+            url = "http://10.0.0.7:8080"
+            kind = "openai"
+            upstream = { flavour = "llamacpp", max_batch = 4, served_model = "qwen", api_key_env = "LLAMA_KEY" }
+            [[engines]]
+            id = "e0"
+            url = "http://127.0.0.1:9000"
+            "#,
+        )
+        .unwrap();
+        let (llama, native) = (&doc.engines[0], &doc.engines[1]);
+        assert_eq!(llama.kind, EngineKind::Openai);
+        assert_eq!(llama.upstream.flavour, Flavour::Llamacpp);
+        assert_eq!(
+            (llama.upstream.max_batch, llama.upstream.served_model.as_deref()),
+            (Some(4), Some("qwen"))
+        );
+        assert_eq!((native.kind, native.validate()), (EngineKind::Native, Ok(())));
+        assert_eq!(llama.validate(), Ok(()));
+        let tls = EngineSpec { url: "https://10.0.0.7".parse().unwrap(), ..llama.clone() };
+        assert!(tls.validate().unwrap_err().contains("only http://"));
+        let confused = EngineSpec { kind: EngineKind::Native, ..llama.clone() };
+        assert!(confused.validate().unwrap_err().contains("kind = \"openai\""));
+        let typo =
+            toml::from_str::<Doc>("[[engines]]\nid='x'\nurl='http://x'\nupstream = { flavor = 'vllm' }");
+        assert!(typo.is_err(), "an unknown upstream key is refused");
+    }
+
+    #[test]
+    fn a_missing_or_broken_profile_falls_back_to_the_default() {
+        let s = spec(Upstream { profile: Some("/nonexistent/profile.toml".into()), ..Default::default() });
+        assert_eq!(profile(&s).unwrap().engine_class, "external");
+    }
+}

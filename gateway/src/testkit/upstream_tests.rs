@@ -1,0 +1,162 @@
+//! `openai` engines (third-party OpenAI-compatible servers) behind the
+//! gateway, in paused time: the scripted upstream speaks HTTP/1.1 and SSE
+//! and serves a llama.cpp-server `/metrics` page.
+
+use std::time::Duration;
+
+use engine_api::Event;
+use http::StatusCode;
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::*;
+use crate::engines::telemetry::Flavour;
+use crate::engines::Upstream;
+
+const POLICY: &str = include_str!("../../../policies/default.toml");
+
+fn llamacpp_metrics(processing: u32, deferred: u32) -> String {
+    format!(
+        "# TYPE llamacpp:kv_cache_usage_ratio gauge\nllamacpp:kv_cache_usage_ratio 0.1\n\
+         # TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing {processing}\n\
+         # TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred {deferred}\n"
+    )
+}
+
+fn llama(max_batch: u32, metrics: &str, scripts: Vec<Script>) -> TestEngine {
+    let up = Upstream {
+        flavour: Flavour::Llamacpp,
+        served_model: Some("tiny-llama".into()),
+        max_batch: Some(max_batch),
+        ..Default::default()
+    };
+    TestEngine::openai("llama", up, metrics, scripts)
+}
+
+fn chat(stream: bool, max_tokens: u32) -> serde_json::Value {
+    let mut body = json!({
+        "model": "synthetic-small",
+        "stream": stream,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "hello"}],
+    });
+    if stream {
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body
+}
+
+async fn body_text(resp: Response<Incoming>) -> String {
+    let bytes = resp.into_body().collect().await.expect("a complete body").to_bytes();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstreams_stream_reaches_the_client_under_the_gateways_ids() {
+    let script = Script::tokens(Duration::from_millis(30), 3, Duration::from_millis(10));
+    let h = Harness::start_with(POLICY, vec![llama(4, &llamacpp_metrics(0, 0), vec![script])], |_| {}).await;
+    let t0 = Instant::now();
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(true, 3)).await;
+    assert_eq!(t0.elapsed(), Duration::from_millis(30), "headers with the first token");
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["x-engine"], "llama");
+    let rid = resp.headers()["x-request-id"].to_str().unwrap().to_string();
+    let text = body_text(resp).await;
+    assert_eq!(t0.elapsed(), Duration::from_millis(50));
+    assert!(text.contains(&format!("\"id\":\"chatcmpl-{rid}\"")), "the gateway's id: {text}");
+    for t in ["t0", "t1", "t2"] {
+        assert!(text.contains(&format!("\"content\":\"{t}\"")), "{t} in {text}");
+    }
+    assert!(text.contains("\"completion_tokens\":3"), "the upstream's usage: {text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    // What went up: the client's body with the gateway's decisions.
+    let up = h.engines[0].last_body.lock().unwrap().clone().unwrap();
+    assert_eq!(up["model"], "tiny-llama");
+    assert_eq!(up["messages"][0]["content"], "hello");
+    assert_eq!(
+        (up["stream"].as_bool(), up["stream_options"]["include_usage"].as_bool()),
+        (Some(true), Some(true))
+    );
+    assert_eq!(up["max_tokens"], 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_non_streaming_request_is_collected_from_the_upstreams_stream() {
+    let script = Script::tokens(Duration::from_millis(20), 2, Duration::from_millis(5));
+    let h = Harness::start_with(POLICY, vec![llama(4, &llamacpp_metrics(0, 0), vec![script])], |_| {}).await;
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(false, 2)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let doc: serde_json::Value = serde_json::from_str(&body_text(resp).await).unwrap();
+    assert_eq!(doc["choices"][0]["message"]["content"], "t0t1");
+    assert_eq!(doc["choices"][0]["finish_reason"], "length");
+    assert_eq!(doc["usage"]["completion_tokens"], 2);
+    assert_eq!(doc["object"], "chat.completion");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_upstreams_own_queue_takes_its_slots_and_admission_refuses_with_a_reason() {
+    // llama.cpp says 4 requests run and 2 wait that are not the gateway's:
+    // of its 4 slots none is free, so the gateway's gate holds requests, and
+    // one that cannot start within gold's 500 ms TTFT budget is refused.
+    let slow = Script::tokens(Duration::from_secs(5), 1, Duration::ZERO);
+    let h = Harness::start_with(POLICY, vec![llama(4, &llamacpp_metrics(4, 2), vec![slow])], |_| {}).await;
+    let slot = h.app.engines.slot(0);
+    let report = slot.report().expect("the metrics were read");
+    assert_eq!((report.inflight_sequences, report.queued_sequences, report.batch_target), (4, 2, 1));
+    let ask = chat(true, 8);
+    let first = h.post("/v1/chat/completions", "sk-demo-gold", &ask);
+    let second = h.post("/v1/chat/completions", "sk-demo-gold", &ask);
+    let (first, second) = tokio::join!(first, second);
+    let refused = if first.status() == StatusCode::OK { second } else { first };
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(!refused.headers()["x-admission-reason"].is_empty());
+    assert!(refused.headers().contains_key("retry-after"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_silent_mid_stream_is_cut_at_the_event_timeout_and_its_request_cancelled() {
+    let steps = vec![
+        Step::Wait(Duration::from_millis(10)),
+        Step::Event(Event::Token { text: "t0".into() }),
+        Step::Hang,
+    ];
+    let h = Harness::start_with(
+        POLICY,
+        vec![llama(4, &llamacpp_metrics(0, 0), vec![Script::Stream(steps)])],
+        |c| {
+            c.limits.engine_event_timeout_ms = 5_000;
+        },
+    )
+    .await;
+    let t0 = Instant::now();
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(true, 8)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let text = body_text(resp).await;
+    assert_eq!(t0.elapsed(), Duration::from_millis(5_010));
+    assert!(
+        text.contains("\"content\":\"t0\"") && text.contains("no event from the engine for 5s"),
+        "{text}"
+    );
+    assert!(!text.contains("[DONE]"));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(h.engines[0].cancelled(), 1, "the upstream request is cancelled (its connection closed)");
+    assert_eq!(h.engine_sequences(0), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_that_refuses_is_left_for_a_native_engine_before_the_first_byte() {
+    let refuses = Script::Refuse(StatusCode::SERVICE_UNAVAILABLE, "server_busy");
+    let native = TestEngine::native("e0", vec![Script::tokens(Duration::from_millis(15), 1, Duration::ZERO)]);
+    let h =
+        Harness::start_with(POLICY, vec![llama(4, &llamacpp_metrics(0, 0), vec![refuses]), native], |_| {})
+            .await;
+    let mut served = vec![];
+    for _ in 0..2 {
+        let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(true, 1)).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        served.push(resp.headers()["x-engine"].to_str().unwrap().to_string());
+        body_text(resp).await;
+    }
+    assert_eq!(served, ["e0", "e0"], "every request ends on the native engine");
+    assert!(h.engines[0].requests() >= 1, "the upstream was tried");
+}
