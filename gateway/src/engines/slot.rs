@@ -138,6 +138,12 @@ impl EngineSlot {
         self.is_ready() && !self.is_standby() && !self.is_draining() && !self.is_retired()
     }
 
+    /// Routable and able to run video sessions (this project's engines
+    /// only: third-party servers serve text).
+    pub fn routable_for_video(&self) -> bool {
+        self.routable() && self.spec.kind == super::EngineKind::Native
+    }
+
     pub fn is_standby(&self) -> bool {
         self.standby.load(Ordering::Acquire)
     }

@@ -110,7 +110,7 @@ pub fn tick(streams: &Streams, cfg: &VideoConfig) -> Vec<Move> {
             }
         }
         let engines: Vec<usize> =
-            (0..streams.pool.len()).filter(|&i| streams.pool.slot(i).routable()).collect();
+            (0..streams.pool.len()).filter(|&i| streams.pool.slot(i).routable_for_video()).collect();
         let limits = RehomeLimits {
             max_out: cfg.max_out_per_tick,
             max_in: cfg.max_in_per_tick,

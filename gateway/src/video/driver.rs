@@ -184,7 +184,7 @@ fn donor_for(
         return None;
     }
     if let Some(d) = st.donor {
-        if st.urgency != pv::Urgency::Urgent || !streams.pool.slot(d).routable() || d == home {
+        if st.urgency != pv::Urgency::Urgent || !streams.pool.slot(d).routable_for_video() || d == home {
             st.donor = None;
             return None;
         }
@@ -216,7 +216,7 @@ fn donor_for(
         }
     }
     let donor = (0..n)
-        .filter(|&i| i != home && !ruled_out[i] && streams.pool.slot(i).routable())
+        .filter(|&i| i != home && !ruled_out[i] && streams.pool.slot(i).routable_for_video())
         .max_by(|&a, &b| lowest[a].total_cmp(&lowest[b]).then(b.cmp(&a)))?;
     let mut st = stream.lock();
     st.donor = Some(donor);
