@@ -308,7 +308,8 @@ impl Streams {
     pub fn fleet_view(&self, cfg: &VideoConfig) -> Option<(Vec<usize>, Vec<fleet::Gpu>)> {
         let chunk_s = f64::from(cfg.default_frames_per_chunk) / f64::from(cfg.default_fps);
         let slo_ms = cfg.fleet.slo_ms(chunk_s);
-        let engines: Vec<usize> = (0..self.pool.len()).filter(|&i| self.pool.slot(i).routable_for_video()).collect();
+        let engines: Vec<usize> =
+            (0..self.pool.len()).filter(|&i| self.pool.slot(i).routable_for_video()).collect();
         let gpus = engines
             .iter()
             .map(|&i| {
@@ -357,8 +358,10 @@ impl Streams {
 
     /// Live streams homed on each engine.
     pub fn per_engine(&self) -> Vec<(usize, u32)> {
-        let mut counts: Vec<(usize, u32)> =
-            (0..self.pool.len()).filter(|&i| self.pool.slot(i).routable_for_video()).map(|i| (i, 0)).collect();
+        let mut counts: Vec<(usize, u32)> = (0..self.pool.len())
+            .filter(|&i| self.pool.slot(i).routable_for_video())
+            .map(|i| (i, 0))
+            .collect();
         for s in self.all() {
             let st = s.lock();
             if st.ended.is_none() {

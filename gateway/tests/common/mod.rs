@@ -203,6 +203,36 @@ impl System {
         Self::spawn(cmd, dir, policies, certs.join("ca.pem")).await
     }
 
+    /// `gateway serve` with `engines` (the `[[engines]]` tables of its
+    /// config, verbatim), the policy text `policy`, its own development
+    /// certificates and an admin token [`ADMIN_TOKEN`].
+    pub async fn serve(engines: &str, policy: &str) -> Self {
+        let dir = scratch_dir();
+        let certs = dir.join("certs");
+        let made = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
+            .arg("certs")
+            .arg("--out")
+            .arg(&certs)
+            .output()
+            .expect("gateway certs runs");
+        assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+        let policies = dir.join("policies.toml");
+        std::fs::write(&policies, policy).unwrap();
+        let config = format!(
+            "listen = \"127.0.0.1:0\"\npolicies = {policies:?}\n\
+             [tls]\ncert = {:?}\nkey = {:?}\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n[[admin.tokens]]\nid = \"ops\"\ntoken = \"{ADMIN_TOKEN}\"\n\
+             {engines}",
+            certs.join("server.pem"),
+            certs.join("server.key"),
+        );
+        let config_path = dir.join("gateway.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let mut cmd = gateway_command(&dir);
+        cmd.arg("serve").arg("--config").arg(&config_path);
+        Self::spawn(cmd, dir, policies, certs.join("ca.pem")).await
+    }
+
     /// What the gateway and its engines logged so far (empty with
     /// `GATEWAY_TEST_LOGS=1`: then it goes to the terminal).
     pub fn log(&self) -> String {
