@@ -244,13 +244,18 @@ pub async fn start(
     first_event_timeout: Duration,
     attempts: &mut Attempts,
 ) -> Result<Started, ApiError> {
+    let not_serving = pool.not_serving(&req.gen.model);
     while !attempts.exhausted(pool) {
-        let mut inflight = match first.take().filter(|l| !attempts.tried.contains(&l.engine_idx())) {
+        let usable = |idx: usize| !attempts.tried.contains(&idx) && !not_serving.contains(&idx);
+        let mut inflight = match first.take().filter(|l| usable(l.engine_idx())) {
             Some(lease) => lease,
-            None => match policies::routing::least_inflight_tokens(&pool.views(), &attempts.tried) {
-                Some(idx) => pool.lease(idx, work),
-                None => break,
-            },
+            None => {
+                let exclude: Vec<usize> = attempts.tried.iter().chain(&not_serving).copied().collect();
+                match policies::routing::least_inflight_tokens(&pool.views(), &exclude) {
+                    Some(idx) => pool.lease(idx, work),
+                    None => break,
+                }
+            }
         };
         let idx = inflight.engine_idx();
         match tokio::time::timeout(first_event_timeout, try_engine(pool, idx, req)).await {

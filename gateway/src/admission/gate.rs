@@ -23,7 +23,9 @@ impl Admission {
             return;
         }
         let st = &mut *st;
-        self.candidates(&mut st.ctl, policy, &mut st.candidates);
+        // Every engine: a waiter granted one that does not serve its model
+        // is moved by dispatch before anything is sent.
+        self.candidates(&mut st.ctl, policy, &mut st.candidates, None);
         let waiters = &mut st.waiters;
         let alive = |id| match waiters.get(&id) {
             Some((tx, _)) if !tx.is_closed() => true,

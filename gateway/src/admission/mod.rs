@@ -205,10 +205,20 @@ impl Admission {
     }
 
     /// Candidates for admission into `out`: ready engines whose profile is
-    /// known. Reads the registry's snapshot; copies nothing but numbers.
-    fn candidates(&self, ctl: &mut Controller, policy: &PolicyDocument, out: &mut Vec<Candidate>) {
+    /// known (and, given a `model`, that serve it). Reads the registry's
+    /// snapshot; copies nothing but numbers.
+    fn candidates(
+        &self,
+        ctl: &mut Controller,
+        policy: &PolicyDocument,
+        out: &mut Vec<Candidate>,
+        model: Option<&str>,
+    ) {
         out.clear();
         for (idx, slot) in self.pool.snapshot().iter().enumerate() {
+            if model.is_some_and(|m| !slot.serves(m)) {
+                continue;
+            }
             let Some(view) = slot.admission_view() else { continue };
             let class = match view.class {
                 Some(c) => c,
@@ -272,7 +282,7 @@ impl Admission {
         if off {
             st.candidates.clear();
         } else {
-            self.candidates(&mut st.ctl, policy, &mut st.candidates);
+            self.candidates(&mut st.ctl, policy, &mut st.candidates, Some(r.model));
         }
         let loads = if off { self.pool.views() } else { Vec::new() };
         let outcome = st.ctl.request(now, policy, &req, &st.candidates, &loads);

@@ -84,6 +84,10 @@ pub struct Upstream {
     /// The model id the upstream serves, sent in place of the request's.
     #[serde(default)]
     pub served_model: Option<String>,
+    /// The public model ids (the policy's) this engine serves; empty: every
+    /// model of the policy.
+    #[serde(default)]
+    pub models: Vec<String>,
     /// Requests it runs at once (llama.cpp's `--parallel` slots, vLLM's
     /// `--max-num-seqs`): the gateway's gate holds the rest.
     #[serde(default)]
@@ -334,6 +338,17 @@ impl EnginePool {
     }
 
     /// What routing may know about each engine, in slot order.
+    /// Engines that do not serve `model` (`openai` engines with a model
+    /// list without it); empty, without allocating, when every engine
+    /// serves every model.
+    pub fn not_serving(&self, model: &str) -> Vec<usize> {
+        let snapshot = self.snapshot();
+        if snapshot.iter().all(|s| s.spec.upstream.models.is_empty()) {
+            return Vec::new();
+        }
+        snapshot.iter().enumerate().filter(|(_, s)| !s.serves(model)).map(|(i, _)| i).collect()
+    }
+
     pub fn views(&self) -> Vec<EngineView> {
         self.snapshot()
             .iter()

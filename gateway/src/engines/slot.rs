@@ -138,6 +138,12 @@ impl EngineSlot {
         self.is_ready() && !self.is_standby() && !self.is_draining() && !self.is_retired()
     }
 
+    /// Whether requests for `model` (a policy model id) may come here.
+    pub fn serves(&self, model: &str) -> bool {
+        let models = &self.spec.upstream.models;
+        models.is_empty() || models.iter().any(|m| m == model)
+    }
+
     /// Routable and able to run video sessions (this project's engines
     /// only: third-party servers serve text).
     pub fn routable_for_video(&self) -> bool {

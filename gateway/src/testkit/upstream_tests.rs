@@ -160,3 +160,46 @@ async fn an_upstream_that_refuses_is_left_for_a_native_engine_before_the_first_b
     assert_eq!(served, ["e0", "e0"], "every request ends on the native engine");
     assert!(h.engines[0].requests() >= 1, "the upstream was tried");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_with_a_model_list_gets_only_its_models() {
+    let policy = format!("{POLICY}\n[[models]]\nid = \"tiny-llama\"\nowned_by = \"test\"\n");
+    // The same profile as the native engine: without its model list the
+    // idle upstream would be admission's choice.
+    let profile = concat!(env!("CARGO_MANIFEST_DIR"), "/../policies/profiles/emulated-a100-8b.toml");
+    let up = Upstream {
+        flavour: Flavour::Llamacpp,
+        models: vec!["tiny-llama".into()],
+        profile: Some(profile.into()),
+        ..Default::default()
+    };
+    let fast = Script::tokens(Duration::from_millis(5), 1, Duration::ZERO);
+    let llama = TestEngine::openai("llama", up, &llamacpp_metrics(0, 0), vec![fast.clone()]);
+    let native =
+        TestEngine::native("e0", vec![Script::tokens(Duration::from_millis(100), 1, Duration::ZERO)]);
+    let h = Harness::start_with(&policy, vec![llama, native], |_| {}).await;
+    // The idle upstream is never offered synthetic-small, however busy e0 is.
+    let ask = chat(true, 1);
+    let answers = tokio::join!(
+        h.post("/v1/chat/completions", "sk-demo-gold", &ask),
+        h.post("/v1/chat/completions", "sk-demo-gold", &ask),
+        h.post("/v1/chat/completions", "sk-demo-gold", &ask),
+    );
+    for resp in [answers.0, answers.1, answers.2] {
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()["x-engine"], "e0");
+        body_text(resp).await;
+    }
+    assert_eq!(h.engines[0].requests(), 0);
+    // Its own model it serves.
+    let mut tiny = chat(true, 1);
+    tiny["model"] = json!("tiny-llama");
+    let mut served = std::collections::BTreeSet::new();
+    for _ in 0..3 {
+        let resp = h.post("/v1/chat/completions", "sk-demo-gold", &tiny).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        served.insert(resp.headers()["x-engine"].to_str().unwrap().to_string());
+        body_text(resp).await;
+    }
+    assert!(served.contains("llama"), "{served:?}");
+}
