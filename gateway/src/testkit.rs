@@ -255,6 +255,9 @@ async fn play_openai(
     match req.uri().path() {
         "/health" => return answer(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ok\"}")),
         "/metrics" => return answer(StatusCode::OK, Bytes::from(metrics.to_string())),
+        "/v1/models" => {
+            return answer(StatusCode::OK, Bytes::from_static(b"{\"object\":\"list\",\"data\":[]}"))
+        }
         "/v1/chat/completions" | "/v1/completions" => {}
         _ => return answer(StatusCode::NOT_FOUND, Bytes::new()),
     }

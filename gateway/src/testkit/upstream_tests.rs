@@ -203,3 +203,56 @@ async fn an_upstream_with_a_model_list_gets_only_its_models() {
     }
     assert!(served.contains("llama"), "{served:?}");
 }
+
+/// Each flavour's `/metrics` page with `running` and `waiting` requests, in
+/// the shape its server writes (names, labels and types from vLLM's,
+/// SGLang's and TGI's documentation and source; values ours). A fake of the
+/// server's metrics, since those servers need GPUs.
+fn metrics_page(flavour: Flavour, running: u32, waiting: u32) -> String {
+    match flavour {
+        Flavour::Vllm => format!(
+            "# TYPE vllm:num_requests_running gauge\n\
+             vllm:num_requests_running{{engine=\"0\",model_name=\"m\"}} {running}.0\n\
+             # TYPE vllm:num_requests_waiting gauge\n\
+             vllm:num_requests_waiting{{engine=\"0\",model_name=\"m\"}} {waiting}.0\n\
+             # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"m\"}} 0.5\n"
+        ),
+        Flavour::Sglang => format!(
+            "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{{model_name=\"m\"}} {running}.0\n\
+             # TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{{model_name=\"m\"}} {waiting}.0\n\
+             # TYPE sglang:token_usage gauge\nsglang:token_usage{{model_name=\"m\"}} 0.5\n"
+        ),
+        Flavour::Tgi => format!(
+            "# TYPE tgi_batch_current_size gauge\ntgi_batch_current_size {running}\n\
+             # TYPE tgi_queue_size gauge\ntgi_queue_size {waiting}\n"
+        ),
+        Flavour::Llamacpp => llamacpp_metrics(running, waiting),
+        Flavour::Generic => String::new(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_flavours_metrics_feed_the_load_report() {
+    for flavour in [Flavour::Vllm, Flavour::Sglang, Flavour::Tgi, Flavour::Llamacpp, Flavour::Generic] {
+        let up = Upstream { flavour, max_batch: Some(8), kv_tokens: Some(64_000), ..Default::default() };
+        let page = metrics_page(flavour, 5, 2);
+        let h = Harness::start_with(POLICY, vec![TestEngine::openai("up", up, &page, vec![])], |_| {}).await;
+        let r = h.app.engines.slot(0).report().expect("a report");
+        assert!(r.ready, "{flavour:?}");
+        if flavour == Flavour::Generic {
+            // Nothing to read: the gateway's own counts stand alone.
+            assert_eq!((r.inflight_sequences, r.queued_sequences, r.batch_target), (0, 0, 8), "{flavour:?}");
+            continue;
+        }
+        assert_eq!((r.inflight_sequences, r.queued_sequences), (5, 2), "{flavour:?}");
+        assert_eq!(r.batch_target, 1, "{flavour:?}: 7 foreign requests leave 1 of 8 slots");
+        // KV in use as the server says (half; llama.cpp's page: a tenth) of
+        // 4,000 pages; TGI says nothing.
+        let kv = match flavour {
+            Flavour::Tgi => 0,
+            Flavour::Llamacpp => 3_600,
+            _ => 2_000,
+        };
+        assert_eq!(r.kv_pages_free, kv, "{flavour:?}");
+    }
+}
