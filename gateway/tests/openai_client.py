@@ -5,6 +5,7 @@ OPENAI_BASE_URL, OPENAI_API_KEY, and SSL_CERT_FILE for the development CA.
 Exits non-zero on any mismatch.
 """
 import openai
+from openai_stream import read_chat_stream
 
 client = openai.OpenAI(max_retries=0)
 MODEL = "synthetic-small"
@@ -27,16 +28,8 @@ stream = client.chat.completions.create(
     stream=True,
     stream_options={"include_usage": True},
 )
-parts, finish, usage = [], None, None
-for chunk in stream:
-    if chunk.usage is not None:
-        usage = chunk.usage
-    for choice in chunk.choices:
-        if choice.delta.content:
-            parts.append(choice.delta.content)
-        if choice.finish_reason:
-            finish = choice.finish_reason
-assert "".join(parts) == text, ("".join(parts), text)
+streamed, finish, usage = read_chat_stream(stream)
+assert streamed == text, (streamed, text)
 assert finish == "length", finish
 assert usage is not None and usage.completion_tokens == 6, usage
 

@@ -5,6 +5,7 @@ Configuration only from the environment (OPENAI_BASE_URL, OPENAI_API_KEY,
 SSL_CERT_FILE). Exits non-zero on any mismatch.
 """
 import openai
+from openai_stream import read_chat_stream
 
 client = openai.OpenAI(max_retries=0)
 MODEL = "synthetic-small"  # the gateway's public name; sent up as tiny-llama
@@ -26,18 +27,10 @@ stream = client.chat.completions.create(
     stream=True,
     stream_options={"include_usage": True},
 )
-parts, finish, usage = [], None, None
-for chunk in stream:
-    if chunk.usage is not None:
-        usage = chunk.usage
-    for choice in chunk.choices:
-        if choice.delta.content:
-            parts.append(choice.delta.content)
-        if choice.finish_reason:
-            finish = choice.finish_reason
+streamed, finish, usage = read_chat_stream(stream)
 assert finish == "length", finish
 assert usage is not None and usage.completion_tokens == 12, usage
-assert "".join(parts) == chat.choices[0].message.content, ("".join(parts), chat.choices[0].message.content)
+assert streamed == chat.choices[0].message.content, (streamed, chat.choices[0].message.content)
 
 done = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0)
 assert done.object == "text_completion", done
