@@ -205,12 +205,19 @@ pub struct Outbound {
     pub gen: GenerateRequest,
     /// The client's route and body.
     pub client: (crate::openai::Kind, Bytes),
+    /// Only third-party engines may serve it (a passthrough parameter).
+    pub upstream_only: bool,
     native: std::sync::OnceLock<Bytes>,
 }
 
 impl Outbound {
-    pub fn new(gen: GenerateRequest, kind: crate::openai::Kind, client_body: Bytes) -> Self {
-        Self { gen, client: (kind, client_body), native: std::sync::OnceLock::new() }
+    pub fn new(
+        gen: GenerateRequest,
+        kind: crate::openai::Kind,
+        client_body: Bytes,
+        upstream_only: bool,
+    ) -> Self {
+        Self { gen, client: (kind, client_body), upstream_only, native: std::sync::OnceLock::new() }
     }
 
     /// The path and body for `engine`.
@@ -244,7 +251,7 @@ pub async fn start(
     first_event_timeout: Duration,
     attempts: &mut Attempts,
 ) -> Result<Started, ApiError> {
-    let not_serving = pool.not_serving(&req.gen.model);
+    let not_serving = pool.not_serving(&req.gen.model, req.upstream_only);
     while !attempts.exhausted(pool) {
         let usable = |idx: usize| !attempts.tried.contains(&idx) && !not_serving.contains(&idx);
         let mut inflight = match first.take().filter(|l| usable(l.engine_idx())) {

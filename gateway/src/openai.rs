@@ -39,6 +39,10 @@ pub struct CompletionRequest {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
+    /// A parameter of the model's `passthrough` list the request uses: only
+    /// third-party engines may serve it (the first such parameter, named in
+    /// errors).
+    pub upstream_param: Option<String>,
 }
 
 const CHAT_HONOURED: &[&str] = &[
@@ -142,13 +146,29 @@ fn field(param: impl Into<String>, message: impl Into<String>) -> ApiError {
     ApiError::InvalidField { param: param.into(), message: message.into() }
 }
 
-/// Parses and validates a request body for `kind`.
+/// Parses and validates a request body for `kind` (no model passes
+/// parameters through).
 pub fn parse(kind: Kind, body: &[u8]) -> Result<CompletionRequest, ApiError> {
+    parse_for(kind, body, &[])
+}
+
+/// As [`parse`], accepting the parameters the requested model's
+/// `passthrough` list names (of `models`, the policy's).
+pub fn parse_for(
+    kind: Kind,
+    body: &[u8],
+    models: &[policies::config::Model],
+) -> Result<CompletionRequest, ApiError> {
     let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
     let Value::Object(object) = value else {
         return Err(ApiError::InvalidJson("the body must be a JSON object".into()));
     };
-    let raw = classify(kind, object)?;
+    let requested = object.get("model").and_then(Value::as_str);
+    let passthrough = models
+        .iter()
+        .find(|m| Some(m.id.as_str()) == requested)
+        .map_or(&[][..], |m| m.passthrough.as_slice());
+    let (raw, upstream_param) = classify(kind, object, passthrough)?;
     let model = raw.model.ok_or_else(|| field("model", "you must provide a model parameter"))?;
     if model.len() > engine_api::bounds::MAX_ID_BYTES {
         return Err(field("model", "is too long"));
@@ -184,19 +204,30 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<CompletionRequest, ApiError> {
         stop: stop_list(raw.stop)?,
         stream,
         include_usage: raw.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+        upstream_param,
     })
 }
 
-/// Sorts top-level keys into their classes and deserialises the honoured ones.
-fn classify(kind: Kind, object: Map<String, Value>) -> Result<RawRequest, ApiError> {
+/// Sorts top-level keys into their classes and deserialises the honoured
+/// ones; also returns the first `passthrough` parameter used.
+fn classify(
+    kind: Kind,
+    object: Map<String, Value>,
+    passthrough: &[String],
+) -> Result<(RawRequest, Option<String>), ApiError> {
     let (honoured, ignored) = match kind {
         Kind::Chat => (CHAT_HONOURED, CHAT_IGNORED),
         Kind::Completion => (COMPLETION_HONOURED, COMPLETION_IGNORED),
     };
     let mut kept = Map::new();
     let mut unknown = Vec::new();
+    let mut upstream_param = None;
     for (key, value) in object {
         if value.is_null() || ignored.contains(&key.as_str()) {
+            continue;
+        }
+        if passthrough.contains(&key) {
+            upstream_param.get_or_insert(key); // goes up in the client's body
             continue;
         }
         if honoured.contains(&key.as_str()) {
@@ -216,10 +247,11 @@ fn classify(kind: Kind, object: Map<String, Value>) -> Result<RawRequest, ApiErr
         unknown.sort();
         return Err(ApiError::UnknownParameters(unknown));
     }
-    serde_path_to_error::deserialize(Value::Object(kept)).map_err(|e| {
+    let raw = serde_path_to_error::deserialize(Value::Object(kept)).map_err(|e| {
         let param = e.path().to_string();
         field(param.trim_start_matches('.'), e.into_inner().to_string())
-    })
+    })?;
+    Ok((raw, upstream_param))
 }
 
 /// Most chat messages, and content parts per message, in one request (the
@@ -394,6 +426,28 @@ mod tests {
             "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}))
         .unwrap_err();
         assert_eq!(e.param(), Some("messages[0].content[0].type"));
+    }
+
+    #[test]
+    fn a_models_passthrough_parameters_are_accepted_for_it_alone() {
+        let model = |id: &str, list: &[&str]| policies::config::Model {
+            id: id.into(),
+            owned_by: "t".into(),
+            passthrough: list.iter().map(|p| p.to_string()).collect(),
+        };
+        let models = [model("json-capable", &["response_format", "top_k"]), model("plain", &[])];
+        let body = |m: &str| {
+            json!({"model": m, "messages": [{"role": "user", "content": "x"}],
+                   "response_format": {"type": "json_object"}, "top_k": 40})
+            .to_string()
+        };
+        let r = parse_for(Kind::Chat, body("json-capable").as_bytes(), &models).unwrap();
+        assert_eq!(r.upstream_param.as_deref(), Some("response_format"), "the first one, by name");
+        let e = parse_for(Kind::Chat, body("plain").as_bytes(), &models).unwrap_err();
+        assert_eq!(e.param(), Some("response_format"), "refused as before for another model: {e}");
+        let plain =
+            json!({"model": "json-capable", "messages": [{"role": "user", "content": "x"}]}).to_string();
+        assert_eq!(parse_for(Kind::Chat, plain.as_bytes(), &models).unwrap().upstream_param, None);
     }
 
     #[test]

@@ -199,10 +199,19 @@ async fn completions(
     let ttft_hint = slo_hint(req.headers(), "x-slo-ttft-ms", tier.ttft, min_hint)?; // per-request SLO, clamped to the tier
     let e2e_hint = slo_hint(req.headers(), "x-slo-e2e-ms", tier.e2e, min_hint)?;
     let body = req.take_read(); // read by the body layer: bounded memory and time
-    let parsed = openai::parse(kind, &body)?; // typed and validated; unknown parameters named
+    let parsed = openai::parse_for(kind, &body, &policy.models)?; // typed and validated; unknown parameters named
     if policy.model(&parsed.model).is_none() {
         return Err(ApiError::ModelNotFound(parsed.model).into());
     }
+    let upstream_only = match parsed.upstream_param.clone() {
+        // A passthrough parameter: only a third-party engine can honour it.
+        Some(param) if !app.engines.has_upstream_for(&parsed.model) => {
+            let message = "is not supported by the engines serving this model".into();
+            return Err(ApiError::UnsupportedParameter { param, message }.into());
+        }
+        Some(_) => true,
+        None => false,
+    };
     let (encoder, mut gen, prompt_tokens) = plan(parsed, tier, request_id)?; // tier ceiling and cap
     let hold = tenant_limits(app, tenant, tier, u64::from(prompt_tokens) + u64::from(gen.max_tokens)).await?; // this gateway's or fleet-wide
                                                                                                               // Admission: admit, degrade or refuse against the tier's SLO, fast.
@@ -215,6 +224,7 @@ async fn completions(
         sampling: gen.temperature.is_some_and(|t| t > 0.0),
         ttft_hint,
         e2e_hint,
+        upstream_only,
     };
     let admitted =
         app.admission.admit(policy, &ask).map_err(|r| Failed { error: r.error, verdict: Some(r.verdict) })?;
@@ -227,7 +237,7 @@ async fn completions(
     }
     gen.priority_key = Some(admitted.key);
     gen.ttft_budget_ms = u32::try_from(admitted.ttft_budget.as_millis()).ok();
-    let out = dispatch::Outbound::new(gen, kind, body); // as each kind of engine is sent it
+    let out = dispatch::Outbound::new(gen, kind, body, upstream_only); // as each kind of engine is sent it
     let work = admitted.work;
     tracing::debug!(event = "request_admitted", request_id, tenant = %tenant.name, tier = %tier.name,
         decision = admitted.verdict.decision.as_str(), reason = %admitted.verdict.reason);

@@ -153,7 +153,48 @@ pub struct Model {
     pub id: String,
     #[serde(default = "default_owner")]
     pub owned_by: String,
+    /// Request parameters the gateway does not honour itself but passes to
+    /// third-party engines (`kind = "openai"`) serving this model, e.g.
+    /// `response_format` or a server's own sampling knobs (`top_k`,
+    /// `min_p`, `repetition_penalty`): a request using one goes only to
+    /// such engines. Parameters that change the answer's shape (tool calls,
+    /// several choices, log-probabilities) cannot be listed yet.
+    #[serde(default)]
+    pub passthrough: Vec<String>,
 }
+
+/// Parameters whose answers the gateway cannot relay yet (their stream
+/// carries more than text): never passed through.
+pub const NOT_RELAYED: &[&str] = &[
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+    "n",
+    "best_of",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "audio",
+    "modalities",
+    "prediction",
+];
+
+/// Parameters the gateway sets or honours itself: never passed through as
+/// they are.
+const OWN: &[&str] = &[
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+];
 
 fn default_owner() -> String {
     "slo-gateway".to_string()
@@ -263,6 +304,18 @@ impl PolicyDocument {
         };
         if raw.models.is_empty() {
             return Err(invalid("models".into(), "at least one model is required".into()));
+        }
+        for (i, m) in raw.models.iter().enumerate() {
+            if let Some(p) = m.passthrough.iter().find(|p| NOT_RELAYED.contains(&p.as_str())) {
+                let why = format!("`{p}` changes the answer's shape; the gateway cannot relay it yet");
+                return Err(invalid(format!("models[{i}].passthrough"), why));
+            }
+            if let Some(p) = m.passthrough.iter().find(|p| OWN.contains(&p.as_str())) {
+                return Err(invalid(
+                    format!("models[{i}].passthrough"),
+                    format!("`{p}` is the gateway's own"),
+                ));
+            }
         }
         let mut tiers = Vec::new();
         for (name, t) in raw.tiers {
@@ -442,6 +495,22 @@ keys = ["sk-acme-1", "sk-acme-2"]
         assert_eq!(tier.ttft, Duration::from_millis(500));
         assert!(doc.authenticate("sk-nope").is_none());
         assert!(doc.model("m1").is_some() && doc.model("m2").is_none());
+    }
+
+    #[test]
+    fn passthrough_lists_only_parameters_the_gateway_can_relay() {
+        let with = |list: &str| DOC.replace("id = \"m1\"", &format!("id = \"m1\"\npassthrough = [{list}]"));
+        let doc = PolicyDocument::parse("p.toml", &with("\"response_format\", \"top_k\"")).unwrap();
+        assert_eq!(doc.model("m1").unwrap().passthrough, ["response_format", "top_k"]);
+        for (list, why) in [
+            ("\"tools\"", "answer's shape"),
+            ("\"n\"", "answer's shape"),
+            ("\"max_tokens\"", "gateway's own"),
+        ] {
+            let e = PolicyDocument::parse("p.toml", &with(list)).unwrap_err().to_string();
+            assert!(e.contains("models[0].passthrough") && e.contains(why), "{e}");
+        }
+        assert!(PolicyDocument::parse("p.toml", DOC).unwrap().model("m1").unwrap().passthrough.is_empty());
     }
 
     #[test]

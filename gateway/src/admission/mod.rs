@@ -115,6 +115,8 @@ pub struct AdmitRequest<'a> {
     /// `x-slo-ttft-ms` / `x-slo-e2e-ms`, already clamped to the tier.
     pub ttft_hint: Option<Duration>,
     pub e2e_hint: Option<Duration>,
+    /// Only third-party engines may serve it (a passthrough parameter).
+    pub upstream_only: bool,
 }
 
 /// Where an admitted request starts.
@@ -205,18 +207,19 @@ impl Admission {
     }
 
     /// Candidates for admission into `out`: ready engines whose profile is
-    /// known (and, given a `model`, that serve it). Reads the registry's
-    /// snapshot; copies nothing but numbers.
+    /// known (and, given a request's model and whether only third-party
+    /// engines may serve it, that serve it). Reads the registry's snapshot;
+    /// copies nothing but numbers.
     fn candidates(
         &self,
         ctl: &mut Controller,
         policy: &PolicyDocument,
         out: &mut Vec<Candidate>,
-        model: Option<&str>,
+        wants: Option<(&str, bool)>,
     ) {
         out.clear();
         for (idx, slot) in self.pool.snapshot().iter().enumerate() {
-            if model.is_some_and(|m| !slot.serves(m)) {
+            if wants.is_some_and(|(model, upstream_only)| !slot.serves(model, upstream_only)) {
                 continue;
             }
             let Some(view) = slot.admission_view() else { continue };
@@ -282,7 +285,7 @@ impl Admission {
         if off {
             st.candidates.clear();
         } else {
-            self.candidates(&mut st.ctl, policy, &mut st.candidates, Some(r.model));
+            self.candidates(&mut st.ctl, policy, &mut st.candidates, Some((r.model, r.upstream_only)));
         }
         let loads = if off { self.pool.views() } else { Vec::new() };
         let outcome = st.ctl.request(now, policy, &req, &st.candidates, &loads);

@@ -40,6 +40,7 @@ fn ask<'a>(policy: &'a PolicyDocument) -> AdmitRequest<'a> {
         sampling: false,
         ttft_hint: None,
         e2e_hint: None,
+        upstream_only: false,
     }
 }
 

@@ -339,14 +339,19 @@ impl EnginePool {
 
     /// What routing may know about each engine, in slot order.
     /// Engines that do not serve `model` (`openai` engines with a model
-    /// list without it); empty, without allocating, when every engine
-    /// serves every model.
-    pub fn not_serving(&self, model: &str) -> Vec<usize> {
+    /// list without it; with `upstream_only`, this project's engines too);
+    /// empty, without allocating, when every engine serves the request.
+    pub fn not_serving(&self, model: &str, upstream_only: bool) -> Vec<usize> {
         let snapshot = self.snapshot();
-        if snapshot.iter().all(|s| s.spec.upstream.models.is_empty()) {
+        if !upstream_only && snapshot.iter().all(|s| s.spec.upstream.models.is_empty()) {
             return Vec::new();
         }
-        snapshot.iter().enumerate().filter(|(_, s)| !s.serves(model)).map(|(i, _)| i).collect()
+        snapshot.iter().enumerate().filter(|(_, s)| !s.serves(model, upstream_only)).map(|(i, _)| i).collect()
+    }
+
+    /// Whether some third-party engine serves `model` (ready or not).
+    pub fn has_upstream_for(&self, model: &str) -> bool {
+        self.snapshot().iter().any(|s| !s.is_retired() && s.serves(model, true))
     }
 
     pub fn views(&self) -> Vec<EngineView> {

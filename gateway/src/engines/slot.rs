@@ -138,8 +138,12 @@ impl EngineSlot {
         self.is_ready() && !self.is_standby() && !self.is_draining() && !self.is_retired()
     }
 
-    /// Whether requests for `model` (a policy model id) may come here.
-    pub fn serves(&self, model: &str) -> bool {
+    /// Whether requests for `model` (a policy model id) may come here;
+    /// `upstream_only`: requests only third-party engines may serve.
+    pub fn serves(&self, model: &str, upstream_only: bool) -> bool {
+        if upstream_only && self.spec.kind != super::EngineKind::Openai {
+            return false;
+        }
         let models = &self.spec.upstream.models;
         models.is_empty() || models.iter().any(|m| m == model)
     }

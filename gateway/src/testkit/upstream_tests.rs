@@ -256,3 +256,39 @@ async fn every_flavours_metrics_feed_the_load_report() {
         assert_eq!(r.kv_pages_free, kv, "{flavour:?}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_passthrough_parameter_goes_only_to_an_upstream_and_up_in_its_body() {
+    let policy = POLICY.replace(
+        "id = \"synthetic-small\"",
+        "id = \"synthetic-small\"\npassthrough = [\"response_format\", \"top_k\"]",
+    );
+    let profile = concat!(env!("CARGO_MANIFEST_DIR"), "/../policies/profiles/emulated-a100-8b.toml");
+    let up = Upstream { flavour: Flavour::Llamacpp, profile: Some(profile.into()), ..Default::default() };
+    let fast = Script::tokens(Duration::from_millis(5), 1, Duration::ZERO);
+    let llama = TestEngine::openai("llama", up, &llamacpp_metrics(0, 0), vec![fast.clone()]);
+    let h =
+        Harness::start_with(&policy, vec![TestEngine::native("e0", vec![fast.clone()]), llama], |_| {}).await;
+    let mut ask = chat(true, 1);
+    ask["response_format"] = json!({"type": "json_object"});
+    ask["top_k"] = json!(40);
+    for _ in 0..3 {
+        let resp = h.post("/v1/chat/completions", "sk-demo-gold", &ask).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()["x-engine"], "llama", "the native engine cannot honour it");
+        body_text(resp).await;
+    }
+    let up = h.engines[1].last_body.lock().unwrap().clone().unwrap();
+    assert_eq!(
+        (up["response_format"]["type"].as_str(), up["top_k"].as_u64()),
+        (Some("json_object"), Some(40))
+    );
+    // Without a third-party engine for the model: the 400 it always was,
+    // saying why.
+    let alone = Harness::start_with(&policy, vec![TestEngine::native("e0", vec![fast])], |_| {}).await;
+    let resp = alone.post("/v1/chat/completions", "sk-demo-gold", &ask).await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let err: serde_json::Value = serde_json::from_str(&body_text(resp).await).unwrap();
+    assert_eq!(err["error"]["param"], "response_format", "{err}");
+    assert_eq!(err["error"]["code"], "unsupported_parameter", "{err}");
+}
