@@ -180,6 +180,12 @@ pub enum Event {
     },
     /// The generation failed; always the last line.
     Error { code: String, message: String },
+    /// Inside the gateway only, never on the wire: a third-party engine's
+    /// OpenAI chunk (or whole answer), relayed as it is but for the
+    /// gateway's id and model, for answers that are more than text (tool
+    /// calls, several choices, log-probabilities).
+    #[serde(skip)]
+    Upstream { json: String },
 }
 
 /// Error body of a refused engine request (4xx/5xx before any event).

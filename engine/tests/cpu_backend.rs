@@ -58,6 +58,7 @@ async fn run(s: &Scheduler, r: GenerateRequest) -> (String, Option<FinishReason>
             Event::Token { text: t } => text.push_str(&t),
             Event::Done { finish_reason, .. } => finish = Some(finish_reason),
             Event::Error { code, message } => panic!("{code}: {message}"),
+            other => panic!("an engine never sends {other:?}"),
         }
     }
     (text, finish)

@@ -44,7 +44,8 @@ pub enum EngineError {
 /// this project's engines, OpenAI SSE from `openai` ones (`upstream.rs`).
 #[derive(Debug)]
 pub struct EventStream {
-    body: Incoming,
+    /// `None` once a whole answer has been read.
+    body: Option<Incoming>,
     lines: EventLines,
     /// `Some` for an `openai` engine.
     sse: Option<crate::upstream::SseDecoder>,
@@ -132,7 +133,11 @@ impl EventStream {
                     }
                 }
             }
-            match Pin::new(&mut self.body).poll_frame(cx) {
+            let frame = match self.body.as_mut() {
+                Some(body) => Pin::new(body).poll_frame(cx),
+                None => Poll::Ready(None),
+            };
+            match frame {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         self.lines.push(&data);
@@ -207,17 +212,20 @@ pub struct Outbound {
     pub client: (crate::openai::Kind, Bytes),
     /// Only third-party engines may serve it (a passthrough parameter).
     pub upstream_only: bool,
+    /// The answer is relayed as the engine wrote it, re-stamped (a
+    /// passthrough parameter that changes its shape).
+    pub verbatim: Option<crate::upstream::Stamp>,
     native: std::sync::OnceLock<Bytes>,
 }
 
 impl Outbound {
     pub fn new(
         gen: GenerateRequest,
-        kind: crate::openai::Kind,
-        client_body: Bytes,
+        (kind, client_body): (crate::openai::Kind, Bytes),
         upstream_only: bool,
+        verbatim: Option<crate::upstream::Stamp>,
     ) -> Self {
-        Self { gen, client: (kind, client_body), upstream_only, native: std::sync::OnceLock::new() }
+        Self { gen, client: (kind, client_body), upstream_only, verbatim, native: std::sync::OnceLock::new() }
     }
 
     /// The path and body for `engine`.
@@ -231,7 +239,9 @@ impl Outbound {
             }
             EngineKind::Openai => {
                 let (kind, client) = &self.client;
-                let body = crate::upstream::body(client, &self.gen, engine.upstream.served_model.as_deref())?;
+                let stream = self.verbatim.as_ref().is_none_or(|s| s.stream);
+                let served = engine.upstream.served_model.as_deref();
+                let body = crate::upstream::body(client, &self.gen, served, stream)?;
                 Ok((crate::upstream::path(*kind), body))
             }
         }
@@ -329,8 +339,26 @@ async fn try_engine(
             parsed.map_or_else(|| ("unknown".into(), String::new()), |b| (b.code, b.message));
         return Err(EngineError::Refused { engine, status, code, message });
     }
-    let sse = (slot.spec.kind == EngineKind::Openai).then(crate::upstream::SseDecoder::default);
-    let mut events = EventStream { body: resp.into_body(), lines: EventLines::default(), sse };
+    let mut events = match (slot.spec.kind, &out.verbatim) {
+        (EngineKind::Native, _) => {
+            EventStream { body: Some(resp.into_body()), lines: EventLines::default(), sse: None }
+        }
+        (EngineKind::Openai, Some(stamp)) if !stamp.stream => {
+            // One JSON answer, read whole (bounded) and relayed re-stamped.
+            let answer = Limited::new(resp.into_body(), crate::upstream::MAX_ANSWER_BYTES)
+                .collect()
+                .await
+                .map_err(|e| EngineError::Stream { engine: engine.clone(), message: e.to_string() })?
+                .to_bytes();
+            let sse = crate::upstream::SseDecoder::whole(stamp.clone(), &answer)
+                .map_err(|message| EngineError::Stream { engine: engine.clone(), message })?;
+            EventStream { body: None, lines: EventLines::default(), sse: Some(sse) }
+        }
+        (EngineKind::Openai, stamp) => {
+            let sse = stamp.clone().map_or_else(Default::default, crate::upstream::SseDecoder::verbatim);
+            EventStream { body: Some(resp.into_body()), lines: EventLines::default(), sse: Some(sse) }
+        }
+    };
     let first = events.next().await;
     if let Some(sse) = &mut events.sse {
         sse.set_prefill_ms(crate::clock::since(sent_at).as_secs_f64() * 1e3);

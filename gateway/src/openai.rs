@@ -43,6 +43,9 @@ pub struct CompletionRequest {
     /// third-party engines may serve it (the first such parameter, named in
     /// errors).
     pub upstream_param: Option<String>,
+    /// One of them changes the answer's shape (tools, several choices,
+    /// log-probabilities): the engine's answer is relayed as it wrote it.
+    pub verbatim: bool,
 }
 
 const CHAT_HONOURED: &[&str] = &[
@@ -168,7 +171,7 @@ pub fn parse_for(
         .iter()
         .find(|m| Some(m.id.as_str()) == requested)
         .map_or(&[][..], |m| m.passthrough.as_slice());
-    let (raw, upstream_param) = classify(kind, object, passthrough)?;
+    let (raw, upstream_param, verbatim) = classify(kind, object, passthrough)?;
     let model = raw.model.ok_or_else(|| field("model", "you must provide a model parameter"))?;
     if model.len() > engine_api::bounds::MAX_ID_BYTES {
         return Err(field("model", "is too long"));
@@ -205,16 +208,18 @@ pub fn parse_for(
         stream,
         include_usage: raw.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
         upstream_param,
+        verbatim,
     })
 }
 
 /// Sorts top-level keys into their classes and deserialises the honoured
-/// ones; also returns the first `passthrough` parameter used.
+/// ones; also returns the first `passthrough` parameter used, and whether
+/// one changes the answer's shape.
 fn classify(
     kind: Kind,
     object: Map<String, Value>,
     passthrough: &[String],
-) -> Result<(RawRequest, Option<String>), ApiError> {
+) -> Result<(RawRequest, Option<String>, bool), ApiError> {
     let (honoured, ignored) = match kind {
         Kind::Chat => (CHAT_HONOURED, CHAT_IGNORED),
         Kind::Completion => (COMPLETION_HONOURED, COMPLETION_IGNORED),
@@ -222,11 +227,13 @@ fn classify(
     let mut kept = Map::new();
     let mut unknown = Vec::new();
     let mut upstream_param = None;
+    let mut verbatim = false;
     for (key, value) in object {
         if value.is_null() || ignored.contains(&key.as_str()) {
             continue;
         }
         if passthrough.contains(&key) {
+            verbatim |= policies::config::SHAPE_CHANGING.contains(&key.as_str());
             upstream_param.get_or_insert(key); // goes up in the client's body
             continue;
         }
@@ -251,7 +258,7 @@ fn classify(
         let param = e.path().to_string();
         field(param.trim_start_matches('.'), e.into_inner().to_string())
     })?;
-    Ok((raw, upstream_param))
+    Ok((raw, upstream_param, verbatim))
 }
 
 /// Most chat messages, and content parts per message, in one request (the

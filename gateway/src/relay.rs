@@ -31,6 +31,9 @@ pub struct Encoder {
     /// SSE (`stream: true`) or one JSON body.
     pub stream: bool,
     pub include_usage: bool,
+    /// The engine's chunks are relayed as it wrote them (`upstream.rs`):
+    /// no opening chunk and no finish chunk of the gateway's own.
+    pub verbatim: bool,
     /// A token chunk's SSE bytes before and after its JSON-escaped text,
     /// rendered once per response (see [`Encoder::token`]).
     pub token_template: std::sync::OnceLock<(Vec<u8>, Vec<u8>)>,
@@ -75,7 +78,7 @@ impl Encoder {
 
     /// Chat streams open with a chunk carrying the assistant role.
     fn opening(&self, out: &mut BytesMut) {
-        if self.kind == Kind::Chat {
+        if self.kind == Kind::Chat && !self.verbatim {
             sse(out, &self.chunk(Some(self.choice(None, None, true))));
         }
     }
@@ -101,6 +104,10 @@ impl Encoder {
     }
 
     fn finish(&self, out: &mut BytesMut, reason: FinishReason, usage: Usage) {
+        if self.verbatim {
+            out.put_slice(b"data: [DONE]\n\n"); // the engine's own chunks said the rest
+            return;
+        }
         sse(out, &self.chunk(Some(self.choice(None, Some(reason), false))));
         if self.include_usage {
             let mut last = self.chunk(None);
@@ -228,6 +235,11 @@ impl SseRelay {
                 self.engine = None;
             }
             Ok(Event::Error { code, message }) => self.fail(format!("{code}: {message}"), false),
+            Ok(Event::Upstream { json }) => {
+                self.pending.put_slice(b"data: ");
+                self.pending.put_slice(json.as_bytes());
+                self.pending.put_slice(b"\n\n");
+            }
             Err(message) => self.fail(message, true),
         }
     }
@@ -267,6 +279,8 @@ pub struct Collected {
     pub usage: Usage,
     pub engine_id: String,
     pub engine_idx: usize,
+    /// A verbatim answer (re-stamped JSON), sent to the client as it is.
+    pub verbatim: Option<String>,
 }
 
 /// Runs a generation to its end, retrying on other engines while attempts
@@ -285,15 +299,17 @@ pub async fn collect(
         let mut started = dispatch::start(pool, req, first.take(), work, timeout, &mut attempts).await?;
         permit.first_token();
         let mut text = String::new();
+        let mut verbatim = None;
         let mut next = Some(Ok(started.first.clone()));
         let failure = loop {
             match next {
                 Some(Ok(Event::Token { text: t })) => text.push_str(&t),
+                Some(Ok(Event::Upstream { json })) => verbatim = Some(json),
                 Some(Ok(Event::Done { finish_reason, usage, prefill_ms, .. })) => {
                     permit.finished(started.inflight.engine_idx(), usage, prefill_ms);
                     let engine_id = started.inflight.engine_id().to_string();
                     let engine_idx = started.inflight.engine_idx();
-                    return Ok(Collected { text, finish_reason, usage, engine_id, engine_idx });
+                    return Ok(Collected { text, finish_reason, usage, engine_id, engine_idx, verbatim });
                 }
                 Some(Ok(Event::Error { code, message })) => break format!("{code}: {message}"),
                 Some(Err(message)) => break message,
@@ -326,6 +342,7 @@ mod tests {
                 model: "synthetic-small".into(),
                 stream: true,
                 include_usage,
+                verbatim: false,
                 token_template: Default::default(),
             };
             for text in

@@ -237,7 +237,13 @@ async fn completions(
     }
     gen.priority_key = Some(admitted.key);
     gen.ttft_budget_ms = u32::try_from(admitted.ttft_budget.as_millis()).ok();
-    let out = dispatch::Outbound::new(gen, kind, body, upstream_only); // as each kind of engine is sent it
+    let stamp = encoder.verbatim.then(|| crate::upstream::Stamp {
+        id: encoder.id.clone(),
+        model: encoder.model.clone(),
+        stream: encoder.stream,
+        include_usage: encoder.include_usage,
+    });
+    let out = dispatch::Outbound::new(gen, (kind, body), upstream_only, stamp); // as each kind of engine is sent it
     let work = admitted.work;
     tracing::debug!(event = "request_admitted", request_id, tenant = %tenant.name, tier = %tier.name,
         decision = admitted.verdict.decision.as_str(), reason = %admitted.verdict.reason);
@@ -294,8 +300,16 @@ async fn completions(
         let done = relay::collect(&app.engines, &out, first, work, timeout, event_timeout, &mut permit)
             .await
             .map_err(failed)?;
-        let mut resp =
-            json_response(StatusCode::OK, &encoder.complete(&done.text, done.finish_reason, done.usage));
+        let mut resp = match done.verbatim {
+            Some(answer) => {
+                let mut r = Response::new(crate::body::full(answer));
+                r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                r
+            }
+            None => {
+                json_response(StatusCode::OK, &encoder.complete(&done.text, done.finish_reason, done.usage))
+            }
+        };
         insert_engine(resp.headers_mut(), &app.engines, done.engine_idx, &done.engine_id);
         resp.extensions_mut().insert(verdict);
         Ok(resp)
@@ -394,6 +408,7 @@ fn plan(
         model: parsed.model.clone(),
         stream: parsed.stream,
         include_usage: parsed.include_usage,
+        verbatim: parsed.verbatim,
         token_template: Default::default(),
     };
     let gen = GenerateRequest {

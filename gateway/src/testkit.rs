@@ -180,13 +180,17 @@ impl Scripted {
         let (ours, theirs) = tokio::io::duplex(PIPE_BYTES);
         let http1 = matches!(speaks, Speaks::OpenAi { .. });
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let script = {
-                let mut s = scripts.lock().unwrap_or_else(|p| p.into_inner());
-                if s.len() > 1 {
-                    s.remove(0)
-                } else {
-                    s.first().cloned().unwrap_or(Script::Stream(vec![Step::Hang]))
+            // Generation requests take the next script; probes none.
+            let script = match req.uri().path() {
+                engine_api::GENERATE_PATH | "/v1/chat/completions" | "/v1/completions" => {
+                    let mut s = scripts.lock().unwrap_or_else(|p| p.into_inner());
+                    if s.len() > 1 {
+                        s.remove(0)
+                    } else {
+                        s.first().cloned().unwrap_or(Script::Stream(vec![Step::Hang]))
+                    }
                 }
+                _ => Script::Stream(vec![]),
             };
             play(req, speaks.clone(), script, Arc::clone(&stats))
         });
@@ -267,6 +271,7 @@ async fn play_openai(
         return answer(StatusCode::BAD_REQUEST, Bytes::new());
     };
     let max_tokens = doc.get("max_tokens").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let whole = doc.get("stream").and_then(serde_json::Value::as_bool) == Some(false);
     stats.last_max_tokens.store(max_tokens as usize, Ordering::SeqCst);
     *stats.last_body.lock().unwrap_or_else(|p| p.into_inner()) = Some(doc);
     let steps = match script {
@@ -276,6 +281,21 @@ async fn play_openai(
         }
         Script::Stream(steps) => steps,
     };
+    if whole {
+        // A whole answer: the script's raw bytes, after its waits.
+        let mut body = Vec::new();
+        for step in steps {
+            match step {
+                Step::Wait(d) => tokio::time::sleep(d).await,
+                Step::Raw(b) => body.extend_from_slice(b),
+                Step::Event(_) | Step::Hang => {}
+            }
+        }
+        let mut resp = answer(StatusCode::OK, Bytes::from(body));
+        resp.headers_mut()
+            .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+        return resp;
+    }
     let mut resp = Response::new(stream(steps, stats, sse_chunk));
     resp.headers_mut()
         .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/event-stream"));
@@ -307,6 +327,7 @@ fn sse_chunk(e: Event) -> Bytes {
         Event::Error { code, message } => {
             data(serde_json::json!({"error": {"message": message, "code": code}}))
         }
+        Event::Upstream { json } => format!("data: {json}\n\n"),
     };
     Bytes::from(text)
 }

@@ -27,9 +27,40 @@ pub fn path(kind: Kind) -> &'static str {
     }
 }
 
+/// How an answer relayed verbatim (tool calls, several choices,
+/// log-probabilities) is re-stamped for the client: the gateway's id and
+/// the public model name, usage only if the client asked for it.
+#[derive(Debug, Clone)]
+pub struct Stamp {
+    pub id: String,
+    pub model: String,
+    /// The client streams (else the upstream is asked for one JSON answer).
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+impl Stamp {
+    fn apply(&self, doc: &mut Value) {
+        if let Some(o) = doc.as_object_mut() {
+            o.insert("id".into(), Value::from(self.id.as_str()));
+            o.insert("model".into(), Value::from(self.model.as_str()));
+        }
+    }
+}
+
+/// Longest whole (non-streamed) answer read from an upstream.
+pub const MAX_ANSWER_BYTES: usize = 16 << 20;
+
 /// The body sent upstream: the client's, with the gateway's decisions.
-/// `served_model`: the upstream's own id for the model, if it differs.
-pub fn body(client: &[u8], gen: &GenerateRequest, served_model: Option<&str>) -> Result<Bytes, String> {
+/// `served_model`: the upstream's own id for the model, if it differs;
+/// `stream`: ask for a stream (always, except a verbatim answer for a
+/// client that does not stream).
+pub fn body(
+    client: &[u8],
+    gen: &GenerateRequest,
+    served_model: Option<&str>,
+    stream: bool,
+) -> Result<Bytes, String> {
     let mut doc: Map<String, Value> =
         serde_json::from_slice(client).map_err(|e| format!("client body: {e}"))?;
     doc.insert("model".into(), Value::from(served_model.unwrap_or(&gen.model)));
@@ -38,10 +69,14 @@ pub fn body(client: &[u8], gen: &GenerateRequest, served_model: Option<&str>) ->
     if gen.temperature.is_none() && doc.get("temperature").and_then(Value::as_f64).is_some_and(|t| t > 0.0) {
         doc.insert("temperature".into(), Value::from(0.0)); // admission made it greedy
     }
-    doc.insert("stream".into(), Value::Bool(true));
-    let mut options = Map::new();
-    options.insert("include_usage".into(), Value::Bool(true));
-    doc.insert("stream_options".into(), Value::Object(options));
+    doc.insert("stream".into(), Value::Bool(stream));
+    if stream {
+        let mut options = Map::new();
+        options.insert("include_usage".into(), Value::Bool(true));
+        doc.insert("stream_options".into(), Value::Object(options));
+    } else {
+        doc.remove("stream_options");
+    }
     serde_json::to_vec(&doc).map(Bytes::from).map_err(|e| e.to_string())
 }
 
@@ -58,12 +93,37 @@ pub struct SseDecoder {
     /// The upstream's time to its first event, reported as the prefill
     /// time of its `Done` (the estimator's prefill learning).
     prefill_ms: f64,
+    /// Relay chunks as they are (re-stamped) instead of decoding tokens.
+    stamp: Option<Stamp>,
 }
 
 /// Longest stretch of text one SSE chunk may carry as a token (bytes).
 const MAX_DELTA_BYTES: usize = 64 << 10;
 
 impl SseDecoder {
+    /// A decoder that relays each chunk as it is, re-stamped.
+    pub fn verbatim(stamp: Stamp) -> Self {
+        Self { stamp: Some(stamp), ..Self::default() }
+    }
+
+    /// A whole (non-streamed) answer, relayed re-stamped, then its end.
+    pub fn whole(stamp: Stamp, answer: &[u8]) -> Result<Self, String> {
+        let mut doc: Value = serde_json::from_slice(answer).map_err(|e| format!("bad answer: {e}"))?;
+        let mut d = Self::verbatim(stamp);
+        if let Some(err) = doc.get("error") {
+            d.ready.push_back(error_event(err));
+            d.ended = true;
+            return Ok(d);
+        }
+        d.observe(&doc);
+        if let Some(stamp) = &d.stamp {
+            stamp.apply(&mut doc);
+        }
+        d.ready.push_back(Event::Upstream { json: doc.to_string() });
+        d.finish_now();
+        Ok(d)
+    }
+
     /// The next decoded event, if one is waiting.
     pub fn pop(&mut self) -> Option<Event> {
         self.ready.pop_front()
@@ -94,12 +154,28 @@ impl SseDecoder {
             self.finish_now();
             return Ok(());
         }
-        let chunk: Value = serde_json::from_slice(data).map_err(|e| format!("bad SSE chunk: {e}"))?;
+        if data.len() > MAX_DELTA_BYTES {
+            return Err(format!("a chunk longer than {MAX_DELTA_BYTES} bytes"));
+        }
+        let mut chunk: Value = serde_json::from_slice(data).map_err(|e| format!("bad SSE chunk: {e}"))?;
         if let Some(err) = chunk.get("error") {
-            let message = err.get("message").and_then(Value::as_str).unwrap_or("upstream error").to_string();
-            let code = err.get("code").map_or_else(|| "upstream_error".to_string(), value_text);
-            self.ready.push_back(Event::Error { code, message });
+            self.ready.push_back(error_event(err));
             self.ended = true;
+            return Ok(());
+        }
+        if let Some(stamp) = self.stamp.clone() {
+            self.observe(&chunk);
+            let usage_only = chunk.get("choices").and_then(Value::as_array).is_some_and(Vec::is_empty);
+            if !stamp.include_usage {
+                if usage_only {
+                    return Ok(()); // asked for by the gateway, not the client
+                }
+                if let Some(o) = chunk.as_object_mut() {
+                    o.remove("usage");
+                }
+            }
+            stamp.apply(&mut chunk);
+            self.ready.push_back(Event::Upstream { json: chunk.to_string() });
             return Ok(());
         }
         if let Some(choice) = chunk.get("choices").and_then(Value::as_array).and_then(|c| c.first()) {
@@ -128,6 +204,25 @@ impl SseDecoder {
         Ok(())
     }
 
+    /// Notes a verbatim chunk's (or answer's) finish reason, usage and
+    /// token count.
+    fn observe(&mut self, doc: &Value) {
+        let choices = doc.get("choices").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+        if !choices.is_empty() {
+            self.tokens += 1;
+        }
+        for c in choices {
+            match c.get("finish_reason").and_then(Value::as_str) {
+                Some("length") => self.finish = Some(FinishReason::Length),
+                Some(_) => self.finish = self.finish.or(Some(FinishReason::Stop)),
+                None => {}
+            }
+        }
+        if let Some(u) = doc.get("usage").filter(|u| !u.is_null()) {
+            self.usage = Some(usage_of(u));
+        }
+    }
+
     fn finish_now(&mut self) {
         if self.ended {
             return;
@@ -152,6 +247,17 @@ pub fn error_body(bytes: &[u8]) -> Option<engine_api::ErrorBody> {
     let code =
         err.get("type").or_else(|| err.get("code")).map_or_else(|| "upstream_error".into(), value_text);
     Some(engine_api::ErrorBody { code, message })
+}
+
+fn usage_of(u: &Value) -> Usage {
+    let count = |k: &str| u.get(k).and_then(Value::as_u64).map_or(0, |v| v.min(u64::from(u32::MAX)) as u32);
+    Usage { prompt_tokens: count("prompt_tokens"), completion_tokens: count("completion_tokens") }
+}
+
+fn error_event(err: &Value) -> Event {
+    let message = err.get("message").and_then(Value::as_str).unwrap_or("upstream error").to_string();
+    let code = err.get("code").map_or_else(|| "upstream_error".to_string(), value_text);
+    Event::Error { code, message }
 }
 
 fn value_text(v: &Value) -> String {

@@ -156,16 +156,17 @@ pub struct Model {
     /// Request parameters the gateway does not honour itself but passes to
     /// third-party engines (`kind = "openai"`) serving this model, e.g.
     /// `response_format` or a server's own sampling knobs (`top_k`,
-    /// `min_p`, `repetition_penalty`): a request using one goes only to
-    /// such engines. Parameters that change the answer's shape (tool calls,
-    /// several choices, log-probabilities) cannot be listed yet.
+    /// `min_p`, `repetition_penalty`, or `tools`, `n`, `logprobs`, whose
+    /// answers the gateway relays as the engine wrote them): a request using
+    /// one goes only to such engines.
     #[serde(default)]
     pub passthrough: Vec<String>,
 }
 
-/// Parameters whose answers the gateway cannot relay yet (their stream
-/// carries more than text): never passed through.
-pub const NOT_RELAYED: &[&str] = &[
+/// Parameters that change the answer's shape (more than one text per
+/// request): passed through, the answer is relayed as the engine wrote it
+/// (ids and model re-stamped) rather than re-encoded from its text.
+pub const SHAPE_CHANGING: &[&str] = &[
     "tools",
     "tool_choice",
     "functions",
@@ -176,10 +177,11 @@ pub const NOT_RELAYED: &[&str] = &[
     "logprobs",
     "top_logprobs",
     "echo",
-    "audio",
-    "modalities",
-    "prediction",
 ];
+
+/// Parameters the gateway cannot relay (answers that are not text or tool
+/// calls): never passed through.
+pub const NOT_RELAYED: &[&str] = &["audio", "modalities", "prediction"];
 
 /// Parameters the gateway sets or honours itself: never passed through as
 /// they are.
@@ -307,7 +309,7 @@ impl PolicyDocument {
         }
         for (i, m) in raw.models.iter().enumerate() {
             if let Some(p) = m.passthrough.iter().find(|p| NOT_RELAYED.contains(&p.as_str())) {
-                let why = format!("`{p}` changes the answer's shape; the gateway cannot relay it yet");
+                let why = format!("`{p}` asks for answers the gateway cannot relay (not text or tool calls)");
                 return Err(invalid(format!("models[{i}].passthrough"), why));
             }
             if let Some(p) = m.passthrough.iter().find(|p| OWN.contains(&p.as_str())) {
@@ -502,9 +504,11 @@ keys = ["sk-acme-1", "sk-acme-2"]
         let with = |list: &str| DOC.replace("id = \"m1\"", &format!("id = \"m1\"\npassthrough = [{list}]"));
         let doc = PolicyDocument::parse("p.toml", &with("\"response_format\", \"top_k\"")).unwrap();
         assert_eq!(doc.model("m1").unwrap().passthrough, ["response_format", "top_k"]);
+        let shaped = PolicyDocument::parse("p.toml", &with("\"tools\", \"n\", \"logprobs\"")).unwrap();
+        assert_eq!(shaped.model("m1").unwrap().passthrough.len(), 3, "relayed verbatim");
         for (list, why) in [
-            ("\"tools\"", "answer's shape"),
-            ("\"n\"", "answer's shape"),
+            ("\"audio\"", "cannot relay"),
+            ("\"modalities\"", "cannot relay"),
             ("\"max_tokens\"", "gateway's own"),
         ] {
             let e = PolicyDocument::parse("p.toml", &with(list)).unwrap_err().to_string();

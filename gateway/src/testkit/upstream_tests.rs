@@ -292,3 +292,85 @@ async fn a_passthrough_parameter_goes_only_to_an_upstream_and_up_in_its_body() {
     assert_eq!(err["error"]["param"], "response_format", "{err}");
     assert_eq!(err["error"]["code"], "unsupported_parameter", "{err}");
 }
+
+/// A tool call streamed as OpenAI servers stream one: the role, the call's
+/// name and arguments in pieces, `finish_reason: tool_calls`, the usage
+/// chunk, `[DONE]`.
+const TOOL_CALL_SSE: &[u8] = b"data: {\"id\":\"up-1\",\"object\":\"chat.completion.chunk\",\"model\":\"tiny-llama\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"\"}}]},\"finish_reason\":null}]}\n\n\
+data: {\"id\":\"up-1\",\"object\":\"chat.completion.chunk\",\"model\":\"tiny-llama\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\\\"city\\\": \\\"Oslo\\\"}\"}}]},\"finish_reason\":null}]}\n\n\
+data: {\"id\":\"up-1\",\"object\":\"chat.completion.chunk\",\"model\":\"tiny-llama\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n\
+data: {\"id\":\"up-1\",\"object\":\"chat.completion.chunk\",\"model\":\"tiny-llama\",\"choices\":[],\"usage\":{\"prompt_tokens\":30,\"completion_tokens\":12,\"total_tokens\":42}}\n\n\
+data: [DONE]\n\n";
+
+/// The same call as one answer.
+const TOOL_CALL_JSON: &[u8] = b"{\"id\":\"up-2\",\"object\":\"chat.completion\",\"model\":\"tiny-llama\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Oslo\\\"}\"}}]},\"finish_reason\":\"tool_calls\"}],\"usage\":{\"prompt_tokens\":30,\"completion_tokens\":12,\"total_tokens\":42}}";
+
+fn tool_request(stream: bool) -> serde_json::Value {
+    let mut ask = chat(stream, 64);
+    if stream {
+        ask.as_object_mut().unwrap().remove("stream_options"); // no usage asked for
+    }
+    ask["tools"] = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    ask["tool_choice"] = json!("auto");
+    ask
+}
+
+#[tokio::test(start_paused = true)]
+async fn tool_calls_are_relayed_as_the_upstream_wrote_them_under_the_gateways_id() {
+    let policy = POLICY.replace(
+        "id = \"synthetic-small\"",
+        "id = \"synthetic-small\"\npassthrough = [\"tools\", \"tool_choice\"]",
+    );
+    let scripts = vec![
+        Script::Stream(vec![Step::Wait(Duration::from_millis(20)), Step::Raw(TOOL_CALL_SSE)]),
+        Script::Stream(vec![Step::Wait(Duration::from_millis(20)), Step::Raw(TOOL_CALL_JSON)]),
+    ];
+    let h = Harness::start_with(&policy, vec![llama(4, &llamacpp_metrics(0, 0), scripts)], |_| {}).await;
+    // Streamed: every chunk as the upstream wrote it, re-stamped; the usage
+    // chunk the gateway asked for is not the client's.
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &tool_request(true)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let rid = resp.headers()["x-request-id"].to_str().unwrap().to_string();
+    let text = body_text(resp).await;
+    let chunks: Vec<serde_json::Value> = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks.len(), 3, "{text}");
+    for c in &chunks {
+        assert_eq!(
+            (c["id"].as_str(), c["model"].as_str()),
+            (Some(format!("chatcmpl-{rid}").as_str()), Some("synthetic-small"))
+        );
+        assert!(c.get("usage").is_none());
+    }
+    assert_eq!(chunks[0]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"], "get_weather");
+    assert_eq!(
+        chunks[1]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"],
+        "{\"city\": \"Oslo\"}"
+    );
+    assert_eq!(chunks[2]["choices"][0]["finish_reason"], "tool_calls");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let up = h.engines[0].last_body.lock().unwrap().clone().unwrap();
+    assert_eq!(
+        (up["tools"][0]["function"]["name"].as_str(), up["tool_choice"].as_str()),
+        (Some("get_weather"), Some("auto"))
+    );
+    // Not streamed: the upstream is asked for one answer, relayed re-stamped.
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &tool_request(false)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let doc: serde_json::Value = serde_json::from_str(&body_text(resp).await).unwrap();
+    assert!(doc["id"].as_str().unwrap().starts_with("chatcmpl-req_"), "{doc}");
+    assert_eq!(doc["model"], "synthetic-small");
+    assert_eq!(
+        doc["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+        "{\"city\": \"Oslo\"}"
+    );
+    assert_eq!(doc["usage"]["total_tokens"], 42);
+    let up = h.engines[0].last_body.lock().unwrap().clone().unwrap();
+    assert_eq!(up["stream"], false);
+    assert!(up.get("stream_options").is_none());
+}

@@ -48,7 +48,7 @@ fn the_client_body_goes_up_with_the_gateways_decisions() {
     let client = br#"{"model":"synthetic-small","messages":[{"role":"user","content":"hi"}],
         "max_completion_tokens":500,"temperature":0.7,"stream":false,"user":"u1"}"#;
     let up: Value =
-        serde_json::from_slice(&body(client, &gen(64, None), Some("tiny-llama")).unwrap()).unwrap();
+        serde_json::from_slice(&body(client, &gen(64, None), Some("tiny-llama"), true).unwrap()).unwrap();
     assert_eq!(up["model"], "tiny-llama");
     assert_eq!(up["max_tokens"], 64, "admission's cap");
     assert!(up.get("max_completion_tokens").is_none());
@@ -57,9 +57,10 @@ fn the_client_body_goes_up_with_the_gateways_decisions() {
     assert_eq!(up["stream_options"]["include_usage"], true);
     assert_eq!(up["messages"][0]["content"], "hi", "messages go up as sent");
     assert_eq!(up["user"], "u1");
-    let kept: Value = serde_json::from_slice(&body(client, &gen(64, Some(0.7)), None).unwrap()).unwrap();
+    let kept: Value =
+        serde_json::from_slice(&body(client, &gen(64, Some(0.7)), None, true).unwrap()).unwrap();
     assert_eq!((kept["model"].as_str(), kept["temperature"].as_f64()), (Some("synthetic-small"), Some(0.7)));
-    assert!(body(b"[1,2]", &gen(1, None), None).is_err());
+    assert!(body(b"[1,2]", &gen(1, None), None, true).is_err());
 }
 
 #[test]
