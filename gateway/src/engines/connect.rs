@@ -26,6 +26,9 @@ pub type Dial = std::sync::Arc<dyn Fn(&Uri) -> Option<tokio::io::DuplexStream> +
 #[derive(Clone)]
 pub struct EngineConnector {
     tcp: HttpConnector,
+    /// For `https://` engines (third-party upstreams): rustls, ALPN
+    /// `http/1.1`, the roots of [`upstream_roots`].
+    tls: Option<tokio_rustls::TlsConnector>,
     #[cfg(any(test, feature = "test-util"))]
     dial: Option<Dial>,
 }
@@ -36,11 +39,26 @@ impl EngineConnector {
         let mut tcp = HttpConnector::new();
         tcp.set_nodelay(true);
         tcp.set_connect_timeout(Some(connect_timeout));
+        tcp.enforce_http(false); // https:// upstreams: TLS on top, below
         Self {
             tcp,
+            tls: None,
             #[cfg(any(test, feature = "test-util"))]
             dial: None,
         }
+    }
+
+    /// `https://` engines are reached over TLS trusting `roots`.
+    pub fn with_tls(mut self, roots: rustls::RootCertStore) -> Self {
+        let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .expect("the ring provider supports TLS 1.2 and 1.3")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut config = config;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        self.tls = Some(tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)));
+        self
     }
 
     /// Connections that `dial` answers go through its pipe; the rest over
@@ -72,15 +90,57 @@ impl tower::Service<Uri> for EngineConnector {
         if let Some(pipe) = self.dial.as_ref().and_then(|dial| dial(&uri)) {
             return Box::pin(std::future::ready(Ok(EngineIo::Pipe(TokioIo::new(pipe)))));
         }
+        let https = uri.scheme_str() == Some("https");
+        let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_string();
+        let tls = self.tls.clone();
         let connecting = self.tcp.call(uri);
-        Box::pin(async move { connecting.await.map(EngineIo::Tcp).map_err(Into::into) })
+        Box::pin(async move {
+            let tcp = connecting.await?;
+            if !https {
+                return Ok(EngineIo::Tcp(tcp));
+            }
+            let tls = tls.ok_or("an https engine without TLS roots (engines.upstream.ca)")?;
+            let name = rustls_pki_types::ServerName::try_from(host)?;
+            let stream = tls.connect(name, tcp.into_inner()).await?;
+            Ok(EngineIo::Tls(Box::new(TokioIo::new(stream))))
+        })
     }
+}
+
+/// Roots for `https://` upstreams: the system's bundle (Debian's
+/// `/etc/ssl/certs/ca-certificates.crt`, when present) and every PEM file
+/// in `extra` (an upstream's `ca`). Unreadable files are reported.
+pub fn upstream_roots<'a>(
+    extra: impl Iterator<Item = &'a std::path::Path>,
+) -> Result<rustls::RootCertStore, String> {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    let system = std::path::Path::new("/etc/ssl/certs/ca-certificates.crt");
+    let mut add = |path: &std::path::Path, required: bool| -> Result<(), String> {
+        let certs = match rustls_pki_types::CertificateDer::pem_file_iter(path) {
+            Ok(it) => it.collect::<Result<Vec<_>, _>>().map_err(|e| format!("{}: {e}", path.display()))?,
+            Err(e) if required => return Err(format!("{}: {e}", path.display())),
+            Err(_) => return Ok(()),
+        };
+        let (_, bad) = roots.add_parsable_certificates(certs);
+        if required && bad > 0 {
+            return Err(format!("{}: {bad} certificates are not valid roots", path.display()));
+        }
+        Ok(())
+    };
+    add(system, false)?;
+    for path in extra {
+        add(path, true)?;
+    }
+    Ok(roots)
 }
 
 /// One connection to an engine.
 #[derive(Debug)]
 pub enum EngineIo {
     Tcp(TokioIo<TcpStream>),
+    /// Boxed: a TLS session is a kilobyte, a TCP stream a few words.
+    Tls(Box<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>>),
     #[cfg(any(test, feature = "test-util"))]
     Pipe(TokioIo<tokio::io::DuplexStream>),
 }
@@ -90,6 +150,7 @@ macro_rules! each {
     ($self:ident, $io:ident => $call:expr) => {
         match $self.get_mut() {
             EngineIo::Tcp($io) => $call,
+            EngineIo::Tls($io) => $call,
             #[cfg(any(test, feature = "test-util"))]
             EngineIo::Pipe($io) => $call,
         }
@@ -100,6 +161,7 @@ impl Connection for EngineIo {
     fn connected(&self) -> Connected {
         match self {
             EngineIo::Tcp(io) => io.connected(),
+            EngineIo::Tls(io) => io.inner().get_ref().0.connected(),
             #[cfg(any(test, feature = "test-util"))]
             EngineIo::Pipe(_) => Connected::new(),
         }
@@ -128,6 +190,7 @@ impl Write for EngineIo {
     fn is_write_vectored(&self) -> bool {
         match self {
             EngineIo::Tcp(io) => io.is_write_vectored(),
+            EngineIo::Tls(io) => io.is_write_vectored(),
             #[cfg(any(test, feature = "test-util"))]
             EngineIo::Pipe(io) => io.is_write_vectored(),
         }

@@ -191,12 +191,78 @@ mod tests {
         assert_eq!((native.kind, native.validate()), (EngineKind::Native, Ok(())));
         assert_eq!(llama.validate(), Ok(()));
         let tls = EngineSpec { url: "https://10.0.0.7".parse().unwrap(), ..llama.clone() };
-        assert!(tls.validate().unwrap_err().contains("only http://"));
+        assert_eq!(tls.validate(), Ok(()), "TLS to an upstream");
+        let ftp = EngineSpec { url: "ftp://10.0.0.7".parse().unwrap(), ..llama.clone() };
+        assert!(ftp.validate().unwrap_err().contains("http:// or https://"));
+        let native_tls = EngineSpec { url: "https://10.0.0.7".parse().unwrap(), ..native.clone() };
+        assert!(native_tls.validate().unwrap_err().contains("over http://"));
         let confused = EngineSpec { kind: EngineKind::Native, ..llama.clone() };
         assert!(confused.validate().unwrap_err().contains("kind = \"openai\""));
         let typo =
             toml::from_str::<Doc>("[[engines]]\nid='x'\nurl='http://x'\nupstream = { flavor = 'vllm' }");
         assert!(typo.is_err(), "an unknown upstream key is refused");
+    }
+
+    /// An OpenAI-compatible server over TLS on loopback (rustls, the dev
+    /// PKI's certificate for localhost): `/health`, `/metrics`, and a chat
+    /// stream of one token.
+    async fn tls_upstream(dir: &std::path::Path) -> (u16, std::path::PathBuf) {
+        let pki = crate::certs::generate(dir).unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(
+            crate::tls::server_config(&pki.server_cert, &pki.server_key).unwrap(),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let Ok(tls) = acceptor.accept(tcp).await else { continue };
+                let service =
+                    hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                        let body = match req.uri().path() {
+                            "/health" => "{\"status\":\"ok\"}".to_string(),
+                            "/metrics" => {
+                                "llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n".to_string()
+                            }
+                            _ => "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n"
+                                .to_string(),
+                        };
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(body))))
+                    });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service),
+                );
+            }
+        });
+        (port, pki.ca_cert)
+    }
+
+    #[tokio::test]
+    async fn an_https_upstream_is_reached_trusting_its_ca_and_refused_without_it() {
+        let dir = std::env::temp_dir().join(format!("upstream-tls-{}", std::process::id()));
+        let (port, ca) = tls_upstream(&dir).await;
+        let https = |ca: Option<std::path::PathBuf>| {
+            let up = Upstream { flavour: Flavour::Llamacpp, ca, ..Default::default() };
+            EngineSpec { url: format!("https://localhost:{port}").parse().unwrap(), ..spec(up) }
+        };
+        assert_eq!(https(None).validate(), Ok(()));
+        let pool = EnginePool::new(vec![https(Some(ca))], &crate::limits::Limits::default(), None);
+        pool.poll_once().await;
+        let slot = pool.slot(0);
+        assert!(slot.is_ready(), "probed over TLS");
+        assert_eq!(slot.report().unwrap().inflight_sequences, 1, "its metrics read over TLS");
+        let req = http::Request::post(format!("https://localhost:{port}/v1/chat/completions"))
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let resp = pool.send(req, &slot).await.unwrap();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert!(body.starts_with(b"data: "), "{body:?}");
+        // Without the CA (the system's roots do not know the dev CA), the
+        // handshake fails and the upstream never becomes ready.
+        let untrusted = EnginePool::new(vec![https(None)], &crate::limits::Limits::default(), None);
+        untrusted.poll_once().await;
+        assert!(!untrusted.slot(0).is_ready());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -96,6 +96,10 @@ pub struct Upstream {
     /// conservative default, corrected online).
     #[serde(default)]
     pub profile: Option<std::path::PathBuf>,
+    /// PEM file of the CA(s) an `https://` upstream's certificate chains to,
+    /// trusted besides the system's bundle.
+    #[serde(default)]
+    pub ca: Option<std::path::PathBuf>,
     /// The upstream's KV cache in tokens: with the flavour's KV-usage
     /// gauge, admission's KV headroom check (else none).
     #[serde(default)]
@@ -104,15 +108,20 @@ pub struct Upstream {
 
 impl EngineSpec {
     /// What the config cannot mean: `upstream` settings on a native
-    /// engine, or an upstream the gateway cannot reach (TLS to upstreams
-    /// is not supported yet: put them on a private network or a sidecar).
+    /// engine, a native engine over TLS (they speak cleartext HTTP/2 on a
+    /// private network), an upstream URL that is neither `http://` nor
+    /// `https://`.
     pub fn validate(&self) -> Result<(), String> {
+        let scheme = self.url.scheme_str();
         match self.kind {
             EngineKind::Native if self.upstream != Upstream::default() => {
                 Err("`upstream` settings need kind = \"openai\"".into())
             }
-            EngineKind::Openai if self.url.scheme_str() != Some("http") => {
-                Err(format!("url {}: only http:// upstreams are supported", self.url))
+            EngineKind::Native if scheme != Some("http") => {
+                Err(format!("url {}: this project's engines are reached over http://", self.url))
+            }
+            EngineKind::Openai if scheme != Some("http") && scheme != Some("https") => {
+                Err(format!("url {}: an upstream is http:// or https://", self.url))
             }
             EngineKind::Openai if self.upstream.max_batch == Some(0) => {
                 Err("upstream.max_batch must be > 0".into())
@@ -178,7 +187,15 @@ pub struct EnginePool {
 impl EnginePool {
     /// `token`: the engines' API token, sent on every request.
     pub fn new(specs: Vec<EngineSpec>, limits: &crate::limits::Limits, token: Option<&str>) -> Arc<Self> {
-        Self::with_connector(specs, limits, token, EngineConnector::tcp(Duration::from_secs(1)))
+        let mut connector = EngineConnector::tcp(Duration::from_secs(1));
+        if specs.iter().any(|s| s.url.scheme_str() == Some("https")) {
+            match connect::upstream_roots(specs.iter().filter_map(|s| s.upstream.ca.as_deref())) {
+                Ok(roots) => connector = connector.with_tls(roots),
+                // The https engines then fail their probes, saying why.
+                Err(e) => tracing::error!(event = "upstream_tls_roots", error = %e),
+            }
+        }
+        Self::with_connector(specs, limits, token, connector)
     }
 
     /// As [`EnginePool::new`], reaching the engines through `connector`.
