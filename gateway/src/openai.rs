@@ -171,13 +171,17 @@ pub fn parse_for(
         .iter()
         .find(|m| Some(m.id.as_str()) == requested)
         .map_or(&[][..], |m| m.passthrough.as_slice());
-    let (raw, upstream_param, verbatim) = classify(kind, object, passthrough)?;
+    let (raw, mut upstream_param, verbatim) = classify(kind, object, passthrough)?;
     let model = raw.model.ok_or_else(|| field("model", "you must provide a model parameter"))?;
     if model.len() > engine_api::bounds::MAX_ID_BYTES {
         return Err(field("model", "is too long"));
     }
     let prompt = match kind {
-        Kind::Chat => render_chat(raw.messages.ok_or_else(|| field("messages", "`messages` is required"))?)?,
+        Kind::Chat => render_chat(
+            raw.messages.ok_or_else(|| field("messages", "`messages` is required"))?,
+            passthrough,
+            &mut upstream_param,
+        )?,
         Kind::Completion => prompt_text(raw.prompt.ok_or_else(|| field("prompt", "`prompt` is required"))?)?,
     };
     let max_tokens = raw.max_completion_tokens.or(raw.max_tokens).or(match kind {
@@ -266,7 +270,15 @@ fn classify(
 const MAX_MESSAGES: usize = 4096;
 const MAX_PARTS: usize = 256;
 
-fn render_chat(messages: Vec<Message>) -> Result<String, ApiError> {
+/// The chat template applied to `messages`. Content parts whose type the
+/// model's `passthrough` list names (`image_url`, `input_audio`) go up to a
+/// third-party engine as sent; they stand in the rendered prompt as a
+/// marker (their tokens are the engine's to count) and set `upstream_param`.
+fn render_chat(
+    messages: Vec<Message>,
+    passthrough: &[String],
+    upstream_param: &mut Option<String>,
+) -> Result<String, ApiError> {
     if messages.is_empty() {
         return Err(field("messages", "must contain at least one message"));
     }
@@ -278,7 +290,7 @@ fn render_chat(messages: Vec<Message>) -> Result<String, ApiError> {
         let text = match m.content {
             None => String::new(),
             Some(Value::String(s)) => s,
-            Some(Value::Array(parts)) => content_parts(i, parts)?,
+            Some(Value::Array(parts)) => content_parts(i, parts, passthrough, upstream_param)?,
             Some(_) => {
                 return Err(field(format!("messages[{i}].content"), "must be a string or an array of parts"))
             }
@@ -289,7 +301,12 @@ fn render_chat(messages: Vec<Message>) -> Result<String, ApiError> {
     Ok(prompt)
 }
 
-fn content_parts(i: usize, parts: Vec<Value>) -> Result<String, ApiError> {
+fn content_parts(
+    i: usize,
+    parts: Vec<Value>,
+    passthrough: &[String],
+    upstream_param: &mut Option<String>,
+) -> Result<String, ApiError> {
     if parts.len() > MAX_PARTS {
         return Err(field(
             format!("messages[{i}].content"),
@@ -302,6 +319,10 @@ fn content_parts(i: usize, parts: Vec<Value>) -> Result<String, ApiError> {
             (Some("text"), Some(t)) => text.push_str(t),
             (Some("text"), None) => {
                 return Err(field(format!("messages[{i}].content[{j}].text"), "must be a string"))
+            }
+            (Some(other), _) if passthrough.iter().any(|p| p == other) => {
+                upstream_param.get_or_insert_with(|| other.to_string());
+                text.push_str(&format!("[{other}]"));
             }
             (Some(other), _) => {
                 return Err(ApiError::UnsupportedParameter {
