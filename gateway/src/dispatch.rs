@@ -209,7 +209,7 @@ impl Attempts {
 pub struct Outbound {
     pub gen: GenerateRequest,
     /// The client's route and body.
-    pub client: (crate::openai::Kind, Bytes),
+    pub client: (crate::upstream::UpstreamRoute, Bytes),
     /// Only third-party engines may serve it (a passthrough parameter).
     pub upstream_only: bool,
     /// The answer is relayed as the engine wrote it, re-stamped (a
@@ -221,7 +221,7 @@ pub struct Outbound {
 impl Outbound {
     pub fn new(
         gen: GenerateRequest,
-        (kind, client_body): (crate::openai::Kind, Bytes),
+        (kind, client_body): (crate::upstream::UpstreamRoute, Bytes),
         upstream_only: bool,
         verbatim: Option<crate::upstream::Stamp>,
     ) -> Self {
@@ -231,11 +231,19 @@ impl Outbound {
     /// The path and body for `engine`.
     fn for_engine(&self, engine: &EngineSpec) -> Result<(&'static str, Bytes), String> {
         match engine.kind {
+            EngineKind::Native if self.client.0 == crate::upstream::UpstreamRoute::Embeddings => {
+                Err("this project's engines compute no embeddings".into())
+            }
             EngineKind::Native => {
                 let body = self.native.get_or_init(|| {
                     Bytes::from(serde_json::to_vec(&self.gen).expect("generate requests always serialise"))
                 });
                 Ok((engine_api::GENERATE_PATH, body.clone()))
+            }
+            EngineKind::Openai if self.client.0 == crate::upstream::UpstreamRoute::Embeddings => {
+                let model = engine.upstream.served_model.as_deref().unwrap_or(&self.gen.model);
+                let body = crate::upstream::embeddings_body(&self.client.1, model)?;
+                Ok((crate::upstream::path(self.client.0), body))
             }
             EngineKind::Openai => {
                 let (kind, client) = &self.client;

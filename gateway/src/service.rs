@@ -29,6 +29,8 @@ use crate::request::{bearer, json_response, Req};
 use crate::video::routes::VideoRoute;
 use crate::App;
 
+mod embeddings;
+
 /// A request answered with an error, with admission's verdict when it got
 /// that far (for the decision headers). The stack's error layer turns it
 /// into the response (`stack.rs`).
@@ -56,6 +58,7 @@ pub(crate) struct Ident {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Route {
     Completions(Kind),
+    Embeddings,
     Models,
     Model(String),
     Healthz,
@@ -73,6 +76,7 @@ impl Route {
         let (route, allowed) = match path {
             "/v1/chat/completions" => (Route::Completions(Kind::Chat), Method::POST),
             "/v1/completions" => (Route::Completions(Kind::Completion), Method::POST),
+            "/v1/embeddings" => (Route::Embeddings, Method::POST),
             "/v1/models" => (Route::Models, Method::GET),
             "/healthz" => (Route::Healthz, Method::GET),
             "/readyz" => (Route::Readyz, Method::GET),
@@ -92,6 +96,7 @@ impl Route {
         match self {
             Route::Completions(Kind::Chat) => "chat_completions",
             Route::Completions(Kind::Completion) => "completions",
+            Route::Embeddings => "embeddings",
             Route::Models | Route::Model(_) => "models",
             Route::Healthz => "healthz",
             Route::Readyz => "readyz",
@@ -109,12 +114,20 @@ pub(crate) struct Caller(pub usize);
 impl Route {
     /// Whether the route answers only to a tenant's key (the auth layer).
     pub(crate) fn needs_key(&self) -> bool {
-        matches!(self, Route::Completions(_) | Route::Models | Route::Model(_) | Route::Video(_))
+        matches!(
+            self,
+            Route::Completions(_) | Route::Embeddings | Route::Models | Route::Model(_) | Route::Video(_)
+        )
     }
 
     /// Whether the route's requests carry a body it reads (the body layer).
     pub(crate) fn takes_body(&self) -> bool {
-        matches!(self, Route::Completions(_) | Route::Video(VideoRoute::Create | VideoRoute::Prompt(_)))
+        matches!(
+            self,
+            Route::Completions(_)
+                | Route::Embeddings
+                | Route::Video(VideoRoute::Create | VideoRoute::Prompt(_))
+        )
     }
 }
 
@@ -144,6 +157,10 @@ pub(crate) async fn route(
     let result = match route {
         Route::Completions(kind) => match caller(policy, &req, found) {
             Ok(who) => completions(&app, policy, who, &mut req, kind, &ctx).await,
+            Err(e) => Err(e.into()),
+        },
+        Route::Embeddings => match caller(policy, &req, found) {
+            Ok(who) => embeddings::serve(&app, policy, who, &mut req, &ctx).await,
             Err(e) => Err(e.into()),
         },
         Route::Models | Route::Model(_) => caller(policy, &req, found)
@@ -243,36 +260,14 @@ async fn completions(
         stream: encoder.stream,
         include_usage: encoder.include_usage,
     });
-    let out = dispatch::Outbound::new(gen, (kind, body), upstream_only, stamp); // as each kind of engine is sent it
+    let out = dispatch::Outbound::new(gen, (kind.into(), body), upstream_only, stamp); // as each kind of engine is sent it
     let work = admitted.work;
     tracing::debug!(event = "request_admitted", request_id, tenant = %tenant.name, tier = %tier.name,
         decision = admitted.verdict.decision.as_str(), reason = %admitted.verdict.reason);
     let observer = RequestObserver::new(arrived, &tier.name);
     let predicted = admitted.verdict.predicted_ttft_ms;
     let mut permit = Permit::new(observer, hold, admitted.ticket, Arc::clone(policy), predicted);
-    // The gate: wait (with a deadline) for an engine slot when all are busy.
-    let first = match admitted.start {
-        Start::Now(lease) => Some(lease),
-        Start::Anywhere => None,
-        Start::Wait(rx, deadline, v) => match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(Ok(lease))) => Some(lease),
-            Ok(Ok(Err(refused))) => {
-                return Err(Failed { error: refused.error, verdict: Some(refused.verdict) })
-            }
-            Ok(Err(_)) => return Err(failed(ApiError::NoReadyEngine)),
-            Err(_) => {
-                let error = ApiError::Overloaded {
-                    reason: "queue_timeout",
-                    message: format!(
-                        "no engine slot freed within the {} ms TTFT budget; retry shortly",
-                        admitted.ttft_budget.as_millis()
-                    ),
-                    retry_after_s: policy.admission.retry_after_min_s,
-                };
-                return Err(Failed { error, verdict: Some(v.rejected("queue_timeout")) });
-            }
-        },
-    };
+    let first = engine_slot(admitted.start, admitted.ttft_budget, policy, &verdict).await?;
     let timeout = admitted.e2e_budget.max(tier.e2e);
     let limits = &app.config.limits;
     if encoder.stream {
@@ -316,6 +311,37 @@ async fn completions(
     }
 }
 
+/// The gate: waits (with a deadline, the TTFT budget) for an engine slot
+/// when all are busy; `Some` lease to start on, `None` to start anywhere.
+pub(crate) async fn engine_slot(
+    start: Start,
+    ttft_budget: std::time::Duration,
+    policy: &PolicyDocument,
+    verdict: &Verdict,
+) -> Result<Option<crate::engines::EngineLease>, Failed> {
+    let (rx, deadline, v) = match start {
+        Start::Now(lease) => return Ok(Some(lease)),
+        Start::Anywhere => return Ok(None),
+        Start::Wait(rx, deadline, v) => (rx, deadline, v),
+    };
+    match tokio::time::timeout_at(deadline, rx).await {
+        Ok(Ok(Ok(lease))) => Ok(Some(lease)),
+        Ok(Ok(Err(refused))) => Err(Failed { error: refused.error, verdict: Some(refused.verdict) }),
+        Ok(Err(_)) => Err(Failed { error: ApiError::NoReadyEngine, verdict: Some(verdict.clone()) }),
+        Err(_) => {
+            let error = ApiError::Overloaded {
+                reason: "queue_timeout",
+                message: format!(
+                    "no engine slot freed within the {} ms TTFT budget; retry shortly",
+                    ttft_budget.as_millis()
+                ),
+                retry_after_s: policy.admission.retry_after_min_s,
+            };
+            Err(Failed { error, verdict: Some(v.rejected("queue_timeout")) })
+        }
+    }
+}
+
 /// A video route. Creating a stream goes through the tenant's limits like
 /// a completion: it counts against `requests_per_minute`, and the live
 /// stream holds one of the tenant's `max_concurrency` until it ends (its
@@ -339,7 +365,7 @@ async fn video(
 /// held until the response ends. Their one owner is the cluster layer: this
 /// process's counters on a single gateway, Redis's across a fleet; a
 /// concurrency refusal is an admission decision in both (headers, metric).
-async fn tenant_limits(
+pub(crate) async fn tenant_limits(
     app: &App,
     tenant: &Tenant,
     tier: &Tier,
@@ -428,7 +454,12 @@ fn plan(
 
 /// `x-engine` (which engine served) and `x-engine-class` (its class, what
 /// the load tester groups the predictor's calibration by).
-fn insert_engine(h: &mut HeaderMap, engines: &crate::engines::EnginePool, idx: usize, engine_id: &str) {
+pub(crate) fn insert_engine(
+    h: &mut HeaderMap,
+    engines: &crate::engines::EnginePool,
+    idx: usize,
+    engine_id: &str,
+) {
     if let Ok(v) = HeaderValue::from_str(engine_id) {
         h.insert("x-engine", v);
     }

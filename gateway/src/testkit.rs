@@ -182,7 +182,7 @@ impl Scripted {
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             // Generation requests take the next script; probes none.
             let script = match req.uri().path() {
-                engine_api::GENERATE_PATH | "/v1/chat/completions" | "/v1/completions" => {
+                engine_api::GENERATE_PATH | "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" => {
                     let mut s = scripts.lock().unwrap_or_else(|p| p.into_inner());
                     if s.len() > 1 {
                         s.remove(0)
@@ -256,13 +256,14 @@ async fn play_openai(
     script: Script,
     stats: Arc<EngineStats>,
 ) -> Response<ScriptBody> {
-    match req.uri().path() {
+    let req_path = req.uri().path().to_string();
+    match req_path.as_str() {
         "/health" => return answer(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ok\"}")),
         "/metrics" => return answer(StatusCode::OK, Bytes::from(metrics.to_string())),
         "/v1/models" => {
             return answer(StatusCode::OK, Bytes::from_static(b"{\"object\":\"list\",\"data\":[]}"))
         }
-        "/v1/chat/completions" | "/v1/completions" => {}
+        "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" => {}
         _ => return answer(StatusCode::NOT_FOUND, Bytes::new()),
     }
     stats.requests.fetch_add(1, Ordering::SeqCst);
@@ -271,7 +272,8 @@ async fn play_openai(
         return answer(StatusCode::BAD_REQUEST, Bytes::new());
     };
     let max_tokens = doc.get("max_tokens").and_then(serde_json::Value::as_u64).unwrap_or(0);
-    let whole = doc.get("stream").and_then(serde_json::Value::as_bool) == Some(false);
+    let whole =
+        req_path == "/v1/embeddings" || doc.get("stream").and_then(serde_json::Value::as_bool) == Some(false);
     stats.last_max_tokens.store(max_tokens as usize, Ordering::SeqCst);
     *stats.last_body.lock().unwrap_or_else(|p| p.into_inner()) = Some(doc);
     let steps = match script {

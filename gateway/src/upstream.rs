@@ -19,12 +19,39 @@ use serde_json::{Map, Value};
 
 use crate::openai::Kind;
 
-/// The upstream path for a route.
-pub fn path(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Chat => "/v1/chat/completions",
-        Kind::Completion => "/v1/completions",
+/// What a request asks an upstream for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamRoute {
+    Chat,
+    Completion,
+    Embeddings,
+}
+
+impl From<Kind> for UpstreamRoute {
+    fn from(kind: Kind) -> Self {
+        match kind {
+            Kind::Chat => Self::Chat,
+            Kind::Completion => Self::Completion,
+        }
     }
+}
+
+/// The upstream path for a route.
+pub fn path(route: UpstreamRoute) -> &'static str {
+    match route {
+        UpstreamRoute::Chat => "/v1/chat/completions",
+        UpstreamRoute::Completion => "/v1/completions",
+        UpstreamRoute::Embeddings => "/v1/embeddings",
+    }
+}
+
+/// An embeddings request's body as sent upstream: the client's, with the
+/// upstream's own model id.
+pub fn embeddings_body(client: &[u8], model: &str) -> Result<Bytes, String> {
+    let mut doc: Map<String, Value> =
+        serde_json::from_slice(client).map_err(|e| format!("client body: {e}"))?;
+    doc.insert("model".into(), Value::from(model));
+    serde_json::to_vec(&doc).map(Bytes::from).map_err(|e| e.to_string())
 }
 
 /// How an answer relayed verbatim (tool calls, several choices,
@@ -42,7 +69,9 @@ pub struct Stamp {
 impl Stamp {
     fn apply(&self, doc: &mut Value) {
         if let Some(o) = doc.as_object_mut() {
-            o.insert("id".into(), Value::from(self.id.as_str()));
+            if o.contains_key("id") {
+                o.insert("id".into(), Value::from(self.id.as_str())); // answers that have one
+            }
             o.insert("model".into(), Value::from(self.model.as_str()));
         }
     }

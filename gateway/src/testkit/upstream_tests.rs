@@ -374,3 +374,45 @@ async fn tool_calls_are_relayed_as_the_upstream_wrote_them_under_the_gateways_id
     assert_eq!(up["stream"], false);
     assert!(up.get("stream_options").is_none());
 }
+
+const EMBEDDING_JSON: &[u8] = b"{\"object\":\"list\",\"data\":[{\"object\":\"embedding\",\"index\":0,\"embedding\":[0.25,-0.5,0.125]}],\"model\":\"bge-small\",\"usage\":{\"prompt_tokens\":3,\"total_tokens\":3}}";
+
+#[tokio::test(start_paused = true)]
+async fn embeddings_go_to_an_upstream_serving_the_model_and_come_back_under_its_public_name() {
+    let policy = format!("{POLICY}\n[[models]]\nid = \"text-embed\"\nowned_by = \"test\"\n");
+    let up = Upstream {
+        flavour: Flavour::Vllm,
+        models: vec!["text-embed".into()],
+        served_model: Some("bge-small".into()),
+        ..Default::default()
+    };
+    let script = Script::Stream(vec![Step::Wait(Duration::from_millis(7)), Step::Raw(EMBEDDING_JSON)]);
+    let emb = TestEngine::openai("emb", up, &metrics_page(Flavour::Vllm, 0, 0), vec![script]);
+    let native = TestEngine::native("e0", vec![Script::tokens(Duration::from_millis(5), 1, Duration::ZERO)]);
+    let h = Harness::start_with(&policy, vec![native, emb], |_| {}).await;
+    let t0 = Instant::now();
+    let resp = h
+        .post("/v1/embeddings", "sk-demo-gold", &json!({"model": "text-embed", "input": "hello there"}))
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(t0.elapsed(), Duration::from_millis(7));
+    assert_eq!(resp.headers()["x-engine"], "emb");
+    assert_eq!(resp.headers()["x-admission"], "admitted");
+    let doc: serde_json::Value = serde_json::from_str(&body_text(resp).await).unwrap();
+    assert_eq!(doc["model"], "text-embed", "the public name");
+    assert_eq!(doc["data"][0]["embedding"], json!([0.25, -0.5, 0.125]));
+    assert!(doc.get("id").is_none(), "nothing added");
+    let up = h.engines[1].last_body.lock().unwrap().clone().unwrap();
+    assert_eq!((up["model"].as_str(), up["input"].as_str()), (Some("bge-small"), Some("hello there")));
+    assert!(up.get("max_tokens").is_none() && up.get("stream").is_none(), "the body as sent: {up}");
+    // No engine computes embeddings for the text model.
+    let resp =
+        h.post("/v1/embeddings", "sk-demo-gold", &json!({"model": "synthetic-small", "input": "x"})).await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let err: serde_json::Value = serde_json::from_str(&body_text(resp).await).unwrap();
+    assert_eq!(
+        (err["error"]["param"].as_str(), err["error"]["code"].as_str()),
+        (Some("model"), Some("unsupported_parameter"))
+    );
+    assert_eq!(h.engines[0].requests(), 0, "the native engine was never asked");
+}
