@@ -150,8 +150,9 @@ pub enum Speaks {
     Native,
     /// An OpenAI-compatible server over HTTP/1.1 (SSE), as vLLM, SGLang,
     /// TGI and llama.cpp server are: `/health`, `/metrics` (this text),
-    /// `/v1/chat/completions` and `/v1/completions`.
-    OpenAi { metrics: String },
+    /// `/v1/chat/completions` and `/v1/completions`, and `/v1/models`
+    /// listing `models`.
+    OpenAi { metrics: String, models: Vec<String> },
 }
 
 type Engine = (Speaks, Arc<Mutex<Vec<Script>>>, Arc<EngineStats>);
@@ -215,8 +216,8 @@ async fn play(
     script: Script,
     stats: Arc<EngineStats>,
 ) -> Result<Response<ScriptBody>, Infallible> {
-    if let Speaks::OpenAi { metrics } = speaks {
-        return Ok(play_openai(req, &metrics, script, stats).await);
+    if let Speaks::OpenAi { metrics, models } = speaks {
+        return Ok(play_openai(req, (&metrics, &models), script, stats).await);
     }
     match req.uri().path() {
         engine_api::GENERATE_PATH => {}
@@ -252,7 +253,7 @@ async fn play(
 /// An OpenAI-compatible server's side of one request.
 async fn play_openai(
     req: Request<Incoming>,
-    metrics: &str,
+    (metrics, models): (&str, &[String]),
     script: Script,
     stats: Arc<EngineStats>,
 ) -> Response<ScriptBody> {
@@ -261,7 +262,10 @@ async fn play_openai(
         "/health" => return answer(StatusCode::OK, Bytes::from_static(b"{\"status\":\"ok\"}")),
         "/metrics" => return answer(StatusCode::OK, Bytes::from(metrics.to_string())),
         "/v1/models" => {
-            return answer(StatusCode::OK, Bytes::from_static(b"{\"object\":\"list\",\"data\":[]}"))
+            let data: Vec<_> =
+                models.iter().map(|id| serde_json::json!({"id": id, "object": "model"})).collect();
+            let listing = serde_json::json!({"object": "list", "data": data});
+            return answer(StatusCode::OK, Bytes::from(listing.to_string()));
         }
         "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" => {}
         _ => return answer(StatusCode::NOT_FOUND, Bytes::new()),
@@ -406,7 +410,15 @@ impl TestEngine {
         let mut spec = EngineSpec::native(id, format!("http://{id}.scripted").parse().expect("a valid URL"));
         spec.kind = crate::engines::EngineKind::Openai;
         spec.upstream = upstream;
-        Self { spec, speaks: Speaks::OpenAi { metrics: metrics.to_string() }, scripts }
+        Self { spec, speaks: Speaks::OpenAi { metrics: metrics.to_string(), models: Vec::new() }, scripts }
+    }
+
+    /// The ids its `/v1/models` lists (an OpenAI-compatible engine).
+    pub fn listing(mut self, ids: &[&str]) -> Self {
+        if let Speaks::OpenAi { models, .. } = &mut self.speaks {
+            *models = ids.iter().map(|id| id.to_string()).collect();
+        }
+        self
     }
 }
 

@@ -21,6 +21,18 @@ use super::{join, EnginePool, EngineSlot, EngineSpec};
 
 /// Idle keep-alive connections kept per upstream.
 pub(super) const MAX_IDLE_PER_UPSTREAM: usize = 64;
+/// Longest `/health` or `/v1/models` answer read.
+const MAX_LISTING_BYTES: usize = 1 << 20;
+/// Models kept from one listing.
+const MAX_MODELS: usize = 1024;
+
+/// The ids of an OpenAI model listing (`{"data": [{"id": …}, …]}`).
+fn model_ids(body: &[u8]) -> Option<Vec<String>> {
+    let doc: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let data = doc.get("data")?.as_array()?;
+    Some(data.iter().filter_map(|m| m.get("id")?.as_str().map(str::to_string)).take(MAX_MODELS).collect())
+}
+
 /// Requests an upstream runs at once when its config does not say.
 pub const DEFAULT_MAX_BATCH: u32 = 8;
 /// Tokens per page of the KV accounting derived from `kv_tokens`.
@@ -32,8 +44,18 @@ impl EnginePool {
     pub(super) async fn external_report(&self, slot: &EngineSlot) -> Option<LoadReport> {
         let flavour = slot.spec.upstream.flavour;
         let health = if flavour == Flavour::Generic { "/v1/models" } else { "/health" };
-        let (status, _) = self.upstream_get(slot, health, 64 << 10).await?;
-        let ready = status.is_success();
+        let (status, listing) = self.upstream_get(slot, health, MAX_LISTING_BYTES).await?;
+        let mut ready = status.is_success();
+        if slot.spec.upstream.discover_models && slot.spec.upstream.models.is_empty() {
+            let listing = match flavour {
+                Flavour::Generic => Some((status, listing)),
+                _ => self.upstream_get(slot, "/v1/models", MAX_LISTING_BYTES).await,
+            };
+            match listing.filter(|(s, _)| s.is_success()).and_then(|(_, body)| model_ids(&body)) {
+                Some(ids) => slot.discovered_models.store(Some(std::sync::Arc::new(ids))),
+                None => ready = false, // cannot tell what it serves
+            }
+        }
         let seen = match flavour.has_metrics() {
             true => match self.upstream_get(slot, "/metrics", telemetry::MAX_EXPOSITION_BYTES).await {
                 Some((s, text)) if s.is_success() => flavour.read(&String::from_utf8_lossy(&text)),
@@ -263,6 +285,16 @@ mod tests {
         untrusted.poll_once().await;
         assert!(!untrusted.slot(0).is_ready());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn model_listings_are_read_bounded() {
+        let ids = model_ids(br#"{"object":"list","data":[{"id":"a","object":"model"},{"id":"b"},{"x":1}]}"#);
+        assert_eq!(ids, Some(vec!["a".to_string(), "b".to_string()]));
+        assert_eq!(model_ids(b"not json"), None);
+        assert_eq!(model_ids(br#"{"data":{}}"#), None);
+        let many = format!(r#"{{"data":[{}]}}"#, vec![r#"{"id":"m"}"#; MAX_MODELS + 5].join(","));
+        assert_eq!(model_ids(many.as_bytes()).unwrap().len(), MAX_MODELS);
     }
 
     #[test]

@@ -85,9 +85,14 @@ pub struct Upstream {
     #[serde(default)]
     pub served_model: Option<String>,
     /// The public model ids (the policy's) this engine serves; empty: every
-    /// model of the policy.
+    /// model of the policy (or, with `discover_models`, those it lists).
     #[serde(default)]
     pub models: Vec<String>,
+    /// Serve the policy's models that the upstream's own `/v1/models` lists
+    /// (its ids must be the policy's), read on every probe. Ignored when
+    /// `models` is given.
+    #[serde(default)]
+    pub discover_models: bool,
     /// Requests it runs at once (llama.cpp's `--parallel` slots, vLLM's
     /// `--max-num-seqs`): the gateway's gate holds the rest.
     #[serde(default)]
@@ -360,7 +365,9 @@ impl EnginePool {
     /// empty, without allocating, when every engine serves the request.
     pub fn not_serving(&self, model: &str, upstream_only: bool) -> Vec<usize> {
         let snapshot = self.snapshot();
-        if !upstream_only && snapshot.iter().all(|s| s.spec.upstream.models.is_empty()) {
+        let every =
+            |s: &Arc<EngineSlot>| s.spec.upstream.models.is_empty() && !s.spec.upstream.discover_models;
+        if !upstream_only && snapshot.iter().all(every) {
             return Vec::new();
         }
         snapshot.iter().enumerate().filter(|(_, s)| !s.serves(model, upstream_only)).map(|(i, _)| i).collect()

@@ -36,6 +36,9 @@ pub struct EngineSlot {
     pub(super) last_report: ArcSwapOption<LoadReport>,
     /// The engine's latency profile, fetched once it first answers.
     pub(super) profile: ArcSwapOption<LatencyProfile>,
+    /// The models an `openai` engine with `discover_models` lists at its
+    /// `/v1/models` (its own ids), as of the last probe.
+    pub(super) discovered_models: ArcSwapOption<Vec<String>>,
     /// What admission reads of them on every decision, as plain numbers
     /// (see [`AdmissionView`]); written with them.
     view: AdmissionAtomics,
@@ -77,6 +80,7 @@ impl EngineSlot {
             leased_at_report: AtomicU64::new(0),
             last_report: ArcSwapOption::empty(),
             profile: ArcSwapOption::empty(),
+            discovered_models: ArcSwapOption::empty(),
             view: AdmissionAtomics::default(),
             standby: AtomicBool::new(false),
             draining: AtomicBool::new(false),
@@ -145,7 +149,14 @@ impl EngineSlot {
             return false;
         }
         let models = &self.spec.upstream.models;
-        models.is_empty() || models.iter().any(|m| m == model)
+        if !models.is_empty() {
+            return models.iter().any(|m| m == model);
+        }
+        if self.spec.upstream.discover_models {
+            // Until the first listing: nothing (the engine is not ready yet).
+            return self.discovered_models.load().as_ref().is_some_and(|d| d.iter().any(|m| m == model));
+        }
+        true
     }
 
     /// Routable and able to run video sessions (this project's engines

@@ -416,3 +416,33 @@ async fn embeddings_go_to_an_upstream_serving_the_model_and_come_back_under_its_
     );
     assert_eq!(h.engines[0].requests(), 0, "the native engine was never asked");
 }
+
+#[tokio::test(start_paused = true)]
+async fn discovered_models_are_the_ones_an_upstream_gets() {
+    let policy = format!("{POLICY}\n[[models]]\nid = \"tiny-llama\"\nowned_by = \"test\"\n");
+    let profile = concat!(env!("CARGO_MANIFEST_DIR"), "/../policies/profiles/emulated-a100-8b.toml");
+    let up = Upstream {
+        flavour: Flavour::Llamacpp,
+        discover_models: true,
+        profile: Some(profile.into()),
+        ..Default::default()
+    };
+    let fast = Script::tokens(Duration::from_millis(5), 1, Duration::ZERO);
+    let llama =
+        TestEngine::openai("llama", up, &llamacpp_metrics(0, 0), vec![fast.clone()]).listing(&["tiny-llama"]);
+    let native =
+        TestEngine::native("e0", vec![Script::tokens(Duration::from_millis(100), 1, Duration::ZERO)]);
+    let h = Harness::start_with(&policy, vec![llama, native], |_| {}).await;
+    let slot = h.app.engines.slot(0);
+    assert!(slot.serves("tiny-llama", false) && !slot.serves("synthetic-small", false), "as it lists");
+    let ask = chat(true, 1);
+    let answers = tokio::join!(
+        h.post("/v1/chat/completions", "sk-demo-gold", &ask),
+        h.post("/v1/chat/completions", "sk-demo-gold", &ask),
+    );
+    for resp in [answers.0, answers.1] {
+        assert_eq!(resp.headers()["x-engine"], "e0");
+        body_text(resp).await;
+    }
+    assert_eq!(h.engines[0].requests(), 0);
+}
