@@ -8,6 +8,8 @@
 //! the server's slots are full; load read from the server's `/metrics`; and
 //! the server killed mid-stream. Without the server built it skips loudly,
 //! except under CI.
+// Real processes in real time (the clock rule is for the gateway's code).
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 
@@ -196,4 +198,31 @@ async fn llama_server_killed_mid_stream_ends_the_stream_with_an_error_event() {
     let text = String::from_utf8_lossy(&rest);
     assert!(text.contains("\"error\""), "{text}");
     assert!(!text.contains("[DONE]"), "{text}");
+}
+
+#[tokio::test]
+async fn llama_server_stopped_mid_stream_is_cut_at_the_event_timeout() {
+    if llama_tools().is_none() {
+        return;
+    }
+    let llama = Llama::start(&scratch(), 1).await;
+    // A short event timeout, so that a stopped (SIGSTOP) server costs 1 s.
+    let engines = format!("{}[limits]\nengine_event_timeout_ms = 1000\n", llama.engines(1));
+    let sys = System::serve(&engines, &default_policy()).await;
+    let conn = sys.conn(Proto::H2).await;
+    let resp =
+        conn.post_json("/v1/chat/completions", Some(GOLD), chat_body("go on", 4000, true)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let _ = http_body_util::BodyExt::frame(&mut body).await.expect("a first chunk");
+    let pid = llama.child.id().unwrap();
+    signal(pid, "STOP");
+    let started = std::time::Instant::now();
+    let rest = tokio::time::timeout(Duration::from_secs(10), http_body_util::BodyExt::collect(body)).await;
+    signal(pid, "CONT");
+    let text =
+        String::from_utf8_lossy(&rest.expect("the stream ends").expect("cleanly").to_bytes()).into_owned();
+    assert!(text.contains("no event from the engine for 1s"), "{text}");
+    assert!(!text.contains("[DONE]"));
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
 }
