@@ -192,8 +192,9 @@ impl SseDecoder {
             self.ended = true;
             return Ok(());
         }
-        if let Some(stamp) = self.stamp.clone() {
+        if self.stamp.is_some() {
             self.observe(&chunk);
+            let Some(stamp) = &self.stamp else { return Ok(()) };
             let usage_only = chunk.get("choices").and_then(Value::as_array).is_some_and(Vec::is_empty);
             if !stamp.include_usage {
                 if usage_only {
