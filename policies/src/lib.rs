@@ -36,6 +36,7 @@ pub mod brownout;
 pub mod config;
 pub mod estimate;
 pub mod fairness;
+pub mod prefix;
 pub mod profile;
 pub mod rng;
 pub mod routing;

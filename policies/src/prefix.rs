@@ -1,0 +1,209 @@
+//! Prefix affinity, the pure part (issue 23): block hashes of a prompt, the
+//! gateway's approximate index of which engine was sent which prefix, and
+//! the scorer that weighs a cached prefix against load.
+//!
+//! A prompt is cut into blocks of `block_tokens` tokens (the gateway's
+//! token rule, [`crate::tokens`]); each block's hash covers its tokens and
+//! its predecessor's hash, so two prompts share their first `k` hashes
+//! exactly when they share their first `k` blocks, and one hash names a
+//! whole prefix. The index remembers, per block hash, the engines a prompt
+//! holding that prefix was sent to, within a bound on its entries (least
+//! recently used go first). It is approximate by design: it knows what the
+//! gateway routed, not what the engine kept (an engine may have evicted the
+//! pages) — the precise source is the engine's KV events, which feed the
+//! same index. The scorer prefers the engine holding the longest prefix
+//! unless the fleet is imbalanced past a threshold, when load decides (so
+//! affinity never piles one engine up), as SGLang's router and llm-d's
+//! scorers do.
+//!
+//! Status: pure and tested; not yet wired into the gateway's routing or the
+//! engines (issue 23 is in progress).
+
+use std::collections::{HashMap, VecDeque};
+
+/// Hashes of a prompt's full blocks, each chained on its predecessor. A
+/// trailing partial block has no hash (it cannot be shared as a page).
+pub fn block_hashes(text: &str, block_tokens: u32) -> Vec<u64> {
+    let block = block_tokens.max(1) as usize;
+    let mut hashes = Vec::new();
+    let mut h = FNV_OFFSET;
+    let mut in_block = 0;
+    for piece in pieces(text) {
+        h = fnv(h, piece.as_bytes());
+        h = fnv(h, &[0xff]); // a piece boundary ("ab"+"c" is not "a"+"bc")
+        in_block += 1;
+        if in_block == block {
+            hashes.push(h);
+            h = fnv(FNV_OFFSET, &h.to_le_bytes()); // the next block chains on this one
+            in_block = 0;
+        }
+    }
+    hashes
+}
+
+/// The token pieces of `text` as [`crate::tokens::count`] counts them: each
+/// word cut into runs of four characters.
+fn pieces(text: &str) -> impl Iterator<Item = &str> {
+    text.split_whitespace().flat_map(|w| {
+        let ends: Vec<usize> = w.char_indices().map(|(i, _)| i).chain(std::iter::once(w.len())).collect();
+        (0..w.chars().count().div_ceil(4))
+            .map(move |k| &w[ends[k * 4]..ends[((k + 1) * 4).min(ends.len() - 1)]])
+    })
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Which engines were sent which prefixes, bounded.
+#[derive(Debug)]
+pub struct PrefixIndex {
+    /// Block hash → engines (indexes) holding it, and when it was last used.
+    entries: HashMap<u64, Entry>,
+    /// Block hashes in order of last use (oldest first); stale duplicates
+    /// are skipped when their stamp no longer matches.
+    order: VecDeque<(u64, u64)>,
+    capacity: usize,
+    clock: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    engines: Vec<u16>,
+    used: u64,
+}
+
+/// Engines remembered per block (a prefix sent to more is remembered on
+/// the most recent ones).
+const MAX_ENGINES_PER_BLOCK: usize = 8;
+
+impl PrefixIndex {
+    /// An index of at most `capacity` blocks.
+    pub fn new(capacity: usize) -> Self {
+        Self { entries: HashMap::new(), order: VecDeque::new(), capacity: capacity.max(1), clock: 0 }
+    }
+
+    /// Blocks remembered.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Records that a prompt with these block hashes went to `engine`.
+    pub fn record(&mut self, engine: u16, hashes: &[u64]) {
+        for &h in hashes {
+            self.clock += 1;
+            let e = self.entries.entry(h).or_insert_with(|| Entry { engines: Vec::new(), used: 0 });
+            e.used = self.clock;
+            if let Some(i) = e.engines.iter().position(|x| *x == engine) {
+                e.engines.remove(i);
+            } else if e.engines.len() == MAX_ENGINES_PER_BLOCK {
+                e.engines.remove(0);
+            }
+            e.engines.push(engine);
+            self.order.push_back((h, self.clock));
+        }
+        self.evict();
+        // Stale order entries are bounded too: compact when they dominate.
+        if self.order.len() > 4 * self.capacity {
+            let entries = &self.entries;
+            self.order.retain(|(h, t)| entries.get(h).is_some_and(|e| e.used == *t));
+        }
+    }
+
+    fn evict(&mut self) {
+        while self.entries.len() > self.capacity {
+            let Some((h, t)) = self.order.pop_front() else { break };
+            if self.entries.get(&h).is_some_and(|e| e.used == t) {
+                self.entries.remove(&h);
+            }
+        }
+    }
+
+    /// Forgets `engine` (it went away, or its cache was reset).
+    pub fn forget_engine(&mut self, engine: u16) {
+        self.entries.retain(|_, e| {
+            e.engines.retain(|x| *x != engine);
+            !e.engines.is_empty()
+        });
+    }
+
+    /// For each of `engines`, how many leading blocks of `hashes` it holds.
+    pub fn matched(&self, hashes: &[u64], engines: usize) -> Vec<u32> {
+        let mut matched = vec![0u32; engines];
+        let mut alive: Vec<bool> = vec![true; engines];
+        for (k, h) in hashes.iter().enumerate() {
+            let Some(e) = self.entries.get(h) else { break };
+            let mut any = false;
+            for (i, ok) in alive.iter_mut().enumerate() {
+                if *ok && e.engines.iter().any(|x| usize::from(*x) == i) {
+                    matched[i] = k as u32 + 1;
+                    any = true;
+                } else {
+                    *ok = false;
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        matched
+    }
+}
+
+/// One candidate engine for the scorer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Choice {
+    pub idx: usize,
+    /// Blocks of the prompt it holds ([`PrefixIndex::matched`]).
+    pub matched_blocks: u32,
+    /// Its load in the unit the fleet balances on (in-flight tokens).
+    pub load: u64,
+}
+
+/// When affinity yields to load.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AffinityConfig {
+    /// The fleet is imbalanced when the most loaded candidate carries more
+    /// than this many units above the least loaded...
+    pub balance_abs: u64,
+    /// ...and more than this factor times it.
+    pub balance_rel: f64,
+    /// A match shorter than this share of the prompt's blocks is no match.
+    pub min_match: f64,
+}
+
+impl Default for AffinityConfig {
+    fn default() -> Self {
+        Self { balance_abs: 4096, balance_rel: 1.5, min_match: 0.25 }
+    }
+}
+
+/// The engine to send a prompt of `blocks` full blocks to: the longest
+/// match (least loaded among equals), unless the candidates are imbalanced
+/// or no match is long enough, when the least loaded.
+pub fn pick(choices: &[Choice], blocks: u32, cfg: &AffinityConfig) -> Option<usize> {
+    let least = choices.iter().min_by_key(|c| (c.load, c.idx))?;
+    let most = choices.iter().map(|c| c.load).max().unwrap_or(0);
+    let imbalanced = most - least.load > cfg.balance_abs && most as f64 > cfg.balance_rel * least.load as f64;
+    if imbalanced || blocks == 0 {
+        return Some(least.idx);
+    }
+    let best = choices.iter().max_by_key(|c| (c.matched_blocks, std::cmp::Reverse((c.load, c.idx))))?;
+    if f64::from(best.matched_blocks) < cfg.min_match * f64::from(blocks) {
+        return Some(least.idx);
+    }
+    Some(best.idx)
+}
+
+#[cfg(test)]
+mod tests;

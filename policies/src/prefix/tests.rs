@@ -1,0 +1,92 @@
+use super::*;
+use crate::rng::SplitMix;
+
+fn words(n: usize, tag: &str) -> String {
+    (0..n).map(|i| format!("{tag}{i:03}")).collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn prompts_share_leading_hashes_exactly_as_far_as_they_share_blocks() {
+    // Each word "sysNNN" is 2 pieces ("sysN", "NN"): 32 words = 64 tokens.
+    let system = words(32, "sys");
+    let a = block_hashes(&format!("{system} {}", words(16, "aaa")), 16);
+    let b = block_hashes(&format!("{system} {}", words(16, "bbb")), 16);
+    assert_eq!(a.len(), 6, "96 tokens in blocks of 16");
+    assert_eq!(a[..4], b[..4], "the 64-token system prompt: 4 shared blocks");
+    assert!(a[4..].iter().zip(&b[4..]).all(|(x, y)| x != y), "everything after differs");
+    // A change inside block 2 changes every hash from block 2 on.
+    let edited =
+        block_hashes(&format!("{} sysXXX {} {}", words(10, "sys"), words(21, "sys"), words(16, "aaa")), 16);
+    assert_eq!(edited[..1], a[..1]);
+    assert!(edited[1..].iter().zip(&a[1..]).all(|(x, y)| x != y));
+    // A trailing partial block has no hash; piece boundaries count.
+    assert_eq!(block_hashes(&words(7, "sys"), 16).len(), 0);
+    assert_ne!(block_hashes("abc de", 2), block_hashes("ab cde", 2), "same bytes, other tokens");
+    assert_eq!(block_hashes("abcd efgh", 2), block_hashes("abcdefgh", 2), "same tokens, same hash");
+    assert_eq!(block_hashes("", 16), Vec::<u64>::new());
+}
+
+#[test]
+fn the_index_matches_leading_blocks_per_engine() {
+    let mut idx = PrefixIndex::new(1000);
+    let p = block_hashes(&words(64, "ppp"), 16); // 64 words of 2 pieces = 8 blocks of 16
+    idx.record(0, &p[..8]);
+    idx.record(1, &p[..3]);
+    assert_eq!(idx.matched(&p, 3), vec![8, 3, 0]);
+    // A prompt diverging after 2 blocks matches 2 on both.
+    let mut q = p[..2].to_vec();
+    q.extend(block_hashes(&words(64, "qqq"), 16).into_iter().skip(2));
+    assert_eq!(idx.matched(&q, 3), vec![2, 2, 0]);
+    idx.forget_engine(0);
+    assert_eq!(idx.matched(&p, 3), vec![0, 3, 0]);
+    assert_eq!(idx.len(), 3, "blocks only engine 0 held are gone");
+}
+
+#[test]
+fn the_index_is_bounded_and_keeps_what_was_used_last() {
+    let mut idx = PrefixIndex::new(10);
+    let hot = block_hashes(&words(40, "hot"), 16); // 5 blocks
+    idx.record(0, &hot);
+    let mut rng = SplitMix(7);
+    for round in 0..200 {
+        let cold = block_hashes(&words(16 + (rng.next_u64() % 48) as usize, &format!("c{round}x")), 16);
+        idx.record(1, &cold);
+        if round % 2 == 0 {
+            idx.record(0, &hot); // the shared system prompt keeps being sent
+        }
+        assert!(idx.len() <= 10, "{}", idx.len());
+        assert!(idx.order.len() <= 4 * 10 + 64, "{}", idx.order.len());
+    }
+    idx.record(0, &hot);
+    assert_eq!(idx.matched(&hot, 2)[0], 5, "recently used blocks survive eviction");
+}
+
+#[test]
+fn a_block_remembers_a_bounded_number_of_engines() {
+    let mut idx = PrefixIndex::new(100);
+    let p = block_hashes(&words(8, "ppp"), 16);
+    for e in 0..20u16 {
+        idx.record(e, &p);
+    }
+    let m = idx.matched(&p, 20);
+    assert_eq!(m.iter().filter(|x| **x == 1).count(), MAX_ENGINES_PER_BLOCK);
+    assert_eq!(m[19], 1, "the most recent ones");
+}
+
+#[test]
+fn affinity_wins_until_the_fleet_is_imbalanced_or_the_match_is_short() {
+    let cfg = AffinityConfig { balance_abs: 1000, balance_rel: 1.5, min_match: 0.25 };
+    let c = |idx, matched_blocks, load| Choice { idx, matched_blocks, load };
+    // The longest match, though busier.
+    assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 900), c(2, 2, 50)], 8, &cfg), Some(1));
+    // Too imbalanced (2,900 vs 100): load decides.
+    assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 2_900), c(2, 2, 50)], 8, &cfg), Some(2));
+    // A match under a quarter of the prompt is no match.
+    assert_eq!(pick(&[c(0, 1, 300), c(1, 0, 100)], 8, &cfg), Some(1));
+    // Equal matches: the less loaded; equal loads: the lower index.
+    assert_eq!(pick(&[c(0, 4, 300), c(1, 4, 200)], 8, &cfg), Some(1));
+    assert_eq!(pick(&[c(3, 4, 200), c(1, 4, 200)], 8, &cfg), Some(1));
+    assert_eq!(pick(&[], 8, &cfg), None);
+    // A prompt with no full block: load.
+    assert_eq!(pick(&[c(0, 0, 300), c(1, 0, 100)], 0, &cfg), Some(1));
+}
