@@ -215,8 +215,12 @@ pub struct Planned {
     pub at_s: f64,
     /// Index into the workload's mix.
     pub mix: usize,
+    /// The whole prompt, shared prefix included.
     pub input_tokens: u32,
     pub max_tokens: u32,
+    /// The prompt's shared start: the seed of its words and its tokens
+    /// (`[prefix]` group or `[conversation]` history).
+    pub prefix: Option<(u64, u32)>,
 }
 
 /// The whole run's requests, in send order. Deterministic in `seed`:
@@ -226,6 +230,8 @@ pub fn plan(workload: &Workload, schedule: &Schedule, seed: u64) -> Vec<Planned>
     let mut arrivals = SplitMix(seed ^ 0xA5A5_0001);
     let mut tenants = SplitMix(seed ^ 0xA5A5_0002);
     let mut sizes = SplitMix(seed ^ 0xA5A5_0003);
+    let mut shared = SplitMix(seed ^ 0xA5A5_0004);
+    let mut turns: Vec<u32> = vec![0; workload.conversation.map_or(0, |c| c.users as usize)];
     let timed: Vec<(f64, Option<TraceRow>)> = match schedule {
         Schedule::Rate(spec) => spec.times(&mut arrivals).into_iter().map(|t| (t, None)).collect(),
         Schedule::Trace { rows, speed, duration_s } => {
@@ -242,9 +248,35 @@ pub fn plan(workload: &Workload, schedule: &Schedule, seed: u64) -> Vec<Planned>
                 None => (workload.input_tokens.sample(&mut sizes), workload.output_tokens.sample(&mut sizes)),
             };
             let max_tokens = workload.capped_output(&workload.mix[mix].tier, wanted);
-            Planned { id: i as u64, at_s, mix, input_tokens: input, max_tokens }
+            let prefix = shared_start(workload, &mut shared, &mut turns, seed);
+            let input_tokens = input.saturating_add(prefix.map_or(0, |(_, n)| n));
+            Planned { id: i as u64, at_s, mix, input_tokens, max_tokens, prefix }
         })
         .collect()
+}
+
+/// The shared start of the next request's prompt, if its workload has one:
+/// a `[prefix]` group's (seeded by the group), or its conversation's
+/// history (seeded by the user and the conversation's number), empty on a
+/// conversation's first turn.
+fn shared_start(w: &Workload, rng: &mut SplitMix, turns: &mut [u32], seed: u64) -> Option<(u64, u32)> {
+    if let Some(p) = w.prefix {
+        if rng.unit_f64() >= p.share {
+            return None;
+        }
+        let group = rng.next_u64() % u64::from(p.groups);
+        return Some((seed ^ 0x5EED_0000_0000 ^ group.wrapping_mul(0x9E37_79B9_7F4A_7C15), p.tokens));
+    }
+    let c = w.conversation?;
+    let user = (rng.next_u64() % u64::from(c.users)) as usize;
+    let n = turns[user];
+    turns[user] += 1;
+    let (conversation, turn) = (n / c.turns, n % c.turns);
+    if turn == 0 {
+        return None;
+    }
+    let key = (user as u64) << 32 | u64::from(conversation);
+    Some((seed ^ 0xC0DE_0000_0000 ^ key.wrapping_mul(0x9E37_79B9_7F4A_7C15), turn * c.turn_tokens))
 }
 
 #[cfg(test)]
@@ -253,6 +285,58 @@ mod tests {
 
     fn spec(rate: f64, duration_s: f64, process: Process, burst: Option<Burst>) -> RateSpec {
         RateSpec { rate, duration_s, process, burst }
+    }
+
+    fn shipped(name: &str) -> Workload {
+        Workload::load(&format!("{}/workloads/{name}.toml", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    }
+
+    fn requests(w: &Workload, n: usize) -> Vec<Planned> {
+        plan(w, &Schedule::Rate(spec(1.0, n as f64, Process::Constant, None)), 9)
+    }
+
+    #[test]
+    fn shared_prefixes_are_shared_exactly_and_counted_in_the_prompt() {
+        let w = shipped("shared-prefix");
+        let reqs = requests(&w, 400);
+        let with: Vec<&Planned> = reqs.iter().filter(|p| p.prefix.is_some()).collect();
+        let share = with.len() as f64 / reqs.len() as f64;
+        assert!((share - 0.9).abs() < 0.05, "{share}");
+        let groups: std::collections::BTreeSet<u64> = with.iter().map(|p| p.prefix.unwrap().0).collect();
+        assert_eq!(groups.len(), 4);
+        for p in &reqs {
+            let own = p.input_tokens - p.prefix.map_or(0, |(_, n)| n);
+            let text = crate::workload::prompt(p.prefix, own, p.id);
+            assert_eq!(policies::tokens::count(&text), p.input_tokens, "the whole prompt is counted");
+        }
+        // Two requests of one group start with the same 1,000 tokens.
+        let (a, b) =
+            (with[0], with.iter().find(|p| p.id != with[0].id && p.prefix == with[0].prefix).unwrap());
+        let pa = crate::workload::prompt(a.prefix, 5, a.id);
+        let pb = crate::workload::prompt(b.prefix, 5, b.id);
+        let common = pa.chars().zip(pb.chars()).take_while(|(x, y)| x == y).count();
+        assert!(common >= 1000 * 4, "{common} characters in common");
+    }
+
+    #[test]
+    fn conversations_resend_their_history_turn_after_turn() {
+        let w = shipped("multi-turn");
+        let reqs = requests(&w, 2000);
+        let firsts = reqs.iter().filter(|p| p.prefix.is_none()).count();
+        assert!(
+            (2000 / 8 - 20..=2000 / 8 + 80).contains(&firsts),
+            "a new conversation every 8 turns: {firsts}"
+        );
+        // Within one conversation (one seed), each turn's history extends the last.
+        let seed = reqs.iter().find_map(|p| p.prefix.filter(|(_, n)| *n == 3 * 150)).unwrap().0;
+        let turns: Vec<u32> =
+            reqs.iter().filter_map(|p| p.prefix.filter(|(s, _)| *s == seed)).map(|(_, n)| n).collect();
+        assert!(turns.windows(2).all(|t| t[1] == t[0] + 150), "{turns:?}");
+        let short = crate::workload::synth_prompt(150, seed);
+        assert!(
+            crate::workload::synth_prompt(300, seed).starts_with(&short),
+            "a shorter history is a prefix"
+        );
     }
 
     #[test]

@@ -32,6 +32,45 @@ pub struct Workload {
     pub output_cap: BTreeMap<String, u32>,
     /// Who sends: API keys with their share of the traffic.
     pub mix: Vec<MixEntry>,
+    /// Requests that start with one of a few shared prefixes (system
+    /// prompts, RAG instructions): `input_tokens` is then what follows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<PrefixSpec>,
+    /// Multi-turn conversations that resend their history: `input_tokens`
+    /// is then each turn's new message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<ConversationSpec>,
+}
+
+/// `[prefix]`: shared prefixes.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixSpec {
+    /// Distinct prefixes; each request with one picks one uniformly.
+    pub groups: u32,
+    /// Tokens in each prefix.
+    pub tokens: u32,
+    /// Share of requests that start with one (the rest share nothing).
+    #[serde(default = "all")]
+    pub share: f64,
+}
+
+fn all() -> f64 {
+    1.0
+}
+
+/// `[conversation]`: users in conversations that resend their history.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ConversationSpec {
+    /// Conversations going on at once; each request continues one, picked
+    /// uniformly.
+    pub users: u32,
+    /// Turns of a conversation before its user starts a new one.
+    pub turns: u32,
+    /// Tokens each earlier turn left in the history (its message and the
+    /// answer), resent with every later turn.
+    pub turn_tokens: u32,
 }
 
 /// One tenant (API key) in the mix.
@@ -159,6 +198,19 @@ impl Workload {
         if let Some((tier, _)) = w.output_cap.iter().find(|(_, &c)| c == 0) {
             return Err(invalid(format!("output_cap.{tier}: must be at least 1")));
         }
+        if let Some(p) = w.prefix {
+            if p.groups == 0 || p.tokens == 0 || !(0.0..=1.0).contains(&p.share) {
+                return Err(invalid("prefix: groups and tokens >= 1, share in [0, 1]".into()));
+            }
+        }
+        if let Some(c) = w.conversation {
+            if c.users == 0 || c.turns == 0 || c.turn_tokens == 0 {
+                return Err(invalid("conversation: users, turns and turn_tokens >= 1".into()));
+            }
+            if w.prefix.is_some() {
+                return Err(invalid("prefix and conversation: one or the other".into()));
+            }
+        }
         Ok(w)
     }
 
@@ -191,7 +243,8 @@ fn resolve(name_or_path: &str) -> PathBuf {
 
 /// A prompt of exactly `tokens` tokens by [`policies::tokens::count`]: words
 /// of four letters (one token each), varied by `seed` so no two requests
-/// share a prefix.
+/// share a prefix. The same seed gives the same words: a shorter prompt of
+/// a seed is a prefix of a longer one (how conversations grow).
 pub fn synth_prompt(tokens: u32, seed: u64) -> String {
     const SYLLABLES: [&str; 16] =
         ["ka", "lo", "mi", "ne", "ru", "sa", "te", "vo", "ba", "di", "fu", "go", "hi", "ju", "pe", "zo"];
@@ -206,6 +259,16 @@ pub fn synth_prompt(tokens: u32, seed: u64) -> String {
         s.push_str(SYLLABLES[((r >> 4) & 15) as usize]);
     }
     s
+}
+
+/// A request's prompt: its shared prefix (`(seed, tokens)`, if any), then
+/// `rest` tokens of its own.
+pub fn prompt(prefix: Option<(u64, u32)>, rest: u32, seed: u64) -> String {
+    match prefix {
+        Some((pseed, n)) if rest > 0 => format!("{} {}", synth_prompt(n, pseed), synth_prompt(rest, seed)),
+        Some((pseed, n)) => synth_prompt(n, pseed),
+        None => synth_prompt(rest, seed),
+    }
 }
 
 #[cfg(test)]
