@@ -103,6 +103,32 @@ impl Llama {
     }
 }
 
+/// A gateway (with `extra` config after its engines) over a llama-server of
+/// `slots` slots, and a long (about 5 s) streamed generation through it
+/// whose first chunk has been read.
+async fn long_stream(slots: u32, extra: &str) -> (Llama, System, Conn, hyper::body::Incoming) {
+    let llama = Llama::start(&scratch(), slots).await;
+    let sys = System::serve(&format!("{}{extra}", llama.engines(slots)), &default_policy()).await;
+    let conn = sys.conn(Proto::H2).await;
+    let resp =
+        conn.post_json("/v1/chat/completions", Some(GOLD), chat_body("go on", 4000, true)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{}", sys.log());
+    let mut body = resp.into_body();
+    let first = http_body_util::BodyExt::frame(&mut body).await.expect("a first chunk").unwrap();
+    assert!(first.data_ref().is_some_and(|d| !d.is_empty()));
+    (llama, sys, conn, body)
+}
+
+/// The rest of a stream (within 10 s), which must end cleanly.
+async fn rest_of(body: hyper::body::Incoming) -> String {
+    let rest = tokio::time::timeout(Duration::from_secs(10), http_body_util::BodyExt::collect(body))
+        .await
+        .expect("the stream ends within 10 s")
+        .expect("ends cleanly, with an error event")
+        .to_bytes();
+    String::from_utf8_lossy(&rest).into_owned()
+}
+
 fn scratch() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("llamacpp-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -130,15 +156,7 @@ async fn a_client_that_goes_away_cancels_the_generation_at_llama_server() {
     if llama_tools().is_none() {
         return;
     }
-    let llama = Llama::start(&scratch(), 2).await;
-    let sys = System::serve(&llama.engines(2), &default_policy()).await;
-    let conn = sys.conn(Proto::H2).await;
-    let body = chat_body("tell me everything", 4000, true); // about 5 s of generation
-    let resp = conn.post_json("/v1/chat/completions", Some(GOLD), body).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::OK, "{}", sys.log());
-    let mut body = resp.into_body();
-    let first = http_body_util::BodyExt::frame(&mut body).await.expect("a first chunk").unwrap();
-    assert!(first.data_ref().is_some_and(|d| !d.is_empty()));
+    let (llama, _sys, conn, body) = long_stream(2, "").await;
     assert_eq!(llama.gauge("llamacpp:requests_processing").await, 1.0, "generating while we read");
     drop(body); // the client goes away mid-stream
     drop(conn);
@@ -181,21 +199,9 @@ async fn llama_server_killed_mid_stream_ends_the_stream_with_an_error_event() {
     if llama_tools().is_none() {
         return;
     }
-    let mut llama = Llama::start(&scratch(), 1).await;
-    let sys = System::serve(&llama.engines(1), &default_policy()).await;
-    let conn = sys.conn(Proto::H2).await;
-    let resp =
-        conn.post_json("/v1/chat/completions", Some(GOLD), chat_body("go on", 4000, true)).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
-    let mut body = resp.into_body();
-    let _ = http_body_util::BodyExt::frame(&mut body).await.expect("a first chunk");
+    let (mut llama, _sys, _conn, body) = long_stream(1, "").await;
     llama.child.kill().await.unwrap();
-    let rest = tokio::time::timeout(Duration::from_secs(10), http_body_util::BodyExt::collect(body))
-        .await
-        .expect("the stream ends within 10 s")
-        .expect("ends cleanly, with an error event")
-        .to_bytes();
-    let text = String::from_utf8_lossy(&rest);
+    let text = rest_of(body).await;
     assert!(text.contains("\"error\""), "{text}");
     assert!(!text.contains("[DONE]"), "{text}");
 }
@@ -205,23 +211,14 @@ async fn llama_server_stopped_mid_stream_is_cut_at_the_event_timeout() {
     if llama_tools().is_none() {
         return;
     }
-    let llama = Llama::start(&scratch(), 1).await;
-    // A short event timeout, so that a stopped (SIGSTOP) server costs 1 s.
-    let engines = format!("{}[limits]\nengine_event_timeout_ms = 1000\n", llama.engines(1));
-    let sys = System::serve(&engines, &default_policy()).await;
-    let conn = sys.conn(Proto::H2).await;
-    let resp =
-        conn.post_json("/v1/chat/completions", Some(GOLD), chat_body("go on", 4000, true)).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
-    let mut body = resp.into_body();
-    let _ = http_body_util::BodyExt::frame(&mut body).await.expect("a first chunk");
+    // A short event timeout, so that a stopped (SIGSTOP) server costs 1 s
+    // (a stopped server left behind is killed with its child handle).
+    let (llama, _sys, _conn, body) = long_stream(1, "[limits]\nengine_event_timeout_ms = 1000\n").await;
     let pid = llama.child.id().unwrap();
     signal(pid, "STOP");
     let started = std::time::Instant::now();
-    let rest = tokio::time::timeout(Duration::from_secs(10), http_body_util::BodyExt::collect(body)).await;
+    let text = rest_of(body).await;
     signal(pid, "CONT");
-    let text =
-        String::from_utf8_lossy(&rest.expect("the stream ends").expect("cleanly").to_bytes()).into_owned();
     assert!(text.contains("no event from the engine for 1s"), "{text}");
     assert!(!text.contains("[DONE]"));
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
