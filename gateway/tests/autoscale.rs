@@ -105,9 +105,13 @@ async fn an_engine_killed_is_restarted_after_its_backoff_and_serves_again() {
 
 #[tokio::test]
 async fn load_starts_engines_and_quiet_drains_them_without_failing_a_request() {
-    // One engine with 2 decode slots; 40 ms per token; up to 3 engines.
+    // One engine with 2 decode slots; 40 ms per token alone, 60 ms with two
+    // running (so routing spreads streams over idle engines rather than
+    // filling one first); up to 3 engines.
+    let profile = "model = \"synthetic-small\"\nengine_class = \"test-paced\"\n\
+        [prefill]\npoints = [[0, 5.0]]\n[decode]\nbatch_points = [[1, 40.0], [2, 60.0]]\n";
     let sys = System::start_with_policy(
-        &paced(5, 40),
+        profile,
         1,
         &["--min-engines", "1", "--max-engines", "3", "--engine-arg=--max-batch=2"],
         Some(&policy("warm_pool = false")),
