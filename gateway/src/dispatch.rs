@@ -347,26 +347,7 @@ async fn try_engine(
             parsed.map_or_else(|| ("unknown".into(), String::new()), |b| (b.code, b.message));
         return Err(EngineError::Refused { engine, status, code, message });
     }
-    let mut events = match (slot.spec.kind, &out.verbatim) {
-        (EngineKind::Native, _) => {
-            EventStream { body: Some(resp.into_body()), lines: EventLines::default(), sse: None }
-        }
-        (EngineKind::Openai, Some(stamp)) if !stamp.stream => {
-            // One JSON answer, read whole (bounded) and relayed re-stamped.
-            let answer = Limited::new(resp.into_body(), crate::upstream::MAX_ANSWER_BYTES)
-                .collect()
-                .await
-                .map_err(|e| EngineError::Stream { engine: engine.clone(), message: e.to_string() })?
-                .to_bytes();
-            let sse = crate::upstream::SseDecoder::whole(stamp.clone(), &answer)
-                .map_err(|message| EngineError::Stream { engine: engine.clone(), message })?;
-            EventStream { body: None, lines: EventLines::default(), sse: Some(sse) }
-        }
-        (EngineKind::Openai, stamp) => {
-            let sse = stamp.clone().map_or_else(Default::default, crate::upstream::SseDecoder::verbatim);
-            EventStream { body: Some(resp.into_body()), lines: EventLines::default(), sse: Some(sse) }
-        }
-    };
+    let mut events = open_events(&slot.spec, out, resp.into_body(), &engine).await?;
     let first = events.next().await;
     if let Some(sse) = &mut events.sse {
         sse.set_prefill_ms(crate::clock::since(sent_at).as_secs_f64() * 1e3);
@@ -379,6 +360,35 @@ async fn try_engine(
         Some(Err(message)) => Err(EngineError::Stream { engine, message }),
         None => Err(EngineError::Stream { engine, message: "stream ended before the first event".into() }),
     }
+}
+
+/// The engine events of an answer: NDJSON from this project's engines,
+/// SSE (or, for a verbatim answer to a client that does not stream, one
+/// JSON answer read whole, bounded) from an `openai` engine.
+async fn open_events(
+    spec: &EngineSpec,
+    out: &Outbound,
+    body: Incoming,
+    engine: &str,
+) -> Result<EventStream, EngineError> {
+    Ok(match (spec.kind, &out.verbatim) {
+        (EngineKind::Native, _) => EventStream { body: Some(body), lines: EventLines::default(), sse: None },
+        (EngineKind::Openai, Some(stamp)) if !stamp.stream => {
+            // One JSON answer, read whole (bounded) and relayed re-stamped.
+            let answer = Limited::new(body, crate::upstream::MAX_ANSWER_BYTES)
+                .collect()
+                .await
+                .map_err(|e| EngineError::Stream { engine: engine.to_string(), message: e.to_string() })?
+                .to_bytes();
+            let sse = crate::upstream::SseDecoder::whole(stamp.clone(), &answer)
+                .map_err(|message| EngineError::Stream { engine: engine.to_string(), message })?;
+            EventStream { body: None, lines: EventLines::default(), sse: Some(sse) }
+        }
+        (EngineKind::Openai, stamp) => {
+            let sse = stamp.clone().map_or_else(Default::default, crate::upstream::SseDecoder::verbatim);
+            EventStream { body: Some(body), lines: EventLines::default(), sse: Some(sse) }
+        }
+    })
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -186,26 +186,14 @@ impl SseDecoder {
         if data.len() > MAX_DELTA_BYTES {
             return Err(format!("a chunk longer than {MAX_DELTA_BYTES} bytes"));
         }
-        let mut chunk: Value = serde_json::from_slice(data).map_err(|e| format!("bad SSE chunk: {e}"))?;
+        let chunk: Value = serde_json::from_slice(data).map_err(|e| format!("bad SSE chunk: {e}"))?;
         if let Some(err) = chunk.get("error") {
             self.ready.push_back(error_event(err));
             self.ended = true;
             return Ok(());
         }
         if self.stamp.is_some() {
-            self.observe(&chunk);
-            let Some(stamp) = &self.stamp else { return Ok(()) };
-            let usage_only = chunk.get("choices").and_then(Value::as_array).is_some_and(Vec::is_empty);
-            if !stamp.include_usage {
-                if usage_only {
-                    return Ok(()); // asked for by the gateway, not the client
-                }
-                if let Some(o) = chunk.as_object_mut() {
-                    o.remove("usage");
-                }
-            }
-            stamp.apply(&mut chunk);
-            self.ready.push_back(Event::Upstream { json: chunk.to_string() });
+            self.relay(chunk);
             return Ok(());
         }
         if let Some(choice) = chunk.get("choices").and_then(Value::as_array).and_then(|c| c.first()) {
@@ -232,6 +220,24 @@ impl SseDecoder {
             });
         }
         Ok(())
+    }
+
+    /// A verbatim chunk: noted, re-stamped, queued (the usage chunk only if
+    /// the client asked for usage).
+    fn relay(&mut self, mut chunk: Value) {
+        self.observe(&chunk);
+        let Some(stamp) = &self.stamp else { return };
+        let usage_only = chunk.get("choices").and_then(Value::as_array).is_some_and(Vec::is_empty);
+        if !stamp.include_usage {
+            if usage_only {
+                return; // asked for by the gateway, not the client
+            }
+            if let Some(o) = chunk.as_object_mut() {
+                o.remove("usage");
+            }
+        }
+        stamp.apply(&mut chunk);
+        self.ready.push_back(Event::Upstream { json: chunk.to_string() });
     }
 
     /// Notes a verbatim chunk's (or answer's) finish reason, usage and
