@@ -41,6 +41,13 @@ pub const DRAIN_PATH: &str = "/engine/v1/drain";
 /// unset keys restore the engine's flags); `GET`: the limits in force.
 /// Both answer with the limits in force.
 pub const BATCHING_PATH: &str = "/engine/v1/batching";
+/// `GET ?after=N`: the prefix cache's events after sequence number `N`
+/// ([`KvEvents`]); `after=0` (a new reader), a number the engine no longer
+/// keeps, or one ahead of it (the engine restarted) answers with a
+/// snapshot of every cached block instead.
+pub const KV_EVENTS_PATH: &str = "/engine/v1/kv-events";
+/// Events per [`KvEvents`] answer at most (`more` says when there are more).
+pub const KV_EVENTS_MAX: usize = 1024;
 /// Content type of the generate event stream.
 pub const NDJSON: &str = "application/x-ndjson";
 /// Environment variable holding the engine API token (so it never appears
@@ -177,6 +184,10 @@ pub enum Event {
         /// Milliseconds spent waiting and in prefill, for the gateway's estimators.
         queue_ms: f64,
         prefill_ms: f64,
+        /// Prompt tokens whose K/V came from the engine's prefix cache
+        /// (not computed); 0 from engines without one.
+        #[serde(default)]
+        cached_tokens: u32,
     },
     /// The generation failed; always the last line.
     Error { code: String, message: String },
@@ -241,4 +252,45 @@ pub struct LoadReport {
     /// Free pages below which new work is refused (the low watermark).
     #[serde(default)]
     pub kv_low_watermark_pages: u32,
+    /// Pages the prefix cache names (held by sequences or not); the
+    /// unheld ones are evictable and counted in `kv_pages_free`.
+    #[serde(default)]
+    pub prefix_cached_pages: u32,
+    /// Prompt tokens looked up in the prefix cache so far, and found.
+    #[serde(default)]
+    pub prefix_lookup_tokens: u64,
+    #[serde(default)]
+    pub prefix_hit_tokens: u64,
+}
+
+/// One change to an engine's prefix cache: blocks (by chained hash, see
+/// `policies::prefix`) stored after a prefill, or evicted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvEvent {
+    pub seq: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stored: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evicted: Vec<u64>,
+}
+
+/// A batch of prefix-cache events (`GET` [`KV_EVENTS_PATH`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvEvents {
+    pub engine_id: String,
+    /// This engine process: a reader that sees it change starts over.
+    pub epoch: u64,
+    /// Tokens per block (the engine's page size).
+    pub page_tokens: u32,
+    /// The sequence number to ask after next.
+    pub last_seq: u64,
+    /// More events are waiting past `last_seq`.
+    #[serde(default)]
+    pub more: bool,
+    #[serde(default)]
+    pub events: Vec<KvEvent>,
+    /// Instead of events: every block cached as of `last_seq` (the events
+    /// asked for are gone, or the reader is new or from another epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<Vec<u64>>,
 }

@@ -65,6 +65,7 @@ fn engine(max_batch: u32) -> Scheduler {
         page_tokens: 16,
         low_watermark: 0.0,
         high_watermark: 0.0,
+        prefix_cache: false, // measures batching alone
     });
     let cfg = SchedulerConfig {
         limits: BatchLimits { max_batch, ..BatchLimits::default() },

@@ -54,16 +54,22 @@ impl NaiveAllocator {
 }
 
 fn main() {
-    let cfg = KvConfig { total_pages: PAGES, page_tokens: 16, low_watermark: 0.0, high_watermark: 0.0 };
+    let cfg = KvConfig {
+        total_pages: PAGES,
+        page_tokens: 16,
+        low_watermark: 0.0,
+        high_watermark: 0.0,
+        prefix_cache: true,
+    };
     let kv = KvAllocator::new(cfg);
     // Half the cache held by others, as in a busy engine.
-    let _held = kv.admit(u64::from(PAGES / 2) * 16).unwrap();
+    let _held = kv.admit(u64::from(PAGES / 2) * 16, &[]).unwrap();
     let rounds = 7;
 
-    let single = time(rounds, 200_000, 1, || drop(black_box(kv.admit(16).unwrap())));
-    let batch = time(rounds, 20_000, 64, || drop(black_box(kv.admit(64 * 16).unwrap())));
+    let single = time(rounds, 200_000, 1, || drop(black_box(kv.admit(16, &[]).unwrap())));
+    let batch = time(rounds, 20_000, 64, || drop(black_box(kv.admit(64 * 16, &[]).unwrap())));
     let extend = time(rounds, 2_000, 256, || {
-        let mut s = kv.admit(16).unwrap();
+        let mut s = kv.admit(16, &[]).unwrap();
         for p in 2..=256u64 {
             s.ensure(p * 16, 1).unwrap();
         }

@@ -20,6 +20,13 @@ pub enum Batching {
     Static,
 }
 
+/// An on/off flag value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Toggle {
+    On,
+    Off,
+}
+
 /// Options of one engine process.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EngineArgs {
@@ -49,9 +56,15 @@ pub struct EngineArgs {
     /// count when --kv-pages is not given).
     #[arg(long, default_value_t = 512)]
     pub kv_cache_mb: u32,
-    /// Tokens per KV page.
+    /// Tokens per KV page (also the prefix cache's block: keep it equal to
+    /// the gateway's `[routing.prefix] block_tokens`).
     #[arg(long, default_value_t = 16)]
     pub page_tokens: u32,
+    /// The prefix cache: prompts' full pages are kept after their sequence
+    /// ends and shared by later prompts with the same prefix (`off`: every
+    /// prompt is computed whole; the benchmarks' baseline).
+    #[arg(long, value_enum, default_value_t = Toggle::On)]
+    pub prefix_cache: Toggle,
     /// Stop admitting when fewer than this fraction of KV pages would stay free.
     #[arg(long, default_value_t = 0.05)]
     pub kv_low_watermark: f64,
@@ -240,6 +253,7 @@ impl EngineArgs {
             page_tokens: self.page_tokens,
             low_watermark: self.kv_low_watermark,
             high_watermark: self.kv_high_watermark,
+            prefix_cache: self.prefix_cache == Toggle::On,
         }
     }
 

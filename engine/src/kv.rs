@@ -1,23 +1,40 @@
-//! The paged KV-cache allocator.
+//! The paged KV-cache allocator, with a prefix cache.
 //!
-//! The cache is `total` fixed-size pages of `page_tokens` tokens each. Free
-//! pages sit on a stack (the free list), so allocating and freeing a page
-//! are constant time. A sequence's pages are a [`PageSet`]: admission
-//! reserves pages for its prompt plus an over-estimate of its output, decode
-//! extends it in small units, and dropping it (completion, cancel,
-//! preemption) returns every page. Nothing frees pages by hand.
+//! The cache is `total` fixed-size pages of `page_tokens` tokens each. A
+//! sequence's pages are a [`PageSet`]: admission reserves pages for its
+//! prompt plus an over-estimate of its output, decode extends it in small
+//! units, and dropping it (completion, cancel, preemption) releases every
+//! page. Nothing frees pages by hand.
+//!
+//! **Prefix cache.** Once a sequence's prompt is prefilled, each of its
+//! full prompt pages is *named* ([`PageSet::commit`]): content-addressed by
+//! the chained hash of its block ([`policies::prefix::blocks`]: a block's
+//! hash covers its predecessor's, so one hash names a whole prefix). A new
+//! sequence looks its prompt's blocks up and *shares* the longest named
+//! prefix instead of computing it: each page has a reference count, and a
+//! hash match is verified against the block's exact content and against
+//! its predecessor page before reuse, so a hash collision costs a cache
+//! miss, never a wrong answer. Named pages no sequence holds stay in an LRU
+//! pool: they count as free for the watermarks, and the least recently used
+//! is evicted (its name dropped) when an allocation finds the free list
+//! empty; a page in use is never evicted. Every naming and eviction is
+//! logged as a [`KvEvent`] with a sequence number, for gateways that route
+//! by where prefixes live.
 //!
 //! Watermarks give admission hysteresis: when admitting a sequence would
-//! leave fewer than `low` free pages, the engine stops admitting and refuses
-//! with [`KvRefusal::LowWatermark`]; it admits again once frees bring the
-//! free count back to `high`. Running sequences may still extend below the
-//! low watermark: finishing admitted work comes first.
+//! leave fewer than `low` free (or evictable) pages, the engine stops
+//! admitting and refuses with [`KvRefusal::LowWatermark`]; it admits again
+//! once frees bring that count back to `high`. Running sequences may still
+//! extend below the low watermark: finishing admitted work comes first.
 //!
 //! Page memory itself (the arenas the `cpu` backend reads K/V from) is owned
 //! by the backend and indexed by [`PageId`]; this module owns only which
-//! page belongs to whom.
+//! page belongs to whom and what it holds.
 
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use policies::prefix::Block;
 
 /// Index of one page in the cache.
 pub type PageId = u32;
@@ -31,11 +48,19 @@ pub struct KvConfig {
     pub low_watermark: f64,
     /// Admit again once this fraction of pages is free.
     pub high_watermark: f64,
+    /// Keep finished prompts' pages for reuse (the prefix cache).
+    pub prefix_cache: bool,
 }
 
 impl Default for KvConfig {
     fn default() -> Self {
-        Self { total_pages: 16384, page_tokens: 16, low_watermark: 0.05, high_watermark: 0.15 }
+        Self {
+            total_pages: 16384,
+            page_tokens: 16,
+            low_watermark: 0.05,
+            high_watermark: 0.15,
+            prefix_cache: true,
+        }
     }
 }
 
@@ -63,14 +88,165 @@ impl KvRefusal {
 #[error("KV cache exhausted: no free page to extend a running sequence")]
 pub struct KvExhausted;
 
+/// One change to the set of named pages: blocks stored (named after a
+/// prefill) or evicted, by hash, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvEvent {
+    /// 1, 2, 3, ... per engine process; a gap means events were missed.
+    pub seq: u64,
+    pub stored: Vec<u64>,
+    pub evicted: Vec<u64>,
+}
+
+/// Events since a sequence number, or the whole state when those are gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEventsSince {
+    Events {
+        events: Vec<KvEvent>,
+        last_seq: u64,
+        more: bool,
+    },
+    /// The events asked for are no longer kept (or never existed): every
+    /// named block now, as of `last_seq`.
+    Snapshot {
+        hashes: Vec<u64>,
+        last_seq: u64,
+    },
+}
+
+/// Events kept for readers, counted in hashes.
+const EVENT_LOG_HASHES: usize = 1 << 16;
+
+/// A named page: the block it holds and the page before it in its prompt
+/// (with that page's generation then), so a match is verified link by link.
+#[derive(Debug)]
+struct Named {
+    block: Block,
+    parent: Option<(PageId, u32)>,
+}
+
 #[derive(Debug)]
 struct Inner {
+    /// Pages with no content and no holder.
     free: Vec<PageId>,
+    /// Holders of each page (sequences sharing it).
+    refs: Vec<u32>,
+    /// The block each named page holds.
+    named: Vec<Option<Named>>,
+    /// Bumped when a page loses its name, so a stale parent link fails.
+    generation: Vec<u32>,
+    by_hash: HashMap<u64, PageId>,
+    /// Named pages without holders, by last release (oldest first).
+    lru: BTreeMap<u64, PageId>,
+    /// Each page's key in `lru` (0: not there).
+    lru_key: Vec<u64>,
+    tick: u64,
+    events: VecDeque<KvEvent>,
+    event_hashes: usize,
+    last_seq: u64,
+    /// Prompt tokens looked up, and found cached.
+    looked_up_tokens: u64,
+    hit_tokens: u64,
     admitting: bool,
     /// (time in seconds, pages in use) at the last slope sample.
     last_sample: Option<(f64, u32)>,
     /// Pages consumed per second (negative when freeing), smoothed.
     slope: f64,
+}
+
+impl Inner {
+    /// Pages an allocation may take: free ones and unheld named ones.
+    fn available(&self) -> u32 {
+        (self.free.len() + self.lru.len()) as u32
+    }
+
+    /// Takes `n` pages (the caller checked [`Inner::available`]): free ones
+    /// first, then the least recently used named ones, evicted.
+    fn take(&mut self, n: usize, into: &mut Vec<PageId>) {
+        let mut evicted = Vec::new();
+        for _ in 0..n {
+            let p = match self.free.pop() {
+                Some(p) => p,
+                None => {
+                    let Some((_, p)) = self.lru.pop_first() else { break };
+                    self.lru_key[p as usize] = 0;
+                    evicted.extend(self.unname(p));
+                    p
+                }
+            };
+            self.refs[p as usize] = 1;
+            into.push(p);
+        }
+        if !evicted.is_empty() {
+            self.log(Vec::new(), evicted);
+        }
+    }
+
+    /// Drops page `p`'s name; returns the hash it had.
+    fn unname(&mut self, p: PageId) -> Option<u64> {
+        let named = self.named[p as usize].take()?;
+        self.generation[p as usize] = self.generation[p as usize].wrapping_add(1);
+        if self.by_hash.get(&named.block.hash) == Some(&p) {
+            self.by_hash.remove(&named.block.hash);
+        }
+        Some(named.block.hash)
+    }
+
+    /// One more holder of named page `p` (out of the LRU pool if it was there).
+    fn hold(&mut self, p: PageId) {
+        let i = p as usize;
+        self.refs[i] += 1;
+        if self.lru_key[i] != 0 {
+            self.lru.remove(&self.lru_key[i]);
+            self.lru_key[i] = 0;
+        }
+    }
+
+    /// One holder fewer; an unheld page goes to the LRU pool if named,
+    /// else to the free list.
+    fn release(&mut self, p: PageId) {
+        let i = p as usize;
+        debug_assert!(self.refs[i] > 0, "page {p} released more often than held");
+        self.refs[i] = self.refs[i].saturating_sub(1);
+        if self.refs[i] > 0 {
+            return;
+        }
+        if self.named[i].is_some() {
+            self.tick += 1;
+            self.lru.insert(self.tick, p);
+            self.lru_key[i] = self.tick;
+        } else {
+            self.free.push(p);
+        }
+    }
+
+    /// The pages holding the longest named prefix of `blocks`, each
+    /// verified against its content and its predecessor.
+    fn lookup(&self, blocks: &[Block]) -> Vec<PageId> {
+        let mut found = Vec::new();
+        let mut parent: Option<(PageId, u32)> = None;
+        for b in blocks {
+            let Some(&p) = self.by_hash.get(&b.hash) else { break };
+            let Some(named) = &self.named[p as usize] else { break };
+            if named.block.content != b.content || named.parent != parent {
+                break; // a hash collision, or another chain's page: a miss
+            }
+            found.push(p);
+            parent = Some((p, self.generation[p as usize]));
+        }
+        found
+    }
+
+    fn log(&mut self, stored: Vec<u64>, evicted: Vec<u64>) {
+        self.last_seq += 1;
+        self.event_hashes += stored.len() + evicted.len();
+        self.events.push_back(KvEvent { seq: self.last_seq, stored, evicted });
+        while self.event_hashes > EVENT_LOG_HASHES && self.events.len() > 1 {
+            if let Some(old) = self.events.pop_front() {
+                self.event_hashes -= old.stored.len() + old.evicted.len();
+            }
+        }
+    }
 }
 
 /// The allocator; share it as `Arc<KvAllocator>`.
@@ -81,11 +257,13 @@ pub struct KvAllocator {
     page_tokens: u32,
     low: u32,
     high: u32,
+    prefix_cache: bool,
 }
 
 /// A consistent view of the allocator.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KvSnapshot {
+    /// Pages an allocation may take: free plus cached ones no sequence holds.
     pub free: u32,
     pub total: u32,
     pub admitting: bool,
@@ -94,6 +272,13 @@ pub struct KvSnapshot {
     pub page_tokens: u32,
     /// The low watermark, in pages.
     pub low_pages: u32,
+    /// Named pages (the prefix cache), held or not.
+    pub cached_pages: u32,
+    /// Of those, pages no sequence holds (evictable; counted in `free`).
+    pub cached_free_pages: u32,
+    /// Prompt tokens looked up in the cache so far, and found there.
+    pub looked_up_tokens: u64,
+    pub hit_tokens: u64,
 }
 
 impl KvAllocator {
@@ -102,19 +287,38 @@ impl KvAllocator {
         let frac = |f: f64| ((f.clamp(0.0, 1.0) * f64::from(total)).ceil() as u32).min(total);
         let low = frac(cfg.low_watermark);
         let high = frac(cfg.high_watermark).max(low);
+        let n = total as usize;
         // Reversed so page 0 is handed out first: easier to read in dumps.
         let free = (0..total).rev().collect();
         Arc::new(Self {
-            inner: Mutex::new(Inner { free, admitting: true, last_sample: None, slope: 0.0 }),
+            inner: Mutex::new(Inner {
+                free,
+                refs: vec![0; n],
+                named: (0..n).map(|_| None).collect(),
+                generation: vec![0; n],
+                by_hash: HashMap::new(),
+                lru: BTreeMap::new(),
+                lru_key: vec![0; n],
+                tick: 0,
+                events: VecDeque::new(),
+                event_hashes: 0,
+                last_seq: 0,
+                looked_up_tokens: 0,
+                hit_tokens: 0,
+                admitting: true,
+                last_sample: None,
+                slope: 0.0,
+            }),
             total,
             page_tokens: cfg.page_tokens.max(1),
             low,
             high,
+            prefix_cache: cfg.prefix_cache,
         })
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // Every critical section leaves the free list consistent.
+        // Every critical section leaves the pages consistent.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -123,64 +327,91 @@ impl KvAllocator {
         self.total
     }
 
+    /// Tokens per page.
+    pub fn page_tokens(&self) -> u32 {
+        self.page_tokens
+    }
+
+    /// Whether finished prompts' pages are kept for reuse.
+    pub fn prefix_cache(&self) -> bool {
+        self.prefix_cache
+    }
+
     /// Pages needed to hold `tokens` tokens.
     pub fn pages_for(&self, tokens: u64) -> u32 {
         u32::try_from(tokens.div_ceil(u64::from(self.page_tokens))).unwrap_or(u32::MAX)
     }
 
-    /// Admits a sequence expected to need `tokens` tokens of cache, or
-    /// refuses it with a typed reason.
-    pub fn admit(self: &Arc<Self>, tokens: u64) -> Result<PageSet, KvRefusal> {
+    /// Admits a sequence expected to need `tokens` tokens of cache, sharing
+    /// the longest cached prefix of `reuse` (the prompt's blocks that may
+    /// be reused), or refuses it with a typed reason.
+    pub fn admit(self: &Arc<Self>, tokens: u64, reuse: &[Block]) -> Result<PageSet, KvRefusal> {
         let need = self.pages_for(tokens);
         if need > self.total {
             return Err(KvRefusal::TooLarge { need, total: self.total });
         }
         let mut inner = self.lock();
-        let free = inner.free.len() as u32;
-        if free >= self.high {
+        let shared = self.lookup(&mut inner, reuse, need);
+        let in_pool = shared.iter().filter(|p| inner.lru_key[**p as usize] != 0).count() as u32;
+        let fresh = need - shared.len() as u32;
+        let free = inner.available() - in_pool;
+        if free + in_pool >= self.high {
             inner.admitting = true;
         }
-        if !inner.admitting || free < need + self.low {
+        if !inner.admitting || free < fresh + self.low {
             // Close admission only when the cache is genuinely running low,
             // not because one request is too big for the headroom.
-            if free < self.high {
+            if free + in_pool < self.high {
                 inner.admitting = false;
             }
-            return Err(KvRefusal::LowWatermark { need, free, low: self.low });
+            return Err(KvRefusal::LowWatermark { need: fresh, free, low: self.low });
         }
-        let at = inner.free.len() - need as usize;
-        let pages = inner.free.split_off(at);
-        drop(inner);
-        Ok(PageSet { alloc: Arc::clone(self), pages })
+        Ok(self.grant(&mut inner, shared, fresh))
     }
 
     /// Pages for already-admitted work returning after preemption: ignores
     /// the watermarks, fails only when the cache cannot hold `tokens`.
-    pub fn admit_running(self: &Arc<Self>, tokens: u64) -> Result<PageSet, KvExhausted> {
-        let need = self.pages_for(tokens) as usize;
+    pub fn admit_running(self: &Arc<Self>, tokens: u64, reuse: &[Block]) -> Result<PageSet, KvExhausted> {
+        let need = self.pages_for(tokens);
         let mut inner = self.lock();
-        if need > inner.free.len() {
+        let shared = self.lookup(&mut inner, reuse, need);
+        let in_pool = shared.iter().filter(|p| inner.lru_key[**p as usize] != 0).count() as u32;
+        let fresh = need - shared.len() as u32;
+        if fresh > inner.available() - in_pool {
             return Err(KvExhausted);
         }
-        let at = inner.free.len() - need;
-        let pages = inner.free.split_off(at);
-        drop(inner);
-        Ok(PageSet { alloc: Arc::clone(self), pages })
+        Ok(self.grant(&mut inner, shared, fresh))
     }
 
-    fn release(&self, pages: &mut Vec<PageId>) {
-        let mut inner = self.lock();
-        inner.free.append(pages);
-        if !inner.admitting && inner.free.len() as u32 >= self.high {
-            inner.admitting = true;
+    /// The cached prefix of `reuse` (at most `need` pages), counted in the
+    /// hit rate.
+    fn lookup(&self, inner: &mut Inner, reuse: &[Block], need: u32) -> Vec<PageId> {
+        if !self.prefix_cache || reuse.is_empty() {
+            return Vec::new();
         }
+        let mut shared = inner.lookup(reuse);
+        shared.truncate(need as usize);
+        let tokens = |n: usize| n as u64 * u64::from(self.page_tokens);
+        inner.looked_up_tokens += tokens(reuse.len());
+        inner.hit_tokens += tokens(shared.len());
+        shared
+    }
+
+    fn grant(self: &Arc<Self>, inner: &mut Inner, shared: Vec<PageId>, fresh: u32) -> PageSet {
+        let cached = shared.len() as u32;
+        let mut pages = shared;
+        for &p in &pages {
+            inner.hold(p);
+        }
+        inner.take(fresh as usize, &mut pages);
+        PageSet { alloc: Arc::clone(self), pages, cached, committed: false }
     }
 
     /// Records the pages in use at `now_secs` (any monotonic clock, in
     /// seconds) and updates the consumption slope. Time is a parameter.
     pub fn sample(&self, now_secs: f64) {
         let mut inner = self.lock();
-        let used = self.total - inner.free.len() as u32;
+        let used = self.total - inner.available();
         if let Some((t, u)) = inner.last_sample {
             let dt = now_secs - t;
             if dt <= 0.0 {
@@ -195,21 +426,46 @@ impl KvAllocator {
     pub fn snapshot(&self) -> KvSnapshot {
         let inner = self.lock();
         KvSnapshot {
-            free: inner.free.len() as u32,
+            free: inner.available(),
             total: self.total,
             admitting: inner.admitting,
             slope: inner.slope,
             page_tokens: self.page_tokens,
             low_pages: self.low,
+            cached_pages: inner.by_hash.len() as u32,
+            cached_free_pages: inner.lru.len() as u32,
+            looked_up_tokens: inner.looked_up_tokens,
+            hit_tokens: inner.hit_tokens,
         }
+    }
+
+    /// The events after `after` (at most `max` of them), or a snapshot of
+    /// every named block for a new reader (`after` 0) or one out of step
+    /// (some of those events are no longer kept, or `after` is ahead).
+    pub fn events_since(&self, after: u64, max: usize) -> KvEventsSince {
+        let inner = self.lock();
+        let first = inner.events.front().map_or(inner.last_seq + 1, |e| e.seq);
+        if after == 0 || after > inner.last_seq || after + 1 < first {
+            let mut hashes: Vec<u64> = inner.by_hash.keys().copied().collect();
+            hashes.sort_unstable();
+            return KvEventsSince::Snapshot { hashes, last_seq: inner.last_seq };
+        }
+        let skip = (after + 1 - first) as usize;
+        let events: Vec<KvEvent> = inner.events.iter().skip(skip).take(max.max(1)).cloned().collect();
+        let last_seq = events.last().map_or(after, |e| e.seq);
+        KvEventsSince::Events { more: last_seq < inner.last_seq, events, last_seq }
     }
 }
 
-/// The pages one sequence owns; all of them return to the free list on drop.
+/// The pages one sequence holds; dropping it releases every one.
 #[derive(Debug)]
 pub struct PageSet {
     alloc: Arc<KvAllocator>,
     pages: Vec<PageId>,
+    /// Leading pages found in the prefix cache at admission.
+    cached: u32,
+    /// [`PageSet::commit`] ran.
+    committed: bool,
 }
 
 impl PageSet {
@@ -222,17 +478,65 @@ impl PageSet {
         self.pages.len() as u64 * u64::from(self.alloc.page_tokens)
     }
 
+    /// Leading tokens whose K/V came from the prefix cache: prefill starts
+    /// after them.
+    pub fn cached_tokens(&self) -> u32 {
+        self.cached * self.alloc.page_tokens
+    }
+
+    /// Names the pages holding `blocks` (the prompt's full blocks, now
+    /// computed) so later prompts can share them; once per set. A block
+    /// already named on another page, or whose hash names different
+    /// content, stays private; the chain continues from the page that
+    /// holds the name, and stops at a collision.
+    pub fn commit(&mut self, blocks: &[Block]) {
+        if !self.alloc.prefix_cache || self.committed {
+            return;
+        }
+        self.committed = true;
+        let mut inner = self.alloc.lock();
+        let mut parent: Option<(PageId, u32)> = None;
+        let mut stored = Vec::new();
+        for (i, (b, &mine)) in blocks.iter().zip(&self.pages).enumerate() {
+            let holder = if i < self.cached as usize {
+                mine // shared at admission: named already
+            } else {
+                match inner.by_hash.get(&b.hash) {
+                    Some(&p) => {
+                        let same = inner.named[p as usize]
+                            .as_ref()
+                            .is_some_and(|n| n.block.content == b.content && n.parent == parent);
+                        if !same {
+                            break; // a collision or another chain: the rest stays private
+                        }
+                        p
+                    }
+                    None => {
+                        inner.named[mine as usize] = Some(Named { block: b.clone(), parent });
+                        inner.by_hash.insert(b.hash, mine);
+                        stored.push(b.hash);
+                        mine
+                    }
+                }
+            };
+            parent = Some((holder, inner.generation[holder as usize]));
+        }
+        if !stored.is_empty() {
+            inner.log(stored, Vec::new());
+        }
+    }
+
     /// Grows the set until it holds `tokens` tokens, `unit` pages at a time
-    /// (at least one). Ignores the watermarks; fails only when no page is free.
+    /// (at least one). Ignores the watermarks; fails only when no page is
+    /// free or evictable.
     pub fn ensure(&mut self, tokens: u64, unit: u32) -> Result<(), KvExhausted> {
         while self.capacity_tokens() < tokens {
             let mut inner = self.alloc.lock();
-            let n = (unit.max(1) as usize).min(inner.free.len());
+            let n = (unit.max(1) as usize).min(inner.available() as usize);
             if n == 0 {
                 return Err(KvExhausted);
             }
-            let at = inner.free.len() - n;
-            self.pages.extend(inner.free.drain(at..));
+            inner.take(n, &mut self.pages);
         }
         Ok(())
     }
@@ -240,7 +544,13 @@ impl PageSet {
 
 impl Drop for PageSet {
     fn drop(&mut self) {
-        self.alloc.release(&mut self.pages);
+        let mut inner = self.alloc.lock();
+        for &p in &self.pages {
+            inner.release(p);
+        }
+        if !inner.admitting && inner.available() >= self.alloc.high {
+            inner.admitting = true;
+        }
     }
 }
 
@@ -254,14 +564,15 @@ mod tests {
             page_tokens: 16,
             low_watermark: low,
             high_watermark: high,
+            prefix_cache: true,
         })
     }
 
     #[test]
     fn admission_reserves_pages_and_drop_returns_them() {
         let a = alloc(10, 0.0, 0.0);
-        let mut s = a.admit(40).unwrap(); // 3 pages
-        assert_eq!(s.pages(), &[2, 1, 0]);
+        let mut s = a.admit(40, &[]).unwrap(); // 3 pages
+        assert_eq!(s.pages(), &[0, 1, 2]);
         assert_eq!(a.snapshot().free, 7);
         s.ensure(16 * 5, 1).unwrap();
         assert_eq!(s.pages().len(), 5);
@@ -272,28 +583,28 @@ mod tests {
     #[test]
     fn low_watermark_refuses_with_a_typed_reason_and_high_reopens() {
         let a = alloc(100, 0.10, 0.30); // low 10 pages, high 30 pages
-        let big = a.admit(16 * 85).unwrap(); // 15 free left
-        let err = a.admit(16 * 6).unwrap_err(); // would leave 9 < 10
+        let big = a.admit(16 * 85, &[]).unwrap(); // 15 free left
+        let err = a.admit(16 * 6, &[]).unwrap_err(); // would leave 9 < 10
         assert_eq!(err, KvRefusal::LowWatermark { need: 6, free: 15, low: 10 });
         assert_eq!(err.code(), "kv_low_watermark");
         assert!(!a.snapshot().admitting);
         // Hysteresis: even a request that would fit waits for the high watermark.
-        assert!(a.admit(16).is_err());
+        assert!(a.admit(16, &[]).is_err());
         drop(big);
         assert!(a.snapshot().admitting);
-        assert!(a.admit(16).is_ok());
-        assert_eq!(a.admit(16 * 101).unwrap_err().code(), "kv_request_too_large");
+        assert!(a.admit(16, &[]).is_ok());
+        assert_eq!(a.admit(16 * 101, &[]).unwrap_err().code(), "kv_request_too_large");
         // One request too big for the headroom does not close admission.
         let b = alloc(100, 0.10, 0.30);
-        assert!(b.admit(16 * 95).is_err());
+        assert!(b.admit(16 * 95, &[]).is_err());
         assert!(b.snapshot().admitting);
-        assert!(b.admit(16).is_ok());
+        assert!(b.admit(16, &[]).is_ok());
     }
 
     #[test]
     fn running_sequences_may_extend_below_the_low_watermark_until_exhausted() {
         let a = alloc(10, 0.5, 0.5);
-        let mut s = a.admit(16 * 5).unwrap(); // leaves 5 = low
+        let mut s = a.admit(16 * 5, &[]).unwrap(); // leaves 5 = low
         s.ensure(16 * 10, 2).unwrap();
         assert_eq!(a.snapshot().free, 0);
         assert_eq!(s.ensure(16 * 11, 1), Err(KvExhausted));
@@ -303,7 +614,7 @@ mod tests {
     fn slope_follows_consumption_over_time_given_as_a_parameter() {
         let a = alloc(1000, 0.0, 0.0);
         a.sample(0.0);
-        let _s = a.admit(16 * 100).unwrap();
+        let _s = a.admit(16 * 100, &[]).unwrap();
         a.sample(1.0);
         assert!((a.snapshot().slope - 30.0).abs() < 1e-9, "{}", a.snapshot().slope);
     }
@@ -319,20 +630,74 @@ mod tests {
         }
     }
 
-    /// Property: under random interleavings of admit, extend, cancel and
-    /// preempt, every page is owned by exactly one sequence or the free
-    /// list, and everything returns when all sequences end.
+    fn block(hash: u64, content: &str) -> Block {
+        Block { hash, content: content.into() }
+    }
+
+    /// `n` blocks of the prompt family `tag` (one character; real chained
+    /// hashes): words of exactly one token.
+    fn prompt(tag: char, n: usize) -> Vec<Block> {
+        let text: Vec<String> = (0..n * 16).map(|i| format!("{tag}{i:03x}")).collect();
+        let blocks = policies::prefix::blocks(&text.join(" "), 16);
+        assert_eq!(blocks.len(), n);
+        blocks
+    }
+
+    /// Each page is free, in the LRU pool, or held exactly `refs` times by
+    /// the live sets; named pages are exactly the indexed ones.
+    fn check(a: &KvAllocator, live: &[PageSet], at: &str) {
+        let inner = a.lock();
+        let total = a.total as usize;
+        let mut held = vec![0u32; total];
+        for p in live.iter().flat_map(|s| s.pages()) {
+            held[*p as usize] += 1;
+        }
+        for (p, &held) in held.iter().enumerate() {
+            let in_free = inner.free.iter().filter(|x| **x as usize == p).count();
+            let in_lru = usize::from(inner.lru_key[p] != 0);
+            assert_eq!(inner.refs[p], held, "{at}: page {p}'s count");
+            match held {
+                0 => assert_eq!(in_free + in_lru, 1, "{at}: unheld page {p} is free or cached, once"),
+                _ => assert_eq!(in_free + in_lru, 0, "{at}: held page {p} is neither free nor cached"),
+            }
+            assert_eq!(in_lru == 1, inner.named[p].is_some() && held == 0, "{at}: page {p}'s pool");
+        }
+        assert_eq!(inner.lru.len(), inner.lru_key.iter().filter(|k| **k != 0).count(), "{at}");
+        for (h, p) in &inner.by_hash {
+            assert_eq!(inner.named[*p as usize].as_ref().map(|n| n.block.hash), Some(*h), "{at}");
+        }
+    }
+
+    /// Property: under random interleavings of admit (with shared
+    /// prefixes), commit, extend, cancel and preempt, reference counts never
+    /// go negative or leak: every page is owned by its holders, the free
+    /// list or the cache pool, and everything is available again when all
+    /// sequences end.
     #[test]
     fn random_interleavings_never_double_free_or_leak() {
+        let families: Vec<Vec<Block>> = "abcd".chars().map(|f| prompt(f, 6)).collect();
         for seed in 1..=200u64 {
             let total = 64;
             let a = alloc(total, 0.1, 0.25);
             let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             let mut live: Vec<PageSet> = Vec::new();
-            for _ in 0..300 {
-                match rng.below(4) {
+            for step in 0..300 {
+                match rng.below(5) {
                     0 => {
-                        if let Ok(s) = a.admit(rng.below(16 * 12) + 1) {
+                        let fam = &families[rng.below(4) as usize];
+                        let reuse = &fam[..rng.below(6) as usize];
+                        let running = rng.below(3) == 0;
+                        let tokens = rng.below(16 * 12) + 1;
+                        let got = if running {
+                            a.admit_running(tokens, reuse).ok()
+                        } else {
+                            a.admit(tokens, reuse).ok()
+                        };
+                        if let Some(mut s) = got {
+                            assert!(s.cached_tokens() as usize <= reuse.len() * 16);
+                            if rng.below(2) == 0 {
+                                s.commit(fam); // prefilled
+                            }
                             live.push(s);
                         }
                     }
@@ -348,16 +713,135 @@ mod tests {
                     }
                     _ => {}
                 }
-                let mut seen = vec![0u8; total as usize];
-                for p in a.lock().free.iter().chain(live.iter().flat_map(|s| s.pages())) {
-                    seen[*p as usize] += 1;
-                }
-                assert!(seen.iter().all(|&c| c == 1), "seed {seed}: a page is lost or owned twice");
+                check(&a, &live, &format!("seed {seed} step {step}"));
             }
             live.clear();
+            check(&a, &live, &format!("seed {seed} end"));
             let snap = a.snapshot();
             assert_eq!(snap.free, total, "seed {seed}: pages leaked");
             assert!(snap.admitting, "seed {seed}: admission reopens once everything is free");
         }
+    }
+
+    #[test]
+    fn a_finished_prompt_is_shared_by_the_next_and_kept_until_evicted() {
+        let a = alloc(16, 0.0, 0.0);
+        let p = prompt('s', 4); // 64 tokens
+        let mut first = a.admit(64 + 16, &p[..3]).unwrap();
+        assert_eq!(first.cached_tokens(), 0, "nothing cached yet");
+        first.commit(&p);
+        // While the first runs, a second shares its 3 reusable pages.
+        let second = a.admit(64 + 16, &p[..3]).unwrap();
+        assert_eq!(second.cached_tokens(), 48);
+        assert_eq!(second.pages()[..3], first.pages()[..3]);
+        assert_ne!(second.pages()[3], first.pages()[3], "the last prompt page is computed again");
+        let firsts: Vec<PageId> = first.pages().to_vec();
+        drop(first);
+        drop(second);
+        let snap = a.snapshot();
+        assert_eq!((snap.free, snap.cached_pages, snap.cached_free_pages), (16, 4, 4), "{snap:?}");
+        assert_eq!((snap.looked_up_tokens, snap.hit_tokens), (96, 48));
+        // Cached-but-free pages count as free: a request for all 16 pages is
+        // admitted and evicts them, oldest first.
+        let all = a.admit(16 * 16, &[]).unwrap();
+        assert_eq!(a.snapshot().cached_pages, 0);
+        drop(all);
+        let again = a.admit(64, &p[..3]).unwrap();
+        assert_eq!(again.cached_tokens(), 0, "evicted");
+        let _ = firsts;
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_used_and_never_a_page_in_use() {
+        let a = alloc(8, 0.0, 0.0);
+        let (x, y) = (prompt('x', 2), prompt('y', 2));
+        let mut sx = a.admit(32, &[]).unwrap();
+        sx.commit(&x);
+        let mut sy = a.admit(32, &[]).unwrap();
+        sy.commit(&y);
+        drop(sx); // x's pages go to the pool first: oldest
+                  // y is still held: an allocation of 6 takes 4 free + x's 2, never y's.
+        let big = a.admit(16 * 6, &[]).unwrap();
+        assert!(big.pages().iter().all(|p| !sy.pages().contains(p)));
+        assert_eq!(a.admit(16, &[]).unwrap_err().code(), "kv_low_watermark", "nothing left");
+        drop(big);
+        assert_eq!(a.admit(32, &y[..2]).unwrap().cached_tokens(), 32, "y survived");
+        assert_eq!(a.admit(32, &x[..2]).unwrap().cached_tokens(), 0, "x was evicted");
+        let evicted: Vec<u64> = match a.events_since(1, 100) {
+            KvEventsSince::Events { events, .. } => events.iter().flat_map(|e| e.evicted.clone()).collect(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(evicted, vec![x[0].hash, x[1].hash]);
+    }
+
+    #[test]
+    fn a_hash_match_is_verified_against_the_content_and_the_chain() {
+        let a = alloc(16, 0.0, 0.0);
+        let mut s = a.admit(48, &[]).unwrap();
+        s.commit(&[block(1, "a"), block(2, "b"), block(3, "c")]);
+        // Same hash, other content (a collision): a miss, never a wrong page.
+        assert_eq!(a.admit(48, &[block(1, "a"), block(2, "B")]).unwrap().cached_tokens(), 16);
+        assert_eq!(a.admit(48, &[block(1, "A")]).unwrap().cached_tokens(), 0);
+        // A known block behind another first block is another chain: a miss.
+        assert_eq!(a.admit(48, &[block(9, "z"), block(2, "b")]).unwrap().cached_tokens(), 0);
+        assert_eq!(a.admit(48, &[block(1, "a"), block(2, "b")]).unwrap().cached_tokens(), 32);
+        // A colliding block is not named over the one cached; the rest of
+        // its chain stays private.
+        let mut t = a.admit(48, &[]).unwrap();
+        t.commit(&[block(1, "a"), block(2, "X"), block(4, "d")]);
+        assert_eq!(a.snapshot().cached_pages, 3);
+        assert_eq!(a.admit(48, &[block(1, "a"), block(2, "b"), block(3, "c")]).unwrap().cached_tokens(), 48);
+        drop((s, t));
+    }
+
+    #[test]
+    fn events_are_numbered_and_a_reader_past_the_log_gets_a_snapshot() {
+        let a = alloc(64, 0.0, 0.0);
+        for i in 0..3u64 {
+            let mut s = a.admit(32, &[]).unwrap();
+            s.commit(&[block(10 * i + 1, "p"), block(10 * i + 2, "q")]);
+        }
+        // A new reader starts from a snapshot, then reads events.
+        assert!(matches!(a.events_since(0, 2), KvEventsSince::Snapshot { last_seq: 3, .. }));
+        let last = match a.events_since(1, 1) {
+            KvEventsSince::Events { events, last_seq, more } => {
+                assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![2]);
+                assert_eq!(events[0].stored, vec![11, 12]);
+                assert!(more);
+                last_seq
+            }
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            matches!(a.events_since(last, 10), KvEventsSince::Events { ref events, more: false, .. } if events.len() == 1)
+        );
+        // A reader ahead of the log (the engine restarted) resynchronises.
+        match a.events_since(99, 10) {
+            KvEventsSince::Snapshot { hashes, last_seq } => {
+                assert_eq!(hashes, vec![1, 2, 11, 12, 21, 22]);
+                assert_eq!(last_seq, 3);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The log is bounded; a reader behind it gets a snapshot too.
+        let mut s = a.admit(16, &[]).unwrap();
+        for i in 0..=(EVENT_LOG_HASHES as u64) {
+            let mut inner = a.lock();
+            inner.log(vec![1000 + i], Vec::new());
+        }
+        s.commit(&[]);
+        assert!(a.lock().event_hashes <= EVENT_LOG_HASHES);
+        assert!(matches!(a.events_since(1, 10), KvEventsSince::Snapshot { .. }));
+    }
+
+    #[test]
+    fn with_the_cache_off_nothing_is_named_or_shared() {
+        let a = KvAllocator::new(KvConfig { total_pages: 8, prefix_cache: false, ..KvConfig::default() });
+        let p = prompt('o', 2);
+        let mut s = a.admit(32, &p).unwrap();
+        s.commit(&p);
+        drop(s);
+        assert_eq!(a.admit(32, &p).unwrap().cached_tokens(), 0);
+        assert_eq!(a.snapshot().cached_pages, 0);
     }
 }

@@ -78,6 +78,9 @@ pub struct Engine {
     /// Origin of the times fed to the KV slope (the allocator takes time as
     /// a parameter).
     started: Instant,
+    /// Names this process in its KV events (start time in microseconds
+    /// and the process id): a gateway that sees it change resynchronises.
+    epoch: u64,
     cold_start: std::sync::OnceLock<Duration>,
 }
 
@@ -122,7 +125,36 @@ impl Engine {
             cold_start_ms: self.cold_start.get().map_or(0.0, |d| d.as_secs_f64() * 1e3),
             kv_page_tokens: kv.page_tokens,
             kv_low_watermark_pages: kv.low_pages,
+            prefix_cached_pages: kv.cached_pages,
+            prefix_lookup_tokens: kv.looked_up_tokens,
+            prefix_hit_tokens: kv.hit_tokens,
         }
+    }
+
+    /// The prefix cache's events after `after` (see [`api::KvEvents`]).
+    pub fn kv_events(&self, after: u64) -> api::KvEvents {
+        let mut out = api::KvEvents {
+            engine_id: self.id.clone(),
+            epoch: self.epoch,
+            page_tokens: self.kv.page_tokens(),
+            last_seq: 0,
+            more: false,
+            events: Vec::new(),
+            snapshot: None,
+        };
+        match self.kv.events_since(after, api::KV_EVENTS_MAX) {
+            kv::KvEventsSince::Events { events, last_seq, more } => {
+                out.events = events
+                    .into_iter()
+                    .map(|e| api::KvEvent { seq: e.seq, stored: e.stored, evicted: e.evicted })
+                    .collect();
+                (out.last_seq, out.more) = (last_seq, more);
+            }
+            kv::KvEventsSince::Snapshot { hashes, last_seq } => {
+                (out.snapshot, out.last_seq) = (Some(hashes), last_seq);
+            }
+        }
+        out
     }
 }
 
@@ -240,6 +272,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
         ready: AtomicBool::new(false),
         draining: AtomicBool::new(false),
         started: crate::clock::now(),
+        epoch: ((crate::clock::unix_s() * 1e6) as u64) ^ (u64::from(std::process::id()) << 48),
         cold_start: std::sync::OnceLock::new(),
     }))
 }

@@ -9,6 +9,10 @@
 //! - `engine_preemptions_total` (counter)
 //! - `engine_refusals_total{reason}` (counter): `kv_low_watermark`,
 //!   `kv_request_too_large`, `engine_draining`, ...
+//! - `engine_prefix_lookup_tokens_total`, `engine_prefix_hit_tokens_total`
+//!   (counters): prompt tokens prefilled, and of those found in the prefix
+//!   cache (hit rate = hit / lookup)
+//! - `engine_prefix_cached_pages` (gauge): pages the prefix cache names
 //! - `engine_cold_start_seconds` (gauge)
 //! - `engine_running_sequences`, `engine_queued_sequences` (gauges)
 //! - `engine_video_batch_size` (histogram): chunks per coalesced video batch
@@ -28,6 +32,9 @@ pub const KV_FREE: &str = "engine_kv_pages_free";
 pub const KV_TOTAL: &str = "engine_kv_pages_total";
 pub const PREEMPTIONS: &str = "engine_preemptions_total";
 pub const REFUSALS: &str = "engine_refusals_total";
+pub const PREFIX_LOOKUP_TOKENS: &str = "engine_prefix_lookup_tokens_total";
+pub const PREFIX_HIT_TOKENS: &str = "engine_prefix_hit_tokens_total";
+pub const PREFIX_CACHED_PAGES: &str = "engine_prefix_cached_pages";
 pub const COLD_START: &str = "engine_cold_start_seconds";
 pub const RUNNING: &str = "engine_running_sequences";
 pub const QUEUED: &str = "engine_queued_sequences";

@@ -230,7 +230,7 @@ fn step<B: Backend>(backend: &mut B, probes: &mut [Probe<B::Seq>], decode: bool)
     let t0 = crate::clock::now();
     let mut slots: Vec<Slot<'_, B::Seq>> = probes
         .iter_mut()
-        .map(|p| Slot { context: p.context, pages: p.pages.pages(), seq: &mut p.seq, out: None })
+        .map(|p| Slot { context: p.context, cached: 0, pages: p.pages.pages(), seq: &mut p.seq, out: None })
         .collect();
     let device = if decode { backend.decode(&mut slots) } else { backend.prefill(&mut slots) };
     let ended = slots.iter().any(|s| s.out == Some(Token::End));
@@ -261,7 +261,7 @@ fn measure<B: Backend>(
     };
     let new_probe = |backend: &mut B, prompt: u32, room: u32| -> Result<Probe<B::Seq>, ProfileError> {
         let pages = kv
-            .admit_running(u64::from(prompt + room))
+            .admit_running(u64::from(prompt + room), &[])
             .map_err(|_| ProfileError::KvTooSmall(kv.total_pages()))?;
         Ok(Probe { seq: backend.start(&request(prompt), prompt), pages, context: prompt })
     };

@@ -102,6 +102,15 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
     let resp = match (req.method(), req.uri().path()) {
         (&Method::POST, api::GENERATE_PATH) => generate_route(engine, req).await,
         (&Method::GET, api::LOAD_PATH) => json(StatusCode::OK, &engine.load_report().await),
+        (&Method::GET, api::KV_EVENTS_PATH) => {
+            let after = req
+                .uri()
+                .query()
+                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("after=")))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            json(StatusCode::OK, &engine.kv_events(after))
+        }
         (&Method::GET, api::PROFILE_PATH) => Response::builder()
             .header(header::CONTENT_TYPE, "application/toml")
             .body(Either::Left(Full::new(Bytes::from(engine.profile_toml.clone()))))
@@ -119,6 +128,7 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
         (&Method::GET, "/metrics") => {
             let kv = engine.kv.snapshot();
             ::metrics::gauge!(crate::metrics::KV_FREE).set(f64::from(kv.free));
+            ::metrics::gauge!(crate::metrics::PREFIX_CACHED_PAGES).set(f64::from(kv.cached_pages));
             let text = crate::metrics::handle().render();
             Response::builder()
                 .header(header::CONTENT_TYPE, "text/plain; version=0.0.4")

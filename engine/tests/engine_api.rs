@@ -42,8 +42,13 @@ fn rand_suffix() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
 }
 
+/// A request of `prompt_words` tokens whose prompt shares no prefix with
+/// any other this process sends (the prefix cache stays out of the counts).
 fn generate(prompt_words: usize, max_tokens: u32) -> String {
-    serde_json::json!({"request_id": "r", "model": "m", "prompt": "word ".repeat(prompt_words), "max_tokens": max_tokens})
+    static CALLS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+    let tag = (b'a' + CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 26) as char;
+    let prompt: String = (0..prompt_words).map(|i| format!("{tag}{i:03x} ")).collect();
+    serde_json::json!({"request_id": "r", "model": "m", "prompt": prompt, "max_tokens": max_tokens})
         .to_string()
 }
 
@@ -233,4 +238,67 @@ async fn a_non_loopback_listener_without_a_token_is_refused_at_start() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("without an API token"), "{stderr}");
+}
+
+async fn kv_events(e: &Engine, after: u64) -> engine::api::KvEvents {
+    let path = format!("/engine/v1/kv-events?after={after}");
+    serde_json::from_slice(&body_bytes(e.conn.get(&path, None).await.unwrap()).await.unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn kv_events_name_each_prefilled_block_and_a_reader_out_of_step_gets_a_snapshot() {
+    let e = start(&["--page-tokens", "16", "--kv-output-reserve", "0"]).await;
+    // A new reader starts from a snapshot: nothing is cached yet.
+    let first = kv_events(&e, 0).await;
+    assert_eq!((first.snapshot.as_deref(), first.last_seq, first.page_tokens), (Some(&[][..]), 0, 16));
+    // 40 one-token words: two full blocks are named once prefilled.
+    let prompt = |tag: char| -> String { (0..40).map(|i| format!("{tag}{i:03} ")).collect() };
+    let run = |p: String| {
+        let body =
+            serde_json::json!({"request_id": "r", "model": "m", "prompt": p, "max_tokens": 1}).to_string();
+        let e = &e;
+        async move {
+            let resp = e.conn.post_json("/engine/v1/generate", None, body).await.unwrap();
+            String::from_utf8(body_bytes(resp).await.unwrap().to_vec()).unwrap()
+        }
+    };
+    let (a, b) =
+        (policies::prefix::block_hashes(&prompt('a'), 16), policies::prefix::block_hashes(&prompt('b'), 16));
+    run(prompt('a')).await;
+    let snap = kv_events(&e, 0).await;
+    assert_eq!(
+        (snap.snapshot.as_deref(), snap.last_seq),
+        (
+            Some(
+                &{
+                    let mut s = a.clone();
+                    s.sort();
+                    s
+                }[..]
+            ),
+            1
+        )
+    );
+    run(prompt('b')).await;
+    let next = kv_events(&e, snap.last_seq).await;
+    assert_eq!(next.snapshot, None);
+    assert_eq!(next.events.len(), 1, "{next:?}");
+    assert_eq!(next.events[0].stored, b, "the engine and the gateway hash blocks alike");
+    assert_eq!((next.events[0].seq, next.last_seq, next.more), (2, 2, false));
+    // Up to date: an empty batch. Ahead of the engine (it restarted): a snapshot.
+    assert!(kv_events(&e, 2).await.events.is_empty());
+    let resync = kv_events(&e, 7).await;
+    let mut all = [a, b].concat();
+    all.sort();
+    assert_eq!((resync.snapshot, resync.last_seq), (Some(all), 2));
+    assert_eq!(resync.epoch, first.epoch);
+    // The same prompt again finds both blocks, as the load report counts.
+    let text = run(prompt('a')).await;
+    assert!(text.contains("\"cached_tokens\":32"), "{text}");
+    let l = load(&e).await;
+    assert_eq!(
+        (l["prefix_cached_pages"].as_u64(), l["prefix_hit_tokens"].as_u64()),
+        (Some(4), Some(32)),
+        "{l}"
+    );
 }

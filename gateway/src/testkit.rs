@@ -112,6 +112,7 @@ pub fn done(completion_tokens: u32) -> Event {
         usage: engine_api::Usage { prompt_tokens: 8, completion_tokens },
         queue_ms: 0.0,
         prefill_ms: 1.0,
+        cached_tokens: 0,
     }
 }
 

@@ -269,6 +269,7 @@ impl SseDecoder {
             usage,
             queue_ms: 0.0,
             prefill_ms: self.prefill_ms,
+            cached_tokens: 0,
         });
         self.ended = true;
     }

@@ -24,21 +24,50 @@ use std::collections::{HashMap, VecDeque};
 /// Hashes of a prompt's full blocks, each chained on its predecessor. A
 /// trailing partial block has no hash (it cannot be shared as a page).
 pub fn block_hashes(text: &str, block_tokens: u32) -> Vec<u64> {
-    let block = block_tokens.max(1) as usize;
     let mut hashes = Vec::new();
+    walk(text, block_tokens, |h, _| hashes.push(h));
+    hashes
+}
+
+/// One full block of a prompt as an engine's cache keeps it: the chained
+/// hash, and the exact content a hash match is verified against before a
+/// page is reused (its token pieces, each followed by a unit separator).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Block {
+    pub hash: u64,
+    pub content: Box<str>,
+}
+
+/// The full blocks of a prompt with their content ([`block_hashes`] with
+/// what each hash stands for).
+pub fn blocks(text: &str, block_tokens: u32) -> Vec<Block> {
+    let mut out = Vec::new();
+    walk(text, block_tokens, |hash, pieces| {
+        let mut content = String::with_capacity(pieces.iter().map(|p| p.len() + 1).sum());
+        for p in pieces {
+            content.push_str(p);
+            content.push('\u{1f}');
+        }
+        out.push(Block { hash, content: content.into() });
+    });
+    out
+}
+
+/// Calls `on_block(hash, pieces)` for each full block of `text`.
+fn walk<'a>(text: &'a str, block_tokens: u32, mut on_block: impl FnMut(u64, &[&'a str])) {
+    let block = block_tokens.max(1) as usize;
+    let mut pieces_of_block: Vec<&str> = Vec::with_capacity(block);
     let mut h = FNV_OFFSET;
-    let mut in_block = 0;
     for piece in pieces(text) {
         h = fnv(h, piece.as_bytes());
         h = fnv(h, &[0xff]); // a piece boundary ("ab"+"c" is not "a"+"bc")
-        in_block += 1;
-        if in_block == block {
-            hashes.push(h);
+        pieces_of_block.push(piece);
+        if pieces_of_block.len() == block {
+            on_block(h, &pieces_of_block);
             h = fnv(FNV_OFFSET, &h.to_le_bytes()); // the next block chains on this one
-            in_block = 0;
+            pieces_of_block.clear();
         }
     }
-    hashes
 }
 
 /// The token pieces of `text` as [`crate::tokens::count`] counts them: each

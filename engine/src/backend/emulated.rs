@@ -31,7 +31,8 @@ impl Backend for Emulated {
     }
 
     fn prefill(&mut self, batch: &mut [Slot<'_, TextSource>]) -> Duration {
-        let tokens: u32 = batch.iter().map(|s| s.context).sum();
+        // Cached prefixes cost nothing: only the computed tokens are charged.
+        let tokens: u32 = batch.iter().map(|s| s.context - s.cached.min(s.context)).sum();
         for slot in batch.iter_mut() {
             slot.out = Some(slot.seq.next_token().map_or(Token::End, Token::Text));
         }

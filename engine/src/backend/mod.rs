@@ -104,6 +104,9 @@ pub struct Slot<'a, S> {
     pub pages: &'a [PageId],
     /// Tokens of context before this step (prompt + generated so far).
     pub context: u32,
+    /// Leading tokens of the context whose K/V the pages already hold (a
+    /// prefix shared from the cache): a prefill computes only the rest.
+    pub cached: u32,
     /// Set by the backend.
     pub out: Option<Token>,
 }
@@ -118,8 +121,9 @@ pub trait Backend: Send + 'static {
     /// Model state for a newly admitted sequence.
     fn start(&mut self, req: &GenerateRequest, prompt_tokens: u32) -> Self::Seq;
 
-    /// Prefills a batch (each slot's whole context) and produces each
-    /// sequence's next token. Returns the device time still to wait.
+    /// Prefills a batch (each slot's context after its cached prefix) and
+    /// produces each sequence's next token. Returns the device time still
+    /// to wait.
     fn prefill(&mut self, batch: &mut [Slot<'_, Self::Seq>]) -> Duration;
 
     /// One decode step for every slot. Returns the device time still to wait.

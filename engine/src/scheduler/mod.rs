@@ -27,6 +27,7 @@ use crate::api::{FinishReason, GenerateRequest};
 use crate::backend::{Backend, Slot, Token};
 use crate::kv::{KvAllocator, KvRefusal};
 use crate::metrics as m;
+use policies::prefix::Block;
 
 mod seq;
 use crate::stop::StopMatcher;
@@ -229,6 +230,10 @@ fn compute<B: Backend>(backend: &mut B, seqs: &mut [Seq<B::Seq>], phase: Phase) 
         .iter_mut()
         .map(|s| Slot {
             context: s.context(),
+            cached: match phase {
+                Phase::Prefill => s.cached(),
+                Phase::Decode => 0,
+            },
             pages: s.pages.as_ref().map_or(&[][..], |p| p.pages()),
             seq: &mut s.state,
             out: None,
@@ -331,7 +336,8 @@ impl<B: Backend> Core<B> {
             return Err(Refusal::Draining);
         }
         let reserve = self.cfg.output_reserve_tokens.min(req.max_tokens);
-        let pages = self.kv.admit(u64::from(prompt_tokens) + u64::from(reserve))?;
+        let (blocks, reusable) = self.blocks(&req.prompt, prompt_tokens);
+        let pages = self.kv.admit(u64::from(prompt_tokens) + u64::from(reserve), &blocks[..reusable])?;
         let state = self.backend.start(&req, prompt_tokens);
         let mut seq = Seq {
             id: {
@@ -354,6 +360,9 @@ impl<B: Backend> Core<B> {
             since_start: 0,
             queue_ms: 0.0,
             prefill_ms: 0.0,
+            blocks,
+            reusable,
+            cached_tokens: 0,
         };
         if req.max_tokens == 0 {
             seq.finish(FinishReason::Length);
@@ -361,6 +370,20 @@ impl<B: Backend> Core<B> {
             self.queue.push(seq);
         }
         Ok(())
+    }
+
+    /// A prompt's full blocks for the prefix cache (none when it is off),
+    /// and how many of them may be shared: those before the last token.
+    fn blocks(&self, prompt: &str, prompt_tokens: u32) -> (Vec<Block>, usize) {
+        if !self.kv.prefix_cache() {
+            return (Vec::new(), 0);
+        }
+        let page = self.kv.page_tokens();
+        let mut blocks = policies::prefix::blocks(prompt, page);
+        blocks.truncate((prompt_tokens / page) as usize);
+        let reusable = (prompt_tokens.saturating_sub(1) / page) as usize;
+        let reusable = reusable.min(blocks.len());
+        (blocks, reusable)
     }
 
     fn snapshot(&self) -> SchedSnapshot {
@@ -414,7 +437,10 @@ impl<B: Backend> Core<B> {
         ::metrics::histogram!(m::PREFILL_BATCH_SIZE).record(batch.len() as f64);
         for s in batch.iter_mut().filter(|s| s.generated == 0) {
             s.queue_ms = (started - s.enqueued_at).as_secs_f64() * 1e3;
+            s.cached_tokens = s.cached();
             ::metrics::histogram!(m::FORMATION).record(s.queue_ms / 1e3);
+            ::metrics::counter!(m::PREFIX_LOOKUP_TOKENS).increment(u64::from(s.prompt_tokens));
+            ::metrics::counter!(m::PREFIX_HIT_TOKENS).increment(u64::from(s.cached_tokens));
         }
         let (outs, device) = compute(&mut self.backend, &mut batch, Phase::Prefill);
         self.stats.prefilling = (batch.len() as u32, batch.iter().map(Seq::tokens).sum());
@@ -423,6 +449,10 @@ impl<B: Backend> Core<B> {
         let prefill_ms = (self.now() - started).as_secs_f64() * 1e3;
         ::metrics::histogram!(m::PREFILL).record(prefill_ms / 1e3);
         for (mut seq, out) in batch.into_iter().zip(outs) {
+            // The prompt's pages hold its K/V now: later prompts may share them.
+            if let Some(pages) = seq.pages.as_mut() {
+                pages.commit(&seq.blocks);
+            }
             if seq.generated == 0 {
                 seq.prefill_ms = prefill_ms;
             }
@@ -442,7 +472,8 @@ impl<B: Backend> Core<B> {
             .iter()
             .map(|s| Queued {
                 id: s.id,
-                prompt_tokens: s.context(),
+                // What the prefill will compute: the cached prefix is free.
+                prompt_tokens: s.context() - s.cached(),
                 key: s.key,
                 enqueued_at: s.enqueued_at,
                 ttft_budget: s.ttft_budget,
@@ -459,7 +490,7 @@ impl<B: Backend> Core<B> {
                 // only real exhaustion keeps it waiting. It needs room for
                 // its context and its next token.
                 let tokens = u64::from(seq.context()) + 1;
-                match self.kv.admit_running(tokens) {
+                match self.kv.admit_running(tokens, seq.reuse()) {
                     Ok(p) => seq.pages = Some(p),
                     Err(_) if self.kv.pages_for(tokens) > self.kv.total_pages() => {
                         seq.fail("kv_exhausted", "the sequence has outgrown the whole KV cache");

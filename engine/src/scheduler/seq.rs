@@ -10,6 +10,7 @@ use crate::api::{Event, FinishReason, Usage};
 use crate::backend::Token;
 use crate::kv::PageSet;
 use crate::stop::{Step, StopMatcher};
+use policies::prefix::Block;
 
 /// One admitted sequence.
 pub(super) struct Seq<S> {
@@ -28,11 +29,28 @@ pub(super) struct Seq<S> {
     pub(super) since_start: u32,
     pub(super) queue_ms: f64,
     pub(super) prefill_ms: f64,
+    /// The prompt's full blocks (named in the prefix cache once prefilled).
+    pub(super) blocks: Vec<Block>,
+    /// Leading blocks that may come from the cache: those before the
+    /// prompt's last token, which is always computed.
+    pub(super) reusable: usize,
+    /// Prompt tokens the first prefill found cached.
+    pub(super) cached_tokens: u32,
 }
 
 impl<S> Seq<S> {
     pub(super) fn context(&self) -> u32 {
         self.prompt_tokens + self.generated
+    }
+
+    /// The blocks admission may share from the cache.
+    pub(super) fn reuse(&self) -> &[Block] {
+        &self.blocks[..self.reusable]
+    }
+
+    /// Leading context tokens its pages hold already (a cached prefix).
+    pub(super) fn cached(&self) -> u32 {
+        self.pages.as_ref().map_or(0, PageSet::cached_tokens)
     }
 
     /// Prompt plus output budget: what the sequence may still cost.
@@ -78,6 +96,7 @@ impl<S> Seq<S> {
             usage,
             queue_ms: self.queue_ms,
             prefill_ms: self.prefill_ms,
+            cached_tokens: self.cached_tokens,
         });
         true
     }

@@ -28,6 +28,7 @@ fn sched(
         page_tokens,
         low_watermark: 0.0,
         high_watermark: 0.0,
+        prefix_cache: true,
     });
     let mut c = SchedulerConfig {
         limits: BatchLimits::default(),
@@ -187,4 +188,75 @@ async fn drain_refuses_new_work_and_resolves_when_in_flight_work_is_done() {
     let events = events.await.unwrap();
     assert!(matches!(events.last().unwrap().1, Event::Done { .. }));
     assert_eq!(drained.await.unwrap(), events.last().unwrap().0, "drain ends when the last sequence does");
+}
+
+/// Prefill 1 ms per token; decode as [`profile`].
+fn linear_prefill() -> LatencyProfile {
+    LatencyProfile::parse(
+        "t",
+        "model = \"m\"\nengine_class = \"t\"\n[prefill]\npoints = [[0, 0.0], [4096, 4096.0]]\n\
+         [decode]\nbatch_points = [[1, 10.0], [2, 12.0]]\n",
+    )
+    .unwrap()
+}
+
+/// The first token's virtual time and the done event's cached tokens.
+async fn first_token_and_cached(s: &Scheduler, prompt: &str) -> (Duration, u32) {
+    let t0 = tokio::time::Instant::now();
+    let (tx, rx) = mpsc::unbounded_channel();
+    s.enqueue(req(prompt, 2), policies::tokens::count(prompt), tx).await.unwrap();
+    let events = collect(rx, t0).await;
+    let cached = match events.last() {
+        Some((_, Event::Done { cached_tokens, .. })) => *cached_tokens,
+        other => panic!("{other:?}"),
+    };
+    (events[0].0, cached)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shared_prefix_is_charged_no_prefill_time_and_the_cache_off_charges_it_all() {
+    // 64 one-token words: 4 pages of 16. Each prompt adds one token.
+    let system: Vec<String> = (0..64).map(|i| format!("s{i:03}")).collect();
+    let system = system.join(" ");
+    for cache in [true, false] {
+        let kv = KvAllocator::new(KvConfig {
+            total_pages: 64,
+            page_tokens: 16,
+            low_watermark: 0.0,
+            high_watermark: 0.0,
+            prefix_cache: cache,
+        });
+        let cfg = SchedulerConfig {
+            limits: BatchLimits::default(),
+            profile: linear_prefill(),
+            output_reserve_tokens: 0,
+            extend_pages: 1,
+            default_ttft: Duration::from_secs(10),
+            max_preemptions: 2,
+            min_quantum_tokens: 2,
+        };
+        let s = Scheduler::spawn(Emulated { profile: linear_prefill() }, Arc::clone(&kv), cfg);
+        let first = first_token_and_cached(&s, &format!("{system} qone")).await;
+        assert_eq!(
+            first,
+            (Duration::from_millis(65), 0),
+            "cache {cache}: the first prompt is computed whole"
+        );
+        let second = first_token_and_cached(&s, &format!("{system} qtwo")).await;
+        if cache {
+            // 64 of 65 tokens found: one token of prefill.
+            assert_eq!(second, (Duration::from_millis(1), 64));
+            let snap = kv.snapshot();
+            assert_eq!((snap.cached_pages, snap.hit_tokens), (4, 64), "{snap:?}");
+        } else {
+            assert_eq!(second, (Duration::from_millis(65), 0));
+            assert_eq!(kv.snapshot().cached_pages, 0);
+        }
+        // A prompt that is exactly the cached prefix still computes its last token.
+        let same = first_token_and_cached(&s, &system).await;
+        assert_eq!(
+            same,
+            if cache { (Duration::from_millis(16), 48) } else { (Duration::from_millis(64), 0) }
+        );
+    }
 }

@@ -40,6 +40,7 @@ fn done(reason: FinishReason, prompt: u32, completion: u32) -> Event {
         usage: Usage { prompt_tokens: prompt, completion_tokens: completion },
         queue_ms: 0.0,
         prefill_ms: 0.0,
+        cached_tokens: 0,
     }
 }
 

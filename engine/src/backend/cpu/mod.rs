@@ -66,7 +66,10 @@ pub(crate) fn run_step<E: std::fmt::Display>(
         .filter(|(_, &ok)| ok)
         .map(|(s, _)| {
             let ctx = (s.context as usize).min(s.seq.tokens.len());
-            let start = if decode { ctx.saturating_sub(1) } else { 0 };
+            // A prefill starts after the cached prefix (never past the last
+            // token: it is what the next token is sampled from).
+            let start =
+                if decode { ctx.saturating_sub(1) } else { (s.cached as usize).min(ctx.saturating_sub(1)) };
             SeqInput { tokens: &s.seq.tokens[start..ctx], start, pages: s.pages }
         })
         .collect();

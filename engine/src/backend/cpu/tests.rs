@@ -43,7 +43,13 @@ fn start(cpu: &mut Cpu, prompt: &str, temperature: Option<f32>, pages: Vec<PageI
 fn step(cpu: &mut Cpu, mut ds: Vec<&mut Driven>, decode: bool) {
     let mut slots: Vec<Slot<'_, CpuSeq>> = ds
         .iter_mut()
-        .map(|d| Slot { context: d.seq.tokens.len() as u32, pages: &d.pages, seq: &mut d.seq, out: None })
+        .map(|d| Slot {
+            context: d.seq.tokens.len() as u32,
+            cached: 0,
+            pages: &d.pages,
+            seq: &mut d.seq,
+            out: None,
+        })
         .collect();
     if decode {
         cpu.decode(&mut slots);
