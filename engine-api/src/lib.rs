@@ -154,6 +154,14 @@ pub enum FinishReason {
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
+    /// Prompt tokens whose K/V came from the engine's prefix cache (not
+    /// computed); 0 from engines without one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cached_tokens: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Whether an NDJSON line of the generate stream is its last: a `done` or
@@ -184,10 +192,6 @@ pub enum Event {
         /// Milliseconds spent waiting and in prefill, for the gateway's estimators.
         queue_ms: f64,
         prefill_ms: f64,
-        /// Prompt tokens whose K/V came from the engine's prefix cache
-        /// (not computed); 0 from engines without one.
-        #[serde(default)]
-        cached_tokens: u32,
     },
     /// The generation failed; always the last line.
     Error { code: String, message: String },

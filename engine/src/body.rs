@@ -71,7 +71,6 @@ mod tests {
             usage: Usage::default(),
             queue_ms: 0.0,
             prefill_ms: 0.0,
-            cached_tokens: 0,
         };
         tx.send(done.to_line().into()).unwrap();
         assert!(body.frame().await.is_some());

@@ -215,6 +215,9 @@ pub struct Outbound {
     /// The answer is relayed as the engine wrote it, re-stamped (a
     /// passthrough parameter that changes its shape).
     pub verbatim: Option<crate::upstream::Stamp>,
+    /// The prompt's block hashes: recorded in the prefix index against the
+    /// engine it is sent to.
+    pub prefix: Vec<u64>,
     native: std::sync::OnceLock<Bytes>,
 }
 
@@ -225,7 +228,14 @@ impl Outbound {
         upstream_only: bool,
         verbatim: Option<crate::upstream::Stamp>,
     ) -> Self {
-        Self { gen, client: (kind, client_body), upstream_only, verbatim, native: std::sync::OnceLock::new() }
+        Self {
+            gen,
+            client: (kind, client_body),
+            upstream_only,
+            verbatim,
+            prefix: Vec::new(),
+            native: std::sync::OnceLock::new(),
+        }
     }
 
     /// The path and body for `engine`.
@@ -283,6 +293,7 @@ pub async fn start(
             }
         };
         let idx = inflight.engine_idx();
+        pool.prefix.record(idx, &req.prefix); // the next prompt with this prefix may follow it
         match tokio::time::timeout(first_event_timeout, try_engine(pool, idx, req)).await {
             Ok(Ok((first, events))) => {
                 inflight.first_token();

@@ -53,6 +53,7 @@ impl Permit {
     /// The generation ended normally on engine `engine`.
     pub fn finished(&mut self, engine: usize, usage: Usage, prefill_ms: f64) {
         self.observer.finished(usage);
-        self.ticket.finished(&self.policy, engine, usage.completion_tokens, prefill_ms);
+        let tokens = (usage.completion_tokens, usage.cached_tokens);
+        self.ticket.finished(&self.policy, engine, tokens, prefill_ms);
     }
 }

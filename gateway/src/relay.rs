@@ -134,8 +134,13 @@ impl Encoder {
 }
 
 fn usage_json(u: Usage) -> Value {
-    json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-           "total_tokens": u.prompt_tokens + u.completion_tokens})
+    let mut v = json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+           "total_tokens": u.prompt_tokens + u.completion_tokens});
+    if u.cached_tokens > 0 {
+        // OpenAI's field for prompt tokens served from a prompt cache.
+        v["prompt_tokens_details"] = json!({"cached_tokens": u.cached_tokens});
+    }
+    v
 }
 
 fn sse(out: &mut BytesMut, v: &Value) {

@@ -230,6 +230,11 @@ async fn completions(
         None => false,
     };
     let (encoder, mut gen, prompt_tokens) = plan(parsed, tier, request_id)?; // tier ceiling and cap
+    let affinity = &policy.routing.prefix;
+    let prefix = match affinity.enabled {
+        true => policies::prefix::block_hashes(&gen.prompt, affinity.block_tokens), // where it may be cached
+        false => Vec::new(),
+    };
     let hold = tenant_limits(app, tenant, tier, u64::from(prompt_tokens) + u64::from(gen.max_tokens)).await?; // this gateway's or fleet-wide
                                                                                                               // Admission: admit, degrade or refuse against the tier's SLO, fast.
     let ask = AdmitRequest {
@@ -242,6 +247,7 @@ async fn completions(
         ttft_hint,
         e2e_hint,
         upstream_only,
+        prefix: &prefix,
     };
     let admitted =
         app.admission.admit(policy, &ask).map_err(|r| Failed { error: r.error, verdict: Some(r.verdict) })?;
@@ -260,7 +266,8 @@ async fn completions(
         stream: encoder.stream,
         include_usage: encoder.include_usage,
     });
-    let out = dispatch::Outbound::new(gen, (kind.into(), body), upstream_only, stamp); // as each kind of engine is sent it
+    let mut out = dispatch::Outbound::new(gen, (kind.into(), body), upstream_only, stamp); // as each kind of engine is sent it
+    out.prefix = prefix;
     let work = admitted.work;
     tracing::debug!(event = "request_admitted", request_id, tenant = %tenant.name, tier = %tier.name,
         decision = admitted.verdict.decision.as_str(), reason = %admitted.verdict.reason);

@@ -109,10 +109,9 @@ impl Script {
 pub fn done(completion_tokens: u32) -> Event {
     Event::Done {
         finish_reason: engine_api::FinishReason::Length,
-        usage: engine_api::Usage { prompt_tokens: 8, completion_tokens },
+        usage: engine_api::Usage { prompt_tokens: 8, completion_tokens, cached_tokens: 0 },
         queue_ms: 0.0,
         prefill_ms: 1.0,
-        cached_tokens: 0,
     }
 }
 

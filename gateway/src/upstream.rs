@@ -212,12 +212,7 @@ impl SseDecoder {
             }
         }
         if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
-            let count =
-                |k: &str| u.get(k).and_then(Value::as_u64).map_or(0, |v| v.min(u64::from(u32::MAX)) as u32);
-            self.usage = Some(Usage {
-                prompt_tokens: count("prompt_tokens"),
-                completion_tokens: count("completion_tokens"),
-            });
+            self.usage = Some(usage_of(u));
         }
         Ok(())
     }
@@ -263,13 +258,16 @@ impl SseDecoder {
         if self.ended {
             return;
         }
-        let usage = self.usage.unwrap_or(Usage { prompt_tokens: 0, completion_tokens: self.tokens });
+        let usage = self.usage.unwrap_or(Usage {
+            prompt_tokens: 0,
+            completion_tokens: self.tokens,
+            cached_tokens: 0,
+        });
         self.ready.push_back(Event::Done {
             finish_reason: self.finish.unwrap_or(FinishReason::Stop),
             usage,
             queue_ms: 0.0,
             prefill_ms: self.prefill_ms,
-            cached_tokens: 0,
         });
         self.ended = true;
     }
@@ -286,9 +284,15 @@ pub fn error_body(bytes: &[u8]) -> Option<engine_api::ErrorBody> {
     Some(engine_api::ErrorBody { code, message })
 }
 
+/// An upstream's OpenAI `usage`, with its prompt-cache hits
+/// (`prompt_tokens_details.cached_tokens`, as vLLM and SGLang report them).
 fn usage_of(u: &Value) -> Usage {
-    let count = |k: &str| u.get(k).and_then(Value::as_u64).map_or(0, |v| v.min(u64::from(u32::MAX)) as u32);
-    Usage { prompt_tokens: count("prompt_tokens"), completion_tokens: count("completion_tokens") }
+    let at = |v: Option<&Value>| v.and_then(Value::as_u64).map_or(0, |v| v.min(u64::from(u32::MAX)) as u32);
+    Usage {
+        prompt_tokens: at(u.get("prompt_tokens")),
+        completion_tokens: at(u.get("completion_tokens")),
+        cached_tokens: at(u.pointer("/prompt_tokens_details/cached_tokens")),
+    }
 }
 
 fn error_event(err: &Value) -> Event {

@@ -223,6 +223,15 @@ pub struct Planned {
     pub prefix: Option<(u64, u32)>,
 }
 
+impl Planned {
+    /// The prompt text this request sends in a run seeded `seed` (the live
+    /// runner sends it; the simulator hashes its blocks).
+    pub fn prompt(&self, seed: u64) -> String {
+        let own = self.input_tokens - self.prefix.map_or(0, |(_, n)| n);
+        crate::workload::prompt(self.prefix, own, seed.wrapping_mul(0x9E37_79B9).wrapping_add(self.id))
+    }
+}
+
 /// The whole run's requests, in send order. Deterministic in `seed`:
 /// arrivals, tenants and sizes come from separate streams, so changing the
 /// rate does not change which sizes are drawn.

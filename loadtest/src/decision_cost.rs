@@ -53,6 +53,7 @@ pub fn run(
             prefill_backlog_tokens: (idx as u64 % 3) * 200,
             kv_headroom_tokens: 1 << 20,
             long_lane: idx == 0,
+            cached_tokens: 0,
         })
         .collect();
     let tiers: Vec<_> = policy.tiers.iter().collect();
@@ -67,6 +68,7 @@ pub fn run(
             sampling: i % 2 == 0,
             ttft_hint_ms: None,
             e2e_hint_ms: None,
+            prefix_blocks: 0,
         };
         let o = ctl.request(i as f64 * 1e-3, policy, &r, &cands, &[]);
         std::hint::black_box(o);
@@ -84,6 +86,7 @@ pub fn run(
             sampling: false,
             ttft_hint_ms: None,
             e2e_hint_ms: None,
+            prefix_blocks: 0,
         };
         let _ = ctl.request(30.0, policy, &r, &full, &[]);
     }

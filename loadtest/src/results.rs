@@ -68,6 +68,12 @@ pub struct Fleet {
     pub cost_per_1m_output_tokens: Option<f64>,
     /// Device-busy seconds over GPU-seconds.
     pub device_utilization: Option<f64>,
+    /// Prompt tokens the engines prefilled, and of those found in their
+    /// prefix caches (not computed).
+    #[serde(default)]
+    pub prefix_lookup_tokens: u64,
+    #[serde(default)]
+    pub prefix_hit_tokens: u64,
 }
 
 /// One autoscaling decision.

@@ -17,7 +17,7 @@ use crate::arrival::Planned;
 use crate::client::{ClientError, Conn, Proto};
 use crate::record::{Admission, Outcome, Record};
 use crate::stream::TokenStream;
-use crate::workload::{self, Workload};
+use crate::workload::Workload;
 
 /// Which API the target speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
@@ -272,8 +272,7 @@ fn transport_label(e: &ClientError) -> String {
 }
 
 fn request_body(api: Api, model: &str, p: &Planned, seed: u64) -> Bytes {
-    let own = p.input_tokens - p.prefix.map_or(0, |(_, n)| n);
-    let prompt = workload::prompt(p.prefix, own, seed.wrapping_mul(0x9E37_79B9).wrapping_add(p.id));
+    let prompt = p.prompt(seed);
     let v = match api {
         Api::Openai => json!({
             "model": model, "prompt": prompt, "max_tokens": p.max_tokens,

@@ -126,6 +126,38 @@ pub struct Candidate {
     pub kv_headroom_tokens: u64,
     /// Part of the long-prompt lane.
     pub long_lane: bool,
+    /// Leading prompt tokens this engine is credited with holding in its
+    /// prefix cache ([`credit_prefix`]): its prefill is predicted without
+    /// them. 0 when unknown or when affinity yields to load.
+    pub cached_tokens: u32,
+}
+
+/// Credits each candidate with the prompt tokens it holds cached:
+/// `matched(idx)` leading blocks of a prompt of `blocks` full blocks and
+/// `n_in` tokens, when prefix affinity [`crate::prefix::applies`] (the
+/// candidates' in-flight work — prefill backlog plus expected output — is
+/// balanced and some match is long enough); otherwise none, so load
+/// decides. A prompt's last token is always computed, so at most `n_in - 1`.
+pub fn credit_prefix(
+    cands: &mut [Candidate],
+    matched: impl Fn(usize) -> u32,
+    blocks: u32,
+    n_in: u32,
+    cfg: &crate::prefix::AffinityConfig,
+) {
+    let choices: Vec<crate::prefix::Choice> = cands
+        .iter()
+        .map(|c| crate::prefix::Choice {
+            idx: c.idx,
+            matched_blocks: matched(c.idx),
+            load: c.prefill_backlog_tokens + c.active_out_tokens,
+        })
+        .collect();
+    let on = crate::prefix::applies(&choices, blocks, cfg);
+    for (c, m) in cands.iter_mut().zip(&choices) {
+        c.cached_tokens =
+            if on { (m.matched_blocks * cfg.block_tokens).min(n_in.saturating_sub(1)) } else { 0 };
+    }
 }
 
 /// The request, as admission sees it (tier limits and brownout caps
@@ -227,6 +259,8 @@ struct Fit {
     nominal_ttft_ms: f64,
     /// Decode time per output token, for `reduce_output`.
     per_token_ms: f64,
+    /// Prompt tokens the engine is credited with caching.
+    cached: u32,
 }
 
 /// What every prediction of one decision reads.
@@ -257,6 +291,11 @@ fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit
     let cache: std::cell::RefCell<Vec<Option<ServiceTime>>> = std::cell::RefCell::new(Vec::new());
     let predict = |e: &Candidate| {
         let b = (e.active + 1).min(e.slots.max(1));
+        if e.cached_tokens > 0 {
+            // A cached prefix: prefill of the rest only (not memoised: it
+            // is this engine's own).
+            return model.predict_cached(ask.tier, ask.n_in, e.cached_tokens, out, f64::from(b), est);
+        }
         let mut c = cache.borrow_mut();
         if c.len() <= b as usize {
             c.resize(b as usize + 1, None);
@@ -275,12 +314,25 @@ fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit
             wait_ms: (ttft - s.prefill_ms * s.guard).max(0.0),
             nominal_ttft_ms: s.nominal_ttft_ms(wait),
             per_token_ms: decode / f64::from(out.max(1)),
+            cached: e.cached_tokens,
         }
+    };
+    // Among free engines: those meeting the budgets first, then the most
+    // cached prefix (prefill the fleet does not repeat), then the earliest
+    // finish. Without credited caches this is the earliest finish.
+    let feasible = |f: &Fit| f.ttft_ms <= ask.ttft_budget_ms && f.e2e_ms <= ask.e2e_budget_ms;
+    let better = |a: &Fit, b: &Fit| {
+        (!feasible(a), std::cmp::Reverse(a.cached))
+            .cmp(&(!feasible(b), std::cmp::Reverse(b.cached)))
+            .then(a.e2e_ms.total_cmp(&b.e2e_ms))
     };
     // Engines with a free slot now: backlog prefill + batch fill.
     let on_free = |lane_only: bool| {
-        let lane_ok =
-            |e: &&&Candidate| !lane_only || !ask.long || e.long_lane || !of_class.iter().any(|c| c.long_lane);
+        // A long prompt mostly cached on an engine is no long prefill there.
+        let short_there = |e: &Candidate| u64::from(e.cached_tokens) * 2 >= u64::from(ask.n_in);
+        let lane_ok = |e: &&&Candidate| {
+            !lane_only || !ask.long || e.long_lane || short_there(e) || !of_class.iter().any(|c| c.long_lane)
+        };
         of_class
             .iter()
             .filter(|e| e.active < e.slots)
@@ -294,7 +346,7 @@ fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit
                 };
                 finish(e, &s, backlog + s.step_raw_ms)
             })
-            .min_by(|a, b| a.e2e_ms.total_cmp(&b.e2e_ms))
+            .min_by(better)
     };
     // A long prompt keeps to the long lane, unless the lane cannot give it
     // its first token in time and another free engine can: the lane spares

@@ -410,13 +410,29 @@ impl ServiceModel {
         batch: f64,
         cfg: &EstimatorConfig,
     ) -> ServiceTime {
+        self.predict_cached(tier, n_in, 0, n_out, batch, cfg)
+    }
+
+    /// [`ServiceModel::predict`] on an engine holding the first `cached`
+    /// prompt tokens in its prefix cache: prefill computes the rest (at
+    /// least one token); decode still attends over the whole context.
+    pub fn predict_cached(
+        &self,
+        tier: &str,
+        n_in: u32,
+        cached: u32,
+        n_out: u32,
+        batch: f64,
+        cfg: &EstimatorConfig,
+    ) -> ServiceTime {
+        let computed = n_in.saturating_sub(cached).max(1);
         let residual = self.ttft_residual(tier);
         let prefill_ratio = match residual {
             Some(_) => self.prefill_ratio.mean,
             None => self.prefill_ratio.high(cfg.ratio_z),
         };
         ServiceTime {
-            prefill_ms: self.prefill_raw_ms(n_in) * prefill_ratio,
+            prefill_ms: self.prefill_raw_ms(computed) * prefill_ratio,
             step_raw_ms: self.step_raw_ms(batch, f64::from(n_in)),
             decode_ms: self.decode_raw_ms(n_in, n_out, batch) * self.decode_factor(cfg),
             ttft_residual_ms: residual.unwrap_or(0.0),
@@ -424,11 +440,15 @@ impl ServiceModel {
         }
     }
 
-    /// Learns from one finished request: its measured prefill time and its
-    /// decode time (first to last token) for `n_out` tokens at `batch`.
+    /// Learns from one finished request: its measured prefill time (of
+    /// the `n_in - cached` prompt tokens not found in the engine's prefix
+    /// cache) and its decode time (first to last token) for `n_out` tokens
+    /// at `batch`.
+    #[allow(clippy::too_many_arguments)]
     pub fn observe(
         &mut self,
         n_in: u32,
+        cached: u32,
         prefill_ms: f64,
         n_out: u32,
         decode_ms: f64,
@@ -436,7 +456,8 @@ impl ServiceModel {
         cfg: &EstimatorConfig,
     ) {
         if prefill_ms > 0.0 {
-            self.prefill_ratio.observe(prefill_ms / self.prefill_raw_ms(n_in), cfg.learning_rate);
+            let computed = n_in.saturating_sub(cached).max(1);
+            self.prefill_ratio.observe(prefill_ms / self.prefill_raw_ms(computed), cfg.learning_rate);
         }
         // The first token comes out of prefill; decode covers the rest.
         if n_out >= 2 && decode_ms > 0.0 {
@@ -540,7 +561,7 @@ mod tests {
             let noise = 1.0 + 0.1 * if i % 2 == 0 { 1.0 } else { -1.0 };
             let pre = m.prefill_raw_ms(200) * 2.0 * noise;
             let dec = m.decode_raw_ms(200, 49, 4.0) * 2.0 * noise;
-            m.observe(200, pre, 50, dec, 4.0, &cfg);
+            m.observe(200, 0, pre, 50, dec, 4.0, &cfg);
         }
         assert!((m.decode_ratio.mean - 2.0).abs() < 0.05, "{:?}", m.decode_ratio);
         let high = m.decode_ratio.high(cfg.ratio_z);

@@ -16,8 +16,11 @@
 //! affinity never piles one engine up), as SGLang's router and llm-d's
 //! scorers do.
 //!
-//! Status: pure and tested; not yet wired into the gateway's routing or the
-//! engines (issue 23 is in progress).
+//! The gateway ([`crate::admission`] credits a candidate with its cached
+//! tokens when [`applies`] says affinity may decide) and the simulator run
+//! this module unchanged; the engines' caches (`engine::kv`) name their
+//! pages with [`blocks`], so their events and this index speak of the
+//! same hashes.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -158,6 +161,16 @@ impl PrefixIndex {
         }
     }
 
+    /// Forgets that `engine` holds block `hash` (it evicted it).
+    pub fn remove(&mut self, engine: u16, hash: u64) {
+        if let Some(e) = self.entries.get_mut(&hash) {
+            e.engines.retain(|x| *x != engine);
+            if e.engines.is_empty() {
+                self.entries.remove(&hash);
+            }
+        }
+    }
+
     /// Forgets `engine` (it went away, or its cache was reset).
     pub fn forget_engine(&mut self, engine: u16) {
         self.entries.retain(|_, e| {
@@ -199,11 +212,20 @@ pub struct Choice {
     pub load: u64,
 }
 
-/// When affinity yields to load.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// `[routing.prefix]`: prefix-cache affinity, and when it yields to load.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct AffinityConfig {
+    /// Route by where prompts' prefixes are cached (and predict their
+    /// prefill without the cached part).
+    pub enabled: bool,
+    /// Tokens per block: the engines' KV page size (`engine
+    /// --page-tokens`); events from engines with another size are ignored.
+    pub block_tokens: u32,
+    /// Blocks the gateway's index remembers (least recently used go first).
+    pub index_blocks: usize,
     /// The fleet is imbalanced when the most loaded candidate carries more
-    /// than this many units above the least loaded...
+    /// than this many in-flight tokens above the least loaded...
     pub balance_abs: u64,
     /// ...and more than this factor times it.
     pub balance_rel: f64,
@@ -213,25 +235,63 @@ pub struct AffinityConfig {
 
 impl Default for AffinityConfig {
     fn default() -> Self {
-        Self { balance_abs: 4096, balance_rel: 1.5, min_match: 0.25 }
+        Self {
+            enabled: true,
+            block_tokens: 16,
+            index_blocks: 1 << 18,
+            balance_abs: 4096,
+            balance_rel: 1.5,
+            min_match: 0.25,
+        }
     }
 }
 
+impl AffinityConfig {
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.block_tokens == 0 {
+            return Err(("routing.prefix.block_tokens", "must be > 0".into()));
+        }
+        if self.index_blocks == 0 {
+            return Err(("routing.prefix.index_blocks", "must be > 0".into()));
+        }
+        if !(self.balance_rel >= 1.0 && self.balance_rel.is_finite()) {
+            return Err(("routing.prefix.balance_rel", "must be >= 1".into()));
+        }
+        if !(0.0..=1.0).contains(&self.min_match) {
+            return Err(("routing.prefix.min_match", "must be in [0, 1]".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Whether affinity may decide among `choices` for a prompt of `blocks`
+/// full blocks: the candidates are balanced (the most loaded carries at
+/// most `balance_abs` more than the least, or at most `balance_rel` times
+/// it) and some match covers `min_match` of the prompt.
+pub fn applies(choices: &[Choice], blocks: u32, cfg: &AffinityConfig) -> bool {
+    let (Some(least), Some(most)) =
+        (choices.iter().map(|c| c.load).min(), choices.iter().map(|c| c.load).max())
+    else {
+        return false;
+    };
+    let imbalanced = most - least > cfg.balance_abs && most as f64 > cfg.balance_rel * least as f64;
+    let best = choices.iter().map(|c| c.matched_blocks).max().unwrap_or(0);
+    cfg.enabled
+        && !imbalanced
+        && blocks > 0
+        && best > 0
+        && f64::from(best) >= cfg.min_match * f64::from(blocks)
+}
+
 /// The engine to send a prompt of `blocks` full blocks to: the longest
-/// match (least loaded among equals), unless the candidates are imbalanced
-/// or no match is long enough, when the least loaded.
+/// match (least loaded among equals) when affinity [`applies`], else the
+/// least loaded.
 pub fn pick(choices: &[Choice], blocks: u32, cfg: &AffinityConfig) -> Option<usize> {
     let least = choices.iter().min_by_key(|c| (c.load, c.idx))?;
-    let most = choices.iter().map(|c| c.load).max().unwrap_or(0);
-    let imbalanced = most - least.load > cfg.balance_abs && most as f64 > cfg.balance_rel * least.load as f64;
-    if imbalanced || blocks == 0 {
+    if !applies(choices, blocks, cfg) {
         return Some(least.idx);
     }
-    let best = choices.iter().max_by_key(|c| (c.matched_blocks, std::cmp::Reverse((c.load, c.idx))))?;
-    if f64::from(best.matched_blocks) < cfg.min_match * f64::from(blocks) {
-        return Some(least.idx);
-    }
-    Some(best.idx)
+    choices.iter().max_by_key(|c| (c.matched_blocks, std::cmp::Reverse((c.load, c.idx)))).map(|c| c.idx)
 }
 
 #[cfg(test)]

@@ -20,6 +20,10 @@ pub enum RoutePolicy {
     LeastLoaded,
     /// Each engine in turn.
     RoundRobin,
+    /// The engine holding the longest cached prefix of the prompt (the
+    /// gateway's index, `[routing.prefix]`), unless the fleet is
+    /// imbalanced; else fewest in-flight tokens (admission off).
+    CacheAware,
 }
 
 /// `[routing] order`: the ordering key sent with each request.
@@ -50,6 +54,8 @@ pub struct RoutingConfig {
     /// Longest a request may wait at the gateway for a slot, milliseconds
     /// (besides its own TTFT budget).
     pub max_queue_ms: u32,
+    /// Prefix-cache affinity.
+    pub prefix: crate::prefix::AffinityConfig,
 }
 
 impl Default for RoutingConfig {
@@ -61,6 +67,7 @@ impl Default for RoutingConfig {
             long_lane_engines: 1,
             drr_quantum_tokens: 512,
             max_queue_ms: 30_000,
+            prefix: crate::prefix::AffinityConfig::default(),
         }
     }
 }
@@ -73,7 +80,7 @@ impl RoutingConfig {
         if self.long_prompt_tokens == 0 {
             return Err(("routing.long_prompt_tokens", "must be > 0".into()));
         }
-        Ok(())
+        self.prefix.validate()
     }
 }
 
@@ -89,6 +96,9 @@ pub struct EngineView {
     pub inflight_tokens: u64,
     /// Requests the gateway has dispatched to it and not yet seen finish.
     pub inflight_requests: u32,
+    /// Leading blocks of this request's prompt it holds (the gateway's
+    /// prefix index; 0 when not looked up).
+    pub cached_blocks: u32,
 }
 
 /// Picks the index of the ready engine with the fewest in-flight tokens,
@@ -114,6 +124,28 @@ fn least_by(engines: &[EngineView], exclude: &[usize], load: impl Fn(&EngineView
         .map(|(i, _)| i)
 }
 
+/// The ready engine not in `exclude` holding the longest prefix of a
+/// prompt of `blocks` full blocks, unless affinity yields to load
+/// ([`crate::prefix::pick`] over in-flight tokens).
+pub fn cache_aware(
+    engines: &[EngineView],
+    exclude: &[usize],
+    blocks: u32,
+    cfg: &crate::prefix::AffinityConfig,
+) -> Option<usize> {
+    let choices: Vec<crate::prefix::Choice> = engines
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| e.ready && !exclude.contains(i))
+        .map(|(idx, e)| crate::prefix::Choice {
+            idx,
+            matched_blocks: e.cached_blocks,
+            load: e.inflight_tokens,
+        })
+        .collect();
+    crate::prefix::pick(&choices, blocks, cfg)
+}
+
 /// The `turn`-th ready engine in order, skipping `exclude`.
 pub fn round_robin(engines: &[EngineView], exclude: &[usize], turn: u64) -> Option<usize> {
     let ready: Vec<usize> =
@@ -126,7 +158,13 @@ mod tests {
     use super::*;
 
     fn view(id: &str, ready: bool, tokens: u64) -> EngineView {
-        EngineView { id: id.into(), ready, inflight_tokens: tokens, inflight_requests: (tokens / 10) as u32 }
+        EngineView {
+            id: id.into(),
+            ready,
+            inflight_tokens: tokens,
+            inflight_requests: (tokens / 10) as u32,
+            cached_blocks: 0,
+        }
     }
 
     #[test]
@@ -157,5 +195,22 @@ mod tests {
     fn none_when_nothing_is_ready() {
         assert_eq!(least_inflight_tokens(&[view("a", false, 0)], &[]), None);
         assert_eq!(least_inflight_tokens(&[], &[]), None);
+    }
+
+    #[test]
+    fn cache_aware_follows_the_prefix_among_ready_engines_until_load_diverges() {
+        let cfg = crate::prefix::AffinityConfig::default(); // imbalanced past 4,096 tokens and 1.5x
+        let with = |mut v: EngineView, blocks| {
+            v.cached_blocks = blocks;
+            v
+        };
+        let es =
+            [with(view("a", true, 3_000), 8), with(view("b", true, 100), 0), with(view("c", false, 0), 10)];
+        assert_eq!(cache_aware(&es, &[], 10, &cfg), Some(0), "the cached prefix, not the idle engine");
+        assert_eq!(cache_aware(&es, &[0], 10, &cfg), Some(1), "a failed engine is skipped");
+        let busy = [with(view("a", true, 9_000), 8), with(view("b", true, 100), 0)];
+        assert_eq!(cache_aware(&busy, &[], 10, &cfg), Some(1), "imbalanced: load decides");
+        let short = [with(view("a", true, 300), 2), with(view("b", true, 100), 0)];
+        assert_eq!(cache_aware(&short, &[], 10, &cfg), Some(1), "2 of 10 blocks is under min_match");
     }
 }

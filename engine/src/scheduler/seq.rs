@@ -90,13 +90,16 @@ impl<S> Seq<S> {
         if !tail.is_empty() {
             self.send(&Event::Token { text: tail });
         }
-        let usage = Usage { prompt_tokens: self.prompt_tokens, completion_tokens: self.generated };
+        let usage = Usage {
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.generated,
+            cached_tokens: self.cached_tokens,
+        };
         self.send(&Event::Done {
             finish_reason,
             usage,
             queue_ms: self.queue_ms,
             prefill_ms: self.prefill_ms,
-            cached_tokens: self.cached_tokens,
         });
         true
     }

@@ -207,7 +207,7 @@ async fn first_token_and_cached(s: &Scheduler, prompt: &str) -> (Duration, u32) 
     s.enqueue(req(prompt, 2), policies::tokens::count(prompt), tx).await.unwrap();
     let events = collect(rx, t0).await;
     let cached = match events.last() {
-        Some((_, Event::Done { cached_tokens, .. })) => *cached_tokens,
+        Some((_, Event::Done { usage, .. })) => usage.cached_tokens,
         other => panic!("{other:?}"),
     };
     (events[0].0, cached)

@@ -117,6 +117,9 @@ pub struct AdmitRequest<'a> {
     pub e2e_hint: Option<Duration>,
     /// Only third-party engines may serve it (a passthrough parameter).
     pub upstream_only: bool,
+    /// The prompt's block hashes (`policies::prefix`; empty when prefix
+    /// affinity is off): engines holding a prefix are credited with it.
+    pub prefix: &'a [u64],
 }
 
 /// Where an admitted request starts.
@@ -254,6 +257,7 @@ impl Admission {
                 prefill_backlog_tokens: slot.prefill_backlog_tokens(),
                 kv_headroom_tokens: headroom,
                 long_lane: false,
+                cached_tokens: 0,
             });
         }
         policies::admission::assign_long_lanes(out, policy.routing.long_lane_engines);
@@ -278,16 +282,33 @@ impl Admission {
             sampling: r.sampling,
             ttft_hint_ms: r.ttft_hint.map(ms),
             e2e_hint_ms: r.e2e_hint.map(ms),
+            prefix_blocks: r.prefix.len() as u32,
         };
         let mut guard = self.lock();
         let st = &mut *guard;
         let off = policy.admission.mode == policies::admission::AdmissionMode::Off;
+        let affinity = &policy.routing.prefix;
+        self.pool.prefix.configure(affinity);
+        let matched = self.pool.prefix.matched(r.prefix, self.pool.len());
+        let mut loads = Vec::new();
         if off {
             st.candidates.clear();
+            loads = self.pool.views();
+            for (v, m) in loads.iter_mut().zip(&matched) {
+                v.cached_blocks = *m;
+            }
         } else {
             self.candidates(&mut st.ctl, policy, &mut st.candidates, Some((r.model, r.upstream_only)));
+            let blocks = r.prefix.len() as u32;
+            let matched_at = |idx: usize| matched.get(idx).copied().unwrap_or(0);
+            policies::admission::credit_prefix(
+                &mut st.candidates,
+                matched_at,
+                blocks,
+                r.prompt_tokens,
+                affinity,
+            );
         }
-        let loads = if off { self.pool.views() } else { Vec::new() };
         let outcome = st.ctl.request(now, policy, &req, &st.candidates, &loads);
         let (admit, start) = match outcome {
             Outcome::Refuse(refusal) => return Err(Box::new(refuse(tier, &refusal))),

@@ -41,6 +41,7 @@ fn ask<'a>(policy: &'a PolicyDocument) -> AdmitRequest<'a> {
         ttft_hint: None,
         e2e_hint: None,
         upstream_only: false,
+        prefix: &[],
     }
 }
 

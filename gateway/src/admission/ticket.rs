@@ -68,7 +68,7 @@ impl Ticket {
         &mut self,
         policy: &PolicyDocument,
         engine: usize,
-        completion_tokens: u32,
+        (completion_tokens, cached_tokens): (u32, u32),
         prefill_ms: f64,
     ) {
         let now = self.admission.now();
@@ -83,7 +83,7 @@ impl Ticket {
             &self.tenant,
             &self.model,
             class,
-            self.prompt_tokens,
+            (self.prompt_tokens, cached_tokens),
             completion_tokens,
             prefill_ms,
             decode_ms,

@@ -51,6 +51,7 @@ pub use spec::{EngineKind, EngineSpec};
 
 mod connect;
 mod external;
+pub mod prefix;
 mod slot;
 mod spec;
 pub mod telemetry;
@@ -83,6 +84,9 @@ pub struct EnginePool {
     /// admission lock): only then does a freed slot wake the gate task,
     /// which otherwise costs a cross-thread wake-up per request.
     pub gate_waiting: AtomicBool,
+    /// Where prompt prefixes are cached (routed there, and the engines'
+    /// KV events).
+    pub prefix: prefix::PrefixView,
 }
 
 impl EnginePool {
@@ -144,6 +148,7 @@ impl EnginePool {
             }),
             slot_freed: Notify::new(),
             gate_waiting: AtomicBool::new(false),
+            prefix: prefix::PrefixView::default(),
         })
     }
 
@@ -177,6 +182,7 @@ impl EnginePool {
             Some(i) => {
                 tracing::info!(event = "engine_moved", engine = %spec.id, from = %slots[i].spec.url, to = %spec.url);
                 slots[i] = Arc::new(EngineSlot::new(spec, discovered));
+                self.prefix.forget(i);
                 i
             }
             None => {
@@ -185,6 +191,7 @@ impl EnginePool {
                 match slots.iter().position(|s| s.is_retired()) {
                     Some(i) => {
                         slots[i] = slot;
+                        self.prefix.forget(i);
                         i
                     }
                     None => {
@@ -282,6 +289,7 @@ impl EnginePool {
                 ready: s.routable(),
                 inflight_tokens: s.inflight_tokens.load(Ordering::Acquire),
                 inflight_requests: s.active.load(Ordering::Acquire),
+                cached_blocks: 0,
             })
             .collect()
     }
@@ -301,6 +309,7 @@ impl EnginePool {
         let s = self.slot(idx);
         s.retired.store(true, Ordering::Release);
         s.ready.store(false, Ordering::Release);
+        self.prefix.forget(idx);
         tracing::info!(event = "engine_retired", engine = %s.spec.id, why = "stopped");
     }
 
@@ -371,6 +380,9 @@ impl EnginePool {
         }
         if slot.ready.swap(ready, Ordering::AcqRel) != ready {
             tracing::info!(event = "engine_readiness", engine = %slot.spec.id, ready);
+        }
+        if report.is_some() && slot.spec.kind == EngineKind::Native {
+            let _ = tokio::time::timeout(PROBE_TIMEOUT, self.read_kv_events(idx)).await;
         }
         if report.is_some() {
             slot.leased_at_report.store(leased, Ordering::Release);

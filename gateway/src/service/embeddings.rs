@@ -97,6 +97,7 @@ pub(crate) async fn serve(
     }
     let hold = service::tenant_limits(app, tenant, tier, u64::from(e.tokens)).await?;
     let ask = AdmitRequest {
+        prefix: &[],
         tenant,
         tier,
         model: &e.model,

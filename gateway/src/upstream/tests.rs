@@ -37,10 +37,9 @@ fn tok(t: &str) -> Event {
 fn done(reason: FinishReason, prompt: u32, completion: u32) -> Event {
     Event::Done {
         finish_reason: reason,
-        usage: Usage { prompt_tokens: prompt, completion_tokens: completion },
+        usage: Usage { prompt_tokens: prompt, completion_tokens: completion, cached_tokens: 0 },
         queue_ms: 0.0,
         prefill_ms: 0.0,
-        cached_tokens: 0,
     }
 }
 

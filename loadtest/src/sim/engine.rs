@@ -20,6 +20,14 @@
 //! page by page, preempting when full: the simulation never preempts);
 //! a cancelled sequence leaves the queue at once but a running one runs to
 //! its end.
+//!
+//! The prefix cache (`engine --prefix-cache`) is modelled as the engine
+//! keeps it: a prompt's full blocks are named once its prefill ends, a new
+//! sequence reuses the longest named prefix of its blocks before its last
+//! token and is charged prefill only for the rest, and named blocks are
+//! evicted least recently used first when the pages not held by admitted
+//! sequences cannot hold them all. Evictions are reported (the KV events)
+//! for the fleet's prefix index.
 
 use std::time::Duration;
 
@@ -35,6 +43,10 @@ pub struct EngineConfig {
     pub kv_tokens: u64,
     /// Admission stops when less than this fraction would stay free.
     pub kv_low_watermark: f64,
+    /// Tokens per page (and per prefix block).
+    pub page_tokens: u32,
+    /// The engines keep prompts' pages for reuse.
+    pub prefix_cache: bool,
 }
 
 /// A sequence handed to an engine.
@@ -48,6 +60,10 @@ pub struct SimSeq {
     pub key: f64,
     pub enqueued_at: f64,
     pub ttft_budget_ms: f64,
+    /// The prompt's full blocks (chained hashes, `policies::prefix`).
+    pub blocks: std::sync::Arc<[u64]>,
+    /// Leading prompt tokens found cached at admission (set by the engine).
+    pub cached: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -61,6 +77,7 @@ struct Running {
     kv: u64,
     prefill_ms: f64,
     first_at: f64,
+    cached: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -81,7 +98,7 @@ enum Phase {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Out {
     FirstToken { req: usize },
-    Finished { req: usize, tokens: u32, prefill_ms: f64, decode_ms: f64, batch: f64 },
+    Finished { req: usize, tokens: u32, prefill_ms: f64, decode_ms: f64, batch: f64, cached: u32 },
 }
 
 /// Why an engine refused a sequence.
@@ -110,6 +127,15 @@ pub struct SimEngine {
     /// at the next token boundary, as an RST_STREAM makes them leave a real
     /// engine.
     cancelled: Vec<usize>,
+    /// Named prompt blocks: hash → last use, and last use → hash.
+    named: std::collections::HashMap<u64, u64>,
+    lru: std::collections::BTreeMap<u64, u64>,
+    tick: u64,
+    /// Blocks evicted since the fleet last drained them (its KV events).
+    pub evicted: Vec<u64>,
+    /// Prompt tokens prefilled, and of those found cached.
+    pub lookup_tokens: u64,
+    pub hit_tokens: u64,
 }
 
 impl Default for SimEngine {
@@ -126,6 +152,12 @@ impl Default for SimEngine {
             gen: 0,
             batch_avg: 0.0,
             cancelled: Vec::new(),
+            named: std::collections::HashMap::new(),
+            lru: std::collections::BTreeMap::new(),
+            tick: 0,
+            evicted: Vec::new(),
+            lookup_tokens: 0,
+            hit_tokens: 0,
         }
     }
 }
@@ -150,9 +182,30 @@ impl SimEngine {
         usable.saturating_sub(self.kv_used)
     }
 
+    /// Marks `hash` used now.
+    fn touch(&mut self, hash: u64) {
+        self.tick += 1;
+        if let Some(old) = self.named.insert(hash, self.tick) {
+            self.lru.remove(&old);
+        }
+        self.lru.insert(self.tick, hash);
+    }
+
+    /// Evicts named blocks, least recently used first, until they fit in
+    /// the pages admitted sequences do not hold.
+    fn evict_to_fit(&mut self, cfg: &EngineConfig) {
+        let page = u64::from(cfg.page_tokens.max(1));
+        let room = (cfg.kv_tokens.saturating_sub(self.kv_used) / page) as usize;
+        while self.named.len() > room {
+            let Some((_, h)) = self.lru.pop_first() else { break };
+            self.named.remove(&h);
+            self.evicted.push(h);
+        }
+    }
+
     /// Admits `seq` at `now`. Returns when the engine must wake next if
     /// that changed (the caller bumps nothing: `gen` is bumped here).
-    pub fn enqueue(&mut self, now: f64, seq: SimSeq, cfg: &EngineConfig) -> Result<Option<f64>, Refused> {
+    pub fn enqueue(&mut self, now: f64, mut seq: SimSeq, cfg: &EngineConfig) -> Result<Option<f64>, Refused> {
         if self.draining {
             return Err(Refused::Draining);
         }
@@ -161,6 +214,18 @@ impl SimEngine {
             return Err(Refused::Kv);
         }
         self.kv_used += kv;
+        if cfg.prefix_cache {
+            // The longest named prefix of the blocks before the last token.
+            let reusable = (seq.prompt.saturating_sub(1) / cfg.page_tokens.max(1)) as usize;
+            let found = seq.blocks.iter().take(reusable).take_while(|h| self.named.contains_key(h)).count();
+            for k in 0..found {
+                self.touch(seq.blocks[k]);
+            }
+            seq.cached = found as u32 * cfg.page_tokens;
+            self.evict_to_fit(cfg);
+        }
+        self.lookup_tokens += u64::from(seq.prompt);
+        self.hit_tokens += u64::from(seq.cached);
         self.queue.push((seq, kv));
         match self.phase {
             Phase::Idle => {
@@ -236,6 +301,12 @@ impl SimEngine {
                         continue;
                     }
                     outs.push(Out::FirstToken { req: s.req });
+                    if cfg.prefix_cache {
+                        for &h in s.blocks.iter() {
+                            self.touch(h);
+                        }
+                        self.evict_to_fit(cfg);
+                    }
                     let r = Running {
                         req: s.req,
                         prompt: s.prompt,
@@ -244,6 +315,7 @@ impl SimEngine {
                         kv,
                         prefill_ms,
                         first_at: now,
+                        cached: s.cached,
                     };
                     self.running.push(r);
                     self.ctx_sum += u64::from(s.prompt) + 1;
@@ -292,6 +364,7 @@ impl SimEngine {
                     prefill_ms: r.prefill_ms,
                     decode_ms: (now - r.first_at) * 1e3,
                     batch,
+                    cached: r.cached,
                 });
             } else {
                 i += 1;
@@ -304,7 +377,7 @@ impl SimEngine {
                 .iter()
                 .map(|(s, _)| Queued {
                     id: s.req as u64,
-                    prompt_tokens: s.prompt,
+                    prompt_tokens: s.prompt - s.cached, // a cached prefix costs no prefill
                     key: s.key,
                     enqueued_at: secs(s.enqueued_at),
                     ttft_budget: secs(s.ttft_budget_ms / 1e3),
@@ -359,11 +432,14 @@ mod tests {
             profile: LatencyProfile::parse("t", text).unwrap(),
             kv_tokens: 1 << 20,
             kv_low_watermark: 0.05,
+            page_tokens: 16,
+            prefix_cache: true,
         }
     }
 
     fn seq(req: usize, out: u32, at: f64) -> SimSeq {
-        SimSeq { req, prompt: 100, out, key: at, enqueued_at: at, ttft_budget_ms: 1000.0 }
+        let blocks = std::sync::Arc::from(vec![]);
+        SimSeq { req, prompt: 100, out, key: at, enqueued_at: at, ttft_budget_ms: 1000.0, blocks, cached: 0 }
     }
 
     /// Runs the engine alone until idle; returns (time, out) in order.
@@ -466,5 +542,37 @@ mod tests {
         let log = drive(&mut e, &c, Some(0.0), &[]);
         assert!(log.iter().any(|(_, o)| matches!(o, Out::Finished { req: 0, .. })));
         assert!(e.enqueue(1.0, seq(1, 500, 1.0), &c).is_ok());
+    }
+
+    #[test]
+    fn a_cached_prefix_is_charged_no_prefill_and_evictions_are_reported() {
+        // Prefill 1 ms per token; KV for 10 pages of 16 tokens.
+        let text = "model = \"m\"\nengine_class = \"t\"\n[prefill]\npoints = [[0, 0.0], [1000, 1000.0]]\n\
+                    [decode]\nbatch_points = [[1, 10.0]]\nms_per_1k_context = 0.0\n";
+        let c = EngineConfig { profile: LatencyProfile::parse("t", text).unwrap(), kv_tokens: 160, ..cfg(8) };
+        let prompt = |req: usize, blocks: Vec<u64>, at: f64| SimSeq {
+            prompt: 65,
+            blocks: blocks.into(),
+            ..seq(req, 1, at)
+        };
+        let first_at =
+            |log: &[(f64, Out)]| log.iter().find(|(_, o)| matches!(o, Out::FirstToken { .. })).unwrap().0;
+        let mut e = SimEngine::default();
+        let log = drive(&mut e, &c, None, &[(0.0, prompt(0, vec![1, 2, 3, 4], 0.0))]);
+        assert!((first_at(&log) - 0.065).abs() < 1e-9, "65 tokens computed: {log:?}");
+        // The same four blocks and one more token: 64 cached, 1 computed.
+        let log = drive(&mut e, &c, None, &[(1.0, prompt(1, vec![1, 2, 3, 4], 1.0))]);
+        assert!((first_at(&log) - 1.001).abs() < 1e-9, "{log:?}");
+        assert_eq!((e.lookup_tokens, e.hit_tokens), (130, 64));
+        // Another prompt's blocks push the oldest out of the 10 pages (a
+        // 65-token prompt + 1 output holds 5 while it runs).
+        drive(&mut e, &c, None, &[(2.0, prompt(2, vec![5, 6, 7, 8], 2.0))]);
+        assert!(!e.evicted.is_empty(), "evictions are reported");
+        assert!(e.evicted.iter().all(|h| [1, 2, 3, 4].contains(h)), "{:?}", e.evicted);
+        let off = EngineConfig { prefix_cache: false, ..c.clone() };
+        let mut e = SimEngine::default();
+        drive(&mut e, &off, None, &[(0.0, prompt(0, vec![1, 2, 3, 4], 0.0))]);
+        let log = drive(&mut e, &off, None, &[(1.0, prompt(1, vec![1, 2, 3, 4], 1.0))]);
+        assert!((first_at(&log) - 1.065).abs() < 1e-9, "the cache off: all computed");
     }
 }

@@ -30,6 +30,7 @@ use policies::admission::controller::{
 };
 use policies::admission::{assign_long_lanes, Candidate};
 use policies::autoscale::{Autoscaler, Signals};
+use policies::prefix::PrefixIndex;
 use policies::routing::EngineView;
 use policies::PolicyDocument;
 
@@ -74,6 +75,8 @@ pub struct SimRequest {
     pub max_tokens: u32,
     /// Where the emulated model would end by itself.
     pub natural_len: u32,
+    /// The prompt's full blocks (`policies::prefix` hashes).
+    pub blocks: std::sync::Arc<[u64]>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -103,7 +106,7 @@ enum Ev {
     Dispatch(usize),
     Wake { engine: usize, gen: u64 },
     FirstToken(usize),
-    Finished { req: usize, tokens: u32, prefill_ms: f64, decode_ms: f64, batch: f64 },
+    Finished { req: usize, tokens: u32, prefill_ms: f64, decode_ms: f64, batch: f64, cached: u32 },
     FirstTimeout(usize),
     GateTick,
     ScaleTick,
@@ -197,6 +200,8 @@ pub struct Sim<'a> {
     lives: Vec<(f64, f64)>,
     /// Requests not finished yet: ticks stop once none is left after the end.
     open_requests: usize,
+    /// Where prompt prefixes are cached, as the gateway knows it.
+    index: PrefixIndex,
     /// Highest time any request can still be in flight (the last arrival
     /// plus its budgets): ticks stop after it.
     horizon: f64,
@@ -238,6 +243,7 @@ impl<'a> Sim<'a> {
             events: 0,
             lives: Vec::new(),
             open_requests: reqs.len(),
+            index: PrefixIndex::new(policy.routing.prefix.index_blocks),
             horizon,
         };
         for _ in 0..sim.plan.engines {
@@ -283,8 +289,8 @@ impl<'a> Sim<'a> {
                 Ev::Dispatch(r) => self.dispatch(t, r),
                 Ev::Wake { engine, gen } => self.wake(t, engine, gen),
                 Ev::FirstToken(r) => self.first_token(t, r),
-                Ev::Finished { req, tokens, prefill_ms, decode_ms, batch } => {
-                    self.finished(t, req, tokens, prefill_ms, decode_ms, batch)
+                Ev::Finished { req, tokens, prefill_ms, decode_ms, batch, cached } => {
+                    self.finished(t, req, tokens, (prefill_ms, cached), decode_ms, batch)
                 }
                 Ev::FirstTimeout(r) => self.first_timeout(t, r),
                 Ev::GateTick => {
@@ -311,6 +317,8 @@ impl<'a> Sim<'a> {
         self.fleet.cost_per_1m_output_tokens =
             (self.output_tokens > 0).then(|| self.fleet.cost_usd / self.output_tokens as f64 * 1e6);
         let busy: f64 = self.slots.iter().map(|s| s.engine.busy_s).sum();
+        self.fleet.prefix_lookup_tokens += self.slots.iter().map(|s| s.engine.lookup_tokens).sum::<u64>();
+        self.fleet.prefix_hit_tokens += self.slots.iter().map(|s| s.engine.hit_tokens).sum::<u64>();
         self.fleet.device_utilization = (self.fleet.gpu_seconds > 0.0).then(|| busy / self.fleet.gpu_seconds);
         RunOutput { records: self.records, fleet: self.fleet, events: self.events }
     }
@@ -342,6 +350,7 @@ impl<'a> Sim<'a> {
                 prefill_backlog_tokens: s.backlog,
                 kv_headroom_tokens: s.engine.kv_headroom(self.cfg),
                 long_lane: false,
+                cached_tokens: 0,
             })
             .collect();
         assign_long_lanes(&mut out, self.policy.routing.long_lane_engines);
@@ -357,6 +366,7 @@ impl<'a> Sim<'a> {
                 ready: s.state == State::Serving,
                 inflight_tokens: s.inflight_tokens,
                 inflight_requests: s.active,
+                cached_blocks: 0,
             })
             .collect()
     }
@@ -382,10 +392,25 @@ impl<'a> Sim<'a> {
             sampling: false,
             ttft_hint_ms: None,
             e2e_hint_ms: None,
+            prefix_blocks: req.blocks.len() as u32,
         };
         let off = self.policy.admission.mode == policies::admission::AdmissionMode::Off;
-        let engines = if off { Vec::new() } else { self.candidates() };
-        let loads = if off { self.views() } else { Vec::new() };
+        let affinity = &self.policy.routing.prefix;
+        let matched = match affinity.enabled {
+            true => self.index.matched(&req.blocks, self.slots.len()),
+            false => vec![0; self.slots.len()],
+        };
+        let (mut engines, mut loads) = (Vec::new(), Vec::new());
+        if off {
+            loads = self.views();
+            for (v, m) in loads.iter_mut().zip(&matched) {
+                v.cached_blocks = *m;
+            }
+        } else {
+            engines = self.candidates();
+            let blocks = req.blocks.len() as u32;
+            policies::admission::credit_prefix(&mut engines, |i| matched[i], blocks, req.prompt, affinity);
+        }
         match self.ctl.request(now, self.policy, &request, &engines, &loads) {
             Outcome::Refuse(refusal) => self.refuse(now, r, &refusal),
             Outcome::Start { engine, admit } => {
@@ -449,8 +474,20 @@ impl<'a> Sim<'a> {
         self.ctl.release(&tenant);
     }
 
+    /// The engine's evictions since the last call reach the prefix index
+    /// (its KV events; what it stored the index learnt when routing).
+    fn kv_events(&mut self, engine: usize) {
+        let Ok(e) = u16::try_from(engine) else { return };
+        for h in self.slots[engine].engine.evicted.drain(..) {
+            self.index.remove(e, h);
+        }
+    }
+
     /// Counts `r` against `engine` and sends it there.
     fn lease(&mut self, now: f64, r: usize, engine: usize) {
+        if let (true, Ok(e)) = (self.policy.routing.prefix.enabled, u16::try_from(engine)) {
+            self.index.record(e, &self.reqs[r].blocks);
+        }
         let work = self.live[r].admit.as_ref().expect("admitted").work;
         let s = &mut self.slots[engine];
         s.active += 1;
@@ -497,8 +534,12 @@ impl<'a> Sim<'a> {
             key: admit.key,
             enqueued_at: now,
             ttft_budget_ms: admit.ttft_budget_ms,
+            blocks: std::sync::Arc::clone(&self.reqs[r].blocks),
+            cached: 0,
         };
-        match self.slots[engine].engine.enqueue(now, seq, self.cfg) {
+        let enqueued = self.slots[engine].engine.enqueue(now, seq, self.cfg);
+        self.kv_events(engine);
+        match enqueued {
             Ok(Some(at)) => {
                 let gen = self.slots[engine].engine.gen;
                 self.push(at, Ev::Wake { engine, gen });
@@ -519,6 +560,7 @@ impl<'a> Sim<'a> {
         let mut outs = std::mem::take(&mut self.outs);
         outs.clear();
         let next = self.slots[engine].engine.wake(now, self.cfg, &mut outs);
+        self.kv_events(engine);
         if let Some(at) = next {
             self.slots[engine].engine.gen += 1;
             let gen = self.slots[engine].engine.gen;
@@ -528,8 +570,8 @@ impl<'a> Sim<'a> {
         for o in &outs {
             match *o {
                 Out::FirstToken { req } => self.push(back, Ev::FirstToken(req)),
-                Out::Finished { req, tokens, prefill_ms, decode_ms, batch } => {
-                    self.push(back, Ev::Finished { req, tokens, prefill_ms, decode_ms, batch })
+                Out::Finished { req, tokens, prefill_ms, decode_ms, batch, cached } => {
+                    self.push(back, Ev::Finished { req, tokens, prefill_ms, decode_ms, batch, cached })
                 }
             }
         }
@@ -556,7 +598,15 @@ impl<'a> Sim<'a> {
         self.ctl.first_token(now, self.policy, tier, ttft_ms, budget, nominal);
     }
 
-    fn finished(&mut self, now: f64, t: usize, tokens: u32, prefill_ms: f64, decode_ms: f64, batch: f64) {
+    fn finished(
+        &mut self,
+        now: f64,
+        t: usize,
+        tokens: u32,
+        (prefill_ms, cached): (f64, u32),
+        decode_ms: f64,
+        batch: f64,
+    ) {
         let Some(r) = self.current(t) else { return };
         let engine = self.live[r].engine;
         self.unlease(r);
@@ -579,7 +629,7 @@ impl<'a> Sim<'a> {
             &tenant,
             "m",
             Some(self.class),
-            prompt,
+            (prompt, cached),
             tokens,
             prefill_ms,
             Some(decode_ms),

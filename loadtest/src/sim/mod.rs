@@ -49,6 +49,33 @@ pub enum Arm {
     B1,
 }
 
+/// An on/off flag value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Toggle {
+    On,
+    Off,
+}
+
+/// `--route`: a `[routing] policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Route {
+    PredictedFinish,
+    LeastLoaded,
+    RoundRobin,
+    CacheAware,
+}
+
+impl Route {
+    pub fn policy(self) -> RoutePolicy {
+        match self {
+            Route::PredictedFinish => RoutePolicy::PredictedFinish,
+            Route::LeastLoaded => RoutePolicy::LeastLoaded,
+            Route::RoundRobin => RoutePolicy::RoundRobin,
+            Route::CacheAware => RoutePolicy::CacheAware,
+        }
+    }
+}
+
 /// Options of `loadtest sim`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimArgs {
@@ -70,6 +97,14 @@ pub struct SimArgs {
     pub kv_pages: u32,
     #[arg(long, default_value_t = 16)]
     pub page_tokens: u32,
+    /// The engines' prefix cache (`engine --prefix-cache`).
+    #[arg(long, value_enum, default_value_t = Toggle::On)]
+    pub prefix_cache: Toggle,
+    /// Routing over the arm's (`[routing] policy`): `cache-aware` is the
+    /// prefix scorer with admission off (with `--arm b1`), the benchmark's
+    /// routing arms.
+    #[arg(long, value_enum)]
+    pub route: Option<Route>,
     /// Run the policy's autoscaler (`[autoscale]`, turned on) with these bounds.
     #[arg(long)]
     pub autoscale: bool,
@@ -177,6 +212,13 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
         std::fs::read_to_string(&a.profile).map_err(|e| RunError::Args(format!("{shown}: {e}")))?;
     let profile = LatencyProfile::parse(&shown, &profile_text).map_err(|e| RunError::Args(e.to_string()))?;
     let (mut policy, limits) = arm_setup(a.arm, policy, a.max_batch);
+    if let Some(route) = a.route {
+        policy.routing.policy = route.policy();
+    }
+    if a.prefix_cache == Toggle::Off {
+        policy.routing.prefix.enabled = false; // nothing cached to route to
+    }
+    policy.routing.prefix.block_tokens = a.page_tokens;
     if let Some(g) = a.gamma {
         policy.estimator.guard_factor = g;
     }
@@ -218,6 +260,7 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
                 prompt: p.input_tokens,
                 max_tokens: p.max_tokens.max(1),
                 natural_len: natural_len.min(p.max_tokens.max(1)),
+                blocks: policies::prefix::block_hashes(&p.prompt(a.load.seed), a.page_tokens).into(),
             }
         })
         .collect();
@@ -225,6 +268,8 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
         limits,
         kv_tokens: u64::from(a.kv_pages) * u64::from(a.page_tokens),
         kv_low_watermark: 0.05,
+        page_tokens: a.page_tokens,
+        prefix_cache: a.prefix_cache == Toggle::On,
         profile: profile.scaled(1.0 + a.predictor_error),
     };
     let hops = Hops { client_s: a.client_ms / 1e3, engine_s: a.engine_ms / 1e3 };

@@ -296,6 +296,9 @@ impl Controller {
             }
             RoutePolicy::LeastLoaded => crate::routing::least_inflight_requests(loads, &[]),
             RoutePolicy::PredictedFinish => crate::routing::least_inflight_tokens(loads, &[]),
+            RoutePolicy::CacheAware => {
+                crate::routing::cache_aware(loads, &[], r.prefix_blocks, &policy.routing.prefix)
+            }
         };
         let key = self.key(policy, r, now, r.max_tokens);
         self.hold(r.tenant);
@@ -436,8 +439,9 @@ impl Controller {
 
     /// A request of `tenant` on `model` finished on an engine of `class`
     /// (none: not known) with `completion_tokens`, after `prefill_ms` of
-    /// prefill and `decode_ms` from its first token to its last, at a batch
-    /// of `batch`: the estimator learns its output length and timings.
+    /// prefill (of its prompt but the `cached_tokens` the engine's prefix
+    /// cache held) and `decode_ms` from its first token to its last, at a
+    /// batch of `batch`: the estimator learns its output length and timings.
     #[allow(clippy::too_many_arguments)]
     pub fn finished(
         &mut self,
@@ -445,7 +449,7 @@ impl Controller {
         tenant: &str,
         model: &str,
         class: Option<usize>,
-        prompt_tokens: u32,
+        (prompt_tokens, cached_tokens): (u32, u32),
         completion_tokens: u32,
         prefill_ms: f64,
         decode_ms: Option<f64>,
@@ -460,7 +464,8 @@ impl Controller {
         }
         if let (Some(c), Some(decode_ms)) = (class, decode_ms) {
             if let Some(m) = self.models.get_mut(c) {
-                m.observe(prompt_tokens, prefill_ms, completion_tokens, decode_ms, batch, &policy.estimator);
+                let (n_in, cached) = (prompt_tokens, cached_tokens);
+                m.observe(n_in, cached, prefill_ms, completion_tokens, decode_ms, batch, &policy.estimator);
             }
         }
     }

@@ -27,6 +27,7 @@ pub fn engines(ctl: &mut Controller, n: usize, slots: u32, active: u32) -> Vec<C
             prefill_backlog_tokens: 0,
             kv_headroom_tokens: 1 << 30,
             long_lane: false,
+            cached_tokens: 0,
         })
         .collect()
 }
@@ -43,5 +44,6 @@ pub fn req<'a>(p: &'a PolicyDocument, tier: &str, tenant: &'a str, prompt: u32, 
         sampling: false,
         ttft_hint_ms: None,
         e2e_hint_ms: None,
+        prefix_blocks: 0,
     }
 }

@@ -30,6 +30,9 @@ pub struct Request<'a> {
     /// Per-request budgets (`x-slo-*-ms`), already clamped to the tier.
     pub ttft_hint_ms: Option<f64>,
     pub e2e_hint_ms: Option<f64>,
+    /// Full prefix blocks of the prompt (`policies::prefix`): what a cached
+    /// prefix is measured against.
+    pub prefix_blocks: u32,
 }
 
 /// A step that changed what the request asked for.

@@ -36,6 +36,7 @@ fn engine(idx: usize, slots: u32, active: u32) -> Candidate {
         prefill_backlog_tokens: 0,
         kv_headroom_tokens: 1 << 20,
         long_lane: false,
+        cached_tokens: 0,
     }
 }
 
@@ -196,4 +197,55 @@ fn kv_headroom_and_lanes_steer_the_choice() {
         rejected(decide(&ask(500.0, 5000.0), &[], &models, &est(), &cfg)).reason,
         RejectReason::NoEngine
     );
+}
+
+#[test]
+fn a_cached_prefix_is_predicted_cheaper_and_admitted_where_a_cold_prompt_is_not() {
+    let models = [model("c", 10.0)];
+    let cfg = AdmissionConfig::default();
+    // 4,000 prompt tokens: prefill 400 ms, + a 13 ms batch fill = 413 ms.
+    let mut a = ask(300.0, 60_000.0);
+    a.n_in = 4000;
+    assert_eq!(
+        rejected(decide(&a, &[engine(0, 8, 3)], &models, &est(), &cfg)).reason,
+        RejectReason::TtftInfeasible
+    );
+    // The same prompt on an engine holding its first 3,600 tokens: 40 ms.
+    let mut warm = engine(1, 8, 3);
+    warm.cached_tokens = 3600;
+    let p = admitted(decide(&a, &[engine(0, 8, 3), warm.clone()], &models, &est(), &cfg));
+    assert_eq!(p.engine, Some(1));
+    close(p.ttft_ms, 53.0);
+    // Among free engines that meet the budgets, the warm one (prefill the
+    // fleet does not repeat), though an idle one would finish first
+    // (50 + 100 x 10 ms against 16 + 100 x 16 ms at batch 7)...
+    let mut warm_busy = warm;
+    warm_busy.active = 6;
+    let engines = [engine(0, 8, 0), warm_busy];
+    let p = admitted(decide(&ask(1000.0, 60_000.0), &engines, &models, &est(), &cfg));
+    assert_eq!(p.engine, Some(1), "affinity among feasible engines");
+    // ...but never one that would miss them: with a 1.5 s end-to-end
+    // budget only the idle engine fits.
+    let p = admitted(decide(&ask(1000.0, 1500.0), &engines, &models, &est(), &cfg));
+    assert_eq!(p.engine, Some(0), "the budget first");
+}
+
+#[test]
+fn credit_goes_to_matched_engines_only_while_the_fleet_is_balanced() {
+    let cfg = crate::prefix::AffinityConfig::default(); // 16-token blocks; imbalance past 4,096 and 1.5x
+    let mut cands = vec![engine(0, 8, 2), engine(1, 8, 2), engine(2, 8, 2)];
+    let matched = |idx: usize| [10, 4, 0][idx];
+    credit_prefix(&mut cands, matched, 12, 200, &cfg);
+    assert_eq!(cands.iter().map(|c| c.cached_tokens).collect::<Vec<_>>(), vec![160, 64, 0]);
+    // Never the whole prompt: its last token is computed.
+    credit_prefix(&mut cands, matched, 10, 160, &cfg);
+    assert_eq!(cands[0].cached_tokens, 159);
+    // Engine 0 carries 10,000 tokens more than the others: load decides.
+    cands[0].active_out_tokens = 10_200;
+    credit_prefix(&mut cands, matched, 12, 200, &cfg);
+    assert!(cands.iter().all(|c| c.cached_tokens == 0));
+    // A match under min_match (a quarter of the prompt) is none either.
+    cands[0].active_out_tokens = 200;
+    credit_prefix(&mut cands, |i| [2, 0, 0][i], 12, 200, &cfg);
+    assert!(cands.iter().all(|c| c.cached_tokens == 0));
 }

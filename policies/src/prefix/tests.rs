@@ -75,7 +75,8 @@ fn a_block_remembers_a_bounded_number_of_engines() {
 
 #[test]
 fn affinity_wins_until_the_fleet_is_imbalanced_or_the_match_is_short() {
-    let cfg = AffinityConfig { balance_abs: 1000, balance_rel: 1.5, min_match: 0.25 };
+    let cfg =
+        AffinityConfig { balance_abs: 1000, balance_rel: 1.5, min_match: 0.25, ..AffinityConfig::default() };
     let c = |idx, matched_blocks, load| Choice { idx, matched_blocks, load };
     // The longest match, though busier.
     assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 900), c(2, 2, 50)], 8, &cfg), Some(1));
@@ -89,4 +90,24 @@ fn affinity_wins_until_the_fleet_is_imbalanced_or_the_match_is_short() {
     assert_eq!(pick(&[], 8, &cfg), None);
     // A prompt with no full block: load.
     assert_eq!(pick(&[c(0, 0, 300), c(1, 0, 100)], 0, &cfg), Some(1));
+    // Turned off: load, whatever the matches.
+    let off = AffinityConfig { enabled: false, ..cfg };
+    assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 900)], 8, &off), Some(0));
+    assert!(applies(&[c(0, 0, 100), c(1, 6, 900)], 8, &cfg));
+    assert!(!applies(&[c(0, 0, 100), c(1, 6, 900)], 8, &off));
+}
+
+#[test]
+fn an_evicted_block_is_forgotten_for_that_engine_only() {
+    let mut idx = PrefixIndex::new(100);
+    let p = block_hashes(&words(32, "evi"), 16); // 4 blocks
+    idx.record(0, &p);
+    idx.record(1, &p);
+    idx.remove(0, p[2]);
+    assert_eq!(idx.matched(&p, 2), vec![2, 4], "engine 0 matches up to the evicted block");
+    idx.remove(1, p[0]);
+    assert_eq!(idx.matched(&p, 2), vec![2, 0]);
+    idx.remove(0, p[0]);
+    assert_eq!(idx.matched(&p, 2), vec![0, 0]);
+    assert_eq!(idx.len(), 3, "a block no engine holds is dropped");
 }

@@ -119,7 +119,7 @@ fn the_same_events_give_the_same_decisions() {
             let o = ctl.request(now, &p, &req(&p, tier, "t", 100 + (i * 37) % 3000, 64 + i % 500), &es, &[]);
             out.push(format!("{o:?}"));
             if i % 5 == 0 {
-                ctl.finished(&p, "t", "m", Some(0), 100, 40 + i % 300, 12.0, Some(900.0), 4.0);
+                ctl.finished(&p, "t", "m", Some(0), (100, 0), 40 + i % 300, 12.0, Some(900.0), 4.0);
                 ctl.release("t");
             }
             if i % 25 == 0 {
