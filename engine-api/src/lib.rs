@@ -260,7 +260,8 @@ pub struct LoadReport {
     /// unheld ones are evictable and counted in `kv_pages_free`.
     #[serde(default)]
     pub prefix_cached_pages: u32,
-    /// Prompt tokens looked up in the prefix cache so far, and found.
+    /// Prompt tokens prefilled so far (each sequence's first prefill), and
+    /// of those found in the prefix cache (not computed).
     #[serde(default)]
     pub prefix_lookup_tokens: u64,
     #[serde(default)]

@@ -126,8 +126,8 @@ impl Engine {
             kv_page_tokens: kv.page_tokens,
             kv_low_watermark_pages: kv.low_pages,
             prefix_cached_pages: kv.cached_pages,
-            prefix_lookup_tokens: kv.looked_up_tokens,
-            prefix_hit_tokens: kv.hit_tokens,
+            prefix_lookup_tokens: s.prompt_tokens,
+            prefix_hit_tokens: s.cached_tokens,
         }
     }
 

@@ -58,4 +58,19 @@ async fn prompts_behind_one_system_prompt_follow_it_and_skip_its_prefill() {
         assert!(load.prefix_hit_tokens >= 4 * 800, "{load:?}");
         assert!(load.prefix_cached_pages >= 50, "{load:?}");
     }
+    // The gateway reads every engine's KV events: the one that served reports
+    // stored blocks (sequence numbers past 0) within a few probes.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ready = sys.readyz().await;
+        let index = &ready["detail"]["prefix_index"];
+        let read: Vec<u64> =
+            index["events_read"].as_array().unwrap().iter().filter_map(|v| v.as_u64()).collect();
+        if read.len() == 3 && read.iter().filter(|s| **s > 0).count() >= 1 {
+            assert!(index["blocks"].as_u64().unwrap() >= 100, "{index}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the KV events were not read: {index}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -134,10 +134,11 @@ pub struct Candidate {
 
 /// Credits each candidate with the prompt tokens it holds cached:
 /// `matched(idx)` leading blocks of a prompt of `blocks` full blocks and
-/// `n_in` tokens, when prefix affinity [`crate::prefix::applies`] (the
-/// candidates' in-flight work — prefill backlog plus expected output — is
-/// balanced and some match is long enough); otherwise none, so load
-/// decides. A prompt's last token is always computed, so at most `n_in - 1`.
+/// `n_in` tokens, as [`crate::prefix::credited`] allows (none for an
+/// engine whose in-flight work — prefill backlog plus expected output — is
+/// far above the least loaded's, none at all when no match is long
+/// enough), so load decides there. A prompt's last token is always
+/// computed, so at most `n_in - 1`.
 pub fn credit_prefix(
     cands: &mut [Candidate],
     matched: impl Fn(usize) -> u32,
@@ -153,10 +154,9 @@ pub fn credit_prefix(
             load: c.prefill_backlog_tokens + c.active_out_tokens,
         })
         .collect();
-    let on = crate::prefix::applies(&choices, blocks, cfg);
-    for (c, m) in cands.iter_mut().zip(&choices) {
-        c.cached_tokens =
-            if on { (m.matched_blocks * cfg.block_tokens).min(n_in.saturating_sub(1)) } else { 0 };
+    let credit = crate::prefix::credited(&choices, blocks, cfg);
+    for (c, m) in cands.iter_mut().zip(credit) {
+        c.cached_tokens = (m * cfg.block_tokens).min(n_in.saturating_sub(1));
     }
 }
 

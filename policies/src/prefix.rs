@@ -264,34 +264,41 @@ impl AffinityConfig {
     }
 }
 
-/// Whether affinity may decide among `choices` for a prompt of `blocks`
-/// full blocks: the candidates are balanced (the most loaded carries at
-/// most `balance_abs` more than the least, or at most `balance_rel` times
-/// it) and some match covers `min_match` of the prompt.
-pub fn applies(choices: &[Choice], blocks: u32, cfg: &AffinityConfig) -> bool {
-    let (Some(least), Some(most)) =
-        (choices.iter().map(|c| c.load).min(), choices.iter().map(|c| c.load).max())
-    else {
-        return false;
-    };
-    let imbalanced = most - least > cfg.balance_abs && most as f64 > cfg.balance_rel * least as f64;
-    let best = choices.iter().map(|c| c.matched_blocks).max().unwrap_or(0);
-    cfg.enabled
-        && !imbalanced
-        && blocks > 0
-        && best > 0
-        && f64::from(best) >= cfg.min_match * f64::from(blocks)
+/// Whether an engine carrying `load` is too busy for affinity, next to
+/// the least loaded candidate's `least`: more than `balance_abs` above it
+/// *and* more than `balance_rel` times it. Judged per engine against the
+/// least loaded (not the fleet's spread, which in a large fleet nearly
+/// always has an idle engine at one end).
+pub fn overloaded(load: u64, least: u64, cfg: &AffinityConfig) -> bool {
+    load.saturating_sub(least) > cfg.balance_abs && load as f64 > cfg.balance_rel * least as f64
+}
+
+/// The matched blocks affinity credits each of `choices` with (in order):
+/// its match, unless it is [`overloaded`] or no engine that is not holds
+/// `min_match` of a prompt of `blocks` full blocks; else 0.
+pub fn credited(choices: &[Choice], blocks: u32, cfg: &AffinityConfig) -> Vec<u32> {
+    let least = choices.iter().map(|c| c.load).min().unwrap_or(0);
+    let mut credit: Vec<u32> =
+        choices.iter().map(|c| if overloaded(c.load, least, cfg) { 0 } else { c.matched_blocks }).collect();
+    let best = credit.iter().copied().max().unwrap_or(0);
+    if !cfg.enabled || blocks == 0 || best == 0 || f64::from(best) < cfg.min_match * f64::from(blocks) {
+        credit.iter_mut().for_each(|c| *c = 0);
+    }
+    credit
 }
 
 /// The engine to send a prompt of `blocks` full blocks to: the longest
-/// match (least loaded among equals) when affinity [`applies`], else the
-/// least loaded.
+/// [`credited`] match (least loaded among equals), or the least loaded
+/// when none is credited.
 pub fn pick(choices: &[Choice], blocks: u32, cfg: &AffinityConfig) -> Option<usize> {
     let least = choices.iter().min_by_key(|c| (c.load, c.idx))?;
-    if !applies(choices, blocks, cfg) {
-        return Some(least.idx);
-    }
-    choices.iter().max_by_key(|c| (c.matched_blocks, std::cmp::Reverse((c.load, c.idx)))).map(|c| c.idx)
+    let credit = credited(choices, blocks, cfg);
+    let best = choices
+        .iter()
+        .zip(&credit)
+        .filter(|(_, m)| **m > 0)
+        .max_by_key(|(c, m)| (**m, std::cmp::Reverse((c.load, c.idx))));
+    Some(best.map_or(least.idx, |(c, _)| c.idx))
 }
 
 #[cfg(test)]

@@ -86,6 +86,10 @@ pub struct SchedSnapshot {
     pub batch_achieved: f64,
     pub batch_target: u32,
     pub preemptions: u64,
+    /// Prompt tokens of sequences prefilled so far (their first prefill),
+    /// and of those found in the prefix cache.
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
 }
 
 enum Command {
@@ -207,6 +211,8 @@ struct Stats {
     decode_step_ms: f64,
     batch_achieved: f64,
     preemptions: u64,
+    prompt_tokens: u64,
+    cached_tokens: u64,
 }
 
 fn smooth(old: f64, new: f64) -> f64 {
@@ -397,6 +403,8 @@ impl<B: Backend> Core<B> {
             batch_achieved: self.stats.batch_achieved,
             batch_target: self.cfg.limits.max_batch,
             preemptions: self.stats.preemptions,
+            prompt_tokens: self.stats.prompt_tokens,
+            cached_tokens: self.stats.cached_tokens,
         }
     }
 
@@ -438,6 +446,8 @@ impl<B: Backend> Core<B> {
         for s in batch.iter_mut().filter(|s| s.generated == 0) {
             s.queue_ms = (started - s.enqueued_at).as_secs_f64() * 1e3;
             s.cached_tokens = s.cached();
+            self.stats.prompt_tokens += u64::from(s.prompt_tokens);
+            self.stats.cached_tokens += u64::from(s.cached_tokens);
             ::metrics::histogram!(m::FORMATION).record(s.queue_ms / 1e3);
             ::metrics::counter!(m::PREFIX_LOOKUP_TOKENS).increment(u64::from(s.prompt_tokens));
             ::metrics::counter!(m::PREFIX_HIT_TOKENS).increment(u64::from(s.cached_tokens));

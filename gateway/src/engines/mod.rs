@@ -447,7 +447,7 @@ impl EnginePool {
                 })
             })
             .collect();
-        serde_json::json!({"ready_engines": self.ready_count(), "engines": engines})
+        serde_json::json!({"ready_engines": self.ready_count(), "engines": engines, "prefix_index": self.prefix.detail()})
     }
 }
 

@@ -131,6 +131,15 @@ impl PrefixView {
         Some(ev.last_seq)
     }
 
+    /// For `/readyz`: blocks indexed, and per engine index the KV-event
+    /// sequence number read up to (`null`: none read yet).
+    pub fn detail(&self) -> serde_json::Value {
+        let blocks = self.index().len();
+        let cursors = self.cursors.lock().unwrap_or_else(|p| p.into_inner());
+        let read: Vec<Option<u64>> = cursors.iter().map(|c| c.map(|(_, seq)| seq)).collect();
+        serde_json::json!({"blocks": blocks, "events_read": read})
+    }
+
     /// The sequence number to ask engine `idx` for events after (0: a
     /// snapshot, for a new reader).
     fn after(&self, idx: usize) -> (u64, Option<u64>) {

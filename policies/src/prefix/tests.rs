@@ -80,8 +80,15 @@ fn affinity_wins_until_the_fleet_is_imbalanced_or_the_match_is_short() {
     let c = |idx, matched_blocks, load| Choice { idx, matched_blocks, load };
     // The longest match, though busier.
     assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 900), c(2, 2, 50)], 8, &cfg), Some(1));
-    // Too imbalanced (2,900 vs 100): load decides.
+    // Engine 1 is too busy next to the least loaded (2,900 vs 50): the
+    // longest match among the others.
     assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 2_900), c(2, 2, 50)], 8, &cfg), Some(2));
+    // ...and with no other match, the least loaded.
+    assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 2_900), c(2, 0, 50)], 8, &cfg), Some(2));
+    assert_eq!(pick(&[c(0, 0, 10), c(1, 6, 2_900), c(2, 0, 50)], 8, &cfg), Some(0));
+    // In a large fleet an idle engine does not switch affinity off for the
+    // others: engine 1 is within 1,000 of the least loaded.
+    assert_eq!(pick(&[c(0, 0, 0), c(1, 6, 900), c(2, 0, 5_000)], 8, &cfg), Some(1));
     // A match under a quarter of the prompt is no match.
     assert_eq!(pick(&[c(0, 1, 300), c(1, 0, 100)], 8, &cfg), Some(1));
     // Equal matches: the less loaded; equal loads: the lower index.
@@ -93,8 +100,8 @@ fn affinity_wins_until_the_fleet_is_imbalanced_or_the_match_is_short() {
     // Turned off: load, whatever the matches.
     let off = AffinityConfig { enabled: false, ..cfg };
     assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 900)], 8, &off), Some(0));
-    assert!(applies(&[c(0, 0, 100), c(1, 6, 900)], 8, &cfg));
-    assert!(!applies(&[c(0, 0, 100), c(1, 6, 900)], 8, &off));
+    assert_eq!(credited(&[c(0, 0, 100), c(1, 6, 900)], 8, &cfg), vec![0, 6]);
+    assert_eq!(credited(&[c(0, 0, 100), c(1, 6, 900)], 8, &off), vec![0, 0]);
 }
 
 #[test]
