@@ -240,7 +240,7 @@ pub fn plan(workload: &Workload, schedule: &Schedule, seed: u64) -> Vec<Planned>
     let mut tenants = SplitMix(seed ^ 0xA5A5_0002);
     let mut sizes = SplitMix(seed ^ 0xA5A5_0003);
     let mut shared = SplitMix(seed ^ 0xA5A5_0004);
-    let mut turns: Vec<u32> = vec![0; workload.conversation.map_or(0, |c| c.users as usize)];
+    let mut turns: Vec<(u32, u32)> = vec![(0, 0); workload.conversation.map_or(0, |c| c.users as usize)];
     let timed: Vec<(f64, Option<TraceRow>)> = match schedule {
         Schedule::Rate(spec) => spec.times(&mut arrivals).into_iter().map(|t| (t, None)).collect(),
         Schedule::Trace { rows, speed, duration_s } => {
@@ -257,35 +257,43 @@ pub fn plan(workload: &Workload, schedule: &Schedule, seed: u64) -> Vec<Planned>
                 None => (workload.input_tokens.sample(&mut sizes), workload.output_tokens.sample(&mut sizes)),
             };
             let max_tokens = workload.capped_output(&workload.mix[mix].tier, wanted);
-            let prefix = shared_start(workload, &mut shared, &mut turns, seed);
-            let input_tokens = input.saturating_add(prefix.map_or(0, |(_, n)| n));
+            let (prefix, input_tokens) = shared_start(workload, &mut shared, &mut turns, seed, input);
             Planned { id: i as u64, at_s, mix, input_tokens, max_tokens, prefix }
         })
         .collect()
 }
 
-/// The shared start of the next request's prompt, if its workload has one:
-/// a `[prefix]` group's (seeded by the group), or its conversation's
-/// history (seeded by the user and the conversation's number), empty on a
-/// conversation's first turn.
-fn shared_start(w: &Workload, rng: &mut SplitMix, turns: &mut [u32], seed: u64) -> Option<(u64, u32)> {
+/// The shared start of the next request's prompt, if its workload has one,
+/// and the whole prompt's size for a message of `own` tokens: a `[prefix]`
+/// group's prefix (seeded by the group) ahead of the message; or, in a
+/// conversation, the whole prompt, which is the conversation so far (every
+/// earlier prompt, each followed by `turn_tokens` standing for its answer)
+/// and then the new message, all one stream seeded by the user and the
+/// conversation's number, so each turn's prompt is a prefix of the next's.
+fn shared_start(
+    w: &Workload,
+    rng: &mut SplitMix,
+    turns: &mut [(u32, u32)],
+    seed: u64,
+    own: u32,
+) -> (Option<(u64, u32)>, u32) {
     if let Some(p) = w.prefix {
         if rng.unit_f64() >= p.share {
-            return None;
+            return (None, own);
         }
         let group = rng.next_u64() % u64::from(p.groups);
-        return Some((seed ^ 0x5EED_0000_0000 ^ group.wrapping_mul(0x9E37_79B9_7F4A_7C15), p.tokens));
+        let key = seed ^ 0x5EED_0000_0000 ^ group.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        return (Some((key, p.tokens)), own.saturating_add(p.tokens));
     }
-    let c = w.conversation?;
+    let Some(c) = w.conversation else { return (None, own) };
     let user = (rng.next_u64() % u64::from(c.users)) as usize;
-    let n = turns[user];
-    turns[user] += 1;
+    let (n, history) = turns[user];
     let (conversation, turn) = (n / c.turns, n % c.turns);
-    if turn == 0 {
-        return None;
-    }
+    let history = if turn == 0 { 0 } else { history };
+    let whole = history.saturating_add(own);
+    turns[user] = (n + 1, whole.saturating_add(c.turn_tokens));
     let key = (user as u64) << 32 | u64::from(conversation);
-    Some((seed ^ 0xC0DE_0000_0000 ^ key.wrapping_mul(0x9E37_79B9_7F4A_7C15), turn * c.turn_tokens))
+    (Some((seed ^ 0xC0DE_0000_0000 ^ key.wrapping_mul(0x9E37_79B9_7F4A_7C15), whole)), whole)
 }
 
 #[cfg(test)]
@@ -328,24 +336,32 @@ mod tests {
     }
 
     #[test]
-    fn conversations_resend_their_history_turn_after_turn() {
+    fn each_turn_of_a_conversation_resends_the_previous_prompt_and_its_answer() {
         let w = shipped("multi-turn");
         let reqs = requests(&w, 2000);
-        let firsts = reqs.iter().filter(|p| p.prefix.is_none()).count();
+        assert!(reqs.iter().all(|p| p.prefix.is_some_and(|(_, n)| n == p.input_tokens)), "one stream each");
+        let mut by_seed: std::collections::HashMap<u64, Vec<&Planned>> = Default::default();
+        for p in &reqs {
+            by_seed.entry(p.prefix.unwrap().0).or_default().push(p);
+        }
+        let conversations = by_seed.len();
         assert!(
-            (2000 / 8 - 20..=2000 / 8 + 80).contains(&firsts),
-            "a new conversation every 8 turns: {firsts}"
+            (2000 / 8..=2000 / 8 + 80).contains(&conversations),
+            "a new one every 8 turns: {conversations}"
         );
-        // Within one conversation (one seed), each turn's history extends the last.
-        let seed = reqs.iter().find_map(|p| p.prefix.filter(|(_, n)| *n == 3 * 150)).unwrap().0;
-        let turns: Vec<u32> =
-            reqs.iter().filter_map(|p| p.prefix.filter(|(s, _)| *s == seed)).map(|(_, n)| n).collect();
-        assert!(turns.windows(2).all(|t| t[1] == t[0] + 150), "{turns:?}");
-        let short = crate::workload::synth_prompt(150, seed);
-        assert!(
-            crate::workload::synth_prompt(300, seed).starts_with(&short),
-            "a shorter history is a prefix"
-        );
+        let long = by_seed.values().find(|turns| turns.len() == 8).expect("a whole conversation");
+        for t in long.windows(2) {
+            // The next prompt is the previous one, its 150-token answer and a new message.
+            let (a, b) = (t[0].prompt(7), t[1].prompt(7));
+            assert!(b.starts_with(&a), "turn prompts extend each other");
+            assert!(
+                t[1].input_tokens >= t[0].input_tokens + 150 + 4,
+                "{} then {}",
+                t[0].input_tokens,
+                t[1].input_tokens
+            );
+            assert_eq!(policies::tokens::count(&b), t[1].input_tokens);
+        }
     }
 
     #[test]

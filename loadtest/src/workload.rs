@@ -68,8 +68,9 @@ pub struct ConversationSpec {
     pub users: u32,
     /// Turns of a conversation before its user starts a new one.
     pub turns: u32,
-    /// Tokens each earlier turn left in the history (its message and the
-    /// answer), resent with every later turn.
+    /// Tokens each earlier turn's answer left in the history: a turn's
+    /// prompt is the previous turn's prompt, this many tokens standing for
+    /// its answer, then the new message.
     pub turn_tokens: u32,
 }
 
