@@ -3,7 +3,9 @@
 //! the engine that holds it, that engine computes only the rest (the
 //! client sees it as `usage.prompt_tokens_details.cached_tokens` and in a
 //! far shorter time to the answer), and the engine's own load report counts
-//! the hits.
+//! the hits; a second gateway on the same engines (a real `redis-server`
+//! for the registry) learns where prefixes live from the engines' KV events
+//! alone.
 // Process-level code: it measures real time on purpose.
 #![allow(clippy::disallowed_methods)]
 
@@ -73,4 +75,47 @@ async fn prompts_behind_one_system_prompt_follow_it_and_skip_its_prefill() {
         assert!(Instant::now() < deadline, "the KV events were not read: {index}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Polls `sys`'s `/readyz` until `check` holds (10 s at most).
+async fn wait_ready(sys: &System, what: &str, check: impl Fn(&serde_json::Value) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = sys.readyz().await;
+        if check(&r) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {r}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_second_gateway_learns_where_a_prefix_lives_from_the_engines_events() {
+    let redis = start_redis();
+    let url = redis.url();
+    let a = System::start_with_policy(PROFILE, 3, &["--redis", &url], None).await;
+    let b = System::serve_beside(&a, &default_policy(), &["--redis", &url]).await;
+    let ready = |r: &serde_json::Value| {
+        r["detail"]["engines"].as_array().map_or(0, |e| e.iter().filter(|e| e["ready"] == true).count())
+    };
+    wait_ready(&b, "B discovers the three engines", |r| ready(r) == 3).await;
+    // Through A only: the system prompt is prefilled on one engine.
+    let system = words('r', 800);
+    let ca = a.conn(Proto::H2).await;
+    let first = format!("{system} question one {}", words('z', 7));
+    let resp = ca.post_json("/v1/completions", Some(SILVER), completion(&first, 1, false)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let holder = header(&resp, "x-engine").to_string();
+    body_bytes(resp).await.unwrap();
+    // B routed nothing, but reads the engines' KV events: it learns the 50 blocks.
+    let blocks = |r: &serde_json::Value| r["detail"]["prefix_index"]["blocks"].as_u64().unwrap_or(0);
+    wait_ready(&b, "B's index learns the blocks from the events", |r| blocks(r) >= 50).await;
+    let cb = b.conn(Proto::H2).await;
+    let second = format!("{system} question two {}", words('y', 7));
+    let resp = cb.post_json("/v1/completions", Some(SILVER), completion(&second, 1, false)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "x-engine"), holder, "B sends the prefix where A's request left it");
+    let v = json(&body_bytes(resp).await.unwrap());
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 800, "{v}");
 }
