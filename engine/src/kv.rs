@@ -351,17 +351,15 @@ impl KvAllocator {
             return Err(KvRefusal::TooLarge { need, total: self.total });
         }
         let mut inner = self.lock();
-        let shared = self.lookup(&mut inner, reuse, need);
-        let in_pool = shared.iter().filter(|p| inner.lru_key[**p as usize] != 0).count() as u32;
-        let fresh = need - shared.len() as u32;
-        let free = inner.available() - in_pool;
-        if free + in_pool >= self.high {
+        let available = inner.available();
+        let (shared, fresh, free) = self.lookup(&mut inner, reuse, need);
+        if available >= self.high {
             inner.admitting = true;
         }
         if !inner.admitting || free < fresh + self.low {
             // Close admission only when the cache is genuinely running low,
             // not because one request is too big for the headroom.
-            if free + in_pool < self.high {
+            if available < self.high {
                 inner.admitting = false;
             }
             return Err(KvRefusal::LowWatermark { need: fresh, free, low: self.low });
@@ -374,27 +372,29 @@ impl KvAllocator {
     pub fn admit_running(self: &Arc<Self>, tokens: u64, reuse: &[Block]) -> Result<PageSet, KvExhausted> {
         let need = self.pages_for(tokens);
         let mut inner = self.lock();
-        let shared = self.lookup(&mut inner, reuse, need);
-        let in_pool = shared.iter().filter(|p| inner.lru_key[**p as usize] != 0).count() as u32;
-        let fresh = need - shared.len() as u32;
-        if fresh > inner.available() - in_pool {
+        let (shared, fresh, free) = self.lookup(&mut inner, reuse, need);
+        if fresh > free {
             return Err(KvExhausted);
         }
         Ok(self.grant(&mut inner, shared, fresh))
     }
 
-    /// The cached prefix of `reuse` (at most `need` pages), counted in the
-    /// hit rate.
-    fn lookup(&self, inner: &mut Inner, reuse: &[Block], need: u32) -> Vec<PageId> {
-        if !self.prefix_cache || reuse.is_empty() {
-            return Vec::new();
+    /// For a sequence of `need` pages: the pages holding the cached prefix
+    /// of `reuse` (at most `need`, counted in the hit rate), the fresh pages
+    /// it needs besides, and the pages free for those once the shared ones
+    /// (some perhaps in the LRU pool) are held.
+    fn lookup(&self, inner: &mut Inner, reuse: &[Block], need: u32) -> (Vec<PageId>, u32, u32) {
+        let mut shared = Vec::new();
+        if self.prefix_cache && !reuse.is_empty() {
+            shared = inner.lookup(reuse);
+            shared.truncate(need as usize);
+            let tokens = |n: usize| n as u64 * u64::from(self.page_tokens);
+            inner.looked_up_tokens += tokens(reuse.len());
+            inner.hit_tokens += tokens(shared.len());
         }
-        let mut shared = inner.lookup(reuse);
-        shared.truncate(need as usize);
-        let tokens = |n: usize| n as u64 * u64::from(self.page_tokens);
-        inner.looked_up_tokens += tokens(reuse.len());
-        inner.hit_tokens += tokens(shared.len());
-        shared
+        let in_pool = shared.iter().filter(|p| inner.lru_key[**p as usize] != 0).count() as u32;
+        let fresh = need - shared.len() as u32;
+        (shared, fresh, inner.available() - in_pool)
     }
 
     fn grant(self: &Arc<Self>, inner: &mut Inner, shared: Vec<PageId>, fresh: u32) -> PageSet {

@@ -132,25 +132,36 @@ pub struct Candidate {
     pub cached_tokens: u32,
 }
 
-/// Credits each candidate with the prompt tokens it holds cached:
-/// `matched(idx)` leading blocks of a prompt of `blocks` full blocks and
-/// `n_in` tokens, as [`crate::prefix::credited`] allows (none for an
-/// engine whose in-flight work — prefill backlog plus expected output — is
-/// far above the least loaded's, none at all when no match is long
-/// enough), so load decides there. A prompt's last token is always
-/// computed, so at most `n_in - 1`.
+/// Credits the engines of one decision with what they hold of a prompt
+/// of `blocks` full blocks and `n_in` tokens, `matched[idx]` leading blocks
+/// per engine index (the prefix index's answer; shorter or empty: none).
+///
+/// - Admission on, `cands`: each candidate's `cached_tokens`, as
+///   [`crate::prefix::credited`] allows (none for an engine whose in-flight
+///   work — prefill backlog plus expected output — is far above the least
+///   loaded's, none at all when no match is long enough), so load decides
+///   there. A prompt's last token is always computed: at most `n_in - 1`.
+/// - Admission off, `views`: each view's `cached_blocks`, which the
+///   `cache_aware` route weighs itself.
 pub fn credit_prefix(
     cands: &mut [Candidate],
-    matched: impl Fn(usize) -> u32,
-    blocks: u32,
-    n_in: u32,
+    views: &mut [crate::routing::EngineView],
+    matched: &[u32],
+    (blocks, n_in): (u32, u32),
     cfg: &crate::prefix::AffinityConfig,
 ) {
+    let at = |idx: usize| matched.get(idx).copied().unwrap_or(0);
+    for (i, v) in views.iter_mut().enumerate() {
+        v.cached_blocks = at(i);
+    }
+    if matched.is_empty() || cands.is_empty() {
+        return; // nothing cached anywhere: no credit to weigh (and no allocation)
+    }
     let choices: Vec<crate::prefix::Choice> = cands
         .iter()
         .map(|c| crate::prefix::Choice {
             idx: c.idx,
-            matched_blocks: matched(c.idx),
+            matched_blocks: at(c.idx),
             load: c.prefill_backlog_tokens + c.active_out_tokens,
         })
         .collect();

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use policies::admission::controller::{Admit, Grant, Outcome, Reason, Refusal, Request, WaiterId};
 use policies::admission::{Candidate, Controller};
+use policies::routing::EngineView;
 use policies::{PolicyDocument, Tenant, Tier};
 use tokio::sync::oneshot;
 
@@ -263,6 +264,25 @@ impl Admission {
         policies::admission::assign_long_lanes(out, policy.routing.long_lane_engines);
     }
 
+    /// The engines of one decision, credited with what they hold of the
+    /// request's prompt: admission's candidates (into `st.candidates`), or
+    /// with admission off the plain views, returned.
+    fn engines_for(&self, st: &mut State, policy: &PolicyDocument, r: &AdmitRequest) -> Vec<EngineView> {
+        let affinity = &policy.routing.prefix;
+        self.pool.prefix.configure(affinity);
+        let matched = self.pool.prefix.matched(r.prefix, self.pool.len());
+        let mut loads = Vec::new();
+        if policy.admission.mode == policies::admission::AdmissionMode::Off {
+            st.candidates.clear();
+            loads = self.pool.views();
+        } else {
+            self.candidates(&mut st.ctl, policy, &mut st.candidates, Some((r.model, r.upstream_only)));
+        }
+        let sizes = (r.prefix.len() as u32, r.prompt_tokens);
+        policies::admission::credit_prefix(&mut st.candidates, &mut loads, &matched, sizes, affinity);
+        loads
+    }
+
     /// Decides admit / degrade / reject for one request
     /// ([`Controller::request`]) and carries the decision out.
     pub fn admit(
@@ -286,29 +306,7 @@ impl Admission {
         };
         let mut guard = self.lock();
         let st = &mut *guard;
-        let off = policy.admission.mode == policies::admission::AdmissionMode::Off;
-        let affinity = &policy.routing.prefix;
-        self.pool.prefix.configure(affinity);
-        let matched = self.pool.prefix.matched(r.prefix, self.pool.len());
-        let mut loads = Vec::new();
-        if off {
-            st.candidates.clear();
-            loads = self.pool.views();
-            for (v, m) in loads.iter_mut().zip(&matched) {
-                v.cached_blocks = *m;
-            }
-        } else {
-            self.candidates(&mut st.ctl, policy, &mut st.candidates, Some((r.model, r.upstream_only)));
-            let blocks = r.prefix.len() as u32;
-            let matched_at = |idx: usize| matched.get(idx).copied().unwrap_or(0);
-            policies::admission::credit_prefix(
-                &mut st.candidates,
-                matched_at,
-                blocks,
-                r.prompt_tokens,
-                affinity,
-            );
-        }
+        let loads = self.engines_for(st, policy, r);
         let outcome = st.ctl.request(now, policy, &req, &st.candidates, &loads);
         let (admit, start) = match outcome {
             Outcome::Refuse(refusal) => return Err(Box::new(refuse(tier, &refusal))),

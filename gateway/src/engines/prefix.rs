@@ -72,10 +72,11 @@ impl PrefixView {
         }
     }
 
-    /// For each of `engines` engines, the leading blocks of `hashes` it holds.
+    /// For each of `engines` engines, the leading blocks of `hashes` it
+    /// holds (empty, without allocating, for a prompt without blocks).
     pub fn matched(&self, hashes: &[u64], engines: usize) -> Vec<u32> {
         if hashes.is_empty() {
-            return vec![0; engines];
+            return Vec::new();
         }
         self.index().matched(hashes, engines)
     }

@@ -191,6 +191,16 @@ impl SimEngine {
         self.lru.insert(self.tick, hash);
     }
 
+    /// A prompt's blocks are prefilled: named (or refreshed) in the cache.
+    fn name_blocks(&mut self, blocks: &[u64], cfg: &EngineConfig) {
+        if cfg.prefix_cache {
+            for &h in blocks {
+                self.touch(h);
+            }
+            self.evict_to_fit(cfg);
+        }
+    }
+
     /// Evicts named blocks, least recently used first, until they fit in
     /// the pages admitted sequences do not hold.
     fn evict_to_fit(&mut self, cfg: &EngineConfig) {
@@ -301,12 +311,7 @@ impl SimEngine {
                         continue;
                     }
                     outs.push(Out::FirstToken { req: s.req });
-                    if cfg.prefix_cache {
-                        for &h in s.blocks.iter() {
-                            self.touch(h);
-                        }
-                        self.evict_to_fit(cfg);
-                    }
+                    self.name_blocks(&s.blocks, cfg);
                     let r = Running {
                         req: s.req,
                         prompt: s.prompt,

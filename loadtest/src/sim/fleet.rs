@@ -398,19 +398,12 @@ impl<'a> Sim<'a> {
         let affinity = &self.policy.routing.prefix;
         let matched = match affinity.enabled {
             true => self.index.matched(&req.blocks, self.slots.len()),
-            false => vec![0; self.slots.len()],
+            false => Vec::new(),
         };
-        let (mut engines, mut loads) = (Vec::new(), Vec::new());
-        if off {
-            loads = self.views();
-            for (v, m) in loads.iter_mut().zip(&matched) {
-                v.cached_blocks = *m;
-            }
-        } else {
-            engines = self.candidates();
-            let blocks = req.blocks.len() as u32;
-            policies::admission::credit_prefix(&mut engines, |i| matched[i], blocks, req.prompt, affinity);
-        }
+        let (mut engines, mut loads) =
+            if off { (Vec::new(), self.views()) } else { (self.candidates(), Vec::new()) };
+        let sizes = (req.blocks.len() as u32, req.prompt);
+        policies::admission::credit_prefix(&mut engines, &mut loads, &matched, sizes, affinity);
         match self.ctl.request(now, self.policy, &request, &engines, &loads) {
             Outcome::Refuse(refusal) => self.refuse(now, r, &refusal),
             Outcome::Start { engine, admit } => {

@@ -234,19 +234,19 @@ fn a_cached_prefix_is_predicted_cheaper_and_admitted_where_a_cold_prompt_is_not(
 fn credit_goes_to_matched_engines_only_while_the_fleet_is_balanced() {
     let cfg = crate::prefix::AffinityConfig::default(); // 16-token blocks; imbalance past 4,096 and 1.5x
     let mut cands = vec![engine(0, 8, 2), engine(1, 8, 2), engine(2, 8, 2)];
-    let matched = |idx: usize| [10, 4, 0][idx];
-    credit_prefix(&mut cands, matched, 12, 200, &cfg);
+    let matched = [10, 4, 0];
+    credit_prefix(&mut cands, &mut [], &matched, (12, 200), &cfg);
     assert_eq!(cands.iter().map(|c| c.cached_tokens).collect::<Vec<_>>(), vec![160, 64, 0]);
     // Never the whole prompt: its last token is computed.
-    credit_prefix(&mut cands, matched, 10, 160, &cfg);
+    credit_prefix(&mut cands, &mut [], &matched, (10, 160), &cfg);
     assert_eq!(cands[0].cached_tokens, 159);
     // Engine 0 carries 10,000 tokens more than the least loaded: no credit
     // there; engine 1's shorter match still counts.
     cands[0].active_out_tokens = 10_200;
-    credit_prefix(&mut cands, matched, 12, 200, &cfg);
+    credit_prefix(&mut cands, &mut [], &matched, (12, 200), &cfg);
     assert_eq!(cands.iter().map(|c| c.cached_tokens).collect::<Vec<_>>(), vec![0, 64, 0]);
     // A match under min_match (a quarter of the prompt) is none either.
     cands[0].active_out_tokens = 200;
-    credit_prefix(&mut cands, |i| [2, 0, 0][i], 12, 200, &cfg);
+    credit_prefix(&mut cands, &mut [], &[2, 0, 0], (12, 200), &cfg);
     assert!(cands.iter().all(|c| c.cached_tokens == 0));
 }
