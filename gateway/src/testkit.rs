@@ -51,7 +51,7 @@ const PROFILE: &str = include_str!("../../policies/profiles/emulated-a100-8b.tom
 
 /// The load report every scripted engine serves: ready, a batch of 32,
 /// KV to spare.
-fn load_report(id: &str) -> engine_api::LoadReport {
+pub(crate) fn load_report(id: &str) -> engine_api::LoadReport {
     engine_api::LoadReport {
         engine_id: id.into(),
         backend: "emulated".into(),

@@ -236,3 +236,77 @@ mod tests {
         assert_eq!(v.matched(&[1, 2], 1), vec![0]);
     }
 }
+
+#[cfg(test)]
+mod read_tests {
+    use std::convert::Infallible;
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode};
+    use http_body_util::Full;
+    use hyper::body::Incoming;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    use super::MAX_EVENTS_BYTES;
+    use crate::engines::{EngineConnector, EnginePool, EngineSpec};
+
+    /// An engine on an in-memory pipe: its load report, and `events` at
+    /// the KV-events path.
+    fn serve(id: &'static str, events: Bytes) -> tokio::io::DuplexStream {
+        let (ours, theirs) = tokio::io::duplex(1 << 20);
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let body = match req.uri().path() {
+                engine_api::LOAD_PATH => {
+                    Bytes::from(serde_json::to_vec(&crate::testkit::load_report(id)).unwrap())
+                }
+                engine_api::KV_EVENTS_PATH => events.clone(),
+                _ => Bytes::new(),
+            };
+            let status = if body.is_empty() { StatusCode::NOT_FOUND } else { StatusCode::OK };
+            async move { Ok::<_, Infallible>(Response::builder().status(status).body(Full::new(body)).unwrap()) }
+        });
+        tokio::spawn(
+            hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(theirs), service),
+        );
+        ours
+    }
+
+    #[tokio::test]
+    async fn an_engine_answering_more_than_the_bound_is_read_no_further() {
+        let snapshot = |hashes: Vec<u64>| {
+            let ev = engine_api::KvEvents {
+                engine_id: "e".into(),
+                epoch: 1,
+                page_tokens: 16,
+                last_seq: 9,
+                more: false,
+                events: Vec::new(),
+                snapshot: Some(hashes),
+            };
+            Bytes::from(serde_json::to_vec(&ev).unwrap())
+        };
+        let good = snapshot(vec![1, 2, 3]);
+        // Half a million 19-digit hashes: past the 8 MiB bound.
+        let huge = snapshot((0..500_000u64).map(|i| u64::MAX - i).collect());
+        assert!(huge.len() > MAX_EVENTS_BYTES);
+        let dial: crate::engines::connect::Dial = Arc::new(move |uri| match uri.host()? {
+            "good.pipe" => Some(serve("good", good.clone())),
+            "huge.pipe" => Some(serve("huge", huge.clone())),
+            _ => None,
+        });
+        let connector = EngineConnector::tcp(std::time::Duration::from_secs(1)).with_dial(dial);
+        let specs = ["good", "huge"]
+            .iter()
+            .map(|id| EngineSpec::native(*id, format!("http://{id}.pipe").parse().unwrap()))
+            .collect();
+        let pool = EnginePool::with_connector(specs, &crate::limits::Limits::default(), None, connector);
+        pool.poll_once().await;
+        let detail = pool.prefix.detail();
+        assert_eq!(detail["blocks"], 3, "only the good engine's snapshot: {detail}");
+        assert_eq!(detail["events_read"][0], 9);
+        assert!(detail["events_read"][1].is_null(), "the oversized answer is dropped: {detail}");
+        assert!(pool.snapshot()[1].is_ready(), "an oversized events answer costs the index, not readiness");
+    }
+}
