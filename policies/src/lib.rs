@@ -34,6 +34,7 @@ pub mod autoscale;
 pub mod batching;
 pub mod brownout;
 pub mod config;
+pub mod diffusion;
 pub mod estimate;
 pub mod fairness;
 pub mod prefix;

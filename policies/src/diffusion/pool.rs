@@ -1,0 +1,253 @@
+//! The GPU pool as a state machine: jobs arrive, batches and rounds end,
+//! and [`Pool::schedule`] turns the scheduler's plan into actions. The
+//! gateway drives it with engines' answers, the simulator with computed
+//! completion times; both pass `now`.
+
+use std::collections::{BTreeMap, HashSet};
+
+use super::{plan, DiffusionProfile, Gpu, ImageReq, Place, SchedConfig, SizeId, Snapshot, VideoReq};
+
+/// What one GPU is doing.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GpuUse {
+    Free,
+    /// Running an image batch.
+    Images,
+    /// In a video's SP group for a round (the lead runs; helpers are held).
+    Video(u64),
+    /// Decoding a finished video (VAE on one GPU).
+    Decode(u64),
+}
+
+/// What the executor must do after a decision.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Run one image batch on `gpu`; call [`Pool::batch_done`] at its end.
+    Images { gpu: Gpu, size: SizeId, ids: Vec<u64> },
+    /// Run `steps` denoising steps of video `id` on `gpus` (lead first);
+    /// `from` is the GPU holding its state when that is not the lead (the
+    /// state moves first). Call [`Pool::round_done`] at the round's end.
+    Video { id: u64, gpus: Vec<Gpu>, steps: u32, from: Option<Gpu> },
+    /// Video `id` paused at a step boundary; its state stays on `home`.
+    Pause { id: u64, home: Gpu },
+    /// Decode video `id` on `gpu`; call [`Pool::decode_done`] at its end.
+    Decode { id: u64, gpu: Gpu },
+}
+
+#[derive(Debug, Clone)]
+enum VState {
+    Waiting(Place),
+    Running { gpus: Vec<Gpu>, steps: u32 },
+    Decoding { gpu: Gpu },
+}
+
+#[derive(Debug, Clone)]
+struct VideoJob {
+    req: VideoReq,
+    state: VState,
+    pauses: u32,
+    degrees: Vec<u32>,
+}
+
+/// Counters the reports read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PoolStats {
+    pub decisions: u64,
+    pub pauses: u64,
+    pub resumes: u64,
+    pub sp_changes: u64,
+    pub migrations: u64,
+    pub batches: u64,
+    pub batched_images: u64,
+}
+
+/// The pool's jobs and GPUs.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    gpus: Vec<GpuUse>,
+    images: Vec<ImageReq>,
+    videos: BTreeMap<u64, VideoJob>,
+    cancelled: HashSet<u64>,
+    pub stats: PoolStats,
+}
+
+impl Pool {
+    pub fn new(gpus: usize) -> Self {
+        Self {
+            gpus: vec![GpuUse::Free; gpus],
+            images: Vec::new(),
+            videos: BTreeMap::new(),
+            cancelled: HashSet::new(),
+            stats: PoolStats::default(),
+        }
+    }
+
+    pub fn gpus(&self) -> &[GpuUse] {
+        &self.gpus
+    }
+
+    /// Images waiting and videos not finished.
+    pub fn jobs(&self) -> usize {
+        self.images.len() + self.videos.len()
+    }
+
+    pub fn submit_image(&mut self, req: ImageReq) {
+        self.images.push(req);
+    }
+
+    pub fn submit_video(&mut self, req: VideoReq) {
+        let id = req.id;
+        let job = VideoJob { req, state: VState::Waiting(Place::Queued), pauses: 0, degrees: Vec::new() };
+        self.videos.insert(id, job);
+    }
+
+    /// Steps a video has left, and how often it was paused (`None` once done).
+    pub fn video_progress(&self, id: u64) -> Option<(u32, u32)> {
+        self.videos.get(&id).map(|v| (v.req.steps_left, v.pauses))
+    }
+
+    /// Drops a job: a waiting image or video at once, a running round or
+    /// decode when it ends (its GPUs are freed then, not reused by it).
+    pub fn cancel(&mut self, id: u64) {
+        self.images.retain(|i| i.id != id);
+        match self.videos.get(&id).map(|v| &v.state) {
+            Some(VState::Waiting(_)) => {
+                self.videos.remove(&id);
+            }
+            Some(_) => {
+                self.cancelled.insert(id);
+            }
+            None => {}
+        }
+    }
+
+    /// An image batch on `gpu` ended.
+    pub fn batch_done(&mut self, gpu: Gpu) {
+        if let Some(g) = self.gpus.get_mut(usize::from(gpu)) {
+            *g = GpuUse::Free;
+        }
+    }
+
+    /// A round of video `id` ended: at a boundary again, or decoding on its
+    /// lead when no step is left (the helpers are freed).
+    pub fn round_done(&mut self, id: u64) -> Option<Action> {
+        let job = self.videos.get_mut(&id)?;
+        let VState::Running { gpus, steps } = job.state.clone() else { return None };
+        job.req.steps_left = job.req.steps_left.saturating_sub(steps);
+        if self.cancelled.remove(&id) {
+            self.videos.remove(&id);
+            self.free(&gpus);
+            return None;
+        }
+        if job.req.steps_left > 0 {
+            job.state = VState::Waiting(Place::Boundary { gpus });
+            return None;
+        }
+        let lead = gpus[0];
+        job.state = VState::Decoding { gpu: lead };
+        self.free(&gpus[1..]);
+        self.gpus[usize::from(lead)] = GpuUse::Decode(id);
+        Some(Action::Decode { id, gpu: lead })
+    }
+
+    /// Video `id` is decoded: it leaves the pool. Returns the SP degrees of
+    /// its rounds, in order, and its pauses.
+    pub fn decode_done(&mut self, id: u64) -> Option<(Vec<u32>, u32)> {
+        let job = self.videos.remove(&id)?;
+        self.cancelled.remove(&id);
+        if let VState::Decoding { gpu } = job.state {
+            self.free(&[gpu]);
+        }
+        Some((job.degrees, job.pauses))
+    }
+
+    fn free(&mut self, gpus: &[Gpu]) {
+        for &g in gpus {
+            self.gpus[usize::from(g)] = GpuUse::Free;
+        }
+    }
+
+    /// Plans the GPUs that are free or held at a round boundary and
+    /// returns what to start. Call after every event.
+    pub fn schedule(&mut self, now_ms: f64, profile: &DiffusionProfile, cfg: &SchedConfig) -> Vec<Action> {
+        let mut avail: Vec<Gpu> =
+            (0..self.gpus.len()).filter(|&g| self.gpus[g] == GpuUse::Free).map(|g| g as Gpu).collect();
+        let mut videos = Vec::new();
+        for job in self.videos.values() {
+            if let VState::Waiting(place) = &job.state {
+                if let Place::Boundary { gpus } = place {
+                    avail.extend(gpus);
+                }
+                videos.push(VideoReq { place: place.clone(), ..job.req.clone() });
+            }
+        }
+        if avail.is_empty() || (self.images.is_empty() && videos.is_empty()) {
+            return Vec::new();
+        }
+        avail.sort_unstable();
+        self.stats.decisions += 1;
+        let snap = Snapshot { now_ms, avail: &avail, images: &self.images, videos: &videos };
+        let decision = plan(&snap, profile, cfg);
+        let mut actions = Vec::new();
+        for b in decision.batches {
+            self.images.retain(|i| !b.ids.contains(&i.id));
+            self.gpus[usize::from(b.gpu)] = GpuUse::Images;
+            self.stats.batches += 1;
+            self.stats.batched_images += b.ids.len() as u64;
+            actions.push(Action::Images { gpu: b.gpu, size: b.size, ids: b.ids });
+        }
+        let mut ran = HashSet::new();
+        for r in decision.runs {
+            ran.insert(r.id);
+            actions.push(self.start_round(r.id, r.gpus, r.steps));
+        }
+        for v in &videos {
+            if let (Place::Boundary { gpus }, false) = (&v.place, ran.contains(&v.id)) {
+                let job = self.videos.get_mut(&v.id).expect("snapshot video is in the pool");
+                job.state = VState::Waiting(Place::Paused { home: gpus[0] });
+                job.pauses += 1;
+                self.stats.pauses += 1;
+                for &g in gpus {
+                    if self.gpus[usize::from(g)] == GpuUse::Video(v.id) {
+                        self.gpus[usize::from(g)] = GpuUse::Free;
+                    }
+                }
+                actions.push(Action::Pause { id: v.id, home: gpus[0] });
+            }
+        }
+        actions
+    }
+
+    fn start_round(&mut self, id: u64, gpus: Vec<Gpu>, steps: u32) -> Action {
+        let job = self.videos.get_mut(&id).expect("planned video is in the pool");
+        let from = match &job.state {
+            VState::Waiting(Place::Paused { home }) => {
+                self.stats.resumes += 1;
+                Some(*home)
+            }
+            VState::Waiting(Place::Boundary { gpus: old }) => {
+                if old.len() != gpus.len() {
+                    self.stats.sp_changes += 1;
+                }
+                // GPUs it held and no longer uses are free again.
+                for &g in old {
+                    if !gpus.contains(&g) && self.gpus[usize::from(g)] == GpuUse::Video(id) {
+                        self.gpus[usize::from(g)] = GpuUse::Free;
+                    }
+                }
+                Some(old[0])
+            }
+            _ => None,
+        }
+        .filter(|&home| home != gpus[0]);
+        if from.is_some() {
+            self.stats.migrations += 1;
+        }
+        for &g in &gpus {
+            self.gpus[usize::from(g)] = GpuUse::Video(id);
+        }
+        job.degrees.push(gpus.len() as u32);
+        job.state = VState::Running { gpus: gpus.clone(), steps };
+        Action::Video { id, gpus, steps, from }
+    }
+}
