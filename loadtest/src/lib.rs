@@ -31,6 +31,7 @@ pub mod chaos;
 pub mod client;
 pub mod clock;
 pub mod decision_cost;
+pub mod diffusion;
 pub mod overhead;
 pub mod progress;
 pub mod record;

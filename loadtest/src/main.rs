@@ -110,6 +110,12 @@ enum Command {
     /// profiling (`levels`), placement time and its gap to an exhaustive
     /// oracle (`placement`). Prints Markdown; writes results.json to --out.
     SimVideo(loadtest::sim::video::bench::SimVideoArgs),
+    /// GenServe's image + video co-serving experiments in virtual time over
+    /// the production diffusion scheduler: the ablation (FCFS, +preemption,
+    /// +DP, +SP switching), SLO scale, mix and arrival-rate sweeps, and the
+    /// DP's decision time. Prints Markdown; writes results.json and SVG
+    /// charts to --out.
+    SimDiffusion(loadtest::diffusion::bench::SimDiffusionArgs),
     /// How long the control plane's decisions take on this machine: an
     /// admission decision and an autoscaler tick over --engines engines, a
     /// placement event over --placement-engines (medians, microseconds).
@@ -161,6 +167,7 @@ async fn main() -> ExitCode {
         Command::Chaos(args) => chaos(&args).await,
         Command::Sim(args) => sim(&args),
         Command::SimVideo(args) => loadtest::sim::video::bench::main(&args).map(|md| print!("{md}")),
+        Command::SimDiffusion(args) => loadtest::diffusion::bench::main(&args).map(|md| print!("{md}")),
         Command::DecisionCost { engines, placement_engines, policies, profile } => {
             decision_cost(engines, placement_engines, &policies, &profile)
         }

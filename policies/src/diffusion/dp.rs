@@ -37,7 +37,10 @@ impl Score {
 pub struct Outlook {
     pub finish_ms: f64,
     pub recoverable: bool,
-    /// `(deadline − finish) / (deadline − arrival)`, clamped to [−1, 1].
+    /// `(deadline − finish) / (deadline − arrival)` when the deadline is
+    /// met; a late finish scores −1 less a thousandth of its lateness, so
+    /// hopeless work yields to everything else yet still runs on GPUs no
+    /// one else wants, earliest finish first.
     pub laxity: f64,
 }
 
@@ -82,11 +85,9 @@ pub fn video_outlook(
         }
     };
     let budget = (v.deadline_ms - v.arrival_ms).max(1.0);
-    Outlook {
-        finish_ms: finish,
-        recoverable: finish <= v.deadline_ms,
-        laxity: ((v.deadline_ms - finish) / budget).clamp(-1.0, 1.0),
-    }
+    let lax = (v.deadline_ms - finish) / budget;
+    let recoverable = finish <= v.deadline_ms;
+    Outlook { finish_ms: finish, recoverable, laxity: if recoverable { lax } else { -1.0 + 1e-3 * lax } }
 }
 
 /// One option of one video: `p = 0` waits.
@@ -98,20 +99,20 @@ struct Cand {
 
 fn candidates(v: &VideoReq, snap: &Snapshot, profile: &DiffusionProfile, cfg: &SchedConfig) -> Vec<Cand> {
     let n = snap.avail.len() as u32;
-    let degrees: Vec<u32> = if cfg.mode == super::Mode::GenServe {
-        cfg.sp_degrees.iter().copied().filter(|&p| p <= n).collect()
-    } else {
-        let p = ref_degree(v, cfg);
-        if p <= n {
-            vec![p]
-        } else {
-            vec![]
-        }
-    };
+    let elastic = cfg.mode == super::Mode::GenServe;
+    let degrees: Vec<u32> = if elastic { cfg.sp_degrees.clone() } else { vec![ref_degree(v, cfg)] };
+    // GPUs past the image reserve are spare: wider SP than the video's
+    // base degree, and hopeless videos, only use those.
+    let spare = n.saturating_sub(snap.image_reserve as u32);
+    let base = if elastic { ref_degree(v, cfg).min(cfg.default_sp) } else { ref_degree(v, cfg) };
     let score = |o: Outlook| Score { meets: u32::from(o.recoverable), value: o.laxity };
     let mut out: Vec<Cand> = degrees
-        .iter()
-        .map(|&p| Cand { p, score: score(video_outlook(v, Some(p), snap, profile, cfg)) })
+        .into_iter()
+        .filter(|&p| p <= n)
+        .filter_map(|p| {
+            let o = video_outlook(v, Some(p), snap, profile, cfg);
+            (p <= spare || ((o.recoverable || snap.idle) && p <= base)).then_some(Cand { p, score: score(o) })
+        })
         .collect();
     let wait = video_outlook(v, None, snap, profile, cfg);
     // Preemption never costs a running video a deadline it would meet.

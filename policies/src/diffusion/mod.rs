@@ -198,6 +198,13 @@ pub struct Snapshot<'a> {
     pub avail: &'a [Gpu],
     pub images: &'a [ImageReq],
     pub videos: &'a [VideoReq],
+    /// GPUs elastic SP leaves free for the images expected during a round
+    /// (Little's law over the recent image arrivals, [`Pool`] measures it):
+    /// a video widens beyond the default degree only into GPUs past these.
+    pub image_reserve: usize,
+    /// No GPU is busy beyond `avail`: hopeless work may run at its base
+    /// degree whatever the reserve (nothing waits on an idle pool).
+    pub idle: bool,
 }
 
 /// One image batch on one GPU (same size, run to completion).

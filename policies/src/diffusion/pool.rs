@@ -3,7 +3,7 @@
 //! gateway drives it with engines' answers, the simulator with computed
 //! completion times; both pass `now`.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use super::{plan, DiffusionProfile, Gpu, ImageReq, Place, SchedConfig, SizeId, Snapshot, VideoReq};
 
@@ -50,7 +50,7 @@ struct VideoJob {
 }
 
 /// Counters the reports read.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct PoolStats {
     pub decisions: u64,
     pub pauses: u64,
@@ -68,8 +68,16 @@ pub struct Pool {
     images: Vec<ImageReq>,
     videos: BTreeMap<u64, VideoJob>,
     cancelled: HashSet<u64>,
+    /// The last [`RECENT_IMAGES`] image arrivals (time, size), for the
+    /// image reserve.
+    recent: VecDeque<(f64, SizeId)>,
     pub stats: PoolStats,
 }
+
+/// Image arrivals the reserve's rate is measured over.
+const RECENT_IMAGES: usize = 32;
+/// Oldest arrival that counts towards the rate, ms.
+const RECENT_WINDOW_MS: f64 = 120_000.0;
 
 impl Pool {
     pub fn new(gpus: usize) -> Self {
@@ -78,6 +86,7 @@ impl Pool {
             images: Vec::new(),
             videos: BTreeMap::new(),
             cancelled: HashSet::new(),
+            recent: VecDeque::new(),
             stats: PoolStats::default(),
         }
     }
@@ -92,7 +101,25 @@ impl Pool {
     }
 
     pub fn submit_image(&mut self, req: ImageReq) {
+        if self.recent.len() == RECENT_IMAGES {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((req.arrival_ms, req.size));
         self.images.push(req);
+    }
+
+    /// GPUs the images arriving now keep busy on average (Little's law:
+    /// recent arrival rate × mean solo time), rounded up; 0 without a rate.
+    pub fn image_reserve(&self, now_ms: f64, profile: &DiffusionProfile) -> usize {
+        let recent: Vec<&(f64, SizeId)> =
+            self.recent.iter().filter(|(t, _)| now_ms - t <= RECENT_WINDOW_MS).collect();
+        if recent.len() < 2 {
+            return 0;
+        }
+        let span = (now_ms - recent[0].0).max(1.0);
+        let rate = recent.len() as f64 / span;
+        let mean = recent.iter().map(|(_, s)| profile.image_ms(*s, 1)).sum::<f64>() / recent.len() as f64;
+        ((rate * mean).ceil() as usize).min(self.gpus.len())
     }
 
     pub fn submit_video(&mut self, req: VideoReq) {
@@ -186,7 +213,10 @@ impl Pool {
         }
         avail.sort_unstable();
         self.stats.decisions += 1;
-        let snap = Snapshot { now_ms, avail: &avail, images: &self.images, videos: &videos };
+        let image_reserve = self.image_reserve(now_ms, profile);
+        let idle = avail.len() == self.gpus.len();
+        let snap =
+            Snapshot { now_ms, avail: &avail, images: &self.images, videos: &videos, image_reserve, idle };
         let decision = plan(&snap, profile, cfg);
         let mut actions = Vec::new();
         for b in decision.batches {

@@ -57,7 +57,14 @@ fn fcfs_blocks_behind_the_head() {
     let mut images = vec![image(2, 0, now, 5000.0)];
     images[0].arrival_ms = now; // after the video
     let avail = [0];
-    let snap = Snapshot { now_ms: now, avail: &avail, images: &images, videos: &videos };
+    let snap = Snapshot {
+        now_ms: now,
+        avail: &avail,
+        images: &images,
+        videos: &videos,
+        image_reserve: 0,
+        idle: false,
+    };
     let plan = plan(&snap, &p, &cfg(Mode::Fcfs));
     assert!(plan.runs.is_empty() && plan.batches.is_empty(), "the video (SP 2) blocks the image: {plan:?}");
 }
@@ -72,7 +79,8 @@ fn edf_batches_grow_only_while_the_earliest_deadline_holds() {
     let mut images: Vec<ImageReq> = (0..6).map(|i| image(i, s, now, budget + i as f64)).collect();
     images.push(image(9, p.image_size("1024x1024").unwrap(), now, budget));
     let avail = [0, 1, 2];
-    let snap = Snapshot { now_ms: now, avail: &avail, images: &images, videos: &[] };
+    let snap =
+        Snapshot { now_ms: now, avail: &avail, images: &images, videos: &[], image_reserve: 0, idle: false };
     let batches = image_batches(&snap, &p, 3, 8);
     let sizes: Vec<usize> = batches.iter().map(|(b, _)| b.ids.len()).collect();
     assert_eq!(sizes, vec![3, 3, 1], "the hopeless large image goes last: {batches:?}");
@@ -149,7 +157,14 @@ fn dp_matches_brute_force_on_small_instances() {
         for case in 0..400 {
             let mut avail = Vec::new();
             let (images, videos) = random_snapshot(&mut rng, &p, &mut avail);
-            let snap = Snapshot { now_ms: 10_000.0, avail: &avail, images: &images, videos: &videos };
+            let snap = Snapshot {
+                now_ms: 10_000.0,
+                avail: &avail,
+                images: &images,
+                videos: &videos,
+                image_reserve: 0,
+                idle: false,
+            };
             let plan = plan_dp(&snap, &p, &c);
             let chosen: Vec<u32> = videos
                 .iter()
@@ -223,7 +238,14 @@ fn preemption_never_costs_a_deadline_that_running_on_would_meet() {
             let mut avail = Vec::new();
             let (images, videos) = random_snapshot(&mut rng, &p, &mut avail);
             let now = 10_000.0;
-            let snap = Snapshot { now_ms: now, avail: &avail, images: &images, videos: &videos };
+            let snap = Snapshot {
+                now_ms: now,
+                avail: &avail,
+                images: &images,
+                videos: &videos,
+                image_reserve: 0,
+                idle: false,
+            };
             let plan = plan(&snap, &p, &c);
             for v in videos.iter().filter(|v| matches!(v.place, Place::Boundary { .. })) {
                 if plan.runs.iter().any(|r| r.id == v.id) || finish_alone(v, now, &p) > v.deadline_ms {
@@ -251,13 +273,35 @@ fn genserve_widens_sp_on_idle_gpus_and_narrows_it_for_images() {
     let v720 = p.video_size("720x1280").unwrap();
     let v = video(1, v720, now, 1.0, 50, Place::Boundary { gpus: vec![0, 1] }, &p);
     let avail: Vec<Gpu> = (0..8).collect();
-    let snap = Snapshot { now_ms: now, avail: &avail, images: &[], videos: std::slice::from_ref(&v) };
+    let snap = Snapshot {
+        now_ms: now,
+        avail: &avail,
+        images: &[],
+        videos: std::slice::from_ref(&v),
+        image_reserve: 0,
+        idle: false,
+    };
     let alone = plan_dp(&snap, &p, &c);
     assert_eq!(alone.runs[0].gpus.len(), 8, "idle GPUs go to the video: {alone:?}");
     assert_eq!(&alone.runs[0].gpus[..2], &[0, 1], "it keeps the GPUs it holds");
+    let reserved = plan_dp(&Snapshot { image_reserve: 3, ..snap }, &p, &c);
+    assert_eq!(reserved.runs[0].gpus.len(), 4, "widens only past the image reserve: {reserved:?}");
+    let mut late = v.clone();
+    late.deadline_ms = 1.0;
+    let full = Snapshot { image_reserve: 8, videos: std::slice::from_ref(&late), ..snap };
+    assert!(plan_dp(&full, &p, &c).runs.is_empty(), "a hopeless video leaves reserved GPUs alone");
+    let idle = plan_dp(&Snapshot { idle: true, ..full }, &p, &c);
+    assert_eq!(idle.runs[0].gpus.len(), 2, "but runs at its base degree on an idle pool: {idle:?}");
     let v = video(1, v720, now, 3.0, 50, Place::Boundary { gpus: (0..8).collect() }, &p);
     let images: Vec<ImageReq> = (0..4).map(|i| image(10 + i, 2, now, 5000.0)).collect();
-    let snap = Snapshot { now_ms: now, avail: &avail, images: &images, videos: std::slice::from_ref(&v) };
+    let snap = Snapshot {
+        now_ms: now,
+        avail: &avail,
+        images: &images,
+        videos: std::slice::from_ref(&v),
+        image_reserve: 0,
+        idle: false,
+    };
     let mixed = plan_dp(&snap, &p, &c);
     let sp = mixed.runs[0].gpus.len();
     assert!(sp < 8 && sp > 0, "degree drops for images but the video keeps going: {mixed:?}");

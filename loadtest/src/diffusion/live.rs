@@ -1,0 +1,1 @@
+//! The live run against a gateway (to come with the API).
