@@ -105,9 +105,6 @@ pub fn run(trace: &[Request], gpus: usize, profile: &DiffusionProfile, cfg: &Sch
         follow.extend(pool.schedule(now, profile, cfg));
         decision_us.push(crate::clock::since(t0).as_secs_f64() * 1e6);
         for action in follow {
-            if std::env::var("DIFF_DEBUG").is_ok() {
-                eprintln!("{now:.0} {event:?} -> {action:?}");
-            }
             match action {
                 Action::Images { gpu, size, ids } => {
                     let end = now + profile.image_ms(size, ids.len() as u32);
