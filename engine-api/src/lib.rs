@@ -22,6 +22,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod diffusion;
 pub mod video;
 
 /// The backends an engine can be asked for (`engine --backend`, `gateway up

@@ -136,6 +136,11 @@ pub struct EngineArgs {
     /// `video-cpu-epyc-2core` (cpu).
     #[arg(long)]
     pub video_profile: Option<PathBuf>,
+    /// Diffusion profile (TOML; `T_img` per image batch, `T_step` per video
+    /// step and SP degree) the emulated backend replays and the gateway's
+    /// diffusion scheduler plans with. Bundled default: `genserve-emulated`.
+    #[arg(long)]
+    pub diffusion_profile: Option<PathBuf>,
     /// Video streams whose state may be resident at once (the state arena);
     /// more are suspended to host memory, highest credit first.
     #[arg(long, default_value_t = 8)]

@@ -15,6 +15,7 @@ pub mod backend;
 pub mod body;
 pub mod cli;
 pub mod clock;
+pub mod diffusion;
 #[allow(unsafe_code)]
 pub mod gpu;
 pub mod kv;
@@ -51,6 +52,8 @@ pub const VIDEO_PROFILE: &str = include_str!("../../policies/profiles/video-emul
 /// The bundled video profile of the cpu backend, measured with `engine
 /// profile --video --backend cpu`.
 pub const CPU_VIDEO_PROFILE: &str = include_str!("../../policies/profiles/video-cpu-epyc-2core.toml");
+/// The bundled diffusion profile (GenServe's published tables).
+pub const DIFFUSION_PROFILE: &str = include_str!("../../policies/profiles/genserve-emulated.toml");
 
 /// How long SIGTERM waits for in-flight work before exiting anyway.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
@@ -67,6 +70,8 @@ pub struct Engine {
     pub kv: Arc<KvAllocator>,
     /// Video sessions and their scheduler.
     pub video: video::VideoEngine,
+    /// Image batches and whole-video jobs (GenServe).
+    pub diffusion: diffusion::DiffusionEngine,
     /// The video profile's TOML text, served at `GET /engine/v1/video/profile`.
     pub video_profile_toml: String,
     /// Required as a bearer token on every route but health and readiness.
@@ -163,6 +168,8 @@ impl Engine {
 pub enum StartError {
     #[error("reading profile {0}: {1}")]
     ReadProfile(String, std::io::Error),
+    #[error("diffusion profile: {0}")]
+    DiffusionProfile(String),
     #[error(transparent)]
     Profile(#[from] policies::profile::ProfileError),
     #[error("binding {0}: {1}")]
@@ -258,8 +265,20 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
         gpu: gpu_video,
         state_bytes: video_state_bytes,
     });
+    let (diffusion_name, diffusion_toml) = match &args.diffusion_profile {
+        Some(p) => (
+            p.display().to_string(),
+            std::fs::read_to_string(p).map_err(|e| StartError::ReadProfile(p.display().to_string(), e))?,
+        ),
+        None => ("bundled genserve-emulated.toml".to_string(), DIFFUSION_PROFILE.to_string()),
+    };
+    let diffusion_profile = policies::diffusion::DiffusionProfile::parse(&diffusion_name, &diffusion_toml)
+        .map_err(|e| StartError::DiffusionProfile(e.to_string()))?;
+    let diffusion =
+        diffusion::DiffusionEngine::new(args.backend(), diffusion_profile, diffusion_toml, args.model_seed);
     Ok(Arc::new(Engine {
         id: args.id.clone(),
+        diffusion,
         backend: args.backend(),
         engine_class,
         profile_toml,

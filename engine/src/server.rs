@@ -144,6 +144,9 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
         (_, path) if path.starts_with(crate::video::routes::PREFIX) => {
             crate::video::routes::handle(&engine, req).await
         }
+        (_, path) if path.starts_with(engine_api::diffusion::PREFIX) => {
+            crate::diffusion::routes::handle(&engine, req).await
+        }
         _ => error(StatusCode::NOT_FOUND, "not_found", "no such engine route"),
     };
     Ok(resp)
