@@ -218,6 +218,8 @@ pub struct PolicyDocument {
     pub video: VideoConfig,
     /// `[autoscale]`: engines serving and warm (policies::autoscale).
     pub autoscale: AutoscaleConfig,
+    /// `[diffusion]`: the image and video pool scheduler (GenServe).
+    pub diffusion: crate::diffusion::SchedConfig,
     /// `[cost]`: prices per GPU-hour.
     pub cost: CostConfig,
     /// Content hash of the document text (12 hex digits): the version in
@@ -248,6 +250,8 @@ struct RawDocument {
     video: VideoConfig,
     #[serde(default)]
     autoscale: AutoscaleConfig,
+    #[serde(default)]
+    diffusion: crate::diffusion::SchedConfig,
     #[serde(default)]
     cost: CostConfig,
 }
@@ -390,6 +394,13 @@ impl PolicyDocument {
         raw.batching.validate().map_err(|(key, message)| invalid(key, message))?;
         raw.video.validate().map_err(section)?;
         raw.autoscale.validate().map_err(section)?;
+        raw.diffusion.validate().map_err(|message| {
+            let key = message.split(':').next().unwrap_or("diffusion").to_string();
+            invalid(key, message)
+        })?;
+        if let Some(t) = raw.diffusion.tier_slo_scale.keys().find(|t| !tiers.iter().any(|x| &x.name == *t)) {
+            return Err(invalid(format!("diffusion.tier_slo_scale.{t}"), "unknown tier".into()));
+        }
         raw.cost.validate().map_err(|(key, message)| invalid(key, message))?;
         let explicit = raw.brownout.is_some();
         let brownout = raw.brownout.unwrap_or_default();
@@ -410,6 +421,7 @@ impl PolicyDocument {
             batching: raw.batching,
             video: raw.video,
             autoscale: raw.autoscale,
+            diffusion: raw.diffusion,
             cost: raw.cost,
             version: version_of(text),
             keys,

@@ -25,7 +25,11 @@ fn every_shipped_profile_parses() {
         if path.extension().is_some_and(|e| e == "toml") {
             let text = std::fs::read_to_string(&path).unwrap();
             let name = path.display().to_string();
-            if path.file_name().unwrap().to_string_lossy().starts_with("video-") {
+            let file = path.file_name().unwrap().to_string_lossy().to_string();
+            if file.starts_with("genserve-") {
+                let p = policies::diffusion::DiffusionProfile::parse(&name, &text).unwrap();
+                assert!(!p.images.is_empty() && !p.videos.is_empty(), "{name}");
+            } else if file.starts_with("video-") {
                 let p = policies::video::VideoProfile::parse(&name, &text).unwrap();
                 assert_eq!(p.configs.len(), 90, "{name}: the whole sweep");
                 assert_eq!(p.best().fidelity, policies::video::Fidelity::HIGHEST, "{name}");

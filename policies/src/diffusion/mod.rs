@@ -27,10 +27,12 @@ mod profile;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 
 pub use dp::{plan_dp, video_outlook, Outlook};
-pub use pool::{Action, GpuUse, Pool, PoolStats};
+pub use pool::{Action, GpuUse, Pool, PoolStats, Refusal};
 pub use profile::{parse_size, DiffusionProfile, ImageSize, SizeId, VideoSize};
 
 /// Errors loading a diffusion profile, naming the file and what is wrong.
@@ -99,6 +101,20 @@ pub struct SchedConfig {
     /// Most videos the DP weighs in one decision (the earliest deadlines;
     /// the rest wait for the next one). Bounds the solver's time.
     pub max_groups: usize,
+    /// σ per tier (tier name → scale); tiers not named use `slo_scale`.
+    pub tier_slo_scale: BTreeMap<String, f64>,
+    /// Refuse a request whose deadline the pool cannot meet (reason and
+    /// Retry-After); off, every request is queued and may finish late.
+    pub admission: bool,
+    /// Most jobs (images waiting and videos unfinished) the pool holds.
+    pub max_jobs: usize,
+    /// Most images one request may ask for (`n`).
+    pub max_images: u32,
+    /// How long a finished video's content is kept for download, seconds.
+    pub result_ttl_s: u64,
+    /// Model names the images and videos APIs answer to; the first is
+    /// reported when a request names none.
+    pub models: Vec<String>,
 }
 
 impl Default for SchedConfig {
@@ -110,6 +126,14 @@ impl Default for SchedConfig {
             default_sp: 2,
             slo_scale: 1.0,
             max_groups: 64,
+            tier_slo_scale: BTreeMap::new(),
+            admission: true,
+            max_jobs: 256,
+            max_images: 10,
+            result_ttl_s: 3600,
+            models: ["genserve-synthetic", "gpt-image-1", "dall-e-2", "dall-e-3", "sora-2", "sora-2-pro"]
+                .map(String::from)
+                .to_vec(),
         }
     }
 }
@@ -132,7 +156,24 @@ impl SchedConfig {
         if !(1..=1024).contains(&self.max_groups) {
             return Err("diffusion.max_groups: 1 to 1024".into());
         }
+        if let Some((t, _)) = self.tier_slo_scale.iter().find(|(_, v)| !(v.is_finite() && **v > 0.0)) {
+            return Err(format!("diffusion.tier_slo_scale.{t}: must be > 0"));
+        }
+        if !(1..=100_000).contains(&self.max_jobs) || !(1..=64).contains(&self.max_images) {
+            return Err("diffusion.max_jobs: 1 to 100000; diffusion.max_images: 1 to 64".into());
+        }
+        if !(1..=7 * 86_400).contains(&self.result_ttl_s) {
+            return Err("diffusion.result_ttl_s: 1 s to 7 days".into());
+        }
+        if self.models.is_empty() {
+            return Err("diffusion.models: at least one name".into());
+        }
         Ok(())
+    }
+
+    /// σ for `tier`.
+    pub fn slo_scale_of(&self, tier: &str) -> f64 {
+        self.tier_slo_scale.get(tier).copied().unwrap_or(self.slo_scale)
     }
 
     /// The solo latency a request's deadline is based on.

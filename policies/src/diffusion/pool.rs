@@ -5,7 +5,9 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
-use super::{plan, DiffusionProfile, Gpu, ImageReq, Place, SchedConfig, SizeId, Snapshot, VideoReq};
+use super::{
+    plan, DiffusionProfile, Gpu, ImageReq, JobKind, Mode, Place, SchedConfig, SizeId, Snapshot, VideoReq,
+};
 
 /// What one GPU is doing.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,6 +19,16 @@ pub enum GpuUse {
     Video(u64),
     /// Decoding a finished video (VAE on one GPU).
     Decode(u64),
+}
+
+/// Why a request is refused, and when to try again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    /// `queue_full`, `deadline_infeasible` (not even alone on the pool),
+    /// or `deadline_unmeetable` (not behind the work ahead of it).
+    pub reason: &'static str,
+    pub retry_after_ms: f64,
+    pub predicted_ms: f64,
 }
 
 /// What the executor must do after a decision.
@@ -131,6 +143,61 @@ impl Pool {
     /// Steps a video has left, and how often it was paused (`None` once done).
     pub fn video_progress(&self, id: u64) -> Option<(u32, u32)> {
         self.videos.get(&id).map(|v| (v.req.steps_left, v.pauses))
+    }
+
+    /// Whether a new job due at `deadline_ms` can be admitted: its finish
+    /// predicted from the work due no later than it spread over the pool
+    /// (preemption and SP make this a fair estimate: earlier deadlines go
+    /// first), plus its fastest solo time. `Ok` carries the prediction.
+    pub fn admit(
+        &self,
+        job: &JobKind,
+        now_ms: f64,
+        deadline_ms: f64,
+        profile: &DiffusionProfile,
+        cfg: &SchedConfig,
+    ) -> Result<f64, Refusal> {
+        let n = self.gpus.len().max(1) as f64;
+        let p0 = cfg.default_sp;
+        let ahead: f64 = self
+            .images
+            .iter()
+            .filter(|i| i.deadline_ms <= deadline_ms)
+            .map(|i| profile.image_ms(i.size, 1))
+            .sum::<f64>()
+            + self
+                .videos
+                .values()
+                .filter(|v| v.req.deadline_ms <= deadline_ms)
+                .map(|v| {
+                    f64::from(v.req.steps_left)
+                        * profile.video_step_ms(v.req.size, v.req.frames, p0)
+                        * f64::from(p0)
+                        + profile.video_vae_ms(v.req.size, v.req.frames)
+                })
+                .sum::<f64>();
+        let wait = ahead / n;
+        let best = match *job {
+            JobKind::Image { size, .. } => profile.image_ms(size, 1),
+            JobKind::Video { size, frames } => {
+                let widest = cfg.sp_degrees.iter().copied().filter(|&p| p as usize <= self.gpus.len()).max();
+                let p = if cfg.mode == Mode::GenServe { widest.unwrap_or(p0) } else { p0 };
+                profile.video_ms(size, frames, p)
+            }
+        };
+        let predicted = now_ms + wait + best;
+        let refuse =
+            |reason| Err(Refusal { reason, retry_after_ms: wait.max(1000.0), predicted_ms: predicted });
+        if self.jobs() >= cfg.max_jobs {
+            return refuse("queue_full");
+        }
+        if cfg.admission && now_ms + best > deadline_ms {
+            return refuse("deadline_infeasible");
+        }
+        if cfg.admission && predicted > deadline_ms {
+            return refuse("deadline_unmeetable");
+        }
+        Ok(predicted)
     }
 
     /// Drops a job: a waiting image or video at once, a running round or

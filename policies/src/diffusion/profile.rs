@@ -60,8 +60,17 @@ struct Raw {
     /// Moving a paused video's state to another GPU (offload + reload), ms.
     #[serde(default)]
     migrate_ms: f64,
+    /// Every time in the file is multiplied by this (a compressed clock for
+    /// live runs of the published tables on a small machine; put it first
+    /// in the file, before the tables).
+    #[serde(default = "one")]
+    time_scale: f64,
     image: Vec<ImageSize>,
     video: Vec<VideoSize>,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// A validated diffusion profile. Construct with [`DiffusionProfile::parse`].
@@ -104,6 +113,9 @@ impl DiffusionProfile {
         if !(1..=64).contains(&raw.max_batch) || !(1..=120).contains(&raw.max_seconds) {
             return Err(bad("max_batch", "max_batch 1 to 64, max_seconds 1 to 120"));
         }
+        if !pos(raw.time_scale) {
+            return Err(bad("time_scale", "must be > 0"));
+        }
         if !nonneg(raw.migrate_ms) {
             return Err(bad("migrate_ms", "must be finite and >= 0"));
         }
@@ -127,6 +139,7 @@ impl DiffusionProfile {
                 ));
             }
         }
+        let scale = raw.time_scale;
         Ok(Self {
             model: raw.model,
             engine_class: raw.engine_class,
@@ -139,7 +152,8 @@ impl DiffusionProfile {
             migrate_ms: raw.migrate_ms,
             images: raw.image,
             videos: raw.video,
-        })
+        }
+        .scaled(scale))
     }
 
     /// The same tables with every time multiplied by `factor` (a faster
