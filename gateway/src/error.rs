@@ -79,6 +79,11 @@ pub enum ApiError {
     /// `deadline_unreachable`, `brownout_context`).
     #[error("{message}")]
     Overloaded { reason: &'static str, message: String, retry_after_s: u32 },
+    // Images and video jobs.
+    #[error("no video `{0}`")]
+    VideoNotFound(String),
+    #[error("video `{id}` is {status}: its content is there once it is completed")]
+    VideoNotReady { id: String, status: &'static str },
     // Video streams.
     #[error("no video stream `{0}`")]
     StreamNotFound(String),
@@ -134,6 +139,8 @@ impl ApiError {
             ApiError::VideoStreamLimit { .. } => "video_stream_limit",
             ApiError::Overloaded { reason, .. } => reason,
             ApiError::StreamNotFound(_) => "stream_not_found",
+            ApiError::VideoNotFound(_) => "video_not_found",
+            ApiError::VideoNotReady { .. } => "video_not_ready",
             ApiError::StreamEnded => "stream_ended",
             ApiError::StreamAlreadyWatched => "stream_already_watched",
             ApiError::VideoCapacity { .. } => "video_capacity",
@@ -154,7 +161,10 @@ impl ApiError {
             | ApiError::InvalidAdminToken => StatusCode::UNAUTHORIZED,
             ApiError::InvalidPolicy(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::AdminApiOff => StatusCode::FORBIDDEN,
-            ApiError::UnknownPolicyVersion(_) | ApiError::StreamNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::UnknownPolicyVersion(_) | ApiError::StreamNotFound(_) | ApiError::VideoNotFound(_) => {
+                StatusCode::NOT_FOUND
+            }
+            ApiError::VideoNotReady { .. } => StatusCode::CONFLICT,
             ApiError::StreamEnded | ApiError::StreamAlreadyWatched => StatusCode::CONFLICT,
             ApiError::VideoCapacity { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::PolicyFileUnavailable(_) => StatusCode::CONFLICT,

@@ -20,6 +20,7 @@ pub mod certs;
 pub mod clock;
 pub(crate) mod cluster;
 pub mod config;
+pub(crate) mod diffusion;
 pub(crate) mod dispatch;
 pub(crate) mod engine_bin;
 pub(crate) mod engines;
@@ -73,6 +74,8 @@ pub struct App {
     pub admission: Arc<admission::Admission>,
     /// Video streams.
     pub video: Arc<video::Streams>,
+    /// Images and whole-video jobs (GenServe).
+    pub diffusion: Arc<diffusion::Diffusion>,
     /// State shared with the fleet's other gateways (or in memory).
     pub cluster: Arc<cluster::Cluster>,
     /// Capacity: the autoscaler, warm pool and (embedded mode) supervisor.
@@ -96,6 +99,7 @@ impl App {
         let admission = admission::Admission::new(Arc::clone(&engines));
         let cluster = Arc::new(cluster::Cluster::new(config.cluster.clone(), config.listen, policy_key));
         let video = video::Streams::new(Arc::clone(&engines), Arc::clone(&cluster), &config.limits);
+        let diffusion = diffusion::Diffusion::new(Arc::clone(&engines));
         let fleet = fleet::FleetControl::new(
             Arc::clone(&engines),
             Arc::clone(&admission),
@@ -108,6 +112,7 @@ impl App {
             engines,
             admission,
             video,
+            diffusion,
             cluster,
             fleet,
             id_prefix,

@@ -64,6 +64,7 @@ pub(crate) enum Route {
     Healthz,
     Readyz,
     Video(VideoRoute),
+    Diffusion(crate::diffusion::routes::DiffusionRoute),
     WrongMethod,
     Unknown,
 }
@@ -72,6 +73,9 @@ impl Route {
     pub(crate) fn of(method: &Method, path: &str) -> Self {
         if let Some(v) = VideoRoute::of(method, path) {
             return Route::Video(v);
+        }
+        if let Some(d) = crate::diffusion::routes::DiffusionRoute::of(method, path) {
+            return Route::Diffusion(d);
         }
         let (route, allowed) = match path {
             "/v1/chat/completions" => (Route::Completions(Kind::Chat), Method::POST),
@@ -101,6 +105,8 @@ impl Route {
             Route::Healthz => "healthz",
             Route::Readyz => "readyz",
             Route::Video(_) => "video",
+            Route::Diffusion(crate::diffusion::routes::DiffusionRoute::Images) => "images",
+            Route::Diffusion(_) => "videos",
             Route::WrongMethod | Route::Unknown => "other",
         }
     }
@@ -116,7 +122,12 @@ impl Route {
     pub(crate) fn needs_key(&self) -> bool {
         matches!(
             self,
-            Route::Completions(_) | Route::Embeddings | Route::Models | Route::Model(_) | Route::Video(_)
+            Route::Completions(_)
+                | Route::Embeddings
+                | Route::Models
+                | Route::Model(_)
+                | Route::Video(_)
+                | Route::Diffusion(_)
         )
     }
 
@@ -127,7 +138,7 @@ impl Route {
             Route::Completions(_)
                 | Route::Embeddings
                 | Route::Video(VideoRoute::Create | VideoRoute::Prompt(_))
-        )
+        ) || matches!(self, Route::Diffusion(d) if d.takes_body())
     }
 }
 
@@ -170,6 +181,10 @@ pub(crate) async fn route(
         Route::Readyz => Ok(readyz(&app, policy)),
         Route::Video(v) => match caller(policy, &req, found) {
             Ok(who) => video(&app, policy, who, v, &mut req).await,
+            Err(e) => Err(e.into()),
+        },
+        Route::Diffusion(d) => match caller(policy, &req, found) {
+            Ok(who) => diffusion(&app, policy, who, d, &mut req).await,
             Err(e) => Err(e.into()),
         },
         Route::WrongMethod => Err(ApiError::MethodNotAllowed(req.method().to_string()).into()),
@@ -366,6 +381,23 @@ async fn video(
         _ => None,
     };
     crate::video::routes::handle(app, policy, (tenant, tier), route, req, hold).await.map_err(Failed::from)
+}
+
+/// An images or videos route. A request that makes work (an images
+/// request, a new video) goes through the tenant's limits: it counts
+/// against `requests_per_minute`, and holds one of `max_concurrency` while
+/// the gateway answers it (an images request until its PNGs are sent; a
+/// video job only while it is created: jobs are bounded by
+/// `[diffusion] max_jobs`).
+async fn diffusion(
+    app: &Arc<App>,
+    policy: &Arc<PolicyDocument>,
+    (tenant, tier): (&Tenant, &Tier),
+    route: crate::diffusion::routes::DiffusionRoute,
+    req: &mut Req,
+) -> Result<Response<GatewayBody>, Failed> {
+    let _hold = if route.takes_body() { Some(tenant_limits(app, tenant, tier, 0).await?) } else { None };
+    crate::diffusion::routes::handle(app, policy, (tenant, tier), route, req).await.map_err(Failed::from)
 }
 
 /// The tenant's limits (concurrency, requests and tokens per minute),

@@ -36,7 +36,7 @@ impl std::fmt::Display for CallError {
     }
 }
 
-async fn call(
+pub(crate) async fn call(
     pool: &EnginePool,
     idx: usize,
     method: Method,

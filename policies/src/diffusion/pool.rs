@@ -140,6 +140,11 @@ impl Pool {
         self.videos.insert(id, job);
     }
 
+    /// Ids of the images waiting for a GPU.
+    pub fn waiting_images(&self) -> impl Iterator<Item = u64> + '_ {
+        self.images.iter().map(|i| i.id)
+    }
+
     /// Steps a video has left, and how often it was paused (`None` once done).
     pub fn video_progress(&self, id: u64) -> Option<(u32, u32)> {
         self.videos.get(&id).map(|v| (v.req.steps_left, v.pauses))

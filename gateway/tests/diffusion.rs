@@ -1,0 +1,185 @@
+//! Images and whole videos through a real `gateway up` and real engine
+//! processes (issue 24): the official OpenAI Python client's images and
+//! videos calls, bad input as typed 400s, tenant isolation, admission with
+//! a reason and Retry-After, and a video that keeps its deadline while
+//! images preempt it. Engines are emulated, replaying GenServe's published
+//! tables on a clock compressed 50× (`time_scale`).
+// Process-level code: it measures real time on purpose.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use http::StatusCode;
+use loadtest::client::{body_bytes, Conn, Proto};
+
+const TEXT_PROFILE: &str = "model = \"synthetic-small\"\nengine_class = \"test-diffusion\"\n\
+    [prefill]\npoints = [[0, 1.0]]\n[decode]\nbatch_points = [[1, 2.0]]\n";
+
+/// The shipped diffusion profile, 50× faster.
+fn diffusion_profile(dir: &std::path::Path, scale: f64) -> String {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/profiles/genserve-emulated.toml"),
+    )
+    .unwrap();
+    let path = dir.join(format!("genserve-{scale}.toml"));
+    std::fs::write(&path, format!("time_scale = {scale}\n{text}")).unwrap();
+    format!("--engine-arg=--diffusion-profile={}", path.display())
+}
+
+async fn start(engines: usize, policy: Option<&str>) -> System {
+    let dir = std::env::temp_dir().join(format!("diffusion-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let arg = diffusion_profile(&dir, 0.02);
+    System::start_with_policy(TEXT_PROFILE, engines, &[&arg], policy).await
+}
+
+async fn post(
+    conn: &Conn,
+    path: &str,
+    key: &str,
+    body: serde_json::Value,
+    headers: &[(&str, &str)],
+) -> (StatusCode, http::HeaderMap, serde_json::Value) {
+    let resp = conn.send(request(path, key, body.to_string(), headers)).await.unwrap();
+    let (status, h) = (resp.status(), resp.headers().clone());
+    let bytes = body_bytes(resp).await.unwrap();
+    (status, h, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
+}
+
+async fn get(conn: &Conn, path: &str, key: &str) -> (StatusCode, bytes::Bytes) {
+    let req = http::Request::get(path)
+        .header("authorization", format!("Bearer {key}"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let resp = conn.send(req).await.unwrap();
+    let status = resp.status();
+    (status, body_bytes(resp).await.unwrap())
+}
+
+#[tokio::test]
+async fn the_official_client_generates_images_and_videos() {
+    let sys = start(4, None).await;
+    run_openai_script(&sys, "openai_diffusion.py").await;
+}
+
+#[tokio::test]
+async fn bad_input_isolation_and_admission_answer_with_typed_errors() {
+    let sys = start(2, None).await;
+    let conn = sys.conn(Proto::H2).await;
+    let img = |extra: serde_json::Value| {
+        let mut b = serde_json::json!({"prompt": "a fox", "size": "512x512"});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    for (extra, param, code) in [
+        (serde_json::json!({"size": "333x333"}), "size", "invalid_value"),
+        (serde_json::json!({"n": 11}), "n", "invalid_value"),
+        (serde_json::json!({"n": 0}), "n", "invalid_value"),
+        (serde_json::json!({"prompt": ""}), "prompt", "invalid_value"),
+        (serde_json::json!({"bogus": 1}), "bogus", "unknown_parameter"),
+    ] {
+        let (status, _, body) = post(&conn, "/v1/images/generations", GOLD, img(extra.clone()), &[]).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{extra}: {body}");
+        assert_eq!(body["error"]["param"], param, "{body}");
+        assert_eq!(body["error"]["code"], code, "{body}");
+    }
+    for (body, param) in [
+        (serde_json::json!({"prompt": "x", "seconds": -2}), "seconds"),
+        (serde_json::json!({"prompt": "x", "seconds": "zero"}), "seconds"),
+        (serde_json::json!({"prompt": "x", "size": "1x1"}), "size"),
+        (serde_json::json!({"prompt": "x", "seconds": 60}), "seconds"),
+        (serde_json::json!({"seconds": 4}), "prompt"),
+    ] {
+        let (status, _, answer) = post(&conn, "/v1/videos", GOLD, body.clone(), &[]).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert_eq!(answer["error"]["param"], param, "{answer}");
+    }
+    // A deadline shorter than the job alone: refused at once, with a reason.
+    let (status, h, body) =
+        post(&conn, "/v1/images/generations", GOLD, img(serde_json::json!({})), &[("x-slo-e2e-ms", "5")])
+            .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "deadline_infeasible", "{body}");
+    assert!(h.contains_key("retry-after"), "{h:?}");
+    // A video job belongs to its tenant.
+    let (status, _, v) = post(
+        &conn,
+        "/v1/videos",
+        GOLD,
+        serde_json::json!({"prompt": "rain", "size": "256x448", "seconds": 2}),
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    assert_eq!(get(&conn, &format!("/v1/videos/{id}"), SILVER).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(get(&conn, &format!("/v1/videos/{id}/content"), SILVER).await.0, StatusCode::NOT_FOUND);
+    let started = Instant::now();
+    loop {
+        let (status, bytes) = get(&conn, &format!("/v1/videos/{id}"), GOLD).await;
+        assert_eq!(status, StatusCode::OK);
+        let v = json(&bytes);
+        if v["status"] == "completed" {
+            break;
+        }
+        assert_ne!(v["status"], "failed", "{v}");
+        assert!(started.elapsed() < Duration::from_secs(20), "{v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, bytes) = get(&conn, &format!("/v1/videos/{id}/content"), GOLD).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(bytes.windows(4).any(|w| w == b"fdAT"), "frames after the first");
+}
+
+#[tokio::test]
+async fn images_preempt_a_long_video_and_both_keep_their_deadlines() {
+    // 2 GPUs, a 720p video on both (σ = 1.5 leaves it room for a pause),
+    // then images whose σ = 1 needs a GPU at once.
+    let policy = default_policy().replace("slo_scale = 1.0", "slo_scale = 1.5");
+    let sys = start(2, Some(&policy)).await;
+    let conn = sys.conn(Proto::H2).await;
+    let (status, _, v) = post(
+        &conn,
+        "/v1/videos",
+        GOLD,
+        serde_json::json!({"prompt": "a city", "size": "720x1280", "seconds": 5}),
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let conn = sys.conn(Proto::H2).await;
+        tasks.push(tokio::spawn(async move {
+            let started = Instant::now();
+            let body = serde_json::json!({"prompt": format!("image {i}"), "size": "512x512"});
+            let (status, h, b) =
+                post(&conn, "/v1/images/generations", GOLD, body, &[("x-slo-e2e-ms", "200")]).await;
+            (status, h, b, started.elapsed())
+        }));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    for t in tasks {
+        let (status, h, body, took) = t.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(h["x-admission"], "admitted");
+        // 28 steps of 0.8 ms + decode: tens of ms, not the video's seconds.
+        assert!(took < Duration::from_millis(400), "an image waited {took:?} behind the video");
+    }
+    let started = Instant::now();
+    let v = loop {
+        let (_, bytes) = get(&conn, &format!("/v1/videos/{id}"), GOLD).await;
+        let v = json(&bytes);
+        if v["status"] == "completed" {
+            break v;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "{v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(v["progress"], 100);
+}
