@@ -45,6 +45,8 @@ fn main() -> std::process::ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Some(Command::Profile(p)) if p.diffusion => engine::profile::run_diffusion(&p)
+            .map(|()| eprintln!("wrote {} (diffusion profile)", p.out.display())),
         Some(Command::Profile(p)) if p.video => engine::profile::run_video(&p).map(|n| {
             eprintln!("wrote {} ({n} video configurations)", p.out.display());
         }),

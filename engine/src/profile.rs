@@ -66,6 +66,11 @@ pub struct ProfileArgs {
     /// one more chunk in a batch).
     #[arg(long, default_value_t = 0.3)]
     pub batch_cost: f64,
+    /// Profile the diffusion jobs instead (cpu backend): `T_img` per image
+    /// size and batch, `T_step` per video size, decode times; sizes and
+    /// step counts from the engine's diffusion profile.
+    #[arg(long, conflicts_with = "video")]
+    pub diffusion: bool,
     /// Backend, model and KV flags, as for serving.
     #[command(flatten)]
     pub engine: EngineArgs,
@@ -90,6 +95,27 @@ pub struct Measured {
     pub prefill: Vec<(u32, f64)>,
     pub decode: Vec<(u32, f64)>,
     pub ms_per_1k_context: f64,
+}
+
+/// Runs `engine profile --diffusion` and writes the file.
+pub fn run_diffusion(args: &ProfileArgs) -> Result<(), ProfileError> {
+    let e = args.engine.clone().resolved();
+    if e.backend() != crate::backend::BackendKind::Cpu {
+        return Err(ProfileError::Video("measuring diffusion jobs needs --backend cpu".into()));
+    }
+    let text = match &e.diffusion_profile {
+        Some(p) => std::fs::read_to_string(p).map_err(|err| {
+            ProfileError::Start(crate::StartError::ReadProfile(p.display().to_string(), err))
+        })?,
+        None => crate::DIFFUSION_PROFILE.to_string(),
+    };
+    let template = policies::diffusion::DiffusionProfile::parse("template", &text)
+        .map_err(|err| ProfileError::Video(err.to_string()))?;
+    let machine = format!("{} threads", std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let toml = crate::diffusion::profile::measure(&template, e.model_seed, args.repeats, &machine);
+    policies::diffusion::DiffusionProfile::parse("measured", &toml)
+        .map_err(|err| ProfileError::Video(err.to_string()))?;
+    std::fs::write(&args.out, toml).map_err(|err| ProfileError::Write(args.out.display().to_string(), err))
 }
 
 /// Runs `engine profile --video` and writes the file; returns the number

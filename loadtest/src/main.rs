@@ -116,6 +116,10 @@ enum Command {
     /// DP's decision time. Prints Markdown; writes results.json and SVG
     /// charts to --out.
     SimDiffusion(loadtest::diffusion::bench::SimDiffusionArgs),
+    /// A GenServe image + video trace (the `sim-diffusion` workloads) sent
+    /// on time to a live gateway, each request with its deadline; SLO
+    /// attainment per kind. Writes results.json to --out.
+    Diffusion(loadtest::diffusion::live::DiffusionArgs),
     /// How long the control plane's decisions take on this machine: an
     /// admission decision and an autoscaler tick over --engines engines, a
     /// placement event over --placement-engines (medians, microseconds).
@@ -168,6 +172,7 @@ async fn main() -> ExitCode {
         Command::Sim(args) => sim(&args),
         Command::SimVideo(args) => loadtest::sim::video::bench::main(&args).map(|md| print!("{md}")),
         Command::SimDiffusion(args) => loadtest::diffusion::bench::main(&args).map(|md| print!("{md}")),
+        Command::Diffusion(args) => loadtest::diffusion::live::main(&args).await.map(|line| print!("{line}")),
         Command::DecisionCost { engines, placement_engines, policies, profile } => {
             decision_cost(engines, placement_engines, &policies, &profile)
         }

@@ -23,6 +23,7 @@
 //! picture scaled up, nearest neighbour); a video as an animated PNG at the
 //! model's resolution, 4 frames per latent frame.
 
+pub mod profile;
 pub mod routes;
 
 use std::collections::HashMap;

@@ -250,7 +250,9 @@ impl State {
                     Ok(bytes) => {
                         s.status = "completed";
                         s.progress = 100;
-                        s.completed_at = Some(crate::clock::unix_s() as u64);
+                        let unix = crate::clock::unix_s();
+                        s.completed_at = Some(unix as u64);
+                        s.completed_at_ms = Some((unix * 1000.0) as u64);
                         s.content = Some(bytes);
                         s.finished_ms = Some(now);
                         s.degrees = degrees;

@@ -41,6 +41,8 @@ pub struct VideoStatus {
     pub status: &'static str,
     pub progress: u32,
     pub completed_at: Option<u64>,
+    /// Unix milliseconds (not in OpenAI's object; load tests measure with it).
+    pub completed_at_ms: Option<u64>,
     pub error: Option<(String, String)>,
     pub content: Option<Bytes>,
     /// Pauses and the SP degrees of its rounds (for `x-` headers and tests).
@@ -79,6 +81,7 @@ impl VideoRecord {
             "progress": s.progress,
             "created_at": self.created_at,
             "completed_at": s.completed_at,
+            "completed_at_ms": s.completed_at_ms,
             "expires_at": s.completed_at.map(|c| c + ttl_s),
             "error": s.error.as_ref().map(|(code, message)| json!({"code": code, "message": message})),
             "prompt": self.prompt,

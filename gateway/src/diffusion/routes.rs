@@ -290,6 +290,7 @@ async fn create_video(
         status: "queued",
         progress: 0,
         completed_at: None,
+        completed_at_ms: None,
         error: None,
         content: None,
         pauses: 0,

@@ -1,1 +1,338 @@
-//! The live run against a gateway (to come with the API).
+//! `loadtest diffusion`: a trace of image and video requests sent on time
+//! to a live gateway (open loop, one HTTP/2 connection), each with its
+//! deadline in `x-slo-e2e-ms` (σ × solo latency from the same profile the
+//! engines replay, so gateway and harness agree on it). An image meets its
+//! SLO if its 200 arrives in time; a video if the job completes in time
+//! (its `completed_at_ms` against the create request's send time; polled
+//! every `--poll-ms`).
+//!
+//! The solo latency σ scales is measured first, as GenServe's profiler
+//! does: each (kind, size) of the trace alone on the idle system, best of
+//! two, so the deadlines include what serving costs beyond the model's
+//! steps (HTTP, PNG encoding, polling). Measure it once on the reference
+//! configuration (`[diffusion] mode = "fcfs"`: videos at the default SP)
+//! with `--solo-out FILE --calibrate-only`, and give every arm `--solo
+//! FILE`: an elastic-SP gateway would widen a lone video and tighten its
+//! own deadlines. `--no-calibrate` takes the profile's numbers instead.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, Request, StatusCode};
+use http_body_util::Full;
+use policies::diffusion::{DiffusionProfile, SchedConfig};
+use serde::Serialize;
+
+use super::workload::{self, Mix, Request as Planned, Resolutions, Spec};
+use crate::client::{body_bytes, Conn, Proto};
+use crate::progress::Progress;
+
+/// Options of `loadtest diffusion`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DiffusionArgs {
+    /// Gateway base URL.
+    #[arg(long, default_value = "https://localhost:8443")]
+    pub target: String,
+    /// CA certificate for the gateway's TLS.
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+    #[arg(long, default_value = "sk-demo-gold")]
+    pub key: String,
+    #[arg(long, value_enum, default_value = "balanced")]
+    pub mix: Mix,
+    #[arg(long, value_enum, default_value = "skewed")]
+    pub resolutions: Resolutions,
+    /// Requests per minute on the profile's own clock (divided by
+    /// `--time-scale` on the wall clock).
+    #[arg(long, default_value_t = 24.0)]
+    pub rate: f64,
+    #[arg(long, default_value_t = 1.0)]
+    pub sigma: f64,
+    #[arg(long, default_value_t = 100)]
+    pub requests: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 5)]
+    pub video_seconds: u32,
+    /// SP degree the solo latency is taken at (the policy's `default_sp`).
+    #[arg(long, default_value_t = 2)]
+    pub default_sp: u32,
+    /// The engines' profile (the shipped one unless they were given another).
+    #[arg(long, default_value = "policies/profiles/genserve-emulated.toml")]
+    pub profile: PathBuf,
+    /// The engines' clock compression (their profile's `time_scale`).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    #[arg(long, default_value_t = 100)]
+    pub poll_ms: u64,
+    /// Use the profile's solo latencies, not measured ones.
+    #[arg(long)]
+    pub no_calibrate: bool,
+    /// Read the measured solo latencies from this file (written by
+    /// `--solo-out`) instead of measuring.
+    #[arg(long)]
+    pub solo: Option<PathBuf>,
+    /// Write the measured solo latencies here.
+    #[arg(long)]
+    pub solo_out: Option<PathBuf>,
+    /// Measure the solo latencies and stop.
+    #[arg(long)]
+    pub calibrate_only: bool,
+    #[arg(long, default_value = "run")]
+    pub label: String,
+    #[arg(long, default_value = "bench-out/diffusion")]
+    pub out: PathBuf,
+}
+
+/// One request's outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    pub video: bool,
+    pub size: String,
+    pub deadline_ms: f64,
+    pub status: u16,
+    /// Send to answer (images) or to completion (videos), ms; none if it
+    /// failed.
+    pub latency_ms: Option<f64>,
+    pub met: bool,
+    pub error: Option<String>,
+}
+
+/// A run's outcome (`results.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct LiveOutcome {
+    pub label: String,
+    pub requests: usize,
+    pub sar: f64,
+    pub image_sar: f64,
+    pub video_sar: f64,
+    pub refused: usize,
+    pub failed: usize,
+    pub records: Vec<Record>,
+}
+
+fn unix_ms() -> f64 {
+    crate::clock::wall().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+fn request(
+    method: http::Method,
+    path: &str,
+    key: &str,
+    body: Bytes,
+    deadline_ms: Option<f64>,
+) -> Request<Full<Bytes>> {
+    let mut r = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::AUTHORIZATION, format!("Bearer {key}"))
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(d) = deadline_ms {
+        r = r.header("x-slo-e2e-ms", format!("{d:.1}"));
+    }
+    r.body(Full::new(body)).expect("valid request parts")
+}
+
+async fn one(conn: Arc<Conn>, key: String, r: Planned, poll: Duration, k: usize) -> Record {
+    let deadline = r.deadline_ms - r.at_ms;
+    let mut rec = Record {
+        video: r.video,
+        size: r.size.clone(),
+        deadline_ms: deadline,
+        status: 0,
+        latency_ms: None,
+        met: false,
+        error: None,
+    };
+    let sent = unix_ms();
+    let started = crate::clock::now();
+    let prompt = format!("request {k}: a synthetic scene");
+    let (path, body) = if r.video {
+        ("/v1/videos", serde_json::json!({"prompt": prompt, "size": r.size, "seconds": r.seconds}))
+    } else {
+        ("/v1/images/generations", serde_json::json!({"prompt": prompt, "size": r.size, "n": 1}))
+    };
+    let req = request(http::Method::POST, path, &key, Bytes::from(body.to_string()), Some(deadline));
+    let answer = match conn.send(req).await {
+        Ok(resp) => {
+            rec.status = resp.status().as_u16();
+            body_bytes(resp).await.map_err(|e| e.to_string())
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    let bytes = match answer {
+        Ok(b) if rec.status == StatusCode::OK.as_u16() => b,
+        Ok(b) => {
+            rec.error = Some(String::from_utf8_lossy(&b[..b.len().min(300)]).into_owned());
+            return rec;
+        }
+        Err(e) => {
+            rec.error = Some(e);
+            return rec;
+        }
+    };
+    if !r.video {
+        let ms = crate::clock::since(started).as_secs_f64() * 1000.0;
+        rec.latency_ms = Some(ms);
+        rec.met = ms <= deadline;
+        return rec;
+    }
+    let id = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v["id"].as_str().map(String::from));
+    let Some(id) = id else {
+        rec.error = Some("no video id".into());
+        return rec;
+    };
+    // Poll until it ends, for at most ten deadlines and a minute.
+    let give_up = Duration::from_secs_f64((deadline * 10.0 / 1000.0).min(3600.0)) + Duration::from_secs(60);
+    while crate::clock::since(started) < give_up {
+        tokio::time::sleep(poll).await;
+        let req = request(http::Method::GET, &format!("/v1/videos/{id}"), &key, Bytes::new(), None);
+        let Ok(resp) = conn.send(req).await else { continue };
+        let Ok(b) = body_bytes(resp).await else { continue };
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&b) else { continue };
+        match v["status"].as_str() {
+            Some("completed") => {
+                let done = v["completed_at_ms"].as_f64().unwrap_or_else(unix_ms);
+                rec.latency_ms = Some(done - sent);
+                rec.met = done - sent <= deadline;
+                return rec;
+            }
+            Some("failed") => {
+                rec.error = Some(v["error"].to_string());
+                return rec;
+            }
+            _ => {}
+        }
+    }
+    rec.error = Some("gave up polling".into());
+    rec
+}
+
+/// Each (kind, size) of `trace` alone, best of two: the measured solo
+/// latencies.
+async fn calibrate(
+    conn: &Arc<Conn>,
+    key: &str,
+    trace: &[Planned],
+    poll: Duration,
+) -> Result<std::collections::HashMap<(bool, String), f64>, String> {
+    let mut solo = std::collections::HashMap::new();
+    for r in trace {
+        let k = (r.video, r.size.clone());
+        if solo.contains_key(&k) {
+            continue;
+        }
+        let mut best = f64::INFINITY;
+        for _ in 0..2 {
+            let probe = Planned { at_ms: 0.0, deadline_ms: 3_600_000.0, ..r.clone() };
+            let rec = one(Arc::clone(conn), key.to_string(), probe, poll, 0).await;
+            let ms = rec.latency_ms.ok_or_else(|| format!("calibrating {k:?}: {:?}", rec.error))?;
+            best = best.min(ms);
+        }
+        eprintln!("solo {} {}: {best:.1} ms", if r.video { "video" } else { "image" }, r.size);
+        solo.insert(k, best);
+    }
+    Ok(solo)
+}
+
+/// Runs the trace; returns a one-line summary (results.json under `--out`).
+pub async fn main(args: &DiffusionArgs) -> Result<String, String> {
+    let text =
+        std::fs::read_to_string(&args.profile).map_err(|e| format!("{}: {e}", args.profile.display()))?;
+    let profile = DiffusionProfile::parse(&args.profile.display().to_string(), &text)
+        .map_err(|e| e.to_string())?
+        .scaled(args.time_scale);
+    let cfg = SchedConfig { default_sp: args.default_sp, ..SchedConfig::default() };
+    let spec = Spec {
+        mix: args.mix,
+        resolutions: args.resolutions,
+        rate_per_min: args.rate / args.time_scale,
+        sigma: args.sigma,
+        requests: args.requests,
+        video_seconds: args.video_seconds,
+    };
+    let mut trace = workload::generate(&spec, &profile, &cfg, args.seed);
+    let conn = Arc::new(
+        Conn::connect(&args.target, args.ca.as_deref(), Proto::H2).await.map_err(|e| e.to_string())?,
+    );
+    if !args.no_calibrate {
+        let solo: Vec<((bool, String), f64)> = match &args.solo {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?
+            }
+            None => {
+                let poll = Duration::from_millis(args.poll_ms.max(5));
+                calibrate(&conn, &args.key, &trace, poll).await?.into_iter().collect()
+            }
+        };
+        if let Some(p) = &args.solo_out {
+            std::fs::write(p, serde_json::to_vec_pretty(&solo).expect("serialises"))
+                .map_err(|e| e.to_string())?;
+        }
+        if args.calibrate_only {
+            return Ok(format!("solo latencies: {solo:?}\n"));
+        }
+        let solo: std::collections::HashMap<_, _> = solo.into_iter().collect();
+        for r in &mut trace {
+            let Some(&s) = solo.get(&(r.video, r.size.clone())) else {
+                return Err(format!(
+                    "no solo latency for {} {}",
+                    if r.video { "video" } else { "image" },
+                    r.size
+                ));
+            };
+            r.solo_ms = s;
+            r.deadline_ms = r.at_ms + args.sigma * r.solo_ms;
+        }
+    }
+    let t0 = crate::clock::now();
+    let mut tasks = Vec::with_capacity(trace.len());
+    for (k, r) in trace.into_iter().enumerate() {
+        let at = Duration::from_secs_f64(r.at_ms / 1000.0);
+        let wait = at.saturating_sub(crate::clock::since(t0));
+        tokio::time::sleep(wait).await;
+        let poll = Duration::from_millis(args.poll_ms.max(5));
+        tasks.push(tokio::spawn(one(Arc::clone(&conn), args.key.clone(), r, poll, k)));
+    }
+    let mut progress = Progress::new(tasks.len());
+    let mut records = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        records.push(t.await.map_err(|e| e.to_string())?);
+        progress.tick();
+    }
+    progress.done();
+    let out = summarize(&args.label, records);
+    std::fs::create_dir_all(&args.out).map_err(|e| e.to_string())?;
+    let path = args.out.join("results.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&out).expect("serialises")).map_err(|e| e.to_string())?;
+    Ok(format!(
+        "{}: SAR {:.0}% (images {:.0}%, videos {:.0}%), {} refused, {} failed of {}\n",
+        out.label, out.sar, out.image_sar, out.video_sar, out.refused, out.failed, out.requests
+    ))
+}
+
+fn summarize(label: &str, records: Vec<Record>) -> LiveOutcome {
+    let share = |f: &dyn Fn(&Record) -> bool| {
+        let all: Vec<&Record> = records.iter().filter(|r| f(r)).collect();
+        if all.is_empty() {
+            0.0
+        } else {
+            100.0 * all.iter().filter(|r| r.met).count() as f64 / all.len() as f64
+        }
+    };
+    LiveOutcome {
+        label: label.to_string(),
+        requests: records.len(),
+        sar: share(&|_| true),
+        image_sar: share(&|r| !r.video),
+        video_sar: share(&|r| r.video),
+        refused: records.iter().filter(|r| r.status == 503 || r.status == 429).count(),
+        failed: records.iter().filter(|r| r.error.is_some() && r.status != 503 && r.status != 429).count(),
+        records,
+    }
+}

@@ -71,6 +71,8 @@ pub struct Request {
     pub size: String,
     #[serde(skip)]
     pub kind: JobKind,
+    /// Video length (0 for an image).
+    pub seconds: u32,
     pub solo_ms: f64,
     pub deadline_ms: f64,
 }
@@ -104,7 +106,16 @@ pub fn generate(spec: &Spec, profile: &DiffusionProfile, cfg: &SchedConfig, seed
             (JobKind::Image { size: s, n: 1 }, profile.images[s].size.clone())
         };
         let solo_ms = cfg.solo_ms(profile, &kind);
-        out.push(Request { at_ms: t, video, size, kind, solo_ms, deadline_ms: t + spec.sigma * solo_ms });
+        let seconds = if video { spec.video_seconds } else { 0 };
+        out.push(Request {
+            at_ms: t,
+            video,
+            size,
+            kind,
+            seconds,
+            solo_ms,
+            deadline_ms: t + spec.sigma * solo_ms,
+        });
     }
     out
 }

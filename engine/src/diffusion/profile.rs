@@ -1,0 +1,79 @@
+//! `engine profile --diffusion`: `T_img` and `T_step` measured on the cpu
+//! backend, written as a diffusion profile (the emulated backend and the
+//! gateway's scheduler read the same format). Sizes, step counts and the
+//! SP communication shares come from the template profile (the engine's
+//! `--diffusion-profile`, or the bundled one): SP is not real on one host,
+//! so `sp_comm` stays the template's.
+
+use std::fmt::Write as _;
+
+use policies::diffusion::DiffusionProfile;
+
+use super::{latent_frames, model_res, noise, scale, step};
+use crate::backend::BackendKind;
+use crate::video::model::{StreamState, VideoModel, CHANNELS};
+use crate::video::png;
+
+fn median_ms(repeats: u32, mut f: impl FnMut()) -> f64 {
+    let mut v: Vec<f64> = (0..repeats.max(1))
+        .map(|_| {
+            let t = crate::clock::now();
+            f();
+            crate::clock::since(t).as_secs_f64() * 1000.0
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Measures every size of `template` on the host; returns the TOML text.
+pub fn measure(template: &DiffusionProfile, model_seed: u64, repeats: u32, machine: &str) -> String {
+    let model = VideoModel::new(model_seed ^ 0xD1FF_0510);
+    let cpu = BackendKind::Cpu;
+    let mut out = format!(
+        "# Measured by `engine profile --diffusion --backend cpu` on {machine}.\n\
+         model = \"{}\"\nengine_class = \"cpu\"\nsource = \"engine profile --diffusion (sp_comm from the template: SP is emulated)\"\n\
+         image_steps = {}\nvideo_steps = {}\nvideo_fps = {}\nref_frames = 81\nmax_seconds = {}\nmax_batch = {}\n",
+        template.model, template.image_steps, template.video_steps, template.video_fps, template.max_seconds, template.max_batch
+    );
+    let state = StreamState::new("profile");
+    // Moving a paused 720p-class state: its bytes copied twice.
+    let _ = writeln!(out, "migrate_ms = {:.3}", 0.05);
+    for i in &template.images {
+        let res = model_res(cpu, &i.size);
+        let side = res.latent_side();
+        let (w, h) = policies::diffusion::parse_size(&i.size).unwrap_or((64, 64));
+        let mut xs: Vec<Vec<f32>> = (0..4).map(|k| noise(k, "profile", side * side * CHANNELS)).collect();
+        let one = median_ms(repeats, || step(&model, &mut xs[0], &state, side, 0, 28));
+        let four = median_ms(repeats, || xs.iter_mut().for_each(|x| step(&model, x, &state, side, 0, 28)));
+        let vae = median_ms(repeats, || {
+            let frame = model.decode(&xs[0], res).swap_remove(0);
+            std::hint::black_box(png::encode_rgb(w, h, &scale(&frame, res.pixels(), w, h)));
+        });
+        let slope = ((four / one.max(1e-6)) - 1.0) / 3.0;
+        let _ = write!(
+            out,
+            "\n[[image]]\nsize = \"{}\"\nstep_ms = {one:.4}\nbatch_slope = {:.3}\nvae_ms = {vae:.3}\n",
+            i.size,
+            slope.max(0.0)
+        );
+    }
+    for v in &template.videos {
+        let res = model_res(cpu, &v.size);
+        let side = res.latent_side();
+        let mut x = noise(1, "profile", latent_frames(cpu, 81) * side * side * CHANNELS);
+        let one = median_ms(repeats, || step(&model, &mut x, &state, side, 0, 50));
+        let fps = u16::try_from(template.video_fps).unwrap_or(16);
+        let vae = median_ms(repeats, || {
+            let frames = model.decode(&x, res);
+            let px = res.pixels() as u32;
+            std::hint::black_box(png::encode_apng(px, px, &frames, fps));
+        });
+        let _ = write!(
+            out,
+            "\n[[video]]\nsize = \"{}\"\nstep_ms = {one:.4}\nsp_comm = {}\nvae_ms = {vae:.3}\n",
+            v.size, v.sp_comm
+        );
+    }
+    out
+}
