@@ -138,7 +138,8 @@ pub struct EngineArgs {
     pub video_profile: Option<PathBuf>,
     /// Diffusion profile (TOML; `T_img` per image batch, `T_step` per video
     /// step and SP degree) the emulated backend replays and the gateway's
-    /// diffusion scheduler plans with. Bundled default: `genserve-emulated`.
+    /// diffusion scheduler plans with. Bundled default: `genserve-emulated`
+    /// (emulated, cuda) or `genserve-cpu-epyc-2core` (cpu, measured).
     #[arg(long)]
     pub diffusion_profile: Option<PathBuf>,
     /// Video streams whose state may be resident at once (the state arena);

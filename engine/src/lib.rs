@@ -54,6 +54,9 @@ pub const VIDEO_PROFILE: &str = include_str!("../../policies/profiles/video-emul
 pub const CPU_VIDEO_PROFILE: &str = include_str!("../../policies/profiles/video-cpu-epyc-2core.toml");
 /// The bundled diffusion profile (GenServe's published tables).
 pub const DIFFUSION_PROFILE: &str = include_str!("../../policies/profiles/genserve-emulated.toml");
+/// The bundled diffusion profile of the cpu backend, measured with `engine
+/// profile --diffusion --backend cpu`.
+pub const CPU_DIFFUSION_PROFILE: &str = include_str!("../../policies/profiles/genserve-cpu-epyc-2core.toml");
 
 /// How long SIGTERM waits for in-flight work before exiting anyway.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
@@ -270,7 +273,12 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
             p.display().to_string(),
             std::fs::read_to_string(p).map_err(|e| StartError::ReadProfile(p.display().to_string(), e))?,
         ),
-        None => ("bundled genserve-emulated.toml".to_string(), DIFFUSION_PROFILE.to_string()),
+        None => match args.backend() {
+            BackendKind::Cpu => {
+                ("bundled genserve-cpu-epyc-2core.toml".to_string(), CPU_DIFFUSION_PROFILE.to_string())
+            }
+            _ => ("bundled genserve-emulated.toml".to_string(), DIFFUSION_PROFILE.to_string()),
+        },
     };
     let diffusion_profile = policies::diffusion::DiffusionProfile::parse(&diffusion_name, &diffusion_toml)
         .map_err(|e| StartError::DiffusionProfile(e.to_string()))?;
