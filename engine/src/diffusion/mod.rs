@@ -267,12 +267,7 @@ impl DiffusionEngine {
     /// and drops its state.
     pub async fn decode(&self, id: &str) -> Result<Vec<u8>, DiffusionError> {
         let _lane = self.lane.lock().await;
-        let job = self
-            .videos
-            .lock()
-            .expect("videos lock")
-            .remove(id)
-            .ok_or_else(|| DiffusionError::NoVideo(id.into()))?;
+        let job = self.take(id)?;
         if job.done < job.total {
             let left = job.total - job.done;
             self.videos.lock().expect("videos lock").insert(id.to_string(), job);
@@ -299,6 +294,10 @@ impl DiffusionEngine {
         Ok(apng)
     }
 
+    fn take(&self, id: &str) -> Result<VideoJob, DiffusionError> {
+        self.videos.lock().expect("videos lock").remove(id).ok_or_else(|| DiffusionError::NoVideo(id.into()))
+    }
+
     /// Drops a video's state (cancelled, or moved away); whether it was here.
     pub fn drop_video(&self, id: &str) -> bool {
         self.videos.lock().expect("videos lock").remove(id).is_some()
@@ -311,12 +310,7 @@ impl DiffusionEngine {
 
     /// A video's state as bytes (removed here: the importer owns it next).
     pub fn export(&self, id: &str) -> Result<Vec<u8>, DiffusionError> {
-        let job = self
-            .videos
-            .lock()
-            .expect("videos lock")
-            .remove(id)
-            .ok_or_else(|| DiffusionError::NoVideo(id.into()))?;
+        let job = self.take(id)?;
         let head = serde_json::json!({
             "prompt": job.prompt, "seed": job.seed, "size": job.size,
             "frames": job.frames, "total": job.total, "done": job.done, "floats": job.latent.len(),

@@ -1,13 +1,13 @@
 //! The engine's diffusion routes (`/engine/v1/diffusion/…`, docs/api.md).
 
-use bytes::Bytes;
 use engine_api::diffusion::{self as api, ImagesResponse};
-use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Either, Full, Limited};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
 use super::{DiffusionError, MAX_STATE_BYTES};
 use crate::server::{error, json, read_json, EngineBody};
+use crate::video::routes::bytes;
 use crate::Engine;
 
 fn failed(e: &DiffusionError) -> Response<EngineBody> {
@@ -18,13 +18,6 @@ fn failed(e: &DiffusionError) -> Response<EngineBody> {
         _ => StatusCode::BAD_REQUEST,
     };
     error(status, e.code(), &e.to_string())
-}
-
-fn bytes(content_type: &'static str, body: Vec<u8>) -> Response<EngineBody> {
-    Response::builder()
-        .header(header::CONTENT_TYPE, content_type)
-        .body(Either::Left(Full::new(Bytes::from(body))))
-        .expect("static response parts are valid")
 }
 
 /// Serves one diffusion route.

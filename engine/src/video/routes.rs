@@ -26,7 +26,7 @@ fn video_error(e: &VideoError) -> Response<EngineBody> {
     error(status, e.code(), &e.to_string())
 }
 
-fn bytes(content_type: &'static str, body: Vec<u8>) -> Response<EngineBody> {
+pub(crate) fn bytes(content_type: &'static str, body: Vec<u8>) -> Response<EngineBody> {
     Response::builder()
         .header(header::CONTENT_TYPE, content_type)
         .body(Either::Left(Full::new(Bytes::from(body))))

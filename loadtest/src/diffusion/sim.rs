@@ -1,7 +1,6 @@
 //! The GPU pool in virtual time: the production [`Pool`] and scheduler,
 //! with every batch, round and decode timed by the profile.
 
-use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use policies::diffusion::{
@@ -19,26 +18,7 @@ enum Event {
     DecodeDone(u64),
 }
 
-#[derive(Debug, Clone, Copy)]
-struct At(f64, u64, Event);
-
-impl PartialEq for At {
-    fn eq(&self, o: &Self) -> bool {
-        self.cmp(o) == Ordering::Equal
-    }
-}
-impl Eq for At {}
-impl PartialOrd for At {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for At {
-    /// Earliest first (a max-heap of reversed order), ties in push order.
-    fn cmp(&self, o: &Self) -> Ordering {
-        o.0.total_cmp(&self.0).then(o.1.cmp(&self.1))
-    }
-}
+type At = crate::sim::timed::Timed<Event>;
 
 /// One run's outcome.
 #[derive(Debug, Clone, Serialize)]
@@ -76,7 +56,7 @@ pub fn run(trace: &[Request], gpus: usize, profile: &DiffusionProfile, cfg: &Sch
     let mut seq = 0u64;
     let mut push = |heap: &mut BinaryHeap<At>, t: f64, e: Event| {
         seq += 1;
-        heap.push(At(t, seq, e));
+        heap.push(At { t, seq, ev: e });
     };
     for (k, r) in trace.iter().enumerate() {
         push(&mut heap, r.at_ms, Event::Arrival(k));
@@ -85,7 +65,7 @@ pub fn run(trace: &[Request], gpus: usize, profile: &DiffusionProfile, cfg: &Sch
     let mut started = vec![f64::NAN; trace.len()];
     let mut batches: Vec<Vec<u64>> = Vec::new();
     let mut decision_us = Vec::new();
-    while let Some(At(now, _, event)) = heap.pop() {
+    while let Some(At { t: now, ev: event, .. }) = heap.pop() {
         let mut follow = Vec::new();
         match event {
             Event::Arrival(k) => submit(&mut pool, &trace[k], k as u64, profile),

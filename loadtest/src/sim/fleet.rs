@@ -22,7 +22,6 @@
 //! Time is one `f64` of seconds; events at equal times run in the order
 //! they were scheduled, so a run is deterministic for its seed.
 
-use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
 use policies::admission::controller::{
@@ -113,29 +112,7 @@ enum Ev {
     Ready(usize),
 }
 
-struct Scheduled {
-    t: f64,
-    seq: u64,
-    ev: Ev,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, o: &Self) -> bool {
-        self.cmp(o) == Ordering::Equal
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Scheduled {
-    /// Earliest first in a max-heap.
-    fn cmp(&self, o: &Self) -> Ordering {
-        o.t.total_cmp(&self.t).then(o.seq.cmp(&self.seq))
-    }
-}
+type Scheduled = super::timed::Timed<Ev>;
 
 /// Where one request is.
 #[derive(Debug, Clone)]

@@ -32,6 +32,7 @@ use crate::workload::Workload;
 
 pub mod engine;
 pub mod fleet;
+pub mod timed;
 pub mod video;
 
 use engine::EngineConfig;

@@ -35,14 +35,7 @@ pub use dp::{plan_dp, video_outlook, Outlook};
 pub use pool::{Action, GpuUse, Pool, PoolStats, Refusal};
 pub use profile::{parse_size, DiffusionProfile, ImageSize, SizeId, VideoSize};
 
-/// Errors loading a diffusion profile, naming the file and what is wrong.
-#[derive(Debug, thiserror::Error)]
-pub enum ProfileError {
-    #[error("{file}: {message}")]
-    Parse { file: String, message: String },
-    #[error("{file}: `{key}`: {message}")]
-    Invalid { file: String, key: &'static str, message: String },
-}
+pub use crate::profile::ProfileError;
 
 /// An engine (one GPU) of the pool, `0..N`.
 pub type Gpu = u16;
