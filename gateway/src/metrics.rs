@@ -18,6 +18,13 @@
 //! - `gateway_video_chunks_total{tier,on_time,mode}`: chunks delivered, by
 //!   whether they met their playout deadline and the fidelity mode
 //! - `gateway_video_stalls_total{tier}`, `gateway_video_rehomes_total`
+//! - `gateway_diffusion_jobs_total{kind,outcome}`: image requests and
+//!   videos finished (`met` or `late` against their deadline, `failed`);
+//!   `gateway_diffusion_refused_total{kind,reason}`;
+//!   `gateway_diffusion_jobs_waiting`: images waiting plus videos unfinished;
+//!   `gateway_diffusion_pauses_total`, `gateway_diffusion_sp_changes_total`,
+//!   `gateway_diffusion_migrations_total`: the scheduler's preemptions,
+//!   SP degree changes and paused states moved between engines
 //! - `gateway_cluster_redis_up`: 1 while Redis cluster state answers
 //! - `gateway_policy_version_info{version}`: 1 for the active policy
 //!   version, 0 for versions it replaced
@@ -96,6 +103,12 @@ pub const BROWNOUT_SIGNAL: &str = "gateway_brownout_signal";
 pub const QUEUE_WAITING: &str = "gateway_queue_waiting";
 pub const TTFT_PREDICTION: &str = "gateway_ttft_prediction_ratio";
 pub const VIDEO_STREAMS: &str = "gateway_video_streams";
+pub const DIFFUSION_JOBS: &str = "gateway_diffusion_jobs_total";
+pub const DIFFUSION_REFUSED: &str = "gateway_diffusion_refused_total";
+pub const DIFFUSION_WAITING: &str = "gateway_diffusion_jobs_waiting";
+pub const DIFFUSION_PAUSES: &str = "gateway_diffusion_pauses_total";
+pub const DIFFUSION_SP_CHANGES: &str = "gateway_diffusion_sp_changes_total";
+pub const DIFFUSION_MIGRATIONS: &str = "gateway_diffusion_migrations_total";
 pub const VIDEO_CHUNKS: &str = "gateway_video_chunks_total";
 pub const VIDEO_STALLS: &str = "gateway_video_stalls_total";
 pub const VIDEO_REHOMES: &str = "gateway_video_rehomes_total";

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{Diffusion, Due, ImagesDone, Msg, VideoRecord};
 use crate::error::ApiError;
+use crate::metrics as m;
 use crate::reload::PolicyStore;
 use crate::video::engine::call;
 
@@ -34,6 +35,8 @@ struct Ctx {
 }
 
 struct ImageWait {
+    /// Gateway clock, ms.
+    deadline_ms: f64,
     images: Vec<Option<String>>,
     reply: Option<oneshot::Sender<Result<ImagesDone, ApiError>>>,
     predicted_ms: f64,
@@ -41,6 +44,7 @@ struct ImageWait {
 
 struct VideoRun {
     record: Arc<VideoRecord>,
+    deadline_ms: f64,
     frames: u32,
     /// The GPU holding its state between rounds.
     home: Option<Gpu>,
@@ -136,7 +140,8 @@ impl State {
         };
         let kind = JobKind::Image { size: s, n: prompts.len() as u32 };
         let deadline = now + deadline_in(due, cfg.solo_ms(&ctx.profile, &kind));
-        let predicted = ctx.pool.admit(&kind, now, deadline, &ctx.profile, cfg).map_err(refused)?;
+        let predicted =
+            ctx.pool.admit(&kind, now, deadline, &ctx.profile, cfg).map_err(|r| refused("image", r))?;
         self.next_id += 1;
         let key = self.next_id;
         let n = prompts.len();
@@ -147,8 +152,13 @@ impl State {
             let ctx = self.ctx.as_mut().expect("built above");
             ctx.pool.submit_image(ImageReq { id, size: s, arrival_ms: now, deadline_ms: deadline });
         }
-        self.requests
-            .insert(key, ImageWait { images: vec![None; n], reply: None, predicted_ms: predicted - now });
+        let wait = ImageWait {
+            deadline_ms: deadline,
+            images: vec![None; n],
+            reply: None,
+            predicted_ms: predicted - now,
+        };
+        self.requests.insert(key, wait);
         Ok((key, predicted - now))
     }
 
@@ -174,7 +184,8 @@ impl State {
         let frames = ctx.profile.frames(record.seconds);
         let kind = JobKind::Video { size: s, frames };
         let deadline = now + deadline_in(due, cfg.solo_ms(&ctx.profile, &kind));
-        let predicted = ctx.pool.admit(&kind, now, deadline, &ctx.profile, cfg).map_err(refused)?;
+        let predicted =
+            ctx.pool.admit(&kind, now, deadline, &ctx.profile, cfg).map_err(|r| refused("video", r))?;
         svc.insert(Arc::clone(&record))?;
         let steps = ctx.profile.video_steps;
         self.next_id += 1;
@@ -190,7 +201,8 @@ impl State {
             place: Place::Queued,
         });
         self.by_name.insert(record.id.clone(), id);
-        self.videos.insert(id, VideoRun { record, frames, home: None, cancelled: false });
+        self.videos
+            .insert(id, VideoRun { record, deadline_ms: deadline, frames, home: None, cancelled: false });
         Ok(predicted - now)
     }
 
@@ -212,7 +224,7 @@ impl State {
         match done {
             Done::Batch { gpu, ids, result } => {
                 ctx.pool.batch_done(gpu);
-                self.deliver_images(&ids, result);
+                self.deliver_images(&ids, result, svc.now_ms());
             }
             Done::Round { id, result } => {
                 let failed = result.err();
@@ -222,6 +234,8 @@ impl State {
                 let decode = ctx.pool.round_done(id);
                 let Some(run) = self.videos.get_mut(&id) else { return };
                 if let Some(e) = failed {
+                    ::metrics::counter!(m::DIFFUSION_JOBS, "kind" => "video", "outcome" => "failed")
+                        .increment(1);
                     run.record.update(|s| fail(s, "engine_failed", e, svc.now_ms()));
                     let run = self.videos.remove(&id).expect("present");
                     drop_state(svc, ctx, run.home, &run.record.id);
@@ -246,6 +260,12 @@ impl State {
                 let (degrees, pauses) = ctx.pool.decode_done(id).unwrap_or_default();
                 let Some(run) = self.videos.remove(&id) else { return };
                 let now = svc.now_ms();
+                let outcome = match (&result, now <= run.deadline_ms) {
+                    (Err(_), _) => "failed",
+                    (Ok(_), true) => "met",
+                    (Ok(_), false) => "late",
+                };
+                ::metrics::counter!(m::DIFFUSION_JOBS, "kind" => "video", "outcome" => outcome).increment(1);
                 run.record.update(|s| match result {
                     Ok(bytes) => {
                         s.status = "completed";
@@ -267,7 +287,7 @@ impl State {
         }
     }
 
-    fn deliver_images(&mut self, ids: &[u64], result: Result<Vec<String>, String>) {
+    fn deliver_images(&mut self, ids: &[u64], result: Result<Vec<String>, String>, now: f64) {
         for (k, id) in ids.iter().enumerate() {
             let Some((key, index, _)) = self.images.remove(id) else { continue };
             let Some(wait) = self.requests.get_mut(&key) else { continue };
@@ -275,6 +295,8 @@ impl State {
                 Ok(pngs) => wait.images[index] = pngs.get(k).cloned(),
                 Err(e) => {
                     if let Some(reply) = wait.reply.take() {
+                        ::metrics::counter!(m::DIFFUSION_JOBS, "kind" => "image", "outcome" => "failed")
+                            .increment(1);
                         let _ = reply.send(Err(ApiError::EngineFailed(e.clone())));
                     }
                 }
@@ -282,6 +304,9 @@ impl State {
             if wait.reply.is_none() || wait.images.iter().all(Option::is_some) {
                 let wait = self.requests.remove(&key).expect("present");
                 if let Some(reply) = wait.reply {
+                    let outcome = if now <= wait.deadline_ms { "met" } else { "late" };
+                    ::metrics::counter!(m::DIFFUSION_JOBS, "kind" => "image", "outcome" => outcome)
+                        .increment(1);
                     let images = wait.images.into_iter().flatten().collect();
                     let _ = reply.send(Ok(ImagesDone { images, predicted_ms: wait.predicted_ms }));
                 }
@@ -309,9 +334,15 @@ impl State {
         let orphans: Vec<u64> =
             ctx.pool.waiting_images().filter(|id| !self.images.contains_key(id)).collect();
         orphans.into_iter().for_each(|id| ctx.pool.cancel(id));
+        let before = ctx.pool.stats.clone();
         for action in ctx.pool.schedule(now, &ctx.profile, cfg) {
             start(svc, ctx, &mut self.videos, &self.images, action);
         }
+        let after = &ctx.pool.stats;
+        ::metrics::counter!(m::DIFFUSION_PAUSES).increment(after.pauses - before.pauses);
+        ::metrics::counter!(m::DIFFUSION_SP_CHANGES).increment(after.sp_changes - before.sp_changes);
+        ::metrics::counter!(m::DIFFUSION_MIGRATIONS).increment(after.migrations - before.migrations);
+        ::metrics::gauge!(m::DIFFUSION_WAITING).set(ctx.pool.jobs() as f64);
     }
 }
 
@@ -326,7 +357,8 @@ fn deadline_in(due: Due, solo_ms: f64) -> f64 {
     }
 }
 
-fn refused(r: policies::diffusion::Refusal) -> ApiError {
+fn refused(kind: &'static str, r: policies::diffusion::Refusal) -> ApiError {
+    ::metrics::counter!(m::DIFFUSION_REFUSED, "kind" => kind, "reason" => r.reason).increment(1);
     let what = match r.reason {
         "queue_full" => "the image and video queue is full".to_string(),
         "deadline_infeasible" => {
