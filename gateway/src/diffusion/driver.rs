@@ -220,70 +220,75 @@ impl State {
     }
 
     fn done(&mut self, svc: &Arc<Diffusion>, done: Done) {
-        let Some(ctx) = self.ctx.as_mut() else { return };
         match done {
             Done::Batch { gpu, ids, result } => {
+                let Some(ctx) = self.ctx.as_mut() else { return };
                 ctx.pool.batch_done(gpu);
                 self.deliver_images(&ids, result, svc.now_ms());
             }
-            Done::Round { id, result } => {
-                let failed = result.err();
-                if failed.is_some() {
-                    ctx.pool.cancel(id);
-                }
-                let decode = ctx.pool.round_done(id);
-                let Some(run) = self.videos.get_mut(&id) else { return };
-                if let Some(e) = failed {
-                    ::metrics::counter!(m::DIFFUSION_JOBS, "kind" => "video", "outcome" => "failed")
-                        .increment(1);
-                    run.record.update(|s| fail(s, "engine_failed", e, svc.now_ms()));
-                    let run = self.videos.remove(&id).expect("present");
-                    drop_state(svc, ctx, run.home, &run.record.id);
-                    return;
-                }
-                if run.cancelled {
-                    let run = self.videos.remove(&id).expect("present");
-                    drop_state(svc, ctx, run.home, &run.record.id);
-                    return;
-                }
-                let (left, pauses) = ctx.pool.video_progress(id).unwrap_or((0, 0));
-                let total = ctx.profile.video_steps.max(1);
-                run.record.update(|s| {
-                    s.progress = (total - left.min(total)) * 99 / total;
-                    s.pauses = pauses;
-                });
-                if let Some(a) = decode {
-                    start(svc, ctx, &mut self.videos, &self.images, a);
-                }
+            Done::Round { id, result } => self.round_done(svc, id, result),
+            Done::Decoded { id, result } => self.decoded(svc, id, result),
+        }
+    }
+
+    /// A round ended: progress, or the decode after the last step; a failed
+    /// or cancelled video leaves the pool and its state is dropped.
+    fn round_done(&mut self, svc: &Arc<Diffusion>, id: u64, result: Result<(), String>) {
+        let Some(ctx) = self.ctx.as_mut() else { return };
+        let failed = result.err();
+        if failed.is_some() {
+            ctx.pool.cancel(id);
+        }
+        let decode = ctx.pool.round_done(id);
+        let Some(run) = self.videos.get_mut(&id) else { return };
+        if failed.is_some() || run.cancelled {
+            if let Some(e) = failed {
+                ::metrics::counter!(m::DIFFUSION_JOBS, "kind" => "video", "outcome" => "failed").increment(1);
+                run.record.update(|s| fail(s, "engine_failed", e, svc.now_ms()));
             }
-            Done::Decoded { id, result } => {
-                let (degrees, pauses) = ctx.pool.decode_done(id).unwrap_or_default();
-                let Some(run) = self.videos.remove(&id) else { return };
-                let now = svc.now_ms();
-                let outcome = match (&result, now <= run.deadline_ms) {
-                    (Err(_), _) => "failed",
-                    (Ok(_), true) => "met",
-                    (Ok(_), false) => "late",
-                };
-                ::metrics::counter!(m::DIFFUSION_JOBS, "kind" => "video", "outcome" => outcome).increment(1);
-                run.record.update(|s| match result {
-                    Ok(bytes) => {
-                        s.status = "completed";
-                        s.progress = 100;
-                        let unix = crate::clock::unix_s();
-                        s.completed_at = Some(unix as u64);
-                        s.completed_at_ms = Some((unix * 1000.0) as u64);
-                        s.content = Some(bytes);
-                        s.finished_ms = Some(now);
-                        s.degrees = degrees;
-                        s.pauses = pauses;
-                    }
-                    Err(e) => fail(s, "engine_failed", e, now),
-                });
-                if run.cancelled {
-                    svc.forget(&run.record.id);
-                }
+            let run = self.videos.remove(&id).expect("present");
+            drop_state(svc, ctx, run.home, &run.record.id);
+            return;
+        }
+        let (left, pauses) = ctx.pool.video_progress(id).unwrap_or((0, 0));
+        let total = ctx.profile.video_steps.max(1);
+        run.record.update(|s| {
+            s.progress = (total - left.min(total)) * 99 / total;
+            s.pauses = pauses;
+        });
+        if let Some(a) = decode {
+            start(svc, ctx, &mut self.videos, &self.images, a);
+        }
+    }
+
+    /// A video is decoded (or its decode failed): it is done.
+    fn decoded(&mut self, svc: &Arc<Diffusion>, id: u64, result: Result<Bytes, String>) {
+        let Some(ctx) = self.ctx.as_mut() else { return };
+        let (degrees, pauses) = ctx.pool.decode_done(id).unwrap_or_default();
+        let Some(run) = self.videos.remove(&id) else { return };
+        let now = svc.now_ms();
+        let outcome = match (&result, now <= run.deadline_ms) {
+            (Err(_), _) => "failed",
+            (Ok(_), true) => "met",
+            (Ok(_), false) => "late",
+        };
+        ::metrics::counter!(m::DIFFUSION_JOBS, "kind" => "video", "outcome" => outcome).increment(1);
+        run.record.update(|s| match result {
+            Ok(bytes) => {
+                s.status = "completed";
+                s.progress = 100;
+                let unix = crate::clock::unix_s();
+                s.completed_at = Some(unix as u64);
+                s.completed_at_ms = Some((unix * 1000.0) as u64);
+                s.content = Some(bytes);
+                s.finished_ms = Some(now);
+                s.degrees = degrees;
+                s.pauses = pauses;
             }
+            Err(e) => fail(s, "engine_failed", e, now),
+        });
+        if run.cancelled {
+            svc.forget(&run.record.id);
         }
     }
 
@@ -387,6 +392,11 @@ fn drop_state(svc: &Arc<Diffusion>, ctx: &Ctx, home: Option<Gpu>, name: &str) {
     });
 }
 
+/// Sends an engine call's outcome back to the driver.
+async fn report(back: mpsc::Sender<Msg>, d: Done) {
+    let _ = back.send(Msg::Done(d)).await;
+}
+
 /// Carries out one action in a task of its own.
 fn start(
     svc: &Arc<Diffusion>,
@@ -395,51 +405,11 @@ fn start(
     images: &HashMap<u64, (u64, usize, String)>,
     action: Action,
 ) {
-    let back = svc.tx.clone();
-    let pool = Arc::clone(&svc.engines);
-    let report = move |d: Done| async move {
-        let _ = back.send(Msg::Done(d)).await;
-    };
     match action {
-        Action::Images { gpu, size, ids } => {
-            let engine = ctx.engines[usize::from(gpu)];
-            let prompts: Vec<String> =
-                ids.iter().map(|id| images.get(id).map_or(String::new(), |x| x.2.clone())).collect();
-            let body =
-                api::ImagesRequest { size: ctx.profile.images[size].size.clone(), prompts, seed: ids[0] };
-            let timeout = budget(ctx.profile.image_ms(size, ids.len() as u32));
-            tokio::spawn(async move {
-                let body = serde_json::to_vec(&body).expect("serialises");
-                let r = call(&pool, engine, Method::POST, api::IMAGES_PATH, body, timeout).await;
-                let result = r.map_err(|e| e.to_string()).and_then(|b| {
-                    serde_json::from_slice::<ImagesResponse>(&b).map(|r| r.images).map_err(|e| e.to_string())
-                });
-                report(Done::Batch { gpu, ids, result }).await;
-            });
-        }
+        Action::Images { gpu, size, ids } => start_images(svc, ctx, images, gpu, size, ids),
         Action::Video { id, gpus, steps, from } => {
             let Some(run) = videos.get_mut(&id) else { return };
-            run.home = Some(gpus[0]);
-            run.record.update(|s| s.status = "in_progress");
-            let lead = ctx.engines[usize::from(gpus[0])];
-            let from = from.map(|g| ctx.engines[usize::from(g)]);
-            let size = ctx.profile.video_size(&run.record.size).unwrap_or(0);
-            let timeout =
-                budget(f64::from(steps) * ctx.profile.video_step_ms(size, run.frames, gpus.len() as u32));
-            let body = StepsRequest {
-                prompt: run.record.prompt.clone(),
-                size: run.record.size.clone(),
-                frames: run.frames,
-                total_steps: ctx.profile.video_steps,
-                steps,
-                sp: gpus.len() as u32,
-                seed: id,
-            };
-            let name = run.record.id.clone();
-            tokio::spawn(async move {
-                let result = round(&pool, &name, from, lead, body, timeout).await;
-                report(Done::Round { id, result }).await;
-            });
+            start_round(svc, ctx, run, id, gpus, steps, from);
         }
         Action::Decode { id, gpu } => {
             let Some(run) = videos.get(&id) else { return };
@@ -447,13 +417,70 @@ fn start(
             let size = ctx.profile.video_size(&run.record.size).unwrap_or(0);
             let timeout = budget(ctx.profile.video_vae_ms(size, run.frames));
             let path = format!("{}{}/decode", api::VIDEOS_PREFIX, run.record.id);
+            let (pool, back) = (Arc::clone(&svc.engines), svc.tx.clone());
             tokio::spawn(async move {
                 let r = call(&pool, engine, Method::POST, &path, Vec::new(), timeout).await;
-                report(Done::Decoded { id, result: r.map_err(|e| e.to_string()) }).await;
+                report(back, Done::Decoded { id, result: r.map_err(|e| e.to_string()) }).await;
             });
         }
         Action::Pause { .. } => {}
     }
+}
+
+fn start_images(
+    svc: &Arc<Diffusion>,
+    ctx: &Ctx,
+    images: &HashMap<u64, (u64, usize, String)>,
+    gpu: Gpu,
+    size: policies::diffusion::SizeId,
+    ids: Vec<u64>,
+) {
+    let engine = ctx.engines[usize::from(gpu)];
+    let prompts: Vec<String> =
+        ids.iter().map(|id| images.get(id).map_or(String::new(), |x| x.2.clone())).collect();
+    let body = api::ImagesRequest { size: ctx.profile.images[size].size.clone(), prompts, seed: ids[0] };
+    let timeout = budget(ctx.profile.image_ms(size, ids.len() as u32));
+    let (pool, back) = (Arc::clone(&svc.engines), svc.tx.clone());
+    tokio::spawn(async move {
+        let body = serde_json::to_vec(&body).expect("serialises");
+        let r = call(&pool, engine, Method::POST, api::IMAGES_PATH, body, timeout).await;
+        let result = r.map_err(|e| e.to_string()).and_then(|b| {
+            serde_json::from_slice::<ImagesResponse>(&b).map(|r| r.images).map_err(|e| e.to_string())
+        });
+        report(back, Done::Batch { gpu, ids, result }).await;
+    });
+}
+
+fn start_round(
+    svc: &Arc<Diffusion>,
+    ctx: &Ctx,
+    run: &mut VideoRun,
+    id: u64,
+    gpus: Vec<Gpu>,
+    steps: u32,
+    from: Option<Gpu>,
+) {
+    run.home = Some(gpus[0]);
+    run.record.update(|s| s.status = "in_progress");
+    let lead = ctx.engines[usize::from(gpus[0])];
+    let from = from.map(|g| ctx.engines[usize::from(g)]);
+    let size = ctx.profile.video_size(&run.record.size).unwrap_or(0);
+    let timeout = budget(f64::from(steps) * ctx.profile.video_step_ms(size, run.frames, gpus.len() as u32));
+    let body = StepsRequest {
+        prompt: run.record.prompt.clone(),
+        size: run.record.size.clone(),
+        frames: run.frames,
+        total_steps: ctx.profile.video_steps,
+        steps,
+        sp: gpus.len() as u32,
+        seed: id,
+    };
+    let name = run.record.id.clone();
+    let (pool, back) = (Arc::clone(&svc.engines), svc.tx.clone());
+    tokio::spawn(async move {
+        let result = round(&pool, &name, from, lead, body, timeout).await;
+        report(back, Done::Round { id, result }).await;
+    });
 }
 
 /// One round: the state moves to the lead first when it is elsewhere.

@@ -182,15 +182,27 @@ async fn one(conn: Arc<Conn>, key: String, r: Planned, poll: Duration, k: usize)
     let id = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
         .and_then(|v| v["id"].as_str().map(String::from));
-    let Some(id) = id else {
-        rec.error = Some("no video id".into());
-        return rec;
-    };
-    // Poll until it ends, for at most ten deadlines and a minute.
-    let give_up = Duration::from_secs_f64((deadline * 10.0 / 1000.0).min(3600.0)) + Duration::from_secs(60);
+    match id {
+        Some(id) => poll_video(&conn, &key, &id, poll, started, sent, rec).await,
+        None => Record { error: Some("no video id".into()), ..rec },
+    }
+}
+
+/// Polls video `id` until it ends, for at most ten deadlines and a minute.
+async fn poll_video(
+    conn: &Conn,
+    key: &str,
+    id: &str,
+    poll: Duration,
+    started: std::time::Instant,
+    sent: f64,
+    mut rec: Record,
+) -> Record {
+    let give_up =
+        Duration::from_secs_f64((rec.deadline_ms * 10.0 / 1000.0).min(3600.0)) + Duration::from_secs(60);
     while crate::clock::since(started) < give_up {
         tokio::time::sleep(poll).await;
-        let req = request(http::Method::GET, &format!("/v1/videos/{id}"), &key, Bytes::new(), None);
+        let req = request(http::Method::GET, &format!("/v1/videos/{id}"), key, Bytes::new(), None);
         let Ok(resp) = conn.send(req).await else { continue };
         let Ok(b) = body_bytes(resp).await else { continue };
         let Ok(v) = serde_json::from_slice::<serde_json::Value>(&b) else { continue };
@@ -198,7 +210,7 @@ async fn one(conn: Arc<Conn>, key: String, r: Planned, poll: Duration, k: usize)
             Some("completed") => {
                 let done = v["completed_at_ms"].as_f64().unwrap_or_else(unix_ms);
                 rec.latency_ms = Some(done - sent);
-                rec.met = done - sent <= deadline;
+                rec.met = done - sent <= rec.deadline_ms;
                 return rec;
             }
             Some("failed") => {
