@@ -534,6 +534,7 @@ fn readyz(app: &App, policy: &PolicyDocument) -> Response<GatewayBody> {
     let mut detail = app.engines.detail();
     detail["cluster"] = app.cluster.detail();
     detail["fleet"] = app.fleet.detail();
+    detail["diffusion"] = app.diffusion.detail();
     detail["admission"] = json!({
         "mode": format!("{:?}", policy.admission.mode).to_lowercase(),
         "brownout_level": app.admission.brownout_level(),

@@ -141,7 +141,8 @@ async fn bad_input_isolation_and_admission_answer_with_typed_errors() {
     let (status, bytes) = get(&conn, &format!("/v1/videos/{id}/content"), GOLD).await;
     assert_eq!(status, StatusCode::OK);
     assert!(bytes.windows(4).any(|w| w == b"fdAT"), "frames after the first");
-    // The operator sees both in /metrics.
+    // The operator sees the job in /readyz and both in /metrics.
+    assert_eq!(sys.readyz().await["detail"]["diffusion"]["video_records"], 1);
     let text = sys.metrics().await;
     let has = |name: &str, label: &str| text.lines().any(|l| l.starts_with(name) && l.contains(label));
     assert!(has("gateway_diffusion_refused_total", "reason=\"deadline_infeasible\""), "{text}");

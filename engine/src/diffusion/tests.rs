@@ -83,3 +83,23 @@ fn imports_are_checked() {
     let ok = b"{\"prompt\":\"p\",\"seed\":1,\"size\":\"480x832\",\"frames\":81,\"total\":50,\"done\":60,\"floats\":0}\n";
     assert!(matches!(e.import("v", ok), Err(DiffusionError::BadState(_))), "done past total");
 }
+
+#[tokio::test]
+async fn an_engine_keeps_at_most_its_bound_of_video_states() {
+    let e = engine(BackendKind::Emulated);
+    let state = {
+        let src = engine(BackendKind::Emulated);
+        tokio::time::pause();
+        src.steps("seed", steps(1)).await.unwrap();
+        src.export("seed").unwrap()
+    };
+    for i in 0..MAX_VIDEOS {
+        e.import(&format!("v{i}"), &state).unwrap();
+    }
+    assert_eq!(e.steps("one-more", steps(1)).await.unwrap_err(), DiffusionError::Full);
+    assert_eq!(e.import("one-more", &state).unwrap_err(), DiffusionError::Full);
+    e.import("v0", &state).unwrap(); // replacing one it keeps is fine
+    assert!(e.drop_video("v0"));
+    assert_eq!(e.steps("one-more", steps(1)).await.unwrap().steps_done, 1, "a slot freed");
+    assert_eq!(e.videos(), MAX_VIDEOS);
+}

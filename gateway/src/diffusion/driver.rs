@@ -250,12 +250,9 @@ impl State {
             drop_state(svc, ctx, run.home, &run.record.id);
             return;
         }
-        let (left, pauses) = ctx.pool.video_progress(id).unwrap_or((0, 0));
+        let left = ctx.pool.video_progress(id).map_or(0, |(left, _)| left);
         let total = ctx.profile.video_steps.max(1);
-        run.record.update(|s| {
-            s.progress = (total - left.min(total)) * 99 / total;
-            s.pauses = pauses;
-        });
+        run.record.update(|s| s.progress = (total - left.min(total)) * 99 / total);
         if let Some(a) = decode {
             start(svc, ctx, &mut self.videos, &self.images, a);
         }
@@ -264,7 +261,7 @@ impl State {
     /// A video is decoded (or its decode failed): it is done.
     fn decoded(&mut self, svc: &Arc<Diffusion>, id: u64, result: Result<Bytes, String>) {
         let Some(ctx) = self.ctx.as_mut() else { return };
-        let (degrees, pauses) = ctx.pool.decode_done(id).unwrap_or_default();
+        ctx.pool.decode_done(id);
         let Some(run) = self.videos.remove(&id) else { return };
         let now = svc.now_ms();
         let outcome = match (&result, now <= run.deadline_ms) {
@@ -282,8 +279,6 @@ impl State {
                 s.completed_at_ms = Some((unix * 1000.0) as u64);
                 s.content = Some(bytes);
                 s.finished_ms = Some(now);
-                s.degrees = degrees;
-                s.pauses = pauses;
             }
             Err(e) => fail(s, "engine_failed", e, now),
         });

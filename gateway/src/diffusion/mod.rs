@@ -45,9 +45,6 @@ pub struct VideoStatus {
     pub completed_at_ms: Option<u64>,
     pub error: Option<(String, String)>,
     pub content: Option<Bytes>,
-    /// Pauses and the SP degrees of its rounds (for `x-` headers and tests).
-    pub pauses: u32,
-    pub degrees: Vec<u32>,
     /// Gateway clock (ms) when it finished, for the TTL.
     pub finished_ms: Option<f64>,
 }

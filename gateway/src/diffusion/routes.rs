@@ -293,8 +293,6 @@ async fn create_video(
         completed_at_ms: None,
         error: None,
         content: None,
-        pauses: 0,
-        degrees: Vec::new(),
         finished_ms: None,
     };
     let record = Arc::new(VideoRecord {
