@@ -224,15 +224,17 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
     let kv = KvAllocator::new(args.kv_config());
     let cfg = args.scheduler_config(profile.clone());
     let engine_class = profile.engine_class.clone();
-    let mut gpu_video = None;
+    let (mut gpu_video, mut gpu_diffusion) = (None, None);
     let scheduler = match args.backend() {
         BackendKind::Emulated => Scheduler::spawn(Emulated { profile }, Arc::clone(&kv), cfg),
         BackendKind::Cuda => {
             let model = args.model_config();
             model.validate().map_err(StartError::Model)?;
-            let (lm, video) = gpu::start_cuda(model, kv.total_pages(), args.page_tokens, args.model_seed)
-                .map_err(StartError::Gpu)?;
+            let (lm, video, diffusion) =
+                gpu::start_cuda(model, kv.total_pages(), args.page_tokens, args.model_seed)
+                    .map_err(StartError::Gpu)?;
             gpu_video = Some(video);
+            gpu_diffusion = Some(diffusion);
             Scheduler::spawn(lm, Arc::clone(&kv), cfg)
         }
         BackendKind::Cpu => {
@@ -283,7 +285,8 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
     let diffusion_profile = policies::diffusion::DiffusionProfile::parse(&diffusion_name, &diffusion_toml)
         .map_err(|e| StartError::DiffusionProfile(e.to_string()))?;
     let diffusion =
-        diffusion::DiffusionEngine::new(args.backend(), diffusion_profile, diffusion_toml, args.model_seed);
+        diffusion::DiffusionEngine::new(args.backend(), diffusion_profile, diffusion_toml, args.model_seed)
+            .with_gpu(gpu_diffusion);
     Ok(Arc::new(Engine {
         id: args.id.clone(),
         diffusion,

@@ -66,7 +66,7 @@ pub struct ProfileArgs {
     /// one more chunk in a batch).
     #[arg(long, default_value_t = 0.3)]
     pub batch_cost: f64,
-    /// Profile the diffusion jobs instead (cpu backend): `T_img` per image
+    /// Profile the diffusion jobs instead (cpu or cuda backend): `T_img` per image
     /// size and batch, `T_step` per video size, decode times; sizes and
     /// step counts from the engine's diffusion profile.
     #[arg(long, conflicts_with = "video")]
@@ -100,9 +100,19 @@ pub struct Measured {
 /// Runs `engine profile --diffusion` and writes the file.
 pub fn run_diffusion(args: &ProfileArgs) -> Result<(), ProfileError> {
     let e = args.engine.clone().resolved();
-    if e.backend() != crate::backend::BackendKind::Cpu {
-        return Err(ProfileError::Video("measuring diffusion jobs needs --backend cpu".into()));
-    }
+    let (gpu, machine) = match e.backend() {
+        BackendKind::Cpu => {
+            (None, format!("{} threads", std::thread::available_parallelism().map_or(1, |n| n.get())))
+        }
+        BackendKind::Cuda => {
+            let gpu = crate::gpu::open_diffusion(e.model_seed).map_err(crate::StartError::Gpu)?;
+            let name = gpu.device_name();
+            (Some(gpu), name)
+        }
+        BackendKind::Emulated => {
+            return Err(ProfileError::Video("measuring diffusion jobs needs --backend cpu or cuda".into()))
+        }
+    };
     let text = match &e.diffusion_profile {
         Some(p) => std::fs::read_to_string(p).map_err(|err| {
             ProfileError::Start(crate::StartError::ReadProfile(p.display().to_string(), err))
@@ -111,8 +121,9 @@ pub fn run_diffusion(args: &ProfileArgs) -> Result<(), ProfileError> {
     };
     let template = policies::diffusion::DiffusionProfile::parse("template", &text)
         .map_err(|err| ProfileError::Video(err.to_string()))?;
-    let machine = format!("{} threads", std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let toml = crate::diffusion::profile::measure(&template, e.model_seed, args.repeats, &machine);
+    let toml =
+        crate::diffusion::profile::measure(&template, e.model_seed, args.repeats, &machine, gpu.as_deref())
+            .map_err(|err| ProfileError::Video(err.to_string()))?;
     policies::diffusion::DiffusionProfile::parse("measured", &toml)
         .map_err(|err| ProfileError::Video(err.to_string()))?;
     std::fs::write(&args.out, toml).map_err(|err| ProfileError::Write(args.out.display().to_string(), err))

@@ -12,7 +12,10 @@ use engine::backend::cpu::ModelConfig;
 use engine::backend::{BackendChoice, BackendKind};
 use engine::gpu::check::{self, Comparison, Tolerances};
 use engine::gpu::cuda::{self, CudaDevice};
+use engine::gpu::lm::{GpuBackend, GpuLm};
 use engine::video::Resolution;
+
+mod common;
 
 fn skipped(what: &str, why: &str) {
     eprintln!("\n**********\n*** SKIPPED: {what} did not run: {why}\n**********\n");
@@ -71,7 +74,47 @@ fn the_lm_on_the_gpu_matches_the_cpu_backend() {
 }
 
 #[test]
+fn the_lm_on_the_gpu_reuses_cached_prefix_pages() {
+    let Some(dev) = device("the GPU LM over a cached prefix") else { return };
+    let cfg = ModelConfig { layers: 4, hidden: 512, heads: 8, ffn: 1536, vocab: 8192, seed: 0 };
+    assert_all_ok(&check::lm_prefix_reuse(dev, Tolerances::GPU, cfg, 8).unwrap());
+}
+
+/// The scheduler over the GPU LM, the prefix cache on and off: bf16
+/// products over fewer rows may round differently, so a rare token may
+/// flip; the agreement is printed and bounded, not assumed exact.
+#[tokio::test]
+async fn the_gpu_backend_serves_prompts_from_the_prefix_cache() {
+    let Some(dev) = device("the GPU backend with the prefix cache") else { return };
+    let cfg = ModelConfig { layers: 4, hidden: 512, heads: 8, ffn: 1536, vocab: 8192, seed: 0 };
+    let lm = || GpuBackend { lm: GpuLm::new(Arc::clone(&dev), cfg, 512, 4).unwrap() };
+    let (same, hit_tokens) = common::text::prefix_cache_agreement(lm, 8).await;
+    eprintln!("prefix cache on the GPU: {same}/8 texts identical, {hit_tokens} tokens served from the cache");
+    assert!(same >= 7, "{same}/8 texts agree with and without the cache");
+    assert!(hit_tokens >= 7 * 24, "seven prompts found the system prompt's pages: {hit_tokens}");
+}
+
+#[test]
+fn diffusion_jobs_on_the_gpu_match_the_host() {
+    let Some(dev) = device("diffusion jobs on the GPU against the host") else { return };
+    assert_all_ok(&check::diffusion_vs_cpu(dev, Tolerances::GPU).unwrap());
+}
+
+#[test]
 fn state_offloaded_to_pinned_memory_comes_back_exactly_on_the_gpu() {
     let Some(dev) = device("pinned offload/restore on the GPU") else { return };
     assert_all_ok(&check::offload_round_trip(dev).unwrap());
+}
+
+#[test]
+fn without_a_gpu_opening_the_cuda_backend_is_an_error_not_a_panic() {
+    let Err(why) = engine::gpu::probe() else {
+        skipped("the no-GPU error path", "a GPU answered");
+        return;
+    };
+    let cfg = ModelConfig { layers: 1, hidden: 64, heads: 4, ffn: 128, vocab: 256, seed: 0 };
+    let Err(lm) = engine::gpu::open_lm(cfg, 8, 4) else { panic!("open_lm succeeded without a GPU") };
+    assert_eq!(lm, why);
+    let Err(video) = engine::gpu::open_video(0) else { panic!("open_video succeeded without a GPU") };
+    assert_eq!(video, why);
 }

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use engine::backend::cpu::ModelConfig;
 use engine::backend::BackendKind;
 use engine::gpu::check::{self, Comparison, Tolerances};
-use engine::gpu::video::{ChunkResult, GpuVideo, VideoRunner};
+use engine::gpu::lm::{GpuBackend, GpuLm};
+use engine::gpu::video::{ChunkResult, GpuVideo, StepJob, VideoRunner};
 use engine::video::model::VideoModel;
 use engine::video::{BatchItem, ChunkRequest, CreateSession, Resolution, VideoConfig, VideoEngine};
 use kernel_emu::Emu;
@@ -40,6 +41,30 @@ fn the_lm_on_the_emulated_gpu_matches_the_cpu_backend_over_scattered_pages() {
 }
 
 #[test]
+fn the_emulated_gpu_lm_reuses_a_cached_prefix_like_a_fresh_prefill() {
+    let cfg = ModelConfig { layers: 2, hidden: 64, heads: 4, ffn: 128, vocab: 256, seed: 3 };
+    let r = check::lm_prefix_reuse(Arc::new(Emu::new()), Tolerances::EMULATOR, cfg, 6).unwrap();
+    assert_eq!(r.len(), 2);
+    assert_all_ok(&r);
+}
+
+#[tokio::test]
+async fn the_emulated_gpu_backend_gives_the_same_text_with_the_prefix_cache() {
+    let cfg = ModelConfig { layers: 2, hidden: 64, heads: 4, ffn: 128, vocab: 512, seed: 7 };
+    let lm = || GpuBackend { lm: GpuLm::new(Arc::new(Emu::new()), cfg, 512, 4).unwrap() };
+    let (same, hit_tokens) = common::text::prefix_cache_agreement(lm, 2).await;
+    assert_eq!(same, 2, "both texts (greedy, sampled) agree with and without the cache");
+    assert!(hit_tokens >= 24, "the second prompt found the system prompt's pages: {hit_tokens}");
+}
+
+#[test]
+fn diffusion_jobs_on_the_emulated_gpu_match_the_host() {
+    let r = check::diffusion_vs_cpu(Arc::new(Emu::new()), Tolerances::EMULATOR).unwrap();
+    assert_eq!(r.len(), 2);
+    assert_all_ok(&r);
+}
+
+#[test]
 fn state_offloaded_to_pinned_memory_comes_back_exactly() {
     assert_all_ok(&check::offload_round_trip(Arc::new(Emu::new())).unwrap());
 }
@@ -49,6 +74,9 @@ struct Broken;
 
 impl VideoRunner for Broken {
     fn run(&self, _: &VideoModel, _: &mut [BatchItem<'_>]) -> kernels::Result<Vec<ChunkResult>> {
+        Err(DeviceError("the device fell off the bus".into()))
+    }
+    fn steps(&self, _: &mut [StepJob<'_>]) -> kernels::Result<()> {
         Err(DeviceError("the device fell off the bus".into()))
     }
     fn device_name(&self) -> String {

@@ -11,10 +11,14 @@
 //! only on the latent, the prompt and `t`, so a paused and resumed job
 //! produces the same pixels as an uninterrupted one.
 //!
-//! Backends: `cpu` (and `cuda`, which runs these jobs on the host: not yet
-//! on the GPU) compute every step at the model's resolution (images and
-//! videos up to 512 px a side at 32 × 32 pixels, larger at 64 × 64) and
-//! take the time that takes; `emulated` computes the same steps at 32 × 32
+//! Backends: `cpu` and `cuda` compute every step at the model's resolution
+//! (images and videos up to 512 px a side at 32 × 32 pixels, larger at
+//! 64 × 64) and take the time that takes: `cpu` on the host, one prompt
+//! after another; `cuda` with the video model's kernels over the diffusion
+//! model's weights, every prompt of an image batch in one launch sequence
+//! per step (`GpuVideo::run_steps`); the latent goes up and comes back each
+//! round (a paused video's state stays on the host, where export and
+//! import read it), and the VAE decode and PNG encoding run on the host; `emulated` computes the same steps at 32 × 32
 //! and waits until the profile's time has passed (`T_img(b)` per batch,
 //! `T_step(p)` per step at SP degree `p`). Sequence parallelism is
 //! emulated only: the lead engine runs the steps at the profile's `T_step(p)`
@@ -35,6 +39,7 @@ use engine_api::video::{Fidelity, Resolution};
 use policies::diffusion::{parse_size, DiffusionProfile, SizeId};
 
 use crate::backend::BackendKind;
+use crate::gpu::video::{StepJob, VideoRunner};
 use crate::video::model::{StreamState, VideoModel, CHANNELS};
 use crate::video::png;
 
@@ -67,6 +72,9 @@ pub enum DiffusionError {
     BadState(String),
     #[error("{0}")]
     Invalid(String),
+    /// The device or a compute task failed; the job's state is unchanged.
+    #[error("{0}")]
+    Failed(String),
 }
 
 impl DiffusionError {
@@ -78,6 +86,7 @@ impl DiffusionError {
             DiffusionError::Full => "too_many_videos",
             DiffusionError::BadState(_) => "bad_state",
             DiffusionError::Invalid(_) => "invalid_request",
+            DiffusionError::Failed(_) => "engine_error",
         }
     }
 }
@@ -100,6 +109,8 @@ pub struct DiffusionEngine {
     pub profile_toml: String,
     backend: BackendKind,
     model: Arc<VideoModel>,
+    /// The diffusion model on the GPU (the cuda backend).
+    gpu: Option<Arc<dyn VideoRunner>>,
     /// One job at a time on this GPU.
     lane: tokio::sync::Mutex<()>,
     videos: Mutex<HashMap<String, VideoJob>>,
@@ -120,6 +131,40 @@ fn latent_frames(backend: BackendKind, frames: u32) -> usize {
         BackendKind::Emulated => 1,
         _ => frames.div_ceil(20).clamp(1, 4) as usize,
     }
+}
+
+/// The diffusion jobs' model (its own weights, not the live video's).
+pub fn model(seed: u64) -> VideoModel {
+    VideoModel::new(seed ^ 0xD1FF_0510)
+}
+
+/// Steps `from..to` of `total` of each latent (all at `res`, one prompt
+/// each): on the GPU as one batch when there is one, else on the host one
+/// after another. On an error no latent has changed.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn advance(
+    gpu: Option<&dyn VideoRunner>,
+    model: &VideoModel,
+    res: Resolution,
+    latents: &mut [Vec<f32>],
+    prompts: &[StreamState],
+    from: u32,
+    to: u32,
+    total: u32,
+) -> Result<(), DiffusionError> {
+    let side = res.latent_side();
+    let Some(gpu) = gpu else {
+        for (x, p) in latents.iter_mut().zip(prompts) {
+            (from..to).for_each(|k| step(model, x, p, side, k, total));
+        }
+        return Ok(());
+    };
+    let mut jobs: Vec<StepJob<'_>> = latents
+        .iter_mut()
+        .zip(prompts)
+        .map(|(x, prompt)| StepJob { prompt, res, latent: x, from, to, total })
+        .collect();
+    gpu.steps(&mut jobs).map_err(|e| DiffusionError::Failed(format!("device: {e}")))
 }
 
 fn noise(seed: u64, prompt: &str, len: usize) -> Vec<f32> {
@@ -161,10 +206,17 @@ impl DiffusionEngine {
             profile,
             profile_toml,
             backend,
-            model: Arc::new(VideoModel::new(model_seed ^ 0xD1FF_0510)),
+            model: Arc::new(model(model_seed)),
+            gpu: None,
             lane: tokio::sync::Mutex::new(()),
             videos: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Runs the jobs' steps on `gpu` (the cuda backend) rather than the host.
+    pub fn with_gpu(mut self, gpu: Option<Arc<dyn VideoRunner>>) -> Self {
+        self.gpu = gpu;
+        self
     }
 
     fn image_size(&self, size: &str) -> Result<SizeId, DiffusionError> {
@@ -178,26 +230,24 @@ impl DiffusionEngine {
         let _lane = self.lane.lock().await;
         let start = crate::clock::now();
         let (backend, model, steps) = (self.backend, Arc::clone(&self.model), self.profile.image_steps);
+        let gpu = self.gpu.clone();
         let (w, h) = parse_size(&req.size).expect("profile sizes parse");
         let pngs = tokio::task::spawn_blocking(move || {
             let res = model_res(backend, &req.size);
             let side = res.latent_side();
-            req.prompts
-                .iter()
-                .enumerate()
-                .map(|(i, prompt)| {
-                    let state = StreamState::new(prompt);
-                    let mut x = noise(req.seed.wrapping_add(i as u64), prompt, side * side * CHANNELS);
-                    for k in 0..steps {
-                        step(&model, &mut x, &state, side, k, steps);
-                    }
-                    let frame = model.decode(&x, res).swap_remove(0);
-                    png::encode_rgb(w, h, &scale(&frame, res.pixels(), w, h))
-                })
-                .collect::<Vec<_>>()
+            let prompts: Vec<StreamState> = req.prompts.iter().map(|p| StreamState::new(p)).collect();
+            let mut xs: Vec<Vec<f32>> = (req.prompts.iter().enumerate())
+                .map(|(i, p)| noise(req.seed.wrapping_add(i as u64), p, side * side * CHANNELS))
+                .collect();
+            advance(gpu.as_deref(), &model, res, &mut xs, &prompts, 0, steps, steps)?;
+            let png = |x: &Vec<f32>| {
+                let frame = model.decode(x, res).swap_remove(0);
+                png::encode_rgb(w, h, &scale(&frame, res.pixels(), w, h))
+            };
+            Ok::<_, DiffusionError>(xs.iter().map(png).collect::<Vec<_>>())
         })
         .await
-        .map_err(|e| DiffusionError::Invalid(format!("image task failed: {e}")))?;
+        .map_err(|e| DiffusionError::Failed(format!("image task failed: {e}")))??;
         if self.backend == BackendKind::Emulated {
             let target = self.profile.image_ms(size, pngs.len() as u32);
             sleep_until(start, target).await;
@@ -217,24 +267,29 @@ impl DiffusionEngine {
         let mut job = self.take_or_create(id, &req)?;
         let start = crate::clock::now();
         let n = req.steps.min(job.total - job.done);
-        let (backend, model) = (self.backend, Arc::clone(&self.model));
-        job = tokio::task::spawn_blocking(move || {
-            let side = model_res(backend, &job.size).latent_side();
+        let (backend, model, gpu) = (self.backend, Arc::clone(&self.model), self.gpu.clone());
+        let id_owned = id.to_string();
+        let ran = tokio::task::spawn_blocking(move || {
+            let res = model_res(backend, &job.size);
             let state = StreamState::new(&job.prompt);
-            for _ in 0..n {
-                step(&model, &mut job.latent, &state, side, job.done, job.total);
-                job.done += 1;
+            let mut latent = [std::mem::take(&mut job.latent)];
+            let (from, total) = (job.done, job.total);
+            let ran = advance(gpu.as_deref(), &model, res, &mut latent, &[state], from, from + n, total);
+            [job.latent] = latent;
+            if ran.is_ok() {
+                job.done += n;
             }
-            job
+            (job, ran)
         })
-        .await
-        .map_err(|e| DiffusionError::Invalid(format!("step task failed: {e}")))?;
+        .await;
+        let (job, ran) = ran.map_err(|e| DiffusionError::Failed(format!("step task failed: {e}")))?;
+        let out = StepsResponse { steps_done: job.done, steps_left: job.total - job.done };
+        self.videos.lock().expect("videos lock").insert(id_owned, job);
+        ran?;
         if self.backend == BackendKind::Emulated {
             let target = f64::from(n) * self.profile.video_step_ms(size, req.frames, req.sp);
             sleep_until(start, target).await;
         }
-        let out = StepsResponse { steps_done: job.done, steps_left: job.total - job.done };
-        self.videos.lock().expect("videos lock").insert(id.to_string(), job);
         Ok(out)
     }
 

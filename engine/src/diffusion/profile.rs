@@ -1,5 +1,6 @@
 //! `engine profile --diffusion`: `T_img` and `T_step` measured on the cpu
-//! backend, written as a diffusion profile (the emulated backend and the
+//! backend or a GPU (the cuda backend's runner), written as a diffusion
+//! profile (the emulated backend and the
 //! gateway's scheduler read the same format). Sizes, step counts and the
 //! SP communication shares come from the template profile (the engine's
 //! `--diffusion-profile`, or the bundled one): SP is not real on one host,
@@ -9,9 +10,10 @@ use std::fmt::Write as _;
 
 use policies::diffusion::DiffusionProfile;
 
-use super::{latent_frames, model_res, noise, scale, step};
+use super::{advance, latent_frames, model_res, noise, scale};
 use crate::backend::BackendKind;
-use crate::video::model::{StreamState, VideoModel, CHANNELS};
+use crate::gpu::video::VideoRunner;
+use crate::video::model::{StreamState, CHANNELS};
 use crate::video::png;
 
 fn median_ms(repeats: u32, mut f: impl FnMut()) -> f64 {
@@ -26,17 +28,32 @@ fn median_ms(repeats: u32, mut f: impl FnMut()) -> f64 {
     v[v.len() / 2]
 }
 
-/// Measures every size of `template` on the host; returns the TOML text.
-pub fn measure(template: &DiffusionProfile, model_seed: u64, repeats: u32, machine: &str) -> String {
-    let model = VideoModel::new(model_seed ^ 0xD1FF_0510);
+/// Measures every size of `template` on `gpu`, or on the host without
+/// one; returns the TOML text, or the device's first error.
+pub fn measure(
+    template: &DiffusionProfile,
+    model_seed: u64,
+    repeats: u32,
+    machine: &str,
+    gpu: Option<&dyn VideoRunner>,
+) -> Result<String, super::DiffusionError> {
+    let model = super::model(model_seed);
     let cpu = BackendKind::Cpu;
+    let backend = if gpu.is_some() { "cuda" } else { "cpu" };
     let mut out = format!(
-        "# Measured by `engine profile --diffusion --backend cpu` on {machine}.\n\
-         model = \"{}\"\nengine_class = \"cpu\"\nsource = \"engine profile --diffusion (sp_comm from the template: SP is emulated)\"\n\
+        "# Measured by `engine profile --diffusion --backend {backend}` on {machine}.\n\
+         model = \"{}\"\nengine_class = \"{backend}\"\nsource = \"engine profile --diffusion (sp_comm from the template: SP is emulated)\"\n\
          image_steps = {}\nvideo_steps = {}\nvideo_fps = {}\nref_frames = 81\nmax_seconds = {}\nmax_batch = {}\n",
         template.model, template.image_steps, template.video_steps, template.video_fps, template.max_seconds, template.max_batch
     );
-    let state = StreamState::new("profile");
+    let states = vec![StreamState::new("profile"); 4];
+    // The first device error, reported once every measurement returned.
+    let failed = std::cell::RefCell::new(None);
+    let step = |xs: &mut [Vec<f32>], res| {
+        if let Err(e) = advance(gpu, &model, res, xs, &states[..xs.len()], 0, 1, 28) {
+            failed.borrow_mut().get_or_insert(e);
+        }
+    };
     // Moving a paused state of the largest video: serialised and parsed
     // (the HTTP hop between engines is not included).
     let big = template.videos.last().map_or("720x1280", |v| v.size.as_str());
@@ -55,8 +72,8 @@ pub fn measure(template: &DiffusionProfile, model_seed: u64, repeats: u32, machi
         let side = res.latent_side();
         let (w, h) = policies::diffusion::parse_size(&i.size).unwrap_or((64, 64));
         let mut xs: Vec<Vec<f32>> = (0..4).map(|k| noise(k, "profile", side * side * CHANNELS)).collect();
-        let one = median_ms(repeats, || step(&model, &mut xs[0], &state, side, 0, 28));
-        let four = median_ms(repeats, || xs.iter_mut().for_each(|x| step(&model, x, &state, side, 0, 28)));
+        let one = median_ms(repeats, || step(&mut xs[..1], res));
+        let four = median_ms(repeats, || step(&mut xs, res));
         let vae = median_ms(repeats, || {
             let frame = model.decode(&xs[0], res).swap_remove(0);
             std::hint::black_box(png::encode_rgb(w, h, &scale(&frame, res.pixels(), w, h)));
@@ -72,11 +89,11 @@ pub fn measure(template: &DiffusionProfile, model_seed: u64, repeats: u32, machi
     for v in &template.videos {
         let res = model_res(cpu, &v.size);
         let side = res.latent_side();
-        let mut x = noise(1, "profile", latent_frames(cpu, 81) * side * side * CHANNELS);
-        let one = median_ms(repeats, || step(&model, &mut x, &state, side, 0, 50));
+        let mut x = [noise(1, "profile", latent_frames(cpu, 81) * side * side * CHANNELS)];
+        let one = median_ms(repeats, || step(&mut x, res));
         let fps = u16::try_from(template.video_fps).unwrap_or(16);
         let vae = median_ms(repeats, || {
-            let frames = model.decode(&x, res);
+            let frames = model.decode(&x[0], res);
             let px = res.pixels() as u32;
             std::hint::black_box(png::encode_apng(px, px, &frames, fps));
         });
@@ -86,5 +103,8 @@ pub fn measure(template: &DiffusionProfile, model_seed: u64, repeats: u32, machi
             v.size, v.sp_comm
         );
     }
-    out
+    match failed.into_inner() {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
 }

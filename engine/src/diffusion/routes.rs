@@ -15,6 +15,7 @@ fn failed(e: &DiffusionError) -> Response<EngineBody> {
         DiffusionError::NoVideo(_) => StatusCode::NOT_FOUND,
         DiffusionError::Mismatch(_) => StatusCode::CONFLICT,
         DiffusionError::Full => StatusCode::SERVICE_UNAVAILABLE,
+        DiffusionError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::BAD_REQUEST,
     };
     error(status, e.code(), &e.to_string())

@@ -103,3 +103,60 @@ async fn an_engine_keeps_at_most_its_bound_of_video_states() {
     assert_eq!(e.steps("one-more", steps(1)).await.unwrap().steps_done, 1, "a slot freed");
     assert_eq!(e.videos(), MAX_VIDEOS);
 }
+
+/// The cuda backend's path on the host emulator of the kernels.
+fn on_emulated_gpu() -> DiffusionEngine {
+    let dev = Arc::new(kernel_emu::Emu::new());
+    let gpu = crate::gpu::video::GpuVideo::new(dev, &model(0)).unwrap();
+    engine(BackendKind::Cuda).with_gpu(Some(Arc::new(gpu)))
+}
+
+#[tokio::test]
+async fn on_the_gpu_an_image_batch_and_a_paused_video_give_the_hosts_pictures() {
+    let batch =
+        || ImagesRequest { size: "512x512".into(), prompts: vec!["a kite".into(), "a fox".into()], seed: 5 };
+    let (gpu, host) = (on_emulated_gpu(), engine(BackendKind::Cpu));
+    let got = gpu.images(batch()).await.unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got, host.images(batch()).await.unwrap(), "the same PNGs as the host's");
+    let short = |n| StepsRequest { total_steps: 6, ..steps(n) };
+    for e in [&gpu, &host] {
+        assert_eq!(e.steps("v", short(4)).await.unwrap().steps_left, 2);
+        assert_eq!(e.steps("v", short(4)).await.unwrap(), StepsResponse { steps_done: 6, steps_left: 0 });
+    }
+    assert_eq!(gpu.decode("v").await.unwrap(), host.decode("v").await.unwrap());
+}
+
+/// A device that fails every call.
+struct Broken;
+
+impl VideoRunner for Broken {
+    fn run(
+        &self,
+        _: &VideoModel,
+        _: &mut [crate::video::BatchItem<'_>],
+    ) -> kernels::Result<Vec<crate::gpu::video::ChunkResult>> {
+        Err(kernels::DeviceError("gone".into()))
+    }
+    fn steps(&self, _: &mut [StepJob<'_>]) -> kernels::Result<()> {
+        Err(kernels::DeviceError("gone".into()))
+    }
+    fn device_name(&self) -> String {
+        "broken".into()
+    }
+}
+
+#[tokio::test]
+async fn a_failing_device_keeps_the_videos_state_and_says_so() {
+    let e = engine(BackendKind::Cpu);
+    assert_eq!(e.steps("v", steps(10)).await.unwrap().steps_done, 10);
+    let before = e.export("v").unwrap();
+    let broken = engine(BackendKind::Cuda).with_gpu(Some(Arc::new(Broken)));
+    broken.import("v", &before).unwrap();
+    let err = broken.steps("v", steps(10)).await.unwrap_err();
+    assert!(matches!(err, DiffusionError::Failed(_)), "{err:?}");
+    assert_eq!(err.code(), "engine_error");
+    assert_eq!(broken.export("v").unwrap(), before, "the state is exactly as before the failed round");
+    let img = ImagesRequest { size: "512x512".into(), prompts: vec!["a kite".into()], seed: 0 };
+    assert!(matches!(broken.images(img).await, Err(DiffusionError::Failed(_))));
+}

@@ -233,6 +233,98 @@ pub fn lm_vs_cpu<D: Device>(
     ])
 }
 
+/// Diffusion jobs on the device (issue 24) against the host: an image
+/// batch of three prompts through all of its steps in one call, and a
+/// two-frame video run in two rounds (paused after the first), both at the
+/// model's small resolution; latent max |Δ| after the last step.
+pub fn diffusion_vs_cpu<D: Device>(dev: Arc<D>, tol: Tolerances) -> Result<Vec<Comparison>> {
+    use crate::diffusion::advance;
+    let model = crate::diffusion::model(0);
+    let gpu = GpuVideo::new(dev, &model)?;
+    let res = Resolution::Tiny;
+    let tokens = res.latent_side() * res.latent_side() * crate::video::model::CHANNELS;
+    let mut rng = policies::rng::SplitMix(0x5EED);
+    let mut latents = |n: usize, frames: usize| -> Vec<Vec<f32>> {
+        (0..n).map(|_| (0..tokens * frames).map(|_| rng.normal() as f32).collect()).collect()
+    };
+    let failed = |e: crate::diffusion::DiffusionError| kernels::DeviceError(e.to_string());
+    let mut worst = Vec::new();
+    for (prompts, frames, rounds, total) in [
+        (vec!["a red kite", "a lighthouse", "a cat asleep"], 1, vec![(0, 8)], 8),
+        (vec!["waves"], 2, vec![(0, 3), (3, 6)], 6),
+    ] {
+        let states: Vec<StreamState> = prompts.iter().map(|p| StreamState::new(p)).collect();
+        let mut host = latents(prompts.len(), frames);
+        let mut dev = host.clone();
+        for (from, to) in rounds {
+            advance(None, &model, res, &mut host, &states, from, to, total).map_err(failed)?;
+            advance(Some(&gpu), &model, res, &mut dev, &states, from, to, total).map_err(failed)?;
+        }
+        let d = host.iter().flatten().zip(dev.iter().flatten()).map(|(a, b)| f64::from((a - b).abs()));
+        worst.push(d.fold(0.0, f64::max));
+    }
+    Ok(["diffusion image batch of 3", "diffusion video, paused and resumed"]
+        .iter()
+        .zip(worst)
+        .map(|(what, value)| Comparison {
+            name: format!("{what}: latent max |diff|"),
+            value,
+            limit: tol.latent,
+            at_least: false,
+        })
+        .collect())
+}
+
+/// The prefix cache on the device (issue 23): sequence B shares its first
+/// two full pages with sequence A's prompt, reuses A's pages for them (the
+/// page table the engine's allocator builds for a cache hit) and prefills
+/// only the rest; its logits, and those of its decode steps, are compared
+/// with the cpu backend computing B from scratch.
+pub fn lm_prefix_reuse<D: Device>(
+    dev: Arc<D>,
+    tol: Tolerances,
+    cfg: ModelConfig,
+    decode_steps: usize,
+) -> Result<Vec<Comparison>> {
+    let (page_tokens, pages) = (4u32, 32u32);
+    let shared = 2 * page_tokens as usize;
+    let cpu = Model::new(cfg, 1);
+    let mut kv = KvArena::new(&cfg, pages, page_tokens);
+    let gpu = GpuLm::new(dev, cfg, pages, page_tokens)?;
+    let vocab = cfg.vocab as u32;
+    let a: Vec<u32> = (0..13).map(|i| (i * 37 + 5) % vocab).collect();
+    let mut b: Vec<u32> = a[..shared].to_vec();
+    b.extend((0..5).map(|i| (i * 53 + 11) % vocab));
+    let pages_a: Vec<u32> = (0..16).rev().map(|i| 2 * i + 1).collect();
+    // B's table: A's first two pages (cached), then pages of its own.
+    let mut pages_b: Vec<u32> = pages_a[..2].to_vec();
+    pages_b.extend((0..14).map(|i| 2 * i));
+    let pages_cpu: Vec<u32> = (0..16).map(|i| 2 * i).collect();
+    gpu.forward(&[SeqInput { tokens: &a, start: 0, pages: &pages_a }])?;
+    let mut stats = LogitStats::default();
+    for step in 0..=decode_steps {
+        let (cpu_start, gpu_start) = if step == 0 { (0, shared) } else { (b.len() - 1, b.len() - 1) };
+        let c = cpu
+            .forward(&mut kv, &[SeqInput { tokens: &b[cpu_start..], start: cpu_start, pages: &pages_cpu }]);
+        let g = gpu.forward(&[SeqInput { tokens: &b[gpu_start..], start: gpu_start, pages: &pages_b }])?;
+        b.extend(stats.add(&c, &g));
+    }
+    Ok(vec![
+        Comparison {
+            name: "lm after a cached prefix: logits max |diff| / sd".into(),
+            value: stats.worst_rel,
+            limit: tol.logits,
+            at_least: false,
+        },
+        Comparison {
+            name: "lm after a cached prefix: greedy agreement".into(),
+            value: stats.agree as f64 / stats.total.max(1) as f64,
+            limit: tol.agreement,
+            at_least: true,
+        },
+    ])
+}
+
 /// Differences of logits rows, cpu against GPU.
 #[derive(Default)]
 struct LogitStats {

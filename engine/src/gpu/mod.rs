@@ -46,48 +46,54 @@ pub fn probe() -> Result<GpuInfo, String> {
 const NO_CUDA: &str =
     "this engine was built without the `cuda` feature (build with `--features engine/cuda`)";
 
-/// Device 0, kernels compiled.
+/// Device 0, kernels compiled. Probed first: without a loadable driver
+/// the CUDA bindings would panic rather than answer an error.
 #[cfg(feature = "cuda")]
 fn open_device() -> Result<std::sync::Arc<cuda::CudaDevice>, String> {
+    probe()?;
     cuda::CudaDevice::open(0).map(std::sync::Arc::new).map_err(|e| e.to_string())
 }
 
-/// The video model of `seed` on `dev`, warmed up by one chunk.
+/// `model`'s weights on `dev`, warmed up by one chunk.
 #[cfg(feature = "cuda")]
 fn warm_video(
     dev: &std::sync::Arc<cuda::CudaDevice>,
-    seed: u64,
+    model: &crate::video::model::VideoModel,
 ) -> Result<std::sync::Arc<dyn video::VideoRunner>, String> {
-    let model = crate::video::model::VideoModel::new(seed);
-    let gpu = video::GpuVideo::new(std::sync::Arc::clone(dev), &model).map_err(|e| e.to_string())?;
-    video::warm_up(&gpu, &model).map_err(|e| e.to_string())?;
+    let gpu = video::GpuVideo::new(std::sync::Arc::clone(dev), model).map_err(|e| e.to_string())?;
+    video::warm_up(&gpu, model).map_err(|e| e.to_string())?;
     Ok(std::sync::Arc::new(gpu))
 }
 
-/// The cuda backend's two halves on one GPU: the LM scheduler's backend
-/// and the video runner. Compiles the kernels (NVRTC), uploads both
-/// models' weights and runs one video chunk to warm up; the engine is not
-/// ready before this returns.
+/// Everything the cuda backend runs on one GPU: the LM scheduler's
+/// backend, the video runner and the diffusion jobs' runner (the same
+/// kernels over the diffusion model's weights).
+pub type CudaParts<L> = (L, std::sync::Arc<dyn video::VideoRunner>, std::sync::Arc<dyn video::VideoRunner>);
+
+/// The cuda backend's parts on one GPU. Compiles the kernels (NVRTC),
+/// uploads every model's weights and runs one video chunk of each video
+/// model to warm up; the engine is not ready before this returns.
 #[cfg(feature = "cuda")]
 pub fn start_cuda(
     cfg: crate::backend::cpu::ModelConfig,
     pages: u32,
     page_tokens: u32,
     video_seed: u64,
-) -> Result<(lm::GpuBackend<cuda::CudaDevice>, std::sync::Arc<dyn video::VideoRunner>), String> {
+) -> Result<CudaParts<lm::GpuBackend<cuda::CudaDevice>>, String> {
     use std::sync::Arc;
     let started = crate::clock::now();
     let dev = open_device()?;
     let compiled_ms = crate::clock::since(started).as_secs_f64() * 1e3;
     let lm = lm::GpuLm::new(Arc::clone(&dev), cfg, pages, page_tokens).map_err(|e| e.to_string())?;
-    let video = warm_video(&dev, video_seed)?;
+    let video = warm_video(&dev, &crate::video::model::VideoModel::new(video_seed))?;
+    let diffusion = warm_video(&dev, &crate::diffusion::model(video_seed))?;
     tracing::info!(
         event = "gpu_ready",
         device = %kernels::Device::name(&*dev),
         nvrtc_compile_ms = compiled_ms,
         ready_ms = crate::clock::since(started).as_secs_f64() * 1e3
     );
-    Ok((lm::GpuBackend { lm }, video))
+    Ok((lm::GpuBackend { lm }, video, diffusion))
 }
 
 /// The LM alone on the first GPU (for `engine profile --backend cuda`),
@@ -121,7 +127,7 @@ pub fn start_cuda(
     _pages: u32,
     _page_tokens: u32,
     _video_seed: u64,
-) -> Result<(crate::backend::cpu::Cpu, std::sync::Arc<dyn video::VideoRunner>), String> {
+) -> Result<CudaParts<crate::backend::cpu::Cpu>, String> {
     Err(NO_CUDA.into())
 }
 
@@ -150,7 +156,9 @@ pub fn run_check() -> Result<bool, String> {
         ("video, tiny", video(crate::video::Resolution::Tiny, 3, 4)),
         ("video, small", video(crate::video::Resolution::Small, 2, 3)),
         ("lm", check::lm_vs_cpu(Arc::clone(&dev), tol, lm, 16)),
+        ("lm, cached prefix", check::lm_prefix_reuse(Arc::clone(&dev), tol, lm, 8)),
         ("offload", check::offload_round_trip(Arc::clone(&dev))),
+        ("diffusion", check::diffusion_vs_cpu(Arc::clone(&dev), tol)),
     ];
     let mut failed = Vec::new();
     for (what, result) in results {
@@ -195,7 +203,20 @@ pub fn run_bench(_args: &bench::BenchArgs) -> Result<(), String> {
 /// --backend cuda`).
 #[cfg(feature = "cuda")]
 pub fn open_video(seed: u64) -> Result<std::sync::Arc<dyn video::VideoRunner>, String> {
-    warm_video(&open_device()?, seed)
+    warm_video(&open_device()?, &crate::video::model::VideoModel::new(seed))
+}
+
+/// The diffusion model alone on the first GPU (for `engine profile
+/// --diffusion --backend cuda`).
+#[cfg(feature = "cuda")]
+pub fn open_diffusion(seed: u64) -> Result<std::sync::Arc<dyn video::VideoRunner>, String> {
+    warm_video(&open_device()?, &crate::diffusion::model(seed))
+}
+
+/// Without the `cuda` feature there is no GPU to profile.
+#[cfg(not(feature = "cuda"))]
+pub fn open_diffusion(_seed: u64) -> Result<std::sync::Arc<dyn video::VideoRunner>, String> {
+    Err(NO_CUDA.into())
 }
 
 /// Without the `cuda` feature there is no GPU to profile.

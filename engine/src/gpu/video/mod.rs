@@ -20,7 +20,7 @@ use kernels::{f32_bytes, Arg, Device, Result, BLOCK};
 
 pub use contexts::ContextStats;
 use contexts::Contexts;
-use plan::{Plan, StepTables, Work};
+use plan::{Member, Plan, StepTables, Work};
 
 use crate::video::model::{Resolution, VideoModel};
 pub use crate::video::BatchItem;
@@ -133,7 +133,8 @@ impl<D: Device> GpuVideo<D> {
         for (it, key) in items.iter().zip(keys) {
             contexts.locate(it, key)?;
         }
-        let (plan, stage) = Plan::build(items);
+        let members: Vec<Member<'_>> = items.iter().map(Member::chunk).collect();
+        let (plan, stage) = Plan::build(&members);
         let work = Work::alloc(dev, &plan, stage)?;
         // Context keys and values, once per chunk.
         for ((l, at), key) in plan.lay.iter().zip(&plan.ctx_gather).zip(keys) {
@@ -155,7 +156,41 @@ impl<D: Device> GpuVideo<D> {
             }
         }
         let (latents, pixels) = work.read(dev, &plan)?;
-        Ok(plan.results(items, &latents, &pixels))
+        Ok(plan.results(&members, &latents, &pixels))
+    }
+
+    /// Diffusion jobs (issue 24): steps `from..to` of each job's schedule
+    /// over its latent (no context), every job's step k in one launch
+    /// sequence; the latents advance in place. The VAE decode is the
+    /// caller's (on the host).
+    pub fn run_steps(&self, jobs: &mut [StepJob<'_>]) -> Result<()> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let members: Vec<Member<'_>> = jobs
+            .iter()
+            .map(|j| Member {
+                state: j.prompt,
+                fidelity: policies::video::Fidelity::HIGHEST,
+                res: j.res,
+                latent_frames: j.latent.len() / (CHANNELS * j.res.latent_side() * j.res.latent_side()),
+                start: Some(&j.latent[..]),
+                from: j.from as usize,
+                to: j.to as usize,
+                total: j.total as usize,
+            })
+            .collect();
+        let (plan, stage) = Plan::build(&members);
+        let work = Work::alloc(&*self.dev, &plan, stage)?;
+        for st in &plan.steps {
+            self.denoise_step(&work, st)?;
+        }
+        let latents = work.latents(&*self.dev, &plan)?;
+        drop(members);
+        for (j, l) in jobs.iter_mut().zip(&plan.lay) {
+            j.latent.copy_from_slice(&latents[l.x_off * CHANNELS..(l.x_off + l.n) * CHANNELS]);
+        }
+        Ok(())
     }
 
     /// `video_project` of `count` tokens of `src` through `w` into `out`,
@@ -258,10 +293,24 @@ impl<D: Device> GpuVideo<D> {
     }
 }
 
+/// One diffusion job's steps for [`GpuVideo::run_steps`]: its latent at
+/// step `from` of `total` (a whole number of latent frames), advanced to
+/// step `to`.
+pub struct StepJob<'a> {
+    pub prompt: &'a crate::video::model::StreamState,
+    pub res: Resolution,
+    pub latent: &'a mut [f32],
+    pub from: u32,
+    pub to: u32,
+    pub total: u32,
+}
+
 /// What the video scheduler calls on the cuda backend, whatever the device.
 pub trait VideoRunner: Send + Sync {
     /// Runs one coalesced batch; see [`GpuVideo::run_batch`].
     fn run(&self, model: &VideoModel, items: &mut [BatchItem<'_>]) -> Result<Vec<ChunkResult>>;
+    /// Runs diffusion steps; see [`GpuVideo::run_steps`].
+    fn steps(&self, jobs: &mut [StepJob<'_>]) -> Result<()>;
     /// The device, for logs.
     fn device_name(&self) -> String;
     /// The scheduler suspended `session`: move its device state out.
@@ -275,6 +324,10 @@ pub trait VideoRunner: Send + Sync {
 impl<D: Device> VideoRunner for GpuVideo<D> {
     fn run(&self, model: &VideoModel, items: &mut [BatchItem<'_>]) -> Result<Vec<ChunkResult>> {
         self.run_batch(model, items)
+    }
+
+    fn steps(&self, jobs: &mut [StepJob<'_>]) -> Result<()> {
+        self.run_steps(jobs)
     }
 
     fn device_name(&self) -> String {

@@ -7,7 +7,8 @@ use kernels::{f32_bytes, f32s, Device, Result};
 use policies::video::Precision;
 
 use super::{BatchItem, ChunkResult};
-use crate::video::model::VideoModel;
+use crate::video::model::{Resolution, StreamState, VideoModel};
+use policies::video::Fidelity;
 
 /// Where one member's data sits in the batch's buffers (tokens, except
 /// `col_off`, which indexes the column arrays).
@@ -24,7 +25,43 @@ pub(super) struct Layout {
     pub keep: usize,
     pub col_off: usize,
     pub fp8: bool,
-    pub steps: usize,
+    /// Denoising steps `from..to` of a schedule of `total` run here.
+    pub from: usize,
+    pub to: usize,
+    pub total: usize,
+}
+
+/// One member of a batch as the plan sees it: a video chunk (from noise,
+/// all its steps, after its context) or a diffusion job's latent (some of
+/// its steps, no context).
+pub(super) struct Member<'a> {
+    pub state: &'a StreamState,
+    pub fidelity: Fidelity,
+    pub res: Resolution,
+    pub latent_frames: usize,
+    /// The latent to start from (the noise of the state's next chunk when
+    /// `None`).
+    pub start: Option<&'a [f32]>,
+    pub from: usize,
+    pub to: usize,
+    pub total: usize,
+}
+
+impl<'a> Member<'a> {
+    /// A video chunk: every step of its fidelity, from noise.
+    pub fn chunk(it: &'a BatchItem<'_>) -> Self {
+        let steps = usize::from(it.fidelity.steps.max(1));
+        Member {
+            state: it.state,
+            fidelity: it.fidelity,
+            res: it.res,
+            latent_frames: it.latent_frames,
+            start: None,
+            from: 0,
+            to: steps,
+            total: steps,
+        }
+    }
 }
 
 /// Host tables of a batch, uploaded in one copy; each array is addressed
@@ -72,8 +109,8 @@ pub(super) struct StepTables {
 }
 
 impl StepTables {
-    fn build(stage: &mut Staging, lay: &[Layout], items: &[BatchItem<'_>], k: usize) -> Self {
-        let active: Vec<usize> = (0..lay.len()).filter(|&i| lay[i].steps > k).collect();
+    fn build(stage: &mut Staging, lay: &[Layout], items: &[Member<'_>], k: usize) -> Self {
+        let active: Vec<usize> = (0..lay.len()).filter(|&i| (lay[i].from..lay[i].to).contains(&k)).collect();
         let (mut meta, mut mparam) = (Vec::new(), Vec::new());
         let (mut tok_g, mut tok_slot, mut kv_dst, mut flag) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -81,7 +118,7 @@ impl StepTables {
             let l = lay[i];
             let row = [l.x_off, l.n, l.kv_off, l.m, l.side, l.keep, l.col_off, usize::from(l.fp8)];
             meta.extend(row.iter().map(|&v| v as i32));
-            let s = l.steps;
+            let s = l.total;
             let (t, t_next) = (1.0 - k as f32 / s as f32, 1.0 - (k + 1) as f32 / s as f32);
             let mut row = items[i].state.prompt.clone();
             row.resize(CHANNELS, 0.0);
@@ -138,26 +175,41 @@ pub(super) struct Plan {
 
 impl Plan {
     /// The plan of `items` and its tables, to upload.
-    pub fn build(items: &[BatchItem<'_>]) -> (Plan, Staging) {
+    pub fn build(items: &[Member<'_>]) -> (Plan, Staging) {
         let mut stage = Staging::default();
         let (mut lay, mut noise) = (Vec::with_capacity(items.len()), Vec::new());
         let (mut tokens, mut kv) = (0, 0);
         for it in items {
-            let x = VideoModel::noise(it.state, it.res, it.latent_frames);
-            let (n, m, side) =
-                (x.len() / CHANNELS, VideoModel::context_len(it.state, &it.fidelity), it.res.latent_side());
+            let n = VideoModel::chunk_tokens(it.res, it.latent_frames);
+            match it.start {
+                Some(x) => noise.extend_from_slice(&x[..n * CHANNELS]),
+                None => noise.extend(VideoModel::noise(it.state, it.res, it.latent_frames)),
+            }
+            let (m, side) = (VideoModel::context_len(it.state, &it.fidelity), it.res.latent_side());
             let keep = it.fidelity.kept_blocks(m / side);
             let fp8 = it.fidelity.precision == Precision::Fp8;
-            let steps = usize::from(it.fidelity.steps.max(1));
-            lay.push(Layout { x_off: tokens, n, m, kv_off: kv, side, keep, col_off: kv, fp8, steps });
-            noise.extend_from_slice(&x);
+            let (from, to, total) = (it.from, it.to.min(it.total), it.total.max(1));
+            lay.push(Layout {
+                x_off: tokens,
+                n,
+                m,
+                kv_off: kv,
+                side,
+                keep,
+                col_off: kv,
+                fp8,
+                from,
+                to,
+                total,
+            });
             tokens += n;
             kv += m + n;
         }
         let ctx_gather =
             lay.iter().zip(items).map(|(l, it)| (l.m > 0).then(|| gather(&mut stage, l, it))).collect();
-        let max_steps = lay.iter().map(|l| l.steps).max().unwrap_or(1);
-        let steps = (0..max_steps).map(|k| StepTables::build(&mut stage, &lay, items, k)).collect();
+        let first = lay.iter().map(|l| l.from).min().unwrap_or(0);
+        let last = lay.iter().map(|l| l.to).max().unwrap_or(0);
+        let steps = (first..last).map(|k| StepTables::build(&mut stage, &lay, items, k)).collect();
         let (mut meta, mut out_off, mut pixel_bytes, mut widest) = (Vec::new(), Vec::new(), 0, 0);
         for (l, it) in lay.iter().zip(items) {
             meta.extend_from_slice(&[l.x_off as i32, l.n as i32, 0, 0, l.side as i32, 0, 0, 0]);
@@ -185,7 +237,7 @@ impl Plan {
     }
 
     /// Each member's latent and frames from the downloaded buffers.
-    pub fn results(&self, items: &[BatchItem<'_>], latents: &[f32], pixels: &[u8]) -> Vec<ChunkResult> {
+    pub fn results(&self, items: &[Member<'_>], latents: &[f32], pixels: &[u8]) -> Vec<ChunkResult> {
         self.lay
             .iter()
             .zip(items)
@@ -204,7 +256,7 @@ impl Plan {
 
 /// The context gather of one member: the sink and the last W chunks of its
 /// full context (sink, then the window) into its kv region.
-fn gather(stage: &mut Staging, l: &Layout, it: &BatchItem<'_>) -> [usize; 3] {
+fn gather(stage: &mut Staging, l: &Layout, it: &Member<'_>) -> [usize; 3] {
     let sink = usize::from(it.state.sink.is_some()) * l.n;
     let w = usize::from(it.fidelity.window).min(it.state.window.len());
     let first = it.state.window.len() - w;
@@ -249,12 +301,18 @@ impl<B> Work<B> {
         })
     }
 
-    /// Downloads the latents and the frames (waits for the batch).
-    pub fn read<D: Device<Buf = B>>(&self, dev: &D, plan: &Plan) -> Result<(Vec<f32>, Vec<u8>)> {
+    /// Downloads the latents (waits for the batch).
+    pub fn latents<D: Device<Buf = B>>(&self, dev: &D, plan: &Plan) -> Result<Vec<f32>> {
         let mut latents = vec![0u8; plan.tokens * CHANNELS * 4];
         dev.download(&self.x, 0, &mut latents)?;
+        Ok(f32s(&latents))
+    }
+
+    /// Downloads the latents and the frames (waits for the batch).
+    pub fn read<D: Device<Buf = B>>(&self, dev: &D, plan: &Plan) -> Result<(Vec<f32>, Vec<u8>)> {
+        let latents = self.latents(dev, plan)?;
         let mut pixels = vec![0u8; plan.pixel_bytes];
         dev.download(&self.rgb, 0, &mut pixels)?;
-        Ok((f32s(&latents), pixels))
+        Ok((latents, pixels))
     }
 }
