@@ -53,6 +53,11 @@ pub const VIDEO_PROFILE: &str = include_str!("../../policies/profiles/video-emul
 /// profile --video --backend cpu`.
 pub const CPU_VIDEO_PROFILE: &str = include_str!("../../policies/profiles/video-cpu-epyc-2core.toml");
 /// The bundled diffusion profile (GenServe's published tables).
+/// The cuda backend's bundled profiles, measured on an NVIDIA H200 with
+/// `scripts/gpu-verify` (`engine profile [--video|--diffusion] --backend cuda`).
+pub const CUDA_PROFILE: &str = include_str!("../../policies/profiles/cuda-h200.toml");
+pub const CUDA_VIDEO_PROFILE: &str = include_str!("../../policies/profiles/video-cuda-h200.toml");
+pub const CUDA_DIFFUSION_PROFILE: &str = include_str!("../../policies/profiles/genserve-cuda-h200.toml");
 pub const DIFFUSION_PROFILE: &str = include_str!("../../policies/profiles/genserve-emulated.toml");
 /// The bundled diffusion profile of the cpu backend, measured with `engine
 /// profile --diffusion --backend cpu`.
@@ -206,11 +211,10 @@ fn profile_source(args: &EngineArgs) -> Result<(String, String), StartError> {
             (p.display().to_string(), text)
         }
         None => match args.backend() {
-            // No GPU profile is shipped yet (one is measured with `engine
-            // profile --backend cuda`): a GPU-class emulated one stands in.
-            BackendKind::Emulated | BackendKind::Cuda => {
+            BackendKind::Emulated => {
                 ("bundled emulated-a100-8b.toml".to_string(), DEFAULT_PROFILE.to_string())
             }
+            BackendKind::Cuda => ("bundled cuda-h200.toml".to_string(), CUDA_PROFILE.to_string()),
             BackendKind::Cpu => ("bundled cpu-epyc-2core.toml".to_string(), CPU_PROFILE.to_string()),
         },
     };
@@ -250,9 +254,10 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
             std::fs::read_to_string(p).map_err(|e| StartError::ReadProfile(p.display().to_string(), e))?,
         ),
         None => match args.backend() {
-            BackendKind::Emulated | BackendKind::Cuda => {
+            BackendKind::Emulated => {
                 ("bundled video-emulated-h100.toml".to_string(), VIDEO_PROFILE.to_string())
             }
+            BackendKind::Cuda => ("bundled video-cuda-h200.toml".to_string(), CUDA_VIDEO_PROFILE.to_string()),
             BackendKind::Cpu => {
                 ("bundled video-cpu-epyc-2core.toml".to_string(), CPU_VIDEO_PROFILE.to_string())
             }
@@ -279,7 +284,12 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
             BackendKind::Cpu => {
                 ("bundled genserve-cpu-epyc-2core.toml".to_string(), CPU_DIFFUSION_PROFILE.to_string())
             }
-            _ => ("bundled genserve-emulated.toml".to_string(), DIFFUSION_PROFILE.to_string()),
+            BackendKind::Cuda => {
+                ("bundled genserve-cuda-h200.toml".to_string(), CUDA_DIFFUSION_PROFILE.to_string())
+            }
+            BackendKind::Emulated => {
+                ("bundled genserve-emulated.toml".to_string(), DIFFUSION_PROFILE.to_string())
+            }
         },
     };
     let diffusion_profile = policies::diffusion::DiffusionProfile::parse(&diffusion_name, &diffusion_toml)

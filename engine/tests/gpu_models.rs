@@ -69,6 +69,34 @@ fn state_offloaded_to_pinned_memory_comes_back_exactly() {
     assert_all_ok(&check::offload_round_trip(Arc::new(Emu::new())).unwrap());
 }
 
+#[test]
+fn pinned_buffers_are_reused_up_to_their_bound() {
+    use engine::gpu::offload::StateStore;
+    let dev = Arc::new(Emu::new());
+    let state: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+    let cycle = |store: &mut StateStore<Emu>| {
+        store.offload("a").unwrap();
+        store.settle().unwrap();
+        store.restore("a").unwrap();
+        store.settle().unwrap();
+    };
+    let mut store = StateStore::new(Arc::clone(&dev));
+    store.put("a", &state).unwrap();
+    (0..3).for_each(|_| cycle(&mut store));
+    assert_eq!(store.pinned_allocs, 1, "one pinned buffer serves every offload");
+    assert_eq!(store.spare_bytes(), 4096);
+    assert_eq!(store.read("a").unwrap(), state, "the bytes survive reuse");
+    store.offload("a").unwrap();
+    store.remove("a").unwrap();
+    assert_eq!(store.spare_bytes(), 4096, "a removed state's pinned buffer is kept too");
+    // Below one state's size, nothing is kept: every offload allocates.
+    let mut tight = StateStore::with_spare_limit(dev, 1024);
+    tight.put("a", &state).unwrap();
+    (0..3).for_each(|_| cycle(&mut tight));
+    assert_eq!((tight.pinned_allocs, tight.spare_bytes()), (3, 0));
+    assert_eq!(tight.read("a").unwrap(), state);
+}
+
 /// A device that fails every batch.
 struct Broken;
 

@@ -35,99 +35,245 @@ extern "C" __global__ void video_project(const float* src, const int* src_idx, c
     for (int j = 0; j < DIM; j++) o[j] = flag[i] ? fp8_e4m3(acc[j]) : acc[j];
 }
 
-// Block sparsity, one block per member: the context's key blocks (one per
-// latent-frame row, `side` tokens) are scored against the mean query; the
-// best `keep` blocks (ties to the lower index) and then the chunk's own
-// tokens become the member's attention columns `cols[col_off..]`, their
-// count `ncols[member]`. `flags` is int scratch indexed like `cols`,
-// `bscore` float scratch likewise.
-extern "C" __global__ void video_select(const float* q, const float* keys, const int* meta, float* bscore,
-                                        int* flags, int* cols, int* ncols) {
-    __shared__ float qm[DIM];
+// Block sparsity, in three launches per step. The context's key blocks
+// (one per latent-frame row, `side` tokens) are scored against the mean
+// query with the cpu backend's arithmetic, so that the GPU keeps the blocks
+// the CPU keeps: the mean summed in token order, each key's `dot_lanes`,
+// and each block's score summed over its keys in order. The dot products,
+// the only wide part, run over the whole GPU (`video_key_dots`).
+//
+// video_query_mean: one block per member; `qmean[member]` (DIM floats).
+// The block stages BLOCK tokens' queries in shared memory at a time, and
+// thread d < DIM adds its dimension's terms in token order from there.
+extern "C" __global__ void video_query_mean(const float* q, const int* meta, float* qmean) {
+    __shared__ float tile[BLOCK][DIM + 1];
     const int* mt = meta + blockIdx.x * MI;
-    int x_off = mt[0], n = mt[1], kv_off = mt[2], m = mt[3], side = mt[4], keep = mt[5], col_off = mt[6];
-    int blocks = m / side;
-    for (int d = threadIdx.x; d < DIM; d += BLOCK) {
-        float s = 0.0f;
-        for (int i = 0; i < n; i++) s += q[(size_t)(x_off + i) * DIM + d] / (float)n;
-        qm[d] = s;
+    int x_off = mt[0], n = mt[1];
+    float s = 0.0f;
+    for (int i0 = 0; i0 < n; i0 += BLOCK) {
+        int rows = n - i0 < BLOCK ? n - i0 : BLOCK;
+        for (int e = threadIdx.x; e < BLOCK * DIM; e += BLOCK) {
+            int r = e / DIM, d = e % DIM;
+            if (r < rows) tile[r][d] = q[(size_t)(x_off + i0 + r) * DIM + d];
+        }
+        __syncthreads();
+        if ((int)threadIdx.x < DIM)
+            for (int r = 0; r < rows; r++) s += tile[r][threadIdx.x] / (float)n;
+        __syncthreads();
     }
+    if ((int)threadIdx.x < DIM) qmean[blockIdx.x * DIM + threadIdx.x] = s;
+}
+
+// video_key_dots: grid (key chunks, members), one thread per context key;
+// `dots[col_off + i]` = the member's mean query . key i.
+extern "C" __global__ void video_key_dots(const float* qmean, const float* keys, const int* meta, float* dots) {
+    __shared__ float qm[DIM];
+    const int* mt = meta + blockIdx.y * MI;
+    int kv_off = mt[2], m = mt[3], col_off = mt[6];
+    for (int d = threadIdx.x; d < DIM; d += BLOCK) qm[d] = qmean[blockIdx.y * DIM + d];
     __syncthreads();
-    float* bs = bscore + col_off;
+    int i = blockIdx.x * BLOCK + threadIdx.x;
+    if (i < m) dots[col_off + i] = dot_lanes(qm, keys + (size_t)(kv_off + i) * DIM, DIM);
+}
+
+// video_select: one block per member. Block scores from the dots, the best
+// `keep` blocks (ties to the lower index), and then the chunk's own tokens
+// become the member's attention columns `cols[col_off..]`, their count
+// `ncols[member]`. Scores and flags stay in shared memory up to SEL_MAX
+// blocks (`flags`, int scratch indexed like `cols`, takes over beyond);
+// every thread writes the columns of its run of blocks at once, placed by
+// an exclusive scan of the kept counts.
+#define SEL_MAX 2048
+extern "C" __global__ void video_select(const float* dots, const int* meta, float* bscore, int* flags, int* cols,
+                                        int* ncols) {
+    __shared__ float s_score[SEL_MAX];
+    __shared__ int s_flag[SEL_MAX];
+    __shared__ int s_run[BLOCK];
+    __shared__ int s_total;
+    const int* mt = meta + blockIdx.x * MI;
+    int n = mt[1], m = mt[3], side = mt[4], keep = mt[5], col_off = mt[6];
+    int blocks = m / side;
+    float* bs = blocks <= SEL_MAX ? s_score : bscore + col_off;
+    int* fl = blocks <= SEL_MAX ? s_flag : flags + col_off;
     for (int b = threadIdx.x; b < blocks; b += BLOCK) {
         float s = 0.0f;
-        for (int j = b * side; j < (b + 1) * side; j++) s += dot_lanes(qm, keys + (size_t)(kv_off + j) * DIM, DIM);
+        for (int j = b * side; j < (b + 1) * side; j++) s += dots[col_off + j];
         bs[b] = s;
     }
     __syncthreads();
     for (int b = threadIdx.x; b < blocks; b += BLOCK) {
         int rank = 0;
+        float v = bs[b];
         for (int c = 0; c < blocks; c++)
-            if (bs[c] > bs[b] || (bs[c] == bs[b] && c < b)) rank++;
-        flags[col_off + b] = rank < keep;
+            if (bs[c] > v || (bs[c] == v && c < b)) rank++;
+        fl[b] = rank < keep;
     }
     __syncthreads();
+    int run = (blocks + BLOCK - 1) / BLOCK;
+    int lo = threadIdx.x * run, hi = lo + run < blocks ? lo + run : blocks;
+    int mine = 0;
+    for (int b = lo; b < hi; b++) mine += fl[b];
+    s_run[threadIdx.x] = mine;
+    __syncthreads();
     if (threadIdx.x == 0) {
-        int k = 0;
-        for (int b = 0; b < blocks; b++)
-            if (flags[col_off + b])
-                for (int j = b * side; j < (b + 1) * side; j++) cols[col_off + k++] = j;
-        for (int i = 0; i < n; i++) cols[col_off + k++] = m + i;
-        ncols[blockIdx.x] = k;
+        int acc = 0;
+        for (int t = 0; t < BLOCK; t++) {
+            int c = s_run[t];
+            s_run[t] = acc;
+            acc += c;
+        }
+        s_total = acc;
+    }
+    __syncthreads();
+    int at = s_run[threadIdx.x] * side;
+    for (int b = lo; b < hi; b++)
+        if (fl[b]) {
+            for (int j = b * side; j < (b + 1) * side; j++) cols[col_off + at++] = j;
+        }
+    int kept = s_total * side;
+    for (int i = threadIdx.x; i < n; i += BLOCK) cols[col_off + kept + i] = m + i;
+    if (threadIdx.x == 0) ncols[blockIdx.x] = kept + n;
+}
+
+// Attention of chunk tokens over their member's columns, tiled: a block
+// takes AQ query tokens of one member (`tile_tok[blockIdx.x]` indexes the
+// first in `tok_g`/`tok_slot`, `tile_cnt` says how many); each thread
+// holds two of them (tokens qi and qi + AQ/2) and AP = BLOCK / (AQ/2)
+// threads share each pair. The block stages AK columns' keys and values in
+// shared memory at a time (rows padded to DIM + 1 floats, so the AP threads
+// of a pair reading different rows hit different banks); every shared
+// value a thread reads serves both of its queries, which halves the
+// shared-memory traffic per query-column pair (the kernel's limit). Each
+// thread keeps a running (online) softmax per query over every AP-th column
+// of each tile; the AP partial states of a query are merged at the end.
+// The columns are split over `gridDim.y` blocks per tile (whole AK tiles
+// each), so that a short batch still fills the GPU: each block writes its
+// queries' partial softmax (max, sum, unnormalised output: DIM + 2 floats)
+// to `partial[(token · splits + split)]`, and `video_attend_merge` combines
+// the splits.
+#define AQ 64
+#define AP (BLOCK / (AQ / 2))
+#define AK 64
+extern "C" __global__ void video_attend(const float* q, const float* keys, const float* vals, const int* tok_g,
+                                        const int* tok_slot, const int* meta, const int* cols, const int* ncols,
+                                        const int* tile_tok, const int* tile_cnt, float* partial) {
+    __shared__ float ks[AK][DIM + 1];
+    __shared__ float vs[AK][DIM + 1];
+    __shared__ float pm[BLOCK];
+    __shared__ float pl[BLOCK];
+    __shared__ float pacc[BLOCK][DIM + 1];
+    int base = tile_tok[blockIdx.x], cnt = tile_cnt[blockIdx.x];
+    int qi = threadIdx.x / AP, part = threadIdx.x % AP;
+    int slot = tok_slot[base];
+    const int* mt = meta + slot * MI;
+    int kv_off = mt[2], col_off = mt[6], nc = ncols[slot];
+    float qr[2][DIM], acc[2][DIM], mx[2], l[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        int t = qi + k * (AQ / 2);
+        bool live = t < cnt;
+        int g = live ? tok_g[base + t] : 0;
+        for (int d = 0; d < DIM; d++) {
+            qr[k][d] = live ? q[(size_t)g * DIM + d] : 0.0f;
+            acc[k][d] = 0.0f;
+        }
+        mx[k] = -INFINITY;
+        l[k] = 0.0f;
+    }
+    float scale = 1.0f / sqrtf((float)DIM);
+    int splits = gridDim.y;
+    int per = ((nc + splits - 1) / splits + AK - 1) / AK * AK;
+    int c_begin = blockIdx.y * per, c_end = c_begin + per < nc ? c_begin + per : nc;
+    for (int c0 = c_begin; c0 < c_end; c0 += AK) {
+        int rows = c_end - c0 < AK ? c_end - c0 : AK;
+        for (int e = threadIdx.x; e < AK * DIM; e += BLOCK) {
+            int r = e / DIM, d = e % DIM;
+            if (r < rows) {
+                size_t j = (size_t)(kv_off + cols[col_off + c0 + r]);
+                ks[r][d] = keys[j * DIM + d];
+                vs[r][d] = vals[j * DIM + d];
+            }
+        }
+        __syncthreads();
+        for (int r = part; r < rows; r += AP) {
+            float s0 = 0.0f, s1 = 0.0f;
+            for (int d = 0; d < DIM; d++) {
+                float kd = ks[r][d];
+                s0 += qr[0][d] * kd;
+                s1 += qr[1][d] * kd;
+            }
+            float sc[2] = {s0 * scale, s1 * scale}, w[2];
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                if (sc[k] > mx[k]) {
+                    float f = expf(mx[k] - sc[k]);
+                    l[k] *= f;
+                    for (int d = 0; d < DIM; d++) acc[k][d] *= f;
+                    mx[k] = sc[k];
+                }
+                w[k] = expf(sc[k] - mx[k]);
+                l[k] += w[k];
+            }
+            for (int d = 0; d < DIM; d++) {
+                float vd = vs[r][d];
+                acc[0][d] += w[0] * vd;
+                acc[1][d] += w[1] * vd;
+            }
+        }
+        __syncthreads();
+    }
+    // Merge the AP partial states of each query, one query of the pair at
+    // a time (the shared scratch holds one state per thread).
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        pm[threadIdx.x] = mx[k];
+        pl[threadIdx.x] = l[k];
+        for (int d = 0; d < DIM; d++) pacc[threadIdx.x][d] = acc[k][d];
+        __syncthreads();
+        int t = qi + k * (AQ / 2);
+        if (t < cnt) {
+            int first = qi * AP;
+            float top = -INFINITY;
+            for (int p = 0; p < AP; p++) top = fmaxf(top, pm[first + p]);
+            float* out = partial + ((size_t)(base + t) * splits + blockIdx.y) * (DIM + 2);
+            float den = 0.0f;
+            for (int p = 0; p < AP; p++)
+                if (pl[first + p] != 0.0f) den += pl[first + p] * expf(pm[first + p] - top);
+            if (part == 0) {
+                out[0] = top;
+                out[1] = den;
+            }
+            for (int d = part; d < DIM; d += AP) {
+                float num = 0.0f;
+                for (int p = 0; p < AP; p++)
+                    if (pl[first + p] != 0.0f) num += pacc[first + p][d] * expf(pm[first + p] - top);
+                out[2 + d] = num;
+            }
+        }
+        __syncthreads();
     }
 }
 
-// Attention of one chunk token (one block per token: `tok_g` its index in
-// `x`, `tok_slot` its member) over its member's columns, with a running
-// (online) softmax per thread merged through shared memory.
-extern "C" __global__ void video_attend(const float* q, const float* keys, const float* vals, const int* tok_g,
-                                        const int* tok_slot, const int* meta, const int* cols, const int* ncols,
-                                        float* attn) {
-    __shared__ float sm[BLOCK];
-    __shared__ float sl[BLOCK];
-    __shared__ float sacc[BLOCK * DIM];
-    __shared__ float red[BLOCK];
-    int g = tok_g[blockIdx.x], slot = tok_slot[blockIdx.x];
-    const int* mt = meta + slot * MI;
-    int kv_off = mt[2], col_off = mt[6], nc = ncols[slot];
-    float qr[DIM], acc[DIM];
-    for (int d = 0; d < DIM; d++) {
-        qr[d] = q[(size_t)g * DIM + d];
-        acc[d] = 0.0f;
+// Combines the column splits of `video_attend`: one thread per chunk token
+// and dimension; splits that saw no column (sum 0) are skipped.
+extern "C" __global__ void video_attend_merge(const float* part, const int* tok_g, int tokens, int splits,
+                                              float* attn) {
+    int i = blockIdx.x * BLOCK + threadIdx.x;
+    if (i >= tokens * DIM) return;
+    int t = i / DIM, d = i % DIM;
+    const float* p = part + (size_t)t * splits * (DIM + 2);
+    float top = -INFINITY;
+    for (int s = 0; s < splits; s++)
+        if (p[s * (DIM + 2) + 1] != 0.0f) top = fmaxf(top, p[s * (DIM + 2)]);
+    float num = 0.0f, den = 0.0f;
+    for (int s = 0; s < splits; s++) {
+        const float* e = p + s * (DIM + 2);
+        if (e[1] == 0.0f) continue;
+        float f = expf(e[0] - top);
+        num += e[2 + d] * f;
+        den += e[1] * f;
     }
-    float scale = 1.0f / sqrtf((float)DIM);
-    float mx = -INFINITY, l = 0.0f;
-    for (int c = threadIdx.x; c < nc; c += BLOCK) {
-        size_t j = (size_t)(kv_off + cols[col_off + c]);
-        const float* k = keys + j * DIM;
-        float s = 0.0f;
-        for (int d = 0; d < DIM; d++) s += qr[d] * k[d];
-        s *= scale;
-        if (s > mx) {
-            float r = expf(mx - s);
-            l *= r;
-            for (int d = 0; d < DIM; d++) acc[d] *= r;
-            mx = s;
-        }
-        float e = expf(s - mx);
-        l += e;
-        const float* v = vals + j * DIM;
-        for (int d = 0; d < DIM; d++) acc[d] += e * v[d];
-    }
-    sm[threadIdx.x] = mx;
-    sl[threadIdx.x] = l;
-    for (int d = 0; d < DIM; d++) sacc[threadIdx.x * DIM + d] = acc[d];
-    float top = block_max(mx, red);
-    for (int d = threadIdx.x; d < DIM; d += BLOCK) {
-        float num = 0.0f, den = 0.0f;
-        for (int t = 0; t < BLOCK; t++) {
-            if (sl[t] == 0.0f) continue;
-            float r = expf(sm[t] - top);
-            num += sacc[t * DIM + d] * r;
-            den += sl[t] * r;
-        }
-        attn[(size_t)g * DIM + d] = num / den;
-    }
+    attn[(size_t)tok_g[t] * DIM + d] = num / den;
 }
 
 // The rest of a denoising step, one thread per chunk token: output

@@ -52,7 +52,7 @@ pub const FILES: [(&str, &str); 3] = [
 ];
 
 /// Every kernel entry point (`extern "C" __global__`) in [`FILES`].
-pub const KERNELS: [&str; 13] = [
+pub const KERNELS: [&str; 16] = [
     "to_bf16",
     "add_into",
     "gather_rows",
@@ -62,8 +62,11 @@ pub const KERNELS: [&str; 13] = [
     "lm_attention",
     "lm_swiglu",
     "video_project",
+    "video_query_mean",
+    "video_key_dots",
     "video_select",
     "video_attend",
+    "video_attend_merge",
     "video_update",
     "video_decode",
 ];

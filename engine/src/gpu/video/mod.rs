@@ -6,7 +6,8 @@
 //! values projected once (they do not change during a chunk). Per step k,
 //! over the members with more than k steps: project the chunk tokens' keys,
 //! values and queries (`video_project` ×3), pick each member's context
-//! blocks (`video_select`), attend (`video_attend`), and the MLP, prediction
+//! blocks (`video_query_mean`, `video_key_dots`, `video_select`), attend (`video_attend` over query tiles and
+//! column splits, `video_attend_merge`), and the MLP, prediction
 //! and path update (`video_update`). Then frames for every member
 //! (`video_decode`) and one download of latents and pixels.
 
@@ -232,11 +233,27 @@ impl<D: Device> GpuVideo<D> {
             self.project(work, &work.x, [st.tok_g, dst, st.flag], st.tokens, w, out)?;
         }
         self.dev.launch(
+            "video_query_mean",
+            (st.members as u32, 1, 1),
+            &[Arg::Buf(&work.q, 0), Arg::Buf(t, st.meta), Arg::Buf(&work.qmean, 0)],
+        )?;
+        if st.max_context > 0 {
+            self.dev.launch(
+                "video_key_dots",
+                (grid(st.max_context).0, st.members as u32, 1),
+                &[
+                    Arg::Buf(&work.qmean, 0),
+                    Arg::Buf(&work.keys, 0),
+                    Arg::Buf(t, st.meta),
+                    Arg::Buf(&work.dots, 0),
+                ],
+            )?;
+        }
+        self.dev.launch(
             "video_select",
             (st.members as u32, 1, 1),
             &[
-                Arg::Buf(&work.q, 0),
-                Arg::Buf(&work.keys, 0),
+                Arg::Buf(&work.dots, 0),
                 Arg::Buf(t, st.meta),
                 Arg::Buf(&work.bscore, 0),
                 Arg::Buf(&work.flags, 0),
@@ -246,7 +263,7 @@ impl<D: Device> GpuVideo<D> {
         )?;
         self.dev.launch(
             "video_attend",
-            (st.tokens as u32, 1, 1),
+            (st.tiles as u32, st.splits as u32, 1),
             &[
                 Arg::Buf(&work.q, 0),
                 Arg::Buf(&work.keys, 0),
@@ -256,6 +273,19 @@ impl<D: Device> GpuVideo<D> {
                 Arg::Buf(t, st.meta),
                 Arg::Buf(&work.cols, 0),
                 Arg::Buf(&work.ncols, 0),
+                Arg::Buf(t, st.tile_tok),
+                Arg::Buf(t, st.tile_cnt),
+                Arg::Buf(&work.partial, 0),
+            ],
+        )?;
+        self.dev.launch(
+            "video_attend_merge",
+            grid(st.tokens * kernels::video::DIM),
+            &[
+                Arg::Buf(&work.partial, 0),
+                Arg::Buf(t, st.tok_g),
+                Arg::I32(st.tokens as i32),
+                Arg::I32(st.splits as i32),
                 Arg::Buf(&work.attn, 0),
             ],
         )?;

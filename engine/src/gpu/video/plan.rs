@@ -106,6 +106,30 @@ pub(super) struct StepTables {
     pub tok_slot: usize,
     pub kv_dst: usize,
     pub flag: usize,
+    /// `video_attend`'s query tiles (first token's index in `tok_g`, count):
+    /// up to [`ATTEND_TILE`] tokens of one member each.
+    pub tiles: usize,
+    pub tile_tok: usize,
+    pub tile_cnt: usize,
+    /// Column splits per tile (`video_attend`'s grid is tiles × splits).
+    pub splits: usize,
+    /// Context tokens of the member with the most (`video_key_dots`' grid).
+    pub max_context: usize,
+}
+
+/// Query tokens per `video_attend` block (`AQ` in kernels/cuda/video.cu).
+pub(super) const ATTEND_TILE: usize = 64;
+/// Columns a `video_attend` block stages at a time (`AK`).
+const ATTEND_COLUMNS: usize = 64;
+/// Blocks `video_attend` aims for per step: about four per multiprocessor
+/// of a 132-SM Hopper GPU, enough to fill it when a batch is short.
+const ATTEND_TARGET_BLOCKS: usize = 512;
+
+/// Column splits for `tiles` query tiles whose members have at most
+/// `columns` columns: enough blocks to fill the GPU, at least one staged
+/// tile of columns per split.
+fn attend_splits(tiles: usize, columns: usize) -> usize {
+    ATTEND_TARGET_BLOCKS.div_ceil(tiles.max(1)).clamp(1, columns.div_ceil(ATTEND_COLUMNS).max(1))
 }
 
 impl StepTables {
@@ -114,6 +138,7 @@ impl StepTables {
         let (mut meta, mut mparam) = (Vec::new(), Vec::new());
         let (mut tok_g, mut tok_slot, mut kv_dst, mut flag) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut tile_tok, mut tile_cnt, mut columns, mut max_context) = (Vec::new(), Vec::new(), 0, 0);
         for (slot, &i) in active.iter().enumerate() {
             let l = lay[i];
             let row = [l.x_off, l.n, l.kv_off, l.m, l.side, l.keep, l.col_off, usize::from(l.fp8)];
@@ -130,6 +155,12 @@ impl StepTables {
             ]);
             debug_assert_eq!(row.len(), MF);
             mparam.extend_from_slice(&row);
+            columns = columns.max(l.keep * l.side + l.n);
+            max_context = max_context.max(l.m);
+            for t in (0..l.n).step_by(ATTEND_TILE) {
+                tile_tok.push((tok_g.len() + t) as i32);
+                tile_cnt.push((l.n - t).min(ATTEND_TILE) as i32);
+            }
             for j in 0..l.n {
                 tok_g.push((l.x_off + j) as i32);
                 tok_slot.push(slot as i32);
@@ -147,6 +178,11 @@ impl StepTables {
             tok_slot: stage.ints(&tok_slot),
             kv_dst: stage.ints(&kv_dst),
             flag: stage.ints(&flag),
+            tiles: tile_tok.len(),
+            splits: attend_splits(tile_tok.len(), columns),
+            max_context,
+            tile_tok: stage.ints(&tile_tok),
+            tile_cnt: stage.ints(&tile_cnt),
         }
     }
 }
@@ -236,6 +272,11 @@ impl Plan {
         (plan, stage)
     }
 
+    /// Floats of `video_attend`'s partial results at the widest step.
+    pub fn partial_floats(&self) -> usize {
+        self.steps.iter().map(|st| st.tokens * st.splits * (DIM + 2)).max().unwrap_or(0)
+    }
+
     /// Each member's latent and frames from the downloaded buffers.
     pub fn results(&self, items: &[Member<'_>], latents: &[f32], pixels: &[u8]) -> Vec<ChunkResult> {
         self.lay
@@ -274,6 +315,12 @@ pub(super) struct Work<B> {
     pub vals: B,
     pub q: B,
     pub attn: B,
+    /// `video_attend`'s partial results (per token and split: DIM + 2).
+    pub partial: B,
+    /// Each member's mean query (DIM floats) and its dot with every
+    /// context key (indexed like `cols`).
+    pub qmean: B,
+    pub dots: B,
     pub bscore: B,
     pub flags: B,
     pub cols: B,
@@ -293,6 +340,9 @@ impl<B> Work<B> {
             vals: dev.alloc(plan.kv * DIM * 4)?,
             q: dev.alloc(plan.tokens * DIM * 4)?,
             attn: dev.alloc(plan.tokens * DIM * 4)?,
+            partial: dev.alloc(plan.partial_floats().max(1) * 4)?,
+            qmean: dev.alloc(plan.lay.len().max(1) * DIM * 4)?,
+            dots: dev.alloc(plan.kv.max(1) * 4)?,
             bscore: dev.alloc(plan.kv * 4)?,
             flags: dev.alloc(plan.kv * 4)?,
             cols: dev.alloc(plan.kv * 4)?,
