@@ -26,6 +26,8 @@
 //! - [`video`]: streaming video: playout and slack, service credit and
 //!   urgency, fidelity profiles and their Pareto frontier, Bi-Modal Pareto
 //!   Routing, placement and re-homing.
+//! - [`oserve`]: workload-aware heterogeneous deployment (OServe): workload
+//!   types and the exact lower-level assignment of types to replicas.
 //! - [`rng`]: the seeded generator behind every reproducible random choice.
 #![forbid(unsafe_code)]
 
@@ -37,6 +39,7 @@ pub mod config;
 pub mod diffusion;
 pub mod estimate;
 pub mod fairness;
+pub mod oserve;
 pub mod prefix;
 pub mod profile;
 pub mod rng;

@@ -1,0 +1,168 @@
+//! Per-configuration capacities (OServe's one-time profiling, Appendix D),
+//! derived from a documented cost model for the emulated backend.
+//!
+//! A replica runs the model on `tp · pp` GPUs (tensor parallel degree `tp`,
+//! pipeline stages `pp`). With `P` parameters of `bytes` each, `L` layers,
+//! hidden width `h`, a GPU of `F` FLOP/s (effective), `B` bytes/s of HBM,
+//! `Mem` bytes, a link of `Lk` bytes/s per GPU and `α` per collective:
+//!
+//! - prefill of `I` tokens (compute-bound, §D): `2·P·I / (tp·F)` (the
+//!   stages run one after another for one request), plus TP's two
+//!   all-reduces per layer, `L·2·(α + 2·(tp−1)/tp · I·h·2 / Lk)` when
+//!   `tp > 1`, plus `(pp − 1)` activation hops `α + I·h·2 / Lk`;
+//! - one decode step of `b` sequences at context `c` (memory-bound): the
+//!   weights `P·bytes / (tp·B)` (each stage reads its share, the stages in
+//!   turn), the KV `b·c·kv / (tp·B)`, compute `2·P·b / (tp·F)` when larger
+//!   than the reads, the same TP all-reduces for `b` rows and PP hops;
+//! - concurrency: the KV room left after the weights,
+//!   `0.9·Mem·tp·pp − P·bytes`, over `kv·(I + O)` per sequence, capped by
+//!   `max_batch`; pipelining keeps `pp` micro-batches in flight, so a step
+//!   of all `b` sequences takes the time of one micro-batch of `b / pp`
+//!   through every stage;
+//! - capacity `n` for type (I, O) in requests per second: a replica spends
+//!   `prefill(I)` per request and `O` decode steps shared by `b` sequences,
+//!   `n = 1 / (prefill(I) + O · step(b, I + O/2) / b)`.
+//!
+//! This is what OServe exploits: long contexts need KV room (more GPUs per
+//! replica, TP or PP), short requests are served best by many small
+//! replicas (data parallelism).
+
+/// The model and the GPU of the cost model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostModel {
+    /// Parameters, in billions.
+    pub params_b: f64,
+    pub layers: u32,
+    pub hidden: u32,
+    /// Bytes per parameter (2: bf16).
+    pub bytes_per_param: f64,
+    /// KV bytes per token (all layers, K and V).
+    pub kv_bytes_per_token: f64,
+    /// Effective dense FLOP/s of one GPU, in TFLOP/s.
+    pub gpu_tflops: f64,
+    /// HBM bytes/s of one GPU, in TB/s.
+    pub gpu_tbs: f64,
+    /// GPU memory, GB.
+    pub gpu_gb: f64,
+    /// GPU-to-GPU link bytes/s per GPU, GB/s.
+    pub link_gbs: f64,
+    /// Latency of one collective or pipeline hop, microseconds.
+    pub hop_us: f64,
+    /// Most sequences a replica runs at once.
+    pub max_batch: u32,
+}
+
+impl CostModel {
+    /// A 70B model of Llama-2-70B's shape (80 layers, hidden 8192, grouped
+    /// KV of 8 heads × 128: 2·80·8·128·2 = 327,680 bytes of KV per token) on
+    /// H200-class GPUs (141 GB, 4.8 TB/s, 400 effective TFLOP/s of the ~990
+    /// dense bf16 peak, NVLink 450 GB/s each way), 256 sequences at most
+    /// per replica: two GPUs hold the weights with ~114 GB of KV room, so
+    /// short requests fill a 2-GPU replica's batch while long ones run out of
+    /// KV room first, the trade-off OServe exploits.
+    pub const LLAMA70B_H200: CostModel = CostModel {
+        params_b: 70.0,
+        layers: 80,
+        hidden: 8192,
+        bytes_per_param: 2.0,
+        kv_bytes_per_token: 327_680.0,
+        gpu_tflops: 400.0,
+        gpu_tbs: 4.8,
+        gpu_gb: 141.0,
+        link_gbs: 450.0,
+        hop_us: 10.0,
+        max_batch: 256,
+    };
+
+    fn weight_bytes(&self) -> f64 {
+        self.params_b * 1e9 * self.bytes_per_param
+    }
+
+    /// Whether the weights fit on `p` with some KV room.
+    pub fn fits(&self, p: Parallel) -> bool {
+        self.kv_room(p) > 0.0
+    }
+
+    fn kv_room(&self, p: Parallel) -> f64 {
+        0.9 * self.gpu_gb * 1e9 * f64::from(p.gpus()) - self.weight_bytes()
+    }
+
+    fn tp_comm_s(&self, p: Parallel, rows: f64) -> f64 {
+        if p.tp <= 1 {
+            return 0.0;
+        }
+        let tp = f64::from(p.tp);
+        let bytes = 2.0 * (tp - 1.0) / tp * rows * f64::from(self.hidden) * 2.0;
+        f64::from(self.layers) * 2.0 * (self.hop_us * 1e-6 + bytes / (self.link_gbs * 1e9))
+    }
+
+    fn pp_comm_s(&self, p: Parallel, rows: f64) -> f64 {
+        f64::from(p.pp - 1)
+            * (self.hop_us * 1e-6 + rows * f64::from(self.hidden) * 2.0 / (self.link_gbs * 1e9))
+    }
+
+    /// Seconds to prefill `input` tokens on `p`.
+    pub fn prefill_s(&self, p: Parallel, input: f64) -> f64 {
+        let flops = 2.0 * self.params_b * 1e9 * input;
+        flops / (f64::from(p.tp) * self.gpu_tflops * 1e12)
+            + self.tp_comm_s(p, input)
+            + self.pp_comm_s(p, input)
+    }
+
+    /// Seconds of one decode step of `batch` sequences at `context` tokens.
+    pub fn step_s(&self, p: Parallel, batch: f64, context: f64) -> f64 {
+        let tp = f64::from(p.tp);
+        let reads =
+            (self.weight_bytes() + batch * context * self.kv_bytes_per_token) / (tp * self.gpu_tbs * 1e12);
+        let compute = 2.0 * self.params_b * 1e9 * batch / (tp * self.gpu_tflops * 1e12);
+        reads.max(compute) + self.tp_comm_s(p, batch) + self.pp_comm_s(p, batch)
+    }
+
+    /// Sequences of (input, output) tokens `p` runs at once.
+    pub fn concurrency(&self, p: Parallel, input: f64, output: f64) -> f64 {
+        (self.kv_room(p) / (self.kv_bytes_per_token * (input + output)))
+            .floor()
+            .clamp(0.0, f64::from(self.max_batch))
+    }
+
+    /// Requests per second of (input, output) tokens that `p` sustains
+    /// alone (`n_kj`); 0 when the model or one sequence does not fit.
+    pub fn capacity(&self, p: Parallel, input: f64, output: f64) -> f64 {
+        let b = self.concurrency(p, input, output);
+        if b < 1.0 {
+            return 0.0;
+        }
+        // Pipelining: pp micro-batches of b / pp in flight; a step of all b
+        // takes one micro-batch's trip through the stages.
+        let step = self.step_s(p, (b / f64::from(p.pp)).max(1.0), input + output / 2.0);
+        1.0 / (self.prefill_s(p, input) + output * step / b)
+    }
+}
+
+/// A replica's parallel configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Parallel {
+    pub tp: u32,
+    pub pp: u32,
+}
+
+impl Parallel {
+    pub fn gpus(self) -> u32 {
+        self.tp * self.pp
+    }
+
+    /// Every TP × PP split of `gpus` (powers of two, TP up to 8: one node).
+    pub fn splits(gpus: u32) -> Vec<Parallel> {
+        (0..=3)
+            .map(|e| 1u32 << e)
+            .filter(|tp| gpus % tp == 0)
+            .map(|tp| Parallel { tp, pp: gpus / tp })
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Parallel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TP{}PP{}", self.tp, self.pp)
+    }
+}

@@ -1,0 +1,253 @@
+//! The upper level of OServe (§4.3): which replicas (GPU count and TP × PP
+//! split each) to run on `D` GPUs, and how to move from one deployment to
+//! another without dropping below the capacity the forecast needs (§5).
+//!
+//! Search (flow-network-guided generation): start from identical replicas
+//! of the fewest GPUs that hold the model, pure TP; each iteration solves
+//! the lower level ([`assign`]) for the forecast, then tries the moves its
+//! flow suggests: merge an under-used replica into a bottleneck one (the
+//! GPUs go where the flow is saturated), merge two under-used replicas,
+//! split a bottleneck replica into two, and re-split any replica's GPUs
+//! (TP ↔ PP); it takes the best move and stops when none improves
+//! (requests served, then the most loaded replica's load: headroom) or after
+//! `max_iterations`.
+
+use super::assign::{assign, Assignment, Replica};
+use super::capacity::{CostModel, Parallel};
+
+/// Replicas, each a parallel configuration on its own GPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deployment {
+    pub replicas: Vec<Parallel>,
+}
+
+impl Deployment {
+    pub fn gpus(&self) -> u32 {
+        self.replicas.iter().map(|p| p.gpus()).sum()
+    }
+
+    /// Replicas sorted (the search compares deployments as multisets).
+    fn canonical(mut self) -> Self {
+        self.replicas.sort();
+        self
+    }
+}
+
+impl std::fmt::Display for Deployment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.replicas.iter().map(ToString::to_string).collect();
+        write!(f, "[{}]", parts.join(", "))
+    }
+}
+
+/// The lower level's input for `dep`: `n_kj` from the cost model for each
+/// type's centroid (input, output); no per-edge cap (C2 is `n_kj` itself).
+pub fn replicas(model: &CostModel, dep: &Deployment, types: &[(f64, f64)]) -> Vec<Replica> {
+    dep.replicas
+        .iter()
+        .map(|&p| {
+            let n: Vec<f64> = types.iter().map(|&(i, o)| model.capacity(p, i, o)).collect();
+            Replica { e: n.clone(), n }
+        })
+        .collect()
+}
+
+/// The assignment of `lambda` (requests per second per type) on `dep`.
+pub fn evaluate(model: &CostModel, dep: &Deployment, types: &[(f64, f64)], lambda: &[f64]) -> Assignment {
+    assign(lambda, &replicas(model, dep, types))
+}
+
+/// True when `a` is better than `b`: more served, then less peak load.
+fn better(a: &Assignment, b: &Assignment) -> bool {
+    let tol = 1e-6 * b.served.max(1.0);
+    let peak = |x: &Assignment| x.load.iter().copied().fold(0.0, f64::max);
+    a.served > b.served + tol || (a.served > b.served - tol && peak(a) < peak(b) - 1e-6)
+}
+
+/// The smallest power-of-two GPU count whose pure-TP replica fits.
+pub fn min_gpus(model: &CostModel) -> Option<u32> {
+    (0..=4).map(|e| 1u32 << e).find(|&g| model.fits(Parallel { tp: g.min(8), pp: g / g.min(8) }))
+}
+
+/// The best split of `gpus` GPUs for replica slot `k` of `dep` (others
+/// fixed), or `None` when no split fits.
+fn best_split(
+    model: &CostModel,
+    dep: &Deployment,
+    k: usize,
+    gpus: u32,
+    types: &[(f64, f64)],
+    lambda: &[f64],
+) -> Option<(Deployment, Assignment)> {
+    let mut best: Option<(Deployment, Assignment)> = None;
+    for p in Parallel::splits(gpus).into_iter().filter(|&p| model.fits(p)) {
+        let mut d = dep.clone();
+        d.replicas[k] = p;
+        let a = evaluate(model, &d, types, lambda);
+        if best.as_ref().is_none_or(|(_, b)| better(&a, b)) {
+            best = Some((d, a));
+        }
+    }
+    best
+}
+
+/// What a search found, and how long it searched.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub deployment: Deployment,
+    pub assignment: Assignment,
+    pub iterations: usize,
+}
+
+/// Searches deployments of `gpus` GPUs for `lambda` over `types`.
+pub fn search(
+    model: &CostModel,
+    gpus: u32,
+    types: &[(f64, f64)],
+    lambda: &[f64],
+    max_iterations: usize,
+) -> Option<Plan> {
+    let g = min_gpus(model)?;
+    let start = Parallel { tp: g.min(8), pp: g / g.min(8) };
+    let mut dep = Deployment { replicas: vec![start; (gpus / g) as usize] };
+    if dep.replicas.is_empty() {
+        return None;
+    }
+    let mut cur = evaluate(model, &dep, types, lambda);
+    let mut iterations = 0;
+    while iterations < max_iterations {
+        iterations += 1;
+        let mut best: Option<(Deployment, Assignment)> = None;
+        for (d, a) in neighbours(model, &dep, &cur, types, lambda) {
+            if better(&a, &cur) && best.as_ref().is_none_or(|(_, b)| better(&a, b)) {
+                best = Some((d, a));
+            }
+        }
+        let Some((d, a)) = best else { break };
+        (dep, cur) = (d.canonical(), a);
+    }
+    Some(Plan { deployment: dep, assignment: cur, iterations })
+}
+
+/// The moves the flow of `cur` suggests from `dep`, each with its best
+/// split, evaluated.
+fn neighbours(
+    model: &CostModel,
+    dep: &Deployment,
+    cur: &Assignment,
+    types: &[(f64, f64)],
+    lambda: &[f64],
+) -> Vec<(Deployment, Assignment)> {
+    let full = |k: usize| cur.load[k] >= 1.0 - 1e-6;
+    let n = dep.replicas.len();
+    let mut out = Vec::new();
+    // Merges: the pair's GPUs become one replica (a power of two, ≤ 16):
+    // an under-used replica's GPUs go to a bottleneck, or two saturated
+    // small replicas become one with room for larger batches.
+    for a in 0..n {
+        for b in a + 1..n {
+            let gpus = dep.replicas[a].gpus() + dep.replicas[b].gpus();
+            if !gpus.is_power_of_two() || gpus > 16 {
+                continue;
+            }
+            let mut d = dep.clone();
+            d.replicas.remove(b);
+            out.extend(best_split(model, &d, a, gpus, types, lambda));
+        }
+    }
+    // Splits of saturated replicas into two halves (each must fit).
+    for k in (0..n).filter(|&k| full(k)) {
+        let half = dep.replicas[k].gpus() / 2;
+        if half == 0 || !Parallel::splits(half).into_iter().any(|p| model.fits(p)) {
+            continue;
+        }
+        let mut d = dep.clone();
+        d.replicas.insert(k + 1, dep.replicas[k]);
+        if let Some((d1, _)) = best_split(model, &d, k, half, types, lambda) {
+            out.extend(best_split(model, &d1, k + 1, half, types, lambda));
+        }
+    }
+    // Re-splits of one replica's GPUs.
+    for k in 0..n {
+        if let Some((d, a)) = best_split(model, dep, k, dep.replicas[k].gpus(), types, lambda) {
+            if d != *dep {
+                out.push((d, a));
+            }
+        }
+    }
+    out
+}
+
+/// One step of a switch between deployments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Start a replica of this configuration on free GPUs.
+    Start(Parallel),
+    /// Drain a replica of this configuration (its requests finish, it takes
+    /// no new ones) and free its GPUs.
+    Drain(Parallel),
+}
+
+/// A switch from `current` to `target` on `gpus` GPUs (§5): starts replicas
+/// while free GPUs allow (capacity only grows), else drains the replica
+/// whose loss costs the forecast `need` least, but only while what stays
+/// serves at least `min(Σ need, what current serves of it)`, so the switch
+/// never drops below the capacity the forecast needs. `None` when no such
+/// order exists: the caller keeps `current` until load or GPUs allow.
+pub fn switch_plan(
+    model: &CostModel,
+    gpus: u32,
+    current: &Deployment,
+    target: &Deployment,
+    types: &[(f64, f64)],
+    need: &[f64],
+) -> Option<Vec<Step>> {
+    let floor = need.iter().sum::<f64>().min(evaluate(model, current, types, need).served) - 1e-6;
+    let mut running = current.clone().canonical();
+    let target = target.clone().canonical();
+    let mut steps = Vec::new();
+    // Each replica is started or drained at most once.
+    for _ in 0..=current.replicas.len() + target.replicas.len() {
+        if running == target {
+            return Some(steps);
+        }
+        let (to_start, to_drain) = difference(&target.replicas, &running.replicas);
+        let free = gpus.saturating_sub(running.gpus());
+        if let Some(&p) = to_start.iter().filter(|p| p.gpus() <= free).max_by_key(|p| p.gpus()) {
+            running.replicas.push(p);
+            running = running.canonical();
+            steps.push(Step::Start(p));
+            continue;
+        }
+        let mut best: Option<(f64, Parallel)> = None;
+        for &p in &to_drain {
+            let mut d = running.clone();
+            let at = d.replicas.iter().position(|&r| r == p)?;
+            d.replicas.remove(at);
+            let served = evaluate(model, &d, types, need).served;
+            if served >= floor && best.is_none_or(|(s, _)| served > s) {
+                best = Some((served, p));
+            }
+        }
+        let (_, p) = best?;
+        let at = running.replicas.iter().position(|&r| r == p)?;
+        running.replicas.remove(at);
+        steps.push(Step::Drain(p));
+    }
+    None
+}
+
+/// `(a − b, b − a)` as multisets.
+fn difference(a: &[Parallel], b: &[Parallel]) -> (Vec<Parallel>, Vec<Parallel>) {
+    let mut only_b = b.to_vec();
+    let mut only_a = Vec::new();
+    for p in a {
+        match only_b.iter().position(|q| q == p) {
+            Some(i) => {
+                only_b.remove(i);
+            }
+            None => only_a.push(*p),
+        }
+    }
+    (only_a, only_b)
+}
