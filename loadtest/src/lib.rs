@@ -32,6 +32,7 @@ pub mod client;
 pub mod clock;
 pub mod decision_cost;
 pub mod diffusion;
+pub mod oserve;
 pub mod overhead;
 pub mod progress;
 pub mod record;

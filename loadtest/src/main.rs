@@ -116,6 +116,11 @@ enum Command {
     /// DP's decision time. Prints Markdown; writes results.json and SVG
     /// charts to --out.
     SimDiffusion(loadtest::diffusion::bench::SimDiffusionArgs),
+    /// OServe's deployment planning (issue 25) against static deployments
+    /// on traces of shifting workload-type mixes, at the capacity level
+    /// (requests per second each sustains per segment), swept over spatial
+    /// skew; planner time. Prints Markdown.
+    SimOserve(loadtest::oserve::SimOserveArgs),
     /// A GenServe image + video trace (the `sim-diffusion` workloads) sent
     /// on time to a live gateway, each request with its deadline; SLO
     /// attainment per kind. Writes results.json to --out.
@@ -172,6 +177,7 @@ async fn main() -> ExitCode {
         Command::Sim(args) => sim(&args),
         Command::SimVideo(args) => loadtest::sim::video::bench::main(&args).map(|md| print!("{md}")),
         Command::SimDiffusion(args) => loadtest::diffusion::bench::main(&args).map(|md| print!("{md}")),
+        Command::SimOserve(args) => loadtest::oserve::main(&args).map(|md| print!("{md}")),
         Command::Diffusion(args) => loadtest::diffusion::live::main(&args).await.map(|line| print!("{line}")),
         Command::DecisionCost { engines, placement_engines, policies, profile } => {
             decision_cost(engines, placement_engines, &policies, &profile)

@@ -57,11 +57,25 @@ pub fn evaluate(model: &CostModel, dep: &Deployment, types: &[(f64, f64)], lambd
     assign(lambda, &replicas(model, dep, types))
 }
 
-/// True when `a` is better than `b`: more served, then less peak load.
-fn better(a: &Assignment, b: &Assignment) -> bool {
-    let tol = 1e-6 * b.served.max(1.0);
-    let peak = |x: &Assignment| x.load.iter().copied().fold(0.0, f64::max);
-    a.served > b.served + tol || (a.served > b.served - tol && peak(a) < peak(b) - 1e-6)
+/// A candidate's score: what the objective measures (requests served, or
+/// the rate sustained in a mix), and the assignment the next moves read.
+#[derive(Debug, Clone)]
+pub struct Scored {
+    pub score: f64,
+    pub assignment: Assignment,
+}
+
+impl Scored {
+    fn peak(&self) -> f64 {
+        self.assignment.load.iter().copied().fold(0.0, f64::max)
+    }
+
+    /// Better: a higher score, then a lower peak load (headroom).
+    fn beats(&self, other: &Scored) -> bool {
+        let tol = 1e-6 * other.score.abs().max(1.0);
+        self.score > other.score + tol
+            || (self.score > other.score - tol && self.peak() < other.peak() - 1e-6)
+    }
 }
 
 /// The smallest power-of-two GPU count whose pure-TP replica fits.
@@ -76,16 +90,15 @@ fn best_split(
     dep: &Deployment,
     k: usize,
     gpus: u32,
-    types: &[(f64, f64)],
-    lambda: &[f64],
-) -> Option<(Deployment, Assignment)> {
-    let mut best: Option<(Deployment, Assignment)> = None;
+    score: &dyn Fn(&Deployment) -> Scored,
+) -> Option<(Deployment, Scored)> {
+    let mut best: Option<(Deployment, Scored)> = None;
     for p in Parallel::splits(gpus).into_iter().filter(|&p| model.fits(p)) {
         let mut d = dep.clone();
         d.replicas[k] = p;
-        let a = evaluate(model, &d, types, lambda);
-        if best.as_ref().is_none_or(|(_, b)| better(&a, b)) {
-            best = Some((d, a));
+        let s = score(&d);
+        if best.as_ref().is_none_or(|(_, b)| s.beats(b)) {
+            best = Some((d, s));
         }
     }
     best
@@ -95,11 +108,15 @@ fn best_split(
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub deployment: Deployment,
+    /// The objective's value: requests served ([`search`]) or the rate
+    /// sustained in the mix ([`search_mix`]).
+    pub score: f64,
     pub assignment: Assignment,
     pub iterations: usize,
 }
 
-/// Searches deployments of `gpus` GPUs for `lambda` over `types`.
+/// Searches deployments of `gpus` GPUs serving the most of `lambda`
+/// (requests per second per type, the forecast) over `types`.
 pub fn search(
     model: &CostModel,
     gpus: u32,
@@ -107,37 +124,68 @@ pub fn search(
     lambda: &[f64],
     max_iterations: usize,
 ) -> Option<Plan> {
+    let score = |d: &Deployment| {
+        let assignment = evaluate(model, d, types, lambda);
+        Scored { score: assignment.served, assignment }
+    };
+    search_by(model, gpus, max_iterations, &score)
+}
+
+/// Searches deployments of `gpus` GPUs sustaining the highest rate in the
+/// proportions `shares` ([`mix_capacity`]); the moves read the assignment
+/// at that rate (its saturated replicas are the bottlenecks).
+pub fn search_mix(
+    model: &CostModel,
+    gpus: u32,
+    types: &[(f64, f64)],
+    shares: &[f64],
+    max_iterations: usize,
+) -> Option<Plan> {
+    let total: f64 = shares.iter().sum::<f64>().max(1e-12);
+    let score = |d: &Deployment| {
+        let rate = mix_capacity(model, d, types, shares);
+        let lambda: Vec<f64> = shares.iter().map(|s| s / total * rate).collect();
+        Scored { score: rate, assignment: evaluate(model, d, types, &lambda) }
+    };
+    search_by(model, gpus, max_iterations, &score)
+}
+
+fn search_by(
+    model: &CostModel,
+    gpus: u32,
+    max_iterations: usize,
+    score: &dyn Fn(&Deployment) -> Scored,
+) -> Option<Plan> {
     let g = min_gpus(model)?;
     let start = Parallel { tp: g.min(8), pp: g / g.min(8) };
     let mut dep = Deployment { replicas: vec![start; (gpus / g) as usize] };
     if dep.replicas.is_empty() {
         return None;
     }
-    let mut cur = evaluate(model, &dep, types, lambda);
+    let mut cur = score(&dep);
     let mut iterations = 0;
     while iterations < max_iterations {
         iterations += 1;
-        let mut best: Option<(Deployment, Assignment)> = None;
-        for (d, a) in neighbours(model, &dep, &cur, types, lambda) {
-            if better(&a, &cur) && best.as_ref().is_none_or(|(_, b)| better(&a, b)) {
-                best = Some((d, a));
+        let mut best: Option<(Deployment, Scored)> = None;
+        for (d, s) in neighbours(model, &dep, &cur.assignment, score) {
+            if s.beats(&cur) && best.as_ref().is_none_or(|(_, b)| s.beats(b)) {
+                best = Some((d, s));
             }
         }
-        let Some((d, a)) = best else { break };
-        (dep, cur) = (d.canonical(), a);
+        let Some((d, s)) = best else { break };
+        (dep, cur) = (d.canonical(), s);
     }
-    Some(Plan { deployment: dep, assignment: cur, iterations })
+    Some(Plan { deployment: dep, score: cur.score, assignment: cur.assignment, iterations })
 }
 
 /// The moves the flow of `cur` suggests from `dep`, each with its best
-/// split, evaluated.
+/// split, scored.
 fn neighbours(
     model: &CostModel,
     dep: &Deployment,
     cur: &Assignment,
-    types: &[(f64, f64)],
-    lambda: &[f64],
-) -> Vec<(Deployment, Assignment)> {
+    score: &dyn Fn(&Deployment) -> Scored,
+) -> Vec<(Deployment, Scored)> {
     let full = |k: usize| cur.load[k] >= 1.0 - 1e-6;
     let n = dep.replicas.len();
     let mut out = Vec::new();
@@ -152,7 +200,7 @@ fn neighbours(
             }
             let mut d = dep.clone();
             d.replicas.remove(b);
-            out.extend(best_split(model, &d, a, gpus, types, lambda));
+            out.extend(best_split(model, &d, a, gpus, score));
         }
     }
     // Splits of saturated replicas into two halves (each must fit).
@@ -163,15 +211,15 @@ fn neighbours(
         }
         let mut d = dep.clone();
         d.replicas.insert(k + 1, dep.replicas[k]);
-        if let Some((d1, _)) = best_split(model, &d, k, half, types, lambda) {
-            out.extend(best_split(model, &d1, k + 1, half, types, lambda));
+        if let Some((d1, _)) = best_split(model, &d, k, half, score) {
+            out.extend(best_split(model, &d1, k + 1, half, score));
         }
     }
     // Re-splits of one replica's GPUs.
     for k in 0..n {
-        if let Some((d, a)) = best_split(model, dep, k, dep.replicas[k].gpus(), types, lambda) {
+        if let Some((d, s)) = best_split(model, dep, k, dep.replicas[k].gpus(), score) {
             if d != *dep {
-                out.push((d, a));
+                out.push((d, s));
             }
         }
     }
@@ -250,4 +298,36 @@ fn difference(a: &[Parallel], b: &[Parallel]) -> (Vec<Parallel>, Vec<Parallel>) 
         }
     }
     (only_a, only_b)
+}
+
+/// Requests per second `dep` sustains in the proportions `shares` (the
+/// largest `t` with every type's `t · share` served: the max concurrent
+/// flow, by bisection on the lower level), so that capacities of
+/// deployments compare on the same mix rather than on whichever type is
+/// cheapest.
+pub fn mix_capacity(model: &CostModel, dep: &Deployment, types: &[(f64, f64)], shares: &[f64]) -> f64 {
+    let total: f64 = shares.iter().sum();
+    if total <= 0.0 {
+        return 0.0;
+    }
+    let rs = replicas(model, dep, types);
+    let fits = |t: f64| {
+        let lambda: Vec<f64> = shares.iter().map(|s| s / total * t).collect();
+        assign(&lambda, &rs).served >= t * (1.0 - 1e-9)
+    };
+    // Upper bound: everything on the replicas' best type rates.
+    let mut hi: f64 = rs.iter().map(|r| r.n.iter().copied().fold(0.0, f64::max)).sum();
+    if hi <= 0.0 || !fits(1e-9) {
+        return 0.0;
+    }
+    let mut lo = 0.0;
+    for _ in 0..50 {
+        let mid = 0.5 * (lo + hi);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }

@@ -340,3 +340,24 @@ mod switching {
         assert_eq!(steps.len(), 4 + 8);
     }
 }
+
+#[test]
+fn mix_capacity_is_the_rate_at_which_every_type_is_served_in_proportion() {
+    use super::capacity::{CostModel, Parallel};
+    use super::deploy::{evaluate, mix_capacity, Deployment};
+    let m = CostModel::LLAMA70B_H200;
+    let types = [(200.0, 100.0), (6000.0, 1500.0)];
+    let tp2 = Parallel { tp: 2, pp: 1 };
+    let one = Deployment { replicas: vec![tp2] };
+    // One type alone: its n.
+    let n = m.capacity(tp2, 200.0, 100.0);
+    assert!((mix_capacity(&m, &one, &types, &[1.0, 0.0]) - n).abs() < 1e-6 * n);
+    // Half and half on one replica: 1 / (0.5/n0 + 0.5/n1) (C3 binding).
+    let n1 = m.capacity(tp2, 6000.0, 1500.0);
+    let want = 1.0 / (0.5 / n + 0.5 / n1);
+    let got = mix_capacity(&m, &one, &types, &[1.0, 1.0]);
+    assert!((got - want).abs() < 1e-6 * want, "{got} vs {want}");
+    // At that rate the lower level serves both types in full.
+    let a = evaluate(&m, &one, &types, &[got / 2.0, got / 2.0]);
+    assert!((a.served - got).abs() < 1e-6 * got);
+}
