@@ -18,13 +18,20 @@
 //! segment's mix: an oracle forecast), `oserve (last mix)` (planned on the
 //! previous segment's mix: the naive forecast).
 //!
-//! Not measured here: latency (P99) and the cost of switching; no LSTM
-//! forecast yet.
+//! Forecasts: per-type arrivals per minute over 6 hours (a 60-minute cycle
+//! per type with its own phase, a level shift of some types at 3 h 20 min,
+//! Poisson-like noise); each predictor is fitted on the first 4 hours and
+//! scored by its one-step RRMSE on the last 2 (the LSTM over the last 50
+//! minutes as in the paper, Holt-Winters with a 60-minute season, the
+//! 5-minute moving average).
+//!
+//! Not measured here: latency (P99) and the cost of switching.
 
 use std::fmt::Write as _;
 
 use policies::oserve::capacity::{CostModel, Parallel};
 use policies::oserve::deploy::{min_gpus, mix_capacity, search_mix, Deployment};
+use policies::oserve::forecast::{moving_average, rrmse, HoltWinters, Lstm};
 use policies::rng::SplitMix;
 
 /// The four types' centroids, (input, output) tokens.
@@ -53,6 +60,9 @@ pub struct SimOserveArgs {
     /// Search iterations per plan.
     #[arg(long, default_value_t = 50)]
     pub iterations: usize,
+    /// LSTM training passes over the forecast trace.
+    #[arg(long, default_value_t = 40)]
+    pub epochs: usize,
 }
 
 /// Shares of `n` types with coefficient of variation `cv` (as close as the
@@ -167,6 +177,51 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Arrivals per minute of each type over `minutes` (see the module docs).
+pub fn arrivals(seed: u64, minutes: usize) -> Vec<Vec<f64>> {
+    let mut rng = SplitMix(seed);
+    let base = [120.0, 60.0, 40.0, 20.0];
+    (0..TYPES.len())
+        .map(|j| {
+            let phase = j as f64 * 1.3;
+            (0..minutes)
+                .map(|t| {
+                    let shift = if t >= 200 && j % 2 == 1 { 1.6 } else { 1.0 };
+                    let cycle = 1.0 + 0.5 * (t as f64 * std::f64::consts::TAU / 60.0 + phase).sin();
+                    let lambda = base[j] * shift * cycle;
+                    (lambda + lambda.sqrt() * rng.normal()).round().max(0.0)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// RRMSE per type of the LSTM, Holt-Winters and the moving average.
+fn forecast_table(seed: u64, epochs: usize) -> String {
+    let (minutes, train) = (360, 240);
+    let series = arrivals(seed, minutes);
+    let mut md = String::from(
+        "| type | LSTM (50 min) | Holt-Winters (season 60) | moving average (5 min) |\n|---|---:|---:|---:|\n",
+    );
+    for (j, s) in series.iter().enumerate() {
+        let lstm = Lstm::train(&s[..train], epochs, seed + j as u64);
+        let hw = HoltWinters::fit(&s[..train], 60);
+        let actual = &s[train..];
+        let l: Vec<f64> = (train..minutes).map(|t| lstm.forecast(&s[..t])).collect();
+        let m: Vec<f64> = (train..minutes).map(|t| moving_average(&s[..t], 5)).collect();
+        let h = hw.one_step(s);
+        let _ = writeln!(
+            md,
+            "| {} | {:.3} | {:.3} | {:.3} |",
+            NAMES[j],
+            rrmse(&l, actual),
+            rrmse(&h[train - 1..], actual),
+            rrmse(&m, actual)
+        );
+    }
+    md
+}
+
 /// Runs the experiment; returns the Markdown report.
 pub fn main(args: &SimOserveArgs) -> Result<String, String> {
     let model = CostModel::LLAMA70B_H200;
@@ -212,6 +267,14 @@ pub fn main(args: &SimOserveArgs) -> Result<String, String> {
             let _ = writeln!(md, "| {} | {} | {} | {:.2} | {:.2} |", i + 1, shares.join(" / "), dep, s, o);
         }
     }
+    let t = clock::now();
+    let table = forecast_table(1, args.epochs);
+    let _ = write!(
+        md,
+        "\nForecast RRMSE per type, one step ahead over the last 2 of 6 hours (seed 1; training {:.1} s for four LSTMs, {} epochs):\n\n{table}",
+        clock::since(t).as_secs_f64(),
+        args.epochs
+    );
     Ok(md)
 }
 
@@ -235,9 +298,27 @@ mod tests {
     }
 
     #[test]
+    fn forecast_arrivals_cycle_and_shift_the_odd_types() {
+        let a = arrivals(1, 360);
+        assert_eq!((a.len(), a[0].len()), (4, 360));
+        let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
+        // Whole cycles before and after the shift at minute 200.
+        let (before, after) = (|j: usize| mean(&a[j][80..200]), |j: usize| mean(&a[j][240..360]));
+        assert!((after(1) / before(1) - 1.6).abs() < 0.1, "SILO shifts up 1.6x");
+        assert!((after(0) / before(0) - 1.0).abs() < 0.1, "SISO does not shift");
+    }
+
+    #[test]
     fn oserve_sustains_at_least_the_best_static_deployment_in_every_segment() {
-        let args =
-            SimOserveArgs { gpus: 16, segments: 3, cv: vec![0.6], shift: 0.7, seeds: 1, iterations: 30 };
+        let args = SimOserveArgs {
+            gpus: 16,
+            segments: 3,
+            cv: vec![0.6],
+            shift: 0.7,
+            seeds: 1,
+            iterations: 30,
+            epochs: 1,
+        };
         let r = run(&CostModel::LLAMA70B_H200, &args, 0.6, 2);
         assert!(r.capacity[2] >= r.capacity[0] * (1.0 - 1e-6), "{:?}", r.capacity);
         assert!(

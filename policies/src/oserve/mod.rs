@@ -11,7 +11,10 @@
 //!   exactly for the assignment `x_kj` that serves the most requests.
 //! - [`capacity`]: `n_kj` per parallel configuration (TP × PP) from a
 //!   documented cost model (compute, HBM, links).
-//! - [`deploy`]: the upper level, a flow-guided search over deployments.
+//! - [`deploy`]: the upper level, a flow-guided search over deployments,
+//!   and the switch planner.
+//! - [`forecast`]: per-type arrival forecasts (LSTM, moving average,
+//!   Holt-Winters) and RRMSE.
 //!
 //! Everything here is deterministic and takes its inputs as parameters: the
 //! gateway, the control plane and the simulator call the same functions.
@@ -19,6 +22,7 @@
 pub mod assign;
 pub mod capacity;
 pub mod deploy;
+pub mod forecast;
 pub mod typing;
 
 #[cfg(test)]
