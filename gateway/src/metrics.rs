@@ -98,6 +98,8 @@ pub fn video_minutes() -> f64 {
 }
 pub const ENGINE_RETRIES: &str = "gateway_engine_retries_total";
 pub const ADMISSION: &str = "gateway_admission_decisions_total";
+/// Admitted requests per `[oserve]` workload type.
+pub const WORKLOAD_TYPE: &str = "gateway_workload_type_total";
 pub const BROWNOUT_LEVEL: &str = "gateway_brownout_level";
 pub const BROWNOUT_SIGNAL: &str = "gateway_brownout_signal";
 pub const QUEUE_WAITING: &str = "gateway_queue_waiting";

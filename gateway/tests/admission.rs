@@ -64,6 +64,10 @@ async fn overload_is_refused_in_milliseconds_with_retry_after_and_reason() {
         "gateway_admission_decisions_total{tier=\"gold\",decision=\"rejected\",reason=\"ttft_infeasible\"}",
     );
     assert!(rejected.is_some_and(|n| n >= 21.0), "{rejected:?}");
+    // The shipped [oserve] types: the two admitted requests (~120 prompt
+    // tokens, at most 100 out) are short-in-short-out; refusals count not.
+    let typed = metric(&text, "gateway_workload_type_total{type=\"short-in-short-out\"}");
+    assert_eq!(typed, Some(2.0), "{text}");
     drop(held);
 }
 

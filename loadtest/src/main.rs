@@ -121,6 +121,10 @@ enum Command {
     /// (requests per second each sustains per segment), swept over spatial
     /// skew; planner time. Prints Markdown.
     SimOserve(loadtest::oserve::SimOserveArgs),
+    /// Workload types (k-means over prompt and output tokens) refit from
+    /// the completed requests of recorded runs; prints the policy file's
+    /// `[oserve]` section.
+    OserveFit(loadtest::oserve::OserveFitArgs),
     /// A GenServe image + video trace (the `sim-diffusion` workloads) sent
     /// on time to a live gateway, each request with its deadline; SLO
     /// attainment per kind. Writes results.json to --out.
@@ -178,6 +182,7 @@ async fn main() -> ExitCode {
         Command::SimVideo(args) => loadtest::sim::video::bench::main(&args).map(|md| print!("{md}")),
         Command::SimDiffusion(args) => loadtest::diffusion::bench::main(&args).map(|md| print!("{md}")),
         Command::SimOserve(args) => loadtest::oserve::main(&args).map(|md| print!("{md}")),
+        Command::OserveFit(args) => loadtest::oserve::fit(&args).map(|toml| print!("{toml}")),
         Command::Diffusion(args) => loadtest::diffusion::live::main(&args).await.map(|line| print!("{line}")),
         Command::DecisionCost { engines, placement_engines, policies, profile } => {
             decision_cost(engines, placement_engines, &policies, &profile)

@@ -177,6 +177,61 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// `loadtest oserve-fit`: workload types refit from recorded traffic.
+#[derive(clap::Args, Debug, Clone)]
+pub struct OserveFitArgs {
+    /// results.json files of live or simulated runs (their completed
+    /// requests' prompt and output tokens are the samples).
+    #[arg(required = true)]
+    pub results: Vec<std::path::PathBuf>,
+    /// Types to fit (k of k-means).
+    #[arg(long, default_value_t = 4)]
+    pub types: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// The `[oserve]` section for the completed requests of `results`.
+pub fn fit(args: &OserveFitArgs) -> Result<String, String> {
+    let mut samples = Vec::new();
+    for path in &args.results {
+        let r = crate::results::Results::load(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        samples.extend(
+            r.records
+                .iter()
+                .filter(|x| x.outcome == crate::record::Outcome::Ok)
+                .map(|x| (f64::from(x.tokens_in), f64::from(x.tokens_out))),
+        );
+    }
+    if samples.is_empty() {
+        return Err("no completed requests in the results".into());
+    }
+    if !(1..=policies::oserve::MAX_TYPES).contains(&args.types) {
+        return Err(format!("--types: 1 to {}", policies::oserve::MAX_TYPES));
+    }
+    Ok(fit_samples(&samples, args.types, args.seed, args.results.len()))
+}
+
+/// The `[oserve]` section of `k` types fitted to (prompt, output) samples.
+pub fn fit_samples(samples: &[(f64, f64)], k: usize, seed: u64, files: usize) -> String {
+    let types = policies::oserve::typing::Types::fit(samples, k, seed);
+    let mut counts = vec![0usize; types.len()];
+    samples.iter().for_each(|&(i, o)| counts[types.classify(i, o)] += 1);
+    let mut out = format!(
+        "# Refit by `loadtest oserve-fit` from {} completed requests ({files} files).\n",
+        samples.len()
+    );
+    for (j, &(input, output)) in types.centroids.iter().enumerate() {
+        let (i, o) = (input.round(), output.round());
+        let _ = write!(
+            out,
+            "\n# {} requests\n[[oserve.types]]\nname = \"t{j}-{i}in-{o}out\"\ninput = {i}\noutput = {o}\n",
+            counts[j]
+        );
+    }
+    out
+}
+
 /// Arrivals per minute of each type over `minutes` (see the module docs).
 pub fn arrivals(seed: u64, minutes: usize) -> Vec<Vec<f64>> {
     let mut rng = SplitMix(seed);
@@ -295,6 +350,24 @@ mod tests {
         assert!(t.windows(2).all(|w| w[0] == w[1]), "no shift: one mix throughout");
         let t = trace(1, 4, 0.5, 1.0);
         assert!(t.windows(2).all(|w| w[0] != w[1]));
+    }
+
+    #[test]
+    fn a_refit_prints_a_valid_oserve_section() {
+        let samples: Vec<(f64, f64)> = (0..200)
+            .map(|i| if i % 2 == 0 { (100.0 + i as f64, 50.0) } else { (5000.0, 900.0 + i as f64) })
+            .collect();
+        let text = fit_samples(&samples, 2, 1, 1);
+        #[derive(serde::Deserialize)]
+        struct Doc {
+            oserve: policies::oserve::OserveConfig,
+        }
+        let doc: Doc = toml::from_str(&text).unwrap();
+        doc.oserve.validate().unwrap();
+        assert_eq!(doc.oserve.types.len(), 2, "{text}");
+        assert_eq!(doc.oserve.classify(120.0, 40.0).map(|t| t.0), Some(0));
+        assert_eq!(doc.oserve.classify(5000.0, 1000.0).map(|t| t.0), Some(1));
+        assert!(text.contains("# 100 requests"), "{text}");
     }
 
     #[test]

@@ -222,6 +222,8 @@ pub struct PolicyDocument {
     pub diffusion: crate::diffusion::SchedConfig,
     /// `[cost]`: prices per GPU-hour.
     pub cost: CostConfig,
+    /// `[oserve]`: workload types (policies::oserve).
+    pub oserve: crate::oserve::OserveConfig,
     /// Content hash of the document text (12 hex digits): the version in
     /// response headers and metrics.
     pub version: String,
@@ -254,6 +256,8 @@ struct RawDocument {
     diffusion: crate::diffusion::SchedConfig,
     #[serde(default)]
     cost: CostConfig,
+    #[serde(default)]
+    oserve: crate::oserve::OserveConfig,
 }
 
 #[derive(Deserialize)]
@@ -402,6 +406,7 @@ impl PolicyDocument {
             return Err(invalid(format!("diffusion.tier_slo_scale.{t}"), "unknown tier".into()));
         }
         raw.cost.validate().map_err(|(key, message)| invalid(key, message))?;
+        raw.oserve.validate().map_err(|(key, message)| invalid(key, message))?;
         let explicit = raw.brownout.is_some();
         let brownout = raw.brownout.unwrap_or_default();
         brownout.validate().map_err(|(key, message)| invalid(key, message))?;
@@ -423,6 +428,7 @@ impl PolicyDocument {
             autoscale: raw.autoscale,
             diffusion: raw.diffusion,
             cost: raw.cost,
+            oserve: raw.oserve,
             version: version_of(text),
             keys,
         })

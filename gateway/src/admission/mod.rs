@@ -330,6 +330,11 @@ impl Admission {
         let verdict = Verdict::admitted(&admit);
         ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => verdict.decision.as_str(), "reason" => verdict.reason.clone())
             .increment(1);
+        if let Some((_, name)) =
+            policy.oserve.classify(admit.work.prompt_tokens as f64, admit.work.out_tokens as f64)
+        {
+            ::metrics::counter!(m::WORKLOAD_TYPE, "type" => name.to_string()).increment(1);
+        }
         let ticket = Ticket::new(
             self,
             &r.tenant.name,

@@ -27,3 +27,57 @@ pub mod typing;
 
 #[cfg(test)]
 mod tests;
+
+/// One workload type of `[oserve]`: its name and centroid.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TypeCentroid {
+    pub name: String,
+    /// Prompt tokens at the centroid.
+    pub input: f64,
+    /// Output tokens at the centroid.
+    pub output: f64,
+}
+
+/// `[oserve]`: workload types (refit offline with `loadtest oserve-fit`
+/// from recorded traffic). With none, nothing is classified.
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OserveConfig {
+    #[serde(default)]
+    pub types: Vec<TypeCentroid>,
+}
+
+/// Most types `[oserve]` takes.
+pub const MAX_TYPES: usize = 16;
+
+impl OserveConfig {
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if self.types.len() > MAX_TYPES {
+            return Err(("oserve.types".into(), format!("at most {MAX_TYPES} types")));
+        }
+        for (i, t) in self.types.iter().enumerate() {
+            let key = |k: &str| format!("oserve.types[{i}].{k}");
+            if t.name.is_empty() || t.name.len() > 64 || self.types[..i].iter().any(|o| o.name == t.name) {
+                return Err((key("name"), "1-64 bytes, unique".into()));
+            }
+            for (k, v) in [("input", t.input), ("output", t.output)] {
+                if !(0.0..=10_000_000.0).contains(&v) || !v.is_finite() {
+                    return Err((key(k), "tokens in [0, 10000000]".into()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The type (index and name) of a request of `input` prompt tokens
+    /// expected to produce `output`; `None` without types.
+    pub fn classify(&self, input: f64, output: f64) -> Option<(usize, &str)> {
+        if self.types.is_empty() {
+            return None;
+        }
+        let types = typing::Types { centroids: self.types.iter().map(|t| (t.input, t.output)).collect() };
+        let j = types.classify(input, output);
+        Some((j, self.types[j].name.as_str()))
+    }
+}
