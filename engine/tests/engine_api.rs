@@ -302,3 +302,36 @@ async fn kv_events_name_each_prefilled_block_and_a_reader_out_of_step_gets_a_sna
         "{l}"
     );
 }
+
+/// A diffusion state import is read up to its bound (16 MiB) and no
+/// further: a larger body is refused with a typed error, and the engine
+/// still imports a real state after it.
+#[tokio::test]
+async fn an_oversized_diffusion_state_is_refused_and_a_real_one_still_imports() {
+    let e = start(&[]).await;
+    let put = |body: Vec<u8>| {
+        let mut req = http::Request::builder()
+            .method("PUT")
+            .uri("/engine/v1/diffusion/videos/v1/state")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap();
+        req.headers_mut().insert("content-type", "application/octet-stream".parse().unwrap());
+        e.conn.send(req)
+    };
+    let resp = put(vec![b'x'; (16 << 20) + 1]).await.unwrap();
+    assert_eq!(resp.status(), 400);
+    let v: serde_json::Value = serde_json::from_slice(&body_bytes(resp).await.unwrap()).unwrap();
+    assert_eq!(
+        (v["code"].as_str(), v["message"].as_str()),
+        (Some("invalid_request"), Some("length limit exceeded"))
+    );
+    // A real state: 5 steps of a small video, exported, then imported here.
+    let steps = serde_json::json!({"prompt": "waves", "size": "256x448", "frames": 81, "total_steps": 50, "steps": 5, "sp": 1});
+    let resp =
+        e.conn.post_json("/engine/v1/diffusion/videos/v0/steps", None, steps.to_string()).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let state =
+        body_bytes(e.conn.get("/engine/v1/diffusion/videos/v0/state", None).await.unwrap()).await.unwrap();
+    assert!(state.len() > 100 && state.len() < 16 << 20);
+    assert_eq!(put(state.to_vec()).await.unwrap().status(), 200);
+}

@@ -226,3 +226,57 @@ impl Diffusion {
         json!({"video_records": videos.len(), "videos_unfinished": live})
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: usize) -> Arc<VideoRecord> {
+        Arc::new(VideoRecord {
+            id: format!("video_{id}"),
+            tenant: "t".into(),
+            model: "m".into(),
+            prompt: "p".into(),
+            size: "256x448".into(),
+            seconds: 4,
+            created_at: id as u64,
+            state: Mutex::new(VideoStatus {
+                status: "queued",
+                progress: 0,
+                completed_at: None,
+                completed_at_ms: None,
+                error: None,
+                content: None,
+                finished_ms: None,
+            }),
+        })
+    }
+
+    #[test]
+    fn records_are_bounded_and_the_oldest_finished_make_room() {
+        let pool = EnginePool::new(Vec::new(), &crate::limits::Limits::default(), None);
+        let d = Diffusion::new(pool);
+        for i in 0..MAX_RECORDS {
+            d.insert(record(i)).unwrap();
+        }
+        // All unfinished: the next one is refused with a reason and a retry.
+        let Err(ApiError::Overloaded { reason, retry_after_s, .. }) = d.insert(record(MAX_RECORDS)) else {
+            panic!("the bound holds")
+        };
+        assert_eq!((reason, retry_after_s), ("queue_full", 5));
+        // Two finish; a new record replaces the one that finished first.
+        let finish = |id: &str, at: f64| {
+            d.videos.lock().unwrap()[id].update(|s| {
+                s.status = "completed";
+                s.finished_ms = Some(at);
+            })
+        };
+        finish("video_7", 20.0);
+        finish("video_3", 10.0);
+        d.insert(record(MAX_RECORDS)).unwrap();
+        let videos = d.videos.lock().unwrap();
+        assert_eq!(videos.len(), MAX_RECORDS);
+        assert!(!videos.contains_key("video_3") && videos.contains_key("video_7"));
+        assert!(videos.contains_key(&format!("video_{MAX_RECORDS}")));
+    }
+}
