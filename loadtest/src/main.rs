@@ -125,6 +125,9 @@ enum Command {
     /// the completed requests of recorded runs; prints the policy file's
     /// `[oserve]` section.
     OserveFit(loadtest::oserve::OserveFitArgs),
+    /// A latency profile per TP x PP configuration of the OServe cost model
+    /// (70B on H200-class GPUs), for emulated engines of each configuration.
+    OserveProfiles(loadtest::oserve::OserveProfilesArgs),
     /// A GenServe image + video trace (the `sim-diffusion` workloads) sent
     /// on time to a live gateway, each request with its deadline; SLO
     /// attainment per kind. Writes results.json to --out.
@@ -183,6 +186,9 @@ async fn main() -> ExitCode {
         Command::SimDiffusion(args) => loadtest::diffusion::bench::main(&args).map(|md| print!("{md}")),
         Command::SimOserve(args) => loadtest::oserve::main(&args).map(|md| print!("{md}")),
         Command::OserveFit(args) => loadtest::oserve::fit(&args).map(|toml| print!("{toml}")),
+        Command::OserveProfiles(args) => {
+            loadtest::oserve::write_profiles(&args).map(|paths| print!("{paths}"))
+        }
         Command::Diffusion(args) => loadtest::diffusion::live::main(&args).await.map(|line| print!("{line}")),
         Command::DecisionCost { engines, placement_engines, policies, profile } => {
             decision_cost(engines, placement_engines, &policies, &profile)

@@ -177,6 +177,36 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// `loadtest oserve-profiles`: a latency profile per parallel configuration.
+#[derive(clap::Args, Debug, Clone)]
+pub struct OserveProfilesArgs {
+    /// Folder to write `oserve-70b-h200-<config>.toml` into.
+    #[arg(long, default_value = "policies/profiles")]
+    pub out: std::path::PathBuf,
+    /// Largest replica, in GPUs.
+    #[arg(long, default_value_t = 8)]
+    pub max_gpus: u32,
+}
+
+/// Writes every configuration's profile the model fits; returns the paths.
+pub fn write_profiles(args: &OserveProfilesArgs) -> Result<String, String> {
+    let model = CostModel::LLAMA70B_H200;
+    std::fs::create_dir_all(&args.out).map_err(|e| e.to_string())?;
+    let mut out = String::new();
+    let mut g = 1;
+    while g <= args.max_gpus {
+        for p in Parallel::splits(g).into_iter().filter(|&p| model.fits(p)) {
+            let name = format!("oserve-70b-h200-{}", p.to_string().to_lowercase());
+            let path = args.out.join(format!("{name}.toml"));
+            std::fs::write(&path, model.profile_toml(p, "llama-70b", &name))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let _ = writeln!(out, "{}", path.display());
+        }
+        g *= 2;
+    }
+    Ok(out)
+}
+
 /// `loadtest oserve-fit`: workload types refit from recorded traffic.
 #[derive(clap::Args, Debug, Clone)]
 pub struct OserveFitArgs {

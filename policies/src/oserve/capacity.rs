@@ -166,3 +166,53 @@ impl std::fmt::Display for Parallel {
         write!(f, "TP{}PP{}", self.tp, self.pp)
     }
 }
+
+impl CostModel {
+    /// A latency profile of `p` (the emulated backend replays it, admission
+    /// and batch formation read it), with the derivation in its comments:
+    /// prefill at 128-8192 tokens, decode steps at batch 1-256 and zero
+    /// context, and the context term (the KV reads per 1,000 tokens).
+    pub fn profile_toml(&self, p: Parallel, model: &str, class: &str) -> String {
+        let ms = |s: f64| (s * 1e3 * 1000.0).round() / 1000.0;
+        let prefill: Vec<String> = [128.0, 512.0, 2048.0, 8192.0]
+            .iter()
+            .map(|&n| format!("[{n}, {}]", ms(self.prefill_s(p, n))))
+            .collect();
+        let batches = [1.0, 8.0, 32.0, 64.0, 128.0, 256.0];
+        let decode: Vec<String> = batches
+            .iter()
+            .filter(|&&b| b <= f64::from(self.max_batch))
+            .map(|&b| format!("[{b}, {}]", ms(self.step_s(p, b, 0.0))))
+            .collect();
+        let per_1k = self.kv_bytes_per_token * 1000.0 / (f64::from(p.tp) * self.gpu_tbs * 1e12) * 1e3;
+        format!(
+            "# Latency profile of {model} as {p} on {gpus} GPUs, derived from the cost model of\n\
+             # policies/src/oserve/capacity.rs (not measured): {params} B parameters of {bytes} bytes, {layers} layers,\n\
+             # hidden {hidden}, {kv} bytes of KV per token; per GPU {tf} TFLOP/s effective, {tb} TB/s, {gb} GB;\n\
+             # links {link} GB/s and {hop} us per collective or hop.\n\
+             #   prefill(n)    = 2 P n / (tp F) + TP all-reduces + PP hops\n\
+             #   decode step(b) = max(weights + KV reads / (tp B), 2 P b / (tp F)) + TP all-reduces + PP hops\n\
+             #   context term  = KV bytes per 1,000 tokens / (tp B) = {per_1k:.4} ms\n\
+             # KV room after the weights: {room:.1} GB.\n\
+             model = \"{model}\"\nengine_class = \"{class}\"\n\
+             source = \"derived: policies::oserve::capacity cost model, {p}\"\n\n\
+             [prefill]\n# [prompt tokens, milliseconds]\npoints = [{pre}]\n\n\
+             [decode]\n# [batch size, milliseconds per decode step] at zero context\nbatch_points = [{dec}]\n\
+             # extra step time per 1,000 tokens of context summed over the batch\nms_per_1k_context = {per_1k:.4}\n",
+            gpus = p.gpus(),
+            params = self.params_b,
+            bytes = self.bytes_per_param,
+            layers = self.layers,
+            hidden = self.hidden,
+            kv = self.kv_bytes_per_token,
+            tf = self.gpu_tflops,
+            tb = self.gpu_tbs,
+            gb = self.gpu_gb,
+            link = self.link_gbs,
+            hop = self.hop_us,
+            room = self.kv_room(p) / 1e9,
+            pre = prefill.join(", "),
+            dec = decode.join(", "),
+        )
+    }
+}

@@ -405,3 +405,20 @@ mod forecasting {
         let _ = WINDOW;
     }
 }
+
+#[test]
+fn configuration_profiles_parse_and_replay_the_cost_model() {
+    use super::capacity::{CostModel, Parallel};
+    let m = CostModel::LLAMA70B_H200;
+    for p in [Parallel { tp: 2, pp: 1 }, Parallel { tp: 4, pp: 1 }, Parallel { tp: 2, pp: 2 }] {
+        let text = m.profile_toml(p, "llama-70b", &format!("emulated-h200-{p}"));
+        let prof = crate::LatencyProfile::parse("generated", &text).unwrap();
+        // A decode step at batch 32 and 1,000 tokens of context each: the
+        // profile's curve plus its context term, against the model.
+        let want = m.step_s(p, 32.0, 1000.0) * 1e3;
+        let got = prof.decode_step_ms(32, 32_000);
+        assert!((got - want).abs() / want < 0.02, "{p}: profile {got} ms vs cost model {want} ms");
+        let pre = prof.prefill_ms(2048);
+        assert!((pre - m.prefill_s(p, 2048.0) * 1e3).abs() < 0.01, "{p}: prefill {pre}");
+    }
+}
