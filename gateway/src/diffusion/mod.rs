@@ -62,6 +62,21 @@ pub struct VideoRecord {
     pub state: Mutex<VideoStatus>,
 }
 
+impl VideoStatus {
+    /// A job just accepted.
+    pub fn queued() -> Self {
+        VideoStatus {
+            status: "queued",
+            progress: 0,
+            completed_at: None,
+            completed_at_ms: None,
+            error: None,
+            content: None,
+            finished_ms: None,
+        }
+    }
+}
+
 impl VideoRecord {
     pub fn status(&self) -> VideoStatus {
         self.state.lock().expect("video lock").clone()
@@ -240,15 +255,7 @@ mod tests {
             size: "256x448".into(),
             seconds: 4,
             created_at: id as u64,
-            state: Mutex::new(VideoStatus {
-                status: "queued",
-                progress: 0,
-                completed_at: None,
-                completed_at_ms: None,
-                error: None,
-                content: None,
-                finished_ms: None,
-            }),
+            state: Mutex::new(VideoStatus::queued()),
         })
     }
 

@@ -286,15 +286,7 @@ async fn create_video(
     let size = f.remove("size").unwrap_or_else(|| "720x1280".into());
     let nanos = crate::clock::wall().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     let id = format!("video_{nanos:x}{:04x}", NEXT_VIDEO.fetch_add(1, Ordering::Relaxed) & 0xFFFF);
-    let status = VideoStatus {
-        status: "queued",
-        progress: 0,
-        completed_at: None,
-        completed_at_ms: None,
-        error: None,
-        content: None,
-        finished_ms: None,
-    };
+    let status = VideoStatus::queued();
     let record = Arc::new(VideoRecord {
         id,
         tenant: tenant.name.clone(),
