@@ -43,6 +43,30 @@ pub const VIDEO_SUSPENDS: &str = "engine_video_suspends_total";
 /// Chunks set aside at a denoising-step boundary for a more urgent one.
 pub const VIDEO_PREEMPTIONS: &str = "engine_video_preemptions_total";
 
+/// `# HELP` text of every family. A test checks that every name above is
+/// here.
+pub const HELP: &[(&str, &str)] = &[
+    (BATCH_SIZE, "Sequences per decode step."),
+    (BATCH_TARGET, "The decode batch the engine aims for (--max-batch)."),
+    (PREFILL_BATCH_SIZE, "Sequences per prefill batch."),
+    (FORMATION, "Admission to prefill start, seconds."),
+    (PREFILL, "Prefill batch time, seconds."),
+    (DECODE_STEP, "Decode step time, seconds."),
+    (KV_FREE, "KV cache pages free (cached-but-unused pages count as free)."),
+    (KV_TOTAL, "KV cache pages in all."),
+    (PREEMPTIONS, "Sequences preempted (their pages returned, recomputed later)."),
+    (REFUSALS, "Requests refused, by reason."),
+    (PREFIX_LOOKUP_TOKENS, "Prompt tokens looked up in the prefix cache."),
+    (PREFIX_HIT_TOKENS, "Prompt tokens found in the prefix cache (not prefilled)."),
+    (PREFIX_CACHED_PAGES, "Pages the prefix cache names."),
+    (COLD_START, "Process start to ready, seconds."),
+    (RUNNING, "Sequences running."),
+    (QUEUED, "Sequences queued."),
+    (VIDEO_BATCH, "Chunks per coalesced video batch."),
+    (VIDEO_SUSPENDS, "Video states moved to host memory."),
+    (VIDEO_PREEMPTIONS, "Video chunks set aside at a denoising-step boundary for a more urgent one."),
+];
+
 const SECONDS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
 const SIZES: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
@@ -50,11 +74,32 @@ const SIZES: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 pub fn handle() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
-        PrometheusBuilder::new()
+        let handle = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS)
             .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("batch_size".into()), SIZES))
             .expect("bucket lists are non-empty")
             .install_recorder()
-            .expect("the metrics recorder is installed once per process")
+            .expect("the metrics recorder is installed once per process");
+        // The exporter keeps one description per name, whatever the kind.
+        for &(name, help) in HELP {
+            metrics::describe_counter!(name, help);
+        }
+        handle
     })
+}
+
+#[cfg(test)]
+mod help_tests {
+    /// Every family named in this file has its `# HELP` text.
+    #[test]
+    fn every_family_is_described() {
+        let source = include_str!("metrics.rs");
+        let names: Vec<&str> = source
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub const ")?.split_once(": &str = \"")?.1.strip_suffix("\";"))
+            .collect();
+        assert!(names.len() > 15, "{names:?}");
+        let missing: Vec<_> = names.iter().filter(|n| !super::HELP.iter().any(|(h, _)| h == *n)).collect();
+        assert!(missing.is_empty(), "no # HELP for {missing:?}");
+    }
 }

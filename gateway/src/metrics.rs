@@ -130,6 +130,68 @@ pub const CONNECTIONS_OPEN: &str = "gateway_connections_open";
 pub const CONNECTIONS_REFUSED: &str = "gateway_connections_refused_total";
 pub const CONNECTIONS_CLOSED: &str = "gateway_connections_closed_total";
 
+/// `# HELP` text of every family (kind as the family is recorded). A test
+/// checks that every name above is here.
+pub const HELP: &[(&str, &str)] = &[
+    (REQUESTS, "Requests answered, by route, tier and HTTP status."),
+    (ERRORS, "Requests that ended in an error, by kind."),
+    (TTFT, "Time from arrival to the first token, seconds, by tier."),
+    (TLET, "Time from arrival to the last token, seconds, by tier."),
+    (INFLIGHT, "Generations in flight in this gateway."),
+    (READY_ENGINES, "Engines ready to take work."),
+    (AUTOSCALE_DESIRED, "Engines the autoscaler wants serving or warm."),
+    (AUTOSCALE_SERVING, "The autoscaler's serving target."),
+    (AUTOSCALE_WARM, "The autoscaler's warm-pool target."),
+    (AUTOSCALE_UTILIZATION, "Fleet utilization the autoscaler tracks (0-1)."),
+    (AUTOSCALE_DECISIONS, "Autoscaler decisions, by action and reason."),
+    (ENGINES_SERVING, "Engines serving (routed to)."),
+    (ENGINES_WARM, "Engines started and ready but not routed to (the warm pool)."),
+    (ENGINE_COLD_STARTS, "Engine cold starts."),
+    (ENGINE_COLD_START, "Engine start to ready, seconds."),
+    (ENGINE_RESTARTS, "Engine processes restarted by the supervisor."),
+    (GPU_SECONDS, "Engine-milliseconds of every engine not stopped (billed time)."),
+    (COST_USD, "Cost of the fleet so far, US dollars ([cost] prices)."),
+    (OUTPUT_TOKENS, "Output tokens relayed to clients."),
+    (COST_PER_1M, "Fleet cost per million output tokens, US dollars."),
+    (COST_PER_VIDEO_MINUTE, "Fleet cost per minute of video delivered, US dollars."),
+    (ENGINE_RETRIES, "Requests retried on another engine before their first byte."),
+    (ADMISSION, "Admission decisions (admitted, degraded, rejected), by tier and reason."),
+    (WORKLOAD_TYPE, "Admitted requests per [oserve] workload type."),
+    (BROWNOUT_LEVEL, "Brownout level in force (0: none)."),
+    (BROWNOUT_SIGNAL, "The overload signal brownout levels are chosen from."),
+    (QUEUE_WAITING, "Requests waiting at the admission gate."),
+    (TTFT_PREDICTION, "Measured over predicted TTFT of admitted requests (1: exact)."),
+    (VIDEO_STREAMS, "Live video streams, by state."),
+    (DIFFUSION_JOBS, "Image and video jobs finished, by kind and outcome (met, late, failed)."),
+    (DIFFUSION_REFUSED, "Image and video requests refused, by reason."),
+    (DIFFUSION_WAITING, "Image and video jobs waiting for GPUs."),
+    (DIFFUSION_PAUSES, "Video jobs paused at a round boundary for more urgent work."),
+    (DIFFUSION_SP_CHANGES, "Sequence-parallel degree changes of video jobs."),
+    (DIFFUSION_MIGRATIONS, "Paused video jobs resumed on another engine."),
+    (VIDEO_CHUNKS, "Video chunks delivered, by tier and fidelity."),
+    (VIDEO_STALLS, "Video chunks delivered after their playout deadline."),
+    (VIDEO_REHOMES, "Video streams moved to another engine."),
+    (VIDEO_TRANSFER, "Engine-to-engine video state transfers, seconds, by phase."),
+    (VIDEO_MOVE_STALL, "How long a moving video stream waited on its move, seconds."),
+    (VIDEO_SP_BORROWS, "Donor engines borrowed for elastic sequence parallelism."),
+    (CLUSTER_REDIS_UP, "Whether the shared Redis answers (1) or not (0)."),
+    (POLICY_VERSION, "The policy document in force (its version as a label; value 1)."),
+    (POLICY_RELOADS, "Policy reloads, by result."),
+    (STREAM_RESETS, "HTTP/2 streams reset, by reason."),
+    (CLUSTER_POLICY_REJECTED, "Policy documents from the cluster that failed validation here."),
+    (CONNECTIONS_OPEN, "Client connections open."),
+    (CONNECTIONS_REFUSED, "Client connections refused at the limit."),
+    (CONNECTIONS_CLOSED, "Client connections closed, by reason."),
+];
+
+/// Describes every family (the `# HELP` lines of `/metrics`).
+fn describe_all() {
+    for &(name, help) in HELP {
+        // The exporter keeps one description per name, whatever the kind.
+        metrics::describe_counter!(name, help);
+    }
+}
+
 const LATENCY_BUCKETS: &[f64] =
     &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 
@@ -137,11 +199,13 @@ const LATENCY_BUCKETS: &[f64] =
 pub fn handle() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
-        PrometheusBuilder::new()
+        let handle = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
             .expect("bucket list is non-empty")
             .install_recorder()
-            .expect("the metrics recorder is installed once per process")
+            .expect("the metrics recorder is installed once per process");
+        describe_all();
+        handle
     })
 }
 
@@ -189,5 +253,21 @@ impl RequestObserver {
 impl Drop for RequestObserver {
     fn drop(&mut self) {
         metrics::gauge!(INFLIGHT).decrement(1.0);
+    }
+}
+
+#[cfg(test)]
+mod help_tests {
+    /// Every family named in this file has its `# HELP` text.
+    #[test]
+    fn every_family_is_described() {
+        let source = include_str!("metrics.rs");
+        let names: Vec<&str> = source
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub const ")?.split_once(": &str = \"")?.1.strip_suffix("\";"))
+            .collect();
+        assert!(names.len() > 40, "{names:?}");
+        let missing: Vec<_> = names.iter().filter(|n| !super::HELP.iter().any(|(h, _)| h == *n)).collect();
+        assert!(missing.is_empty(), "no # HELP for {missing:?}");
     }
 }

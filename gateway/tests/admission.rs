@@ -68,6 +68,13 @@ async fn overload_is_refused_in_milliseconds_with_retry_after_and_reason() {
     // tokens, at most 100 out) are short-in-short-out; refusals count not.
     let typed = metric(&text, "gateway_workload_type_total{type=\"short-in-short-out\"}");
     assert_eq!(typed, Some(2.0), "{text}");
+    // Every family served carries its # HELP text.
+    let undescribed: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split_whitespace().next())
+        .filter(|name| !text.contains(&format!("# HELP {name} ")))
+        .collect();
+    assert!(undescribed.is_empty(), "families without # HELP: {undescribed:?}");
     drop(held);
 }
 
