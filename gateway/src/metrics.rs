@@ -63,6 +63,10 @@ pub const REQUESTS: &str = "gateway_requests_total";
 pub const ERRORS: &str = "gateway_errors_total";
 pub const TTFT: &str = "gateway_ttft_seconds";
 pub const TLET: &str = "gateway_tlet_seconds";
+/// Time between tokens of a stream as the gateway relays them.
+pub const TBT: &str = "gateway_tbt_seconds";
+/// Time an admitted request waited at the gate for an engine slot.
+pub const QUEUE_WAIT: &str = "gateway_queue_wait_seconds";
 pub const INFLIGHT: &str = "gateway_inflight_requests";
 pub const READY_ENGINES: &str = "gateway_ready_engines";
 pub const AUTOSCALE_DESIRED: &str = "gateway_autoscale_desired_engines";
@@ -137,6 +141,8 @@ pub const HELP: &[(&str, &str)] = &[
     (ERRORS, "Requests that ended in an error, by kind."),
     (TTFT, "Time from arrival to the first token, seconds, by tier."),
     (TLET, "Time from arrival to the last token, seconds, by tier."),
+    (TBT, "Time between successive tokens of a generation as relayed, seconds, by tier."),
+    (QUEUE_WAIT, "Time an admitted request waited at the gate for an engine slot, seconds (0 when one was free), by tier."),
     (INFLIGHT, "Generations in flight in this gateway."),
     (READY_ENGINES, "Engines ready to take work."),
     (AUTOSCALE_DESIRED, "Engines the autoscaler wants serving or warm."),
@@ -217,12 +223,16 @@ pub struct RequestObserver {
     arrived: Instant,
     tier: String,
     first_seen: bool,
+    /// The last token's time (none before the first) and the tier's TBT
+    /// histogram (from the first token on: one label lookup per request,
+    /// not per token).
+    tbt: Option<(Option<Instant>, metrics::Histogram)>,
 }
 
 impl RequestObserver {
     pub fn new(arrived: Instant, tier: &str) -> Self {
         metrics::gauge!(INFLIGHT).increment(1.0);
-        Self { arrived, tier: tier.to_string(), first_seen: false }
+        Self { arrived, tier: tier.to_string(), first_seen: false, tbt: None }
     }
 
     pub fn tier(&self) -> &str {
@@ -235,9 +245,21 @@ impl RequestObserver {
             return None;
         }
         self.first_seen = true;
+        self.tbt = Some((None, metrics::histogram!(TBT, "tier" => self.tier.clone())));
         let ttft = crate::clock::since(self.arrived);
         metrics::histogram!(TTFT, "tier" => self.tier.clone()).record(ttft.as_secs_f64());
         Some(ttft)
+    }
+
+    /// A token was relayed: from the second on, the gap since the last.
+    pub fn token(&mut self) {
+        if let Some((last, h)) = &mut self.tbt {
+            let now = crate::clock::now();
+            if let Some(t) = last {
+                h.record(now.saturating_duration_since(*t).as_secs_f64());
+            }
+            *last = Some(now);
+        }
     }
 
     /// The generation ended normally.

@@ -50,6 +50,11 @@ impl Permit {
         }
     }
 
+    /// Another token was relayed (time between tokens).
+    pub fn token(&mut self) {
+        self.observer.token();
+    }
+
     /// The generation ended normally on engine `engine`.
     pub fn finished(&mut self, engine: usize, usage: Usage, prefill_ms: f64) {
         self.observer.finished(usage);

@@ -231,7 +231,12 @@ impl SseRelay {
 
     fn on_event(&mut self, event: Result<Event, String>) {
         match event {
-            Ok(Event::Token { text }) => self.encoder.token(&mut self.pending, &text),
+            Ok(Event::Token { text }) => {
+                self.encoder.token(&mut self.pending, &text);
+                if let Some((_, permit)) = &mut self.engine {
+                    permit.token();
+                }
+            }
             Ok(Event::Done { finish_reason, usage, prefill_ms, .. }) => {
                 self.encoder.finish(&mut self.pending, finish_reason, usage);
                 if let Some((started, permit)) = &mut self.engine {
@@ -308,7 +313,10 @@ pub async fn collect(
         let mut next = Some(Ok(started.first.clone()));
         let failure = loop {
             match next {
-                Some(Ok(Event::Token { text: t })) => text.push_str(&t),
+                Some(Ok(Event::Token { text: t })) => {
+                    text.push_str(&t);
+                    permit.token();
+                }
                 Some(Ok(Event::Upstream { json })) => verbatim = Some(json),
                 Some(Ok(Event::Done { finish_reason, usage, prefill_ms, .. })) => {
                     permit.finished(started.inflight.engine_idx(), usage, prefill_ms);

@@ -289,7 +289,7 @@ async fn completions(
     let observer = RequestObserver::new(arrived, &tier.name);
     let predicted = admitted.verdict.predicted_ttft_ms;
     let mut permit = Permit::new(observer, hold, admitted.ticket, Arc::clone(policy), predicted);
-    let first = engine_slot(admitted.start, admitted.ttft_budget, policy, &verdict).await?;
+    let first = engine_slot(admitted.start, admitted.ttft_budget, (policy, &tier.name), &verdict).await?;
     let timeout = admitted.e2e_budget.max(tier.e2e);
     let limits = &app.config.limits;
     if encoder.stream {
@@ -338,15 +338,28 @@ async fn completions(
 pub(crate) async fn engine_slot(
     start: Start,
     ttft_budget: std::time::Duration,
-    policy: &PolicyDocument,
+    (policy, tier): (&PolicyDocument, &str),
     verdict: &Verdict,
 ) -> Result<Option<crate::engines::EngineLease>, Failed> {
+    let waited = |since: Option<std::time::Instant>| {
+        let s = since.map_or(0.0, |t| crate::clock::since(t).as_secs_f64());
+        ::metrics::histogram!(crate::metrics::QUEUE_WAIT, "tier" => tier.to_string()).record(s);
+    };
     let (rx, deadline, v) = match start {
-        Start::Now(lease) => return Ok(Some(lease)),
-        Start::Anywhere => return Ok(None),
+        Start::Now(lease) => {
+            waited(None);
+            return Ok(Some(lease));
+        }
+        Start::Anywhere => {
+            waited(None);
+            return Ok(None);
+        }
         Start::Wait(rx, deadline, v) => (rx, deadline, v),
     };
-    match tokio::time::timeout_at(deadline, rx).await {
+    let since = crate::clock::now();
+    let outcome = tokio::time::timeout_at(deadline, rx).await;
+    waited(Some(since));
+    match outcome {
         Ok(Ok(Ok(lease))) => Ok(Some(lease)),
         Ok(Ok(Err(refused))) => Err(Failed { error: refused.error, verdict: Some(refused.verdict) }),
         Ok(Err(_)) => Err(Failed { error: ApiError::NoReadyEngine, verdict: Some(verdict.clone()) }),

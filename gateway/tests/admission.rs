@@ -132,6 +132,15 @@ async fn a_waiter_at_the_gate_gets_the_slot_that_frees() {
     assert_eq!(v["usage"]["completion_tokens"], 20);
     let events = sse_events(first).await;
     assert_eq!(events.last().unwrap().data, "[DONE]");
+    // Both requests' gate waits are in the histogram (one ~0, one > 0.5 s),
+    // and the gaps between their 19 later tokens each (50 ms apart).
+    let text = sys.metrics().await;
+    let value = |name: &str| metric(&text, name).unwrap_or_else(|| panic!("{name} missing:\n{text}"));
+    assert_eq!(value("gateway_queue_wait_seconds_count{tier=\"bronze\"}"), 2.0);
+    assert!(value("gateway_queue_wait_seconds_sum{tier=\"bronze\"}") > 0.4);
+    assert_eq!(value("gateway_tbt_seconds_count{tier=\"bronze\"}"), 38.0);
+    let mean_tbt = value("gateway_tbt_seconds_sum{tier=\"bronze\"}") / 38.0;
+    assert!((0.03..0.2).contains(&mean_tbt), "mean time between tokens {mean_tbt}");
 }
 
 #[tokio::test]

@@ -115,7 +115,8 @@ pub(crate) async fn serve(
     let observer = RequestObserver::new(ctx.arrived, &tier.name);
     let mut permit =
         Permit::new(observer, hold, admitted.ticket, Arc::clone(policy), verdict.predicted_ttft_ms);
-    let first = service::engine_slot(admitted.start, admitted.ttft_budget, policy, &verdict).await?;
+    let first =
+        service::engine_slot(admitted.start, admitted.ttft_budget, (policy, &tier.name), &verdict).await?;
     let gen = GenerateRequest {
         request_id: ctx.request_id.clone(),
         model: e.model.clone(),
