@@ -5,7 +5,7 @@
 //! - `engine_prefill_batch_size` (histogram): sequences per prefill batch
 //! - `engine_batch_formation_seconds` (histogram): admission to prefill start
 //! - `engine_prefill_seconds`, `engine_decode_step_seconds` (histograms)
-//! - `engine_kv_pages_free`, `engine_kv_pages_total` (gauges)
+//! - `engine_kv_pages_free`, `engine_kv_pages_capacity` (gauges)
 //! - `engine_preemptions_total` (counter)
 //! - `engine_refusals_total{reason}` (counter): `kv_low_watermark`,
 //!   `kv_request_too_large`, `engine_draining`, ...
@@ -29,7 +29,7 @@ pub const FORMATION: &str = "engine_batch_formation_seconds";
 pub const PREFILL: &str = "engine_prefill_seconds";
 pub const DECODE_STEP: &str = "engine_decode_step_seconds";
 pub const KV_FREE: &str = "engine_kv_pages_free";
-pub const KV_TOTAL: &str = "engine_kv_pages_total";
+pub const KV_TOTAL: &str = "engine_kv_pages_capacity";
 pub const PREEMPTIONS: &str = "engine_preemptions_total";
 pub const REFUSALS: &str = "engine_refusals_total";
 pub const PREFIX_LOOKUP_TOKENS: &str = "engine_prefix_lookup_tokens_total";

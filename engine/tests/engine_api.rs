@@ -103,7 +103,7 @@ async fn below_the_low_watermark_new_work_gets_a_typed_refusal() {
     for needle in [
         "engine_refusals_total{reason=\"kv_low_watermark\"} 1",
         "engine_refusals_total{reason=\"kv_request_too_large\"} 1",
-        "engine_kv_pages_total 16",
+        "engine_kv_pages_capacity 16",
         "engine_batch_target 64",
         "engine_cold_start_seconds ",
         "engine_prefill_seconds_count ",

@@ -158,7 +158,7 @@ impl FleetControl {
             let price = policy.cost.price(class);
             *st.cost_usd.entry(class.clone()).or_default() += alive * dt * price / 3600.0;
             ::metrics::counter!(m::GPU_SECONDS, "class" => class.clone())
-                .increment((alive * dt * 1e3) as u64);
+                .absolute(st.gpu_seconds[class] as u64);
             ::metrics::gauge!(m::COST_USD, "class" => class.clone()).set(st.cost_usd[class]);
             let serving: Vec<usize> =
                 engines.iter().copied().filter(|&e| self.pool.slot(e).routable()).collect();

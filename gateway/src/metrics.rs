@@ -44,7 +44,7 @@
 //!   there is; `gateway_engine_cold_starts_total`,
 //!   `gateway_engine_cold_start_seconds`, `gateway_engine_restarts_total`
 //!   (embedded mode)
-//! - `gateway_gpu_milliseconds_total{class}`, `gateway_cost_usd{class}`
+//! - `gateway_gpu_seconds_total{class}`, `gateway_cost_usd{class}`
 //!   (engine time × `[cost]` price), `gateway_output_tokens_total`,
 //!   `gateway_cost_per_1m_output_tokens_usd`, `gateway_cost_per_video_minute_usd`
 //!   (all engine cost over all tokens, and over all video delivered: on a
@@ -79,8 +79,8 @@ pub const ENGINES_WARM: &str = "gateway_engines_warm";
 pub const ENGINE_COLD_STARTS: &str = "gateway_engine_cold_starts_total";
 pub const ENGINE_COLD_START: &str = "gateway_engine_cold_start_seconds";
 pub const ENGINE_RESTARTS: &str = "gateway_engine_restarts_total";
-/// Engine-milliseconds (a counter must be an integer).
-pub const GPU_SECONDS: &str = "gateway_gpu_milliseconds_total";
+/// Engine-seconds, whole (a counter is an integer).
+pub const GPU_SECONDS: &str = "gateway_gpu_seconds_total";
 pub const COST_USD: &str = "gateway_cost_usd";
 pub const OUTPUT_TOKENS: &str = "gateway_output_tokens_total";
 pub const COST_PER_1M: &str = "gateway_cost_per_1m_output_tokens_usd";
@@ -155,7 +155,7 @@ pub const HELP: &[(&str, &str)] = &[
     (ENGINE_COLD_STARTS, "Engine cold starts."),
     (ENGINE_COLD_START, "Engine start to ready, seconds."),
     (ENGINE_RESTARTS, "Engine processes restarted by the supervisor."),
-    (GPU_SECONDS, "Engine-milliseconds of every engine not stopped (billed time)."),
+    (GPU_SECONDS, "Engine-seconds of every engine not stopped (billed time), whole seconds, by class."),
     (COST_USD, "Cost of the fleet so far, US dollars ([cost] prices)."),
     (OUTPUT_TOKENS, "Output tokens relayed to clients."),
     (COST_PER_1M, "Fleet cost per million output tokens, US dollars."),

@@ -75,6 +75,11 @@ async fn overload_is_refused_in_milliseconds_with_retry_after_and_reason() {
         .filter(|name| !text.contains(&format!("# HELP {name} ")))
         .collect();
     assert!(undescribed.is_empty(), "families without # HELP: {undescribed:?}");
+    let lint = promtool_lint(&text);
+    assert!(lint.is_empty(), "promtool check metrics on the gateway:\n{lint}");
+    let engine = sys.engine_metrics(0).await;
+    let lint = promtool_lint(&engine);
+    assert!(lint.is_empty(), "promtool check metrics on the engine:\n{lint}");
     drop(held);
 }
 

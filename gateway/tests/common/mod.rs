@@ -255,6 +255,17 @@ impl System {
             .unwrap()
     }
 
+    /// The Prometheus text of engine `i` (with the engine API token).
+    pub async fn engine_metrics(&self, i: usize) -> String {
+        let conn =
+            Conn::connect(&self.engines[i].url, None, Proto::H2).await.expect("connects to the engine");
+        let token = self.engine_token();
+        String::from_utf8(
+            body_bytes(conn.get("/metrics", Some(&token)).await.unwrap()).await.unwrap().to_vec(),
+        )
+        .unwrap()
+    }
+
     /// The admin token: the one `gateway up` made, or [`ADMIN_TOKEN`] for a
     /// gateway from [`System::serve_beside`].
     pub fn admin_token(&self) -> String {
@@ -419,4 +430,26 @@ pub async fn run_openai_script(sys: &System, script: &str) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{script} failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("OK"), "{stdout}");
+}
+
+/// `promtool check metrics` on a /metrics text: its complaints (empty when
+/// the text follows Prometheus' conventions). scripts/test-all installs
+/// promtool (Debian's `prometheus`).
+pub fn promtool_lint(text: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool is installed (scripts/test-all installs Debian's prometheus)");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if out.status.success() {
+        String::new()
+    } else {
+        said
+    }
 }
