@@ -136,6 +136,8 @@ impl FleetControl {
         if let Some(sup) = &self.supervisor {
             sup.configure(cfg); // restart backoff applies with autoscaling off too
         }
+        let tokens: u64 = self.pool.views().iter().map(|v| v.inflight_tokens).sum();
+        ::metrics::gauge!(m::TOKENS_IN_FLIGHT).set(tokens as f64);
         let waiting = self.admission.waiting() as f64;
         let queue = self.admission.queue_ratio_p95(policy);
         let brownout = self.admission.brownout_level();

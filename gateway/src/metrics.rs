@@ -68,6 +68,9 @@ pub const TBT: &str = "gateway_tbt_seconds";
 /// Time an admitted request waited at the gate for an engine slot.
 pub const QUEUE_WAIT: &str = "gateway_queue_wait_seconds";
 pub const INFLIGHT: &str = "gateway_inflight_requests";
+/// Prompt plus expected output tokens of the work dispatched to engines
+/// (what routing by token load balances), sampled every second.
+pub const TOKENS_IN_FLIGHT: &str = "gateway_tokens_in_flight";
 pub const READY_ENGINES: &str = "gateway_ready_engines";
 pub const AUTOSCALE_DESIRED: &str = "gateway_autoscale_desired_engines";
 pub const AUTOSCALE_SERVING: &str = "gateway_autoscale_serving_target";
@@ -144,6 +147,7 @@ pub const HELP: &[(&str, &str)] = &[
     (TBT, "Time between successive tokens of a generation as relayed, seconds, by tier."),
     (QUEUE_WAIT, "Time an admitted request waited at the gate for an engine slot, seconds (0 when one was free), by tier."),
     (INFLIGHT, "Generations in flight in this gateway."),
+    (TOKENS_IN_FLIGHT, "Prompt plus expected output tokens of the work on engines (routing's token load), sampled every second."),
     (READY_ENGINES, "Engines ready to take work."),
     (AUTOSCALE_DESIRED, "Engines the autoscaler wants serving or warm."),
     (AUTOSCALE_SERVING, "The autoscaler's serving target."),

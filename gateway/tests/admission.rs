@@ -77,6 +77,20 @@ async fn overload_is_refused_in_milliseconds_with_retry_after_and_reason() {
     assert!(undescribed.is_empty(), "families without # HELP: {undescribed:?}");
     let lint = promtool_lint(&text);
     assert!(lint.is_empty(), "promtool check metrics on the gateway:\n{lint}");
+    // The two held answers' tokens are on the engine (the gauge is sampled
+    // every second: wait for a sample).
+    let started = Instant::now();
+    let in_flight = loop {
+        let v = metric(&sys.metrics().await, "gateway_tokens_in_flight").unwrap_or(0.0);
+        if v > 0.0 || started.elapsed() > Duration::from_secs(3) {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        (200.0..=500.0).contains(&in_flight),
+        "two answers of ~120 prompt + 100 output tokens: {in_flight}"
+    );
     let engine = sys.engine_metrics(0).await;
     let lint = promtool_lint(&engine);
     assert!(lint.is_empty(), "promtool check metrics on the engine:\n{lint}");
