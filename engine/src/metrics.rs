@@ -93,13 +93,8 @@ mod help_tests {
     /// Every family named in this file has its `# HELP` text.
     #[test]
     fn every_family_is_described() {
-        let source = include_str!("metrics.rs");
-        let names: Vec<&str> = source
-            .lines()
-            .filter_map(|l| l.strip_prefix("pub const ")?.split_once(": &str = \"")?.1.strip_suffix("\";"))
-            .collect();
-        assert!(names.len() > 15, "{names:?}");
-        let missing: Vec<_> = names.iter().filter(|n| !super::HELP.iter().any(|(h, _)| h == *n)).collect();
+        let (names, missing) = loadtest::prom::missing_help(include_str!("metrics.rs"), super::HELP);
+        assert!(names > 15, "found {names} names");
         assert!(missing.is_empty(), "no # HELP for {missing:?}");
     }
 }

@@ -114,11 +114,7 @@ async fn below_the_low_watermark_new_work_gets_a_typed_refusal() {
         assert!(text.contains(needle), "engine metrics lack {needle:?}:\n{text}");
     }
     // Every family served carries its # HELP text.
-    let undescribed: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE ")?.split_whitespace().next())
-        .filter(|name| !text.contains(&format!("# HELP {name} ")))
-        .collect();
+    let undescribed = loadtest::prom::undescribed(&text);
     assert!(undescribed.is_empty(), "families without # HELP: {undescribed:?}");
 }
 

@@ -69,11 +69,7 @@ async fn overload_is_refused_in_milliseconds_with_retry_after_and_reason() {
     let typed = metric(&text, "gateway_workload_type_total{type=\"short-in-short-out\"}");
     assert_eq!(typed, Some(2.0), "{text}");
     // Every family served carries its # HELP text.
-    let undescribed: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE ")?.split_whitespace().next())
-        .filter(|name| !text.contains(&format!("# HELP {name} ")))
-        .collect();
+    let undescribed = loadtest::prom::undescribed(&text);
     assert!(undescribed.is_empty(), "families without # HELP: {undescribed:?}");
     let lint = promtool_lint(&text);
     assert!(lint.is_empty(), "promtool check metrics on the gateway:\n{lint}");

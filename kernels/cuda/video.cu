@@ -151,9 +151,13 @@ extern "C" __global__ void video_select(const float* dots, const int* meta, floa
 // queries' partial softmax (max, sum, unnormalised output: DIM + 2 floats)
 // to `partial[(token · splits + split)]`, and `video_attend_merge` combines
 // the splits.
+#ifndef AQ
 #define AQ 64
-#define AP (BLOCK / (AQ / 2))
+#endif
+#ifndef AK
 #define AK 64
+#endif
+#define AP (BLOCK / (AQ / 2))
 extern "C" __global__ void video_attend(const float* q, const float* keys, const float* vals, const int* tok_g,
                                         const int* tok_slot, const int* meta, const int* cols, const int* ncols,
                                         const int* tile_tok, const int* tile_cnt, float* partial) {

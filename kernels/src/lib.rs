@@ -42,6 +42,11 @@ pub mod video {
     /// Floats per member row of `mparam`: the prompt (CHANNELS), the
     /// chunk's index, t, t_next / t, one spare.
     pub const MF: usize = 12;
+    /// Query tokens per `video_attend` block (`AQ`); the host groups each
+    /// member's tokens into tiles of this many.
+    pub const ATTEND_QUERIES: usize = 64;
+    /// Key/value columns a `video_attend` block stages at a time (`AK`).
+    pub const ATTEND_COLUMNS: usize = 64;
 }
 
 /// The source files, in compile order.
@@ -79,6 +84,8 @@ pub fn defines() -> Vec<(&'static str, String)> {
         ("CHANNELS", video::CHANNELS.to_string()),
         ("DIM", video::DIM.to_string()),
         ("HIDDEN", video::HIDDEN.to_string()),
+        ("AQ", video::ATTEND_QUERIES.to_string()),
+        ("AK", video::ATTEND_COLUMNS.to_string()),
     ]
 }
 

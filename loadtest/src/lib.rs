@@ -14,6 +14,7 @@
 //! - [`report`], [`svg`], [`text`]: the HTML report with plots, and the
 //!   text summary and comparison.
 //! - [`progress`]: progress bar or periodic lines.
+//! - [`prom`]: checks on Prometheus text (help lines).
 //! - [`sink`]: a trivial endpoint for measuring the harness itself.
 //! - [`sweep`]: several targets at stepped rates (proxy overhead, capacity).
 //! - [`overhead`]: the interleaved gateway-vs-engine latency benchmark.
@@ -35,6 +36,7 @@ pub mod diffusion;
 pub mod oserve;
 pub mod overhead;
 pub mod progress;
+pub mod prom;
 pub mod record;
 pub mod regimes;
 pub mod report;

@@ -157,21 +157,16 @@ impl<D: Device> StateStore<D> {
                 return Ok(());
             }
         };
-        let place = match self.pinned(e.bytes) {
-            Ok(mut host) => match self.dev.offload((&buf, 0), &mut host, e.bytes) {
-                Ok(()) => Place::Offloading(host, buf),
-                Err(err) => {
-                    self.states.insert(id.to_string(), Entry { bytes: e.bytes, place: Place::Device(buf) });
-                    return Err(err);
-                }
-            },
-            Err(err) => {
-                self.states.insert(id.to_string(), Entry { bytes: e.bytes, place: Place::Device(buf) });
-                return Err(err);
-            }
+        let copied = self
+            .pinned(e.bytes)
+            .and_then(|mut host| self.dev.offload((&buf, 0), &mut host, e.bytes).map(|()| host));
+        // On an error the state stays on the device.
+        let (place, result) = match copied {
+            Ok(host) => (Place::Offloading(host, buf), Ok(())),
+            Err(err) => (Place::Device(buf), Err(err)),
         };
         self.states.insert(id.to_string(), Entry { bytes: e.bytes, place });
-        Ok(())
+        result
     }
 
     /// Starts moving `id`'s state back to the device; compute issued after

@@ -6,9 +6,10 @@
 //! values projected once (they do not change during a chunk). Per step k,
 //! over the members with more than k steps: project the chunk tokens' keys,
 //! values and queries (`video_project` ×3), pick each member's context
-//! blocks (`video_query_mean`, `video_key_dots`, `video_select`), attend (`video_attend` over query tiles and
-//! column splits, `video_attend_merge`), and the MLP, prediction
-//! and path update (`video_update`). Then frames for every member
+//! blocks (`video_query_mean`, `video_key_dots`, `video_select`), attend
+//! (`video_attend` over query tiles and column splits, then
+//! `video_attend_merge`), and the MLP, prediction and path update
+//! (`video_update`). Then frames for every member
 //! (`video_decode`) and one download of latents and pixels.
 
 mod contexts;
@@ -187,7 +188,6 @@ impl<D: Device> GpuVideo<D> {
             self.denoise_step(&work, st)?;
         }
         let latents = work.latents(&*self.dev, &plan)?;
-        drop(members);
         for (j, l) in jobs.iter_mut().zip(&plan.lay) {
             j.latent.copy_from_slice(&latents[l.x_off * CHANNELS..(l.x_off + l.n) * CHANNELS]);
         }

@@ -2,7 +2,7 @@
 //! launches: where each member's tokens sit, every index table the kernels
 //! read (uploaded in one copy), and the work buffers.
 
-use kernels::video::{CHANNELS, DIM, MF, MI};
+use kernels::video::{ATTEND_COLUMNS, ATTEND_QUERIES, CHANNELS, DIM, MF, MI};
 use kernels::{f32_bytes, f32s, Device, Result};
 use policies::video::Precision;
 
@@ -107,7 +107,7 @@ pub(super) struct StepTables {
     pub kv_dst: usize,
     pub flag: usize,
     /// `video_attend`'s query tiles (first token's index in `tok_g`, count):
-    /// up to [`ATTEND_TILE`] tokens of one member each.
+    /// up to `ATTEND_QUERIES` tokens of one member each.
     pub tiles: usize,
     pub tile_tok: usize,
     pub tile_cnt: usize,
@@ -117,10 +117,6 @@ pub(super) struct StepTables {
     pub max_context: usize,
 }
 
-/// Query tokens per `video_attend` block (`AQ` in kernels/cuda/video.cu).
-pub(super) const ATTEND_TILE: usize = 64;
-/// Columns a `video_attend` block stages at a time (`AK`).
-const ATTEND_COLUMNS: usize = 64;
 /// Blocks `video_attend` aims for per step: about four per multiprocessor
 /// of a 132-SM Hopper GPU, enough to fill it when a batch is short.
 const ATTEND_TARGET_BLOCKS: usize = 512;
@@ -157,9 +153,9 @@ impl StepTables {
             mparam.extend_from_slice(&row);
             columns = columns.max(l.keep * l.side + l.n);
             max_context = max_context.max(l.m);
-            for t in (0..l.n).step_by(ATTEND_TILE) {
+            for t in (0..l.n).step_by(ATTEND_QUERIES) {
                 tile_tok.push((tok_g.len() + t) as i32);
-                tile_cnt.push((l.n - t).min(ATTEND_TILE) as i32);
+                tile_cnt.push((l.n - t).min(ATTEND_QUERIES) as i32);
             }
             for j in 0..l.n {
                 tok_g.push((l.x_off + j) as i32);
