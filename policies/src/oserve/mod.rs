@@ -76,8 +76,7 @@ impl OserveConfig {
         if self.types.is_empty() {
             return None;
         }
-        let types = typing::Types { centroids: self.types.iter().map(|t| (t.input, t.output)).collect() };
-        let j = types.classify(input, output);
+        let j = typing::nearest_centroid(self.types.iter().map(|t| (t.input, t.output)), input, output);
         Some((j, self.types[j].name.as_str()))
     }
 }

@@ -25,8 +25,41 @@ fn dist2(a: [f64; 2], b: [f64; 2]) -> f64 {
     (a[0] - b[0]).powi(2) + (a[1] - b[1]).powi(2)
 }
 
-fn nearest(centres: &[[f64; 2]], p: [f64; 2]) -> usize {
-    (0..centres.len()).min_by(|&a, &b| dist2(centres[a], p).total_cmp(&dist2(centres[b], p))).unwrap_or(0)
+/// The index of the centre nearest to `p` (the first of equals; 0 for none).
+fn nearest(centres: impl Iterator<Item = [f64; 2]>, p: [f64; 2]) -> usize {
+    centres.map(|c| dist2(c, p)).enumerate().min_by(|a, b| a.1.total_cmp(&b.1)).map_or(0, |(j, _)| j)
+}
+
+/// The index of the centroid (input, output tokens) nearest to a request
+/// of `input` tokens expected to produce `output`, in the fit's log space;
+/// 0 without centroids. Allocates nothing: admission calls it per request.
+pub fn nearest_centroid(centroids: impl Iterator<Item = (f64, f64)>, input: f64, output: f64) -> usize {
+    nearest(centroids.map(|(i, o)| point(i, o)), point(input, output))
+}
+
+/// k-means++ seeding: the first centre uniformly, each next one with
+/// probability proportional to the squared distance to the nearest chosen.
+fn seed_centres(pts: &[[f64; 2]], k: usize, rng: &mut SplitMix) -> Vec<[f64; 2]> {
+    let mut centres = vec![pts[(rng.next_u64() % pts.len() as u64) as usize]];
+    while centres.len() < k {
+        let d: Vec<f64> =
+            pts.iter().map(|&p| dist2(centres[nearest(centres.iter().copied(), p)], p)).collect();
+        let total: f64 = d.iter().sum();
+        if total <= 0.0 {
+            break;
+        }
+        let mut pick = rng.unit_f64() * total;
+        let mut chosen = pts.len() - 1;
+        for (i, di) in d.iter().enumerate() {
+            if pick < *di {
+                chosen = i;
+                break;
+            }
+            pick -= di;
+        }
+        centres.push(pts[chosen]);
+    }
+    centres
 }
 
 impl Types {
@@ -41,32 +74,12 @@ impl Types {
         if k == 0 {
             return Types { centroids: Vec::new() };
         }
-        let mut rng = SplitMix(seed);
-        // k-means++: the first centre uniformly, each next one with
-        // probability proportional to the squared distance to the nearest.
-        let mut centres = vec![pts[(rng.next_u64() % pts.len() as u64) as usize]];
-        while centres.len() < k {
-            let d: Vec<f64> = pts.iter().map(|&p| dist2(centres[nearest(&centres, p)], p)).collect();
-            let total: f64 = d.iter().sum();
-            let mut pick = rng.unit_f64() * total;
-            let mut chosen = pts.len() - 1;
-            for (i, di) in d.iter().enumerate() {
-                if pick < *di {
-                    chosen = i;
-                    break;
-                }
-                pick -= di;
-            }
-            if total <= 0.0 {
-                break;
-            }
-            centres.push(pts[chosen]);
-        }
+        let mut centres = seed_centres(&pts, k, &mut SplitMix(seed));
         let mut owner = vec![usize::MAX; pts.len()];
         for _ in 0..MAX_ITERATIONS {
             let mut moved = false;
             for (o, &p) in owner.iter_mut().zip(&pts) {
-                let n = nearest(&centres, p);
+                let n = nearest(centres.iter().copied(), p);
                 moved |= *o != n;
                 *o = n;
             }
@@ -94,8 +107,7 @@ impl Types {
 
     /// The type of a request of `input` tokens expected to produce `output`.
     pub fn classify(&self, input: f64, output: f64) -> usize {
-        let centres: Vec<[f64; 2]> = self.centroids.iter().map(|&(i, o)| point(i, o)).collect();
-        nearest(&centres, point(input, output))
+        nearest_centroid(self.centroids.iter().copied(), input, output)
     }
 
     pub fn len(&self) -> usize {

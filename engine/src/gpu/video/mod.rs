@@ -220,18 +220,10 @@ impl<D: Device> GpuVideo<D> {
         )
     }
 
-    /// One denoising step of every member with more than k steps.
-    fn denoise_step(&self, work: &Work<D::Buf>, st: &StepTables) -> Result<()> {
-        let (wq, wk, wv, wo, w1, w2) =
-            (&self.w[0], &self.w[1], &self.w[2], &self.w[3], &self.w[4], &self.w[5]);
+    /// Each member's attention columns (`cols`, `ncols`): its mean query,
+    /// that query's dot with every context key, the best blocks.
+    fn select(&self, work: &Work<D::Buf>, st: &StepTables) -> Result<()> {
         let t = &work.tables;
-        // Chunk keys and values (into each member's kv region after its
-        // context) and queries (indexed like x).
-        for (w, out, dst) in
-            [(wk, &work.keys, st.kv_dst), (wv, &work.vals, st.kv_dst), (wq, &work.q, st.tok_g)]
-        {
-            self.project(work, &work.x, [st.tok_g, dst, st.flag], st.tokens, w, out)?;
-        }
         self.dev.launch(
             "video_query_mean",
             (st.members as u32, 1, 1),
@@ -261,6 +253,13 @@ impl<D: Device> GpuVideo<D> {
                 Arg::Buf(&work.ncols, 0),
             ],
         )?;
+        Ok(())
+    }
+
+    /// Attention of every chunk token over its member's columns: the
+    /// column splits' partial softmaxes, then their merge into `attn`.
+    fn attend(&self, work: &Work<D::Buf>, st: &StepTables) -> Result<()> {
+        let t = &work.tables;
         self.dev.launch(
             "video_attend",
             (st.tiles as u32, st.splits as u32, 1),
@@ -288,7 +287,23 @@ impl<D: Device> GpuVideo<D> {
                 Arg::I32(st.splits as i32),
                 Arg::Buf(&work.attn, 0),
             ],
-        )?;
+        )
+    }
+
+    /// One denoising step of every member with more than k steps.
+    fn denoise_step(&self, work: &Work<D::Buf>, st: &StepTables) -> Result<()> {
+        let (wq, wk, wv, wo, w1, w2) =
+            (&self.w[0], &self.w[1], &self.w[2], &self.w[3], &self.w[4], &self.w[5]);
+        let t = &work.tables;
+        // Chunk keys and values (into each member's kv region after its
+        // context) and queries (indexed like x).
+        for (w, out, dst) in
+            [(wk, &work.keys, st.kv_dst), (wv, &work.vals, st.kv_dst), (wq, &work.q, st.tok_g)]
+        {
+            self.project(work, &work.x, [st.tok_g, dst, st.flag], st.tokens, w, out)?;
+        }
+        self.select(work, st)?;
+        self.attend(work, st)?;
         self.dev.launch(
             "video_update",
             grid(st.tokens),
