@@ -30,7 +30,7 @@ pub(crate) mod fleet;
 pub mod fuzzing;
 pub(crate) mod hints;
 pub(crate) mod limits;
-pub(crate) mod metrics;
+pub mod metrics;
 pub(crate) mod openai;
 pub(crate) mod outbox;
 pub(crate) mod permit;

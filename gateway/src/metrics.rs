@@ -5,6 +5,8 @@
 //! - `gateway_errors_total{code}`: API errors by stable label
 //! - `gateway_ttft_seconds{tier}`, `gateway_tlet_seconds{tier}`: time to
 //!   first and last token, measured at the gateway
+//! - `gateway_slo_requests_total{tier,slo,result}`: admitted generations
+//!   that met or missed their TTFT (`slo="ttft"`) and end-to-end targets
 //! - `gateway_inflight_requests`: requests whose response is still open
 //! - `gateway_ready_engines`: engines passing their readiness probe
 //! - `gateway_engine_retries_total`: engine attempts that failed and moved on
@@ -67,6 +69,10 @@ pub const TLET: &str = "gateway_tlet_seconds";
 pub const TBT: &str = "gateway_tbt_seconds";
 /// Time an admitted request waited at the gate for an engine slot.
 pub const QUEUE_WAIT: &str = "gateway_queue_wait_seconds";
+/// Admitted generations that met or missed their TTFT and end-to-end
+/// targets (the tier's, or the request's own hint), by tier, slo
+/// (`ttft`, `e2e`) and result (`met`, `missed`): SLO attainment and burn.
+pub const SLO: &str = "gateway_slo_requests_total";
 pub const INFLIGHT: &str = "gateway_inflight_requests";
 /// Prompt plus expected output tokens of the work dispatched to engines
 /// (what routing by token load balances), sampled every second.
@@ -146,6 +152,7 @@ pub const HELP: &[(&str, &str)] = &[
     (TLET, "Time from arrival to the last token, seconds, by tier."),
     (TBT, "Time between successive tokens of a generation as relayed, seconds, by tier."),
     (QUEUE_WAIT, "Time an admitted request waited at the gate for an engine slot, seconds (0 when one was free), by tier."),
+    (SLO, "Admitted generations that met or missed their targets, by tier, slo (ttft, e2e) and result (met, missed); one ended without a first token missed both."),
     (INFLIGHT, "Generations in flight in this gateway."),
     (TOKENS_IN_FLIGHT, "Prompt plus expected output tokens of the work on engines (routing's token load), sampled every second."),
     (READY_ENGINES, "Engines ready to take work."),
@@ -227,6 +234,10 @@ pub struct RequestObserver {
     arrived: Instant,
     tier: String,
     first_seen: bool,
+    /// The request's TTFT and end-to-end targets, and whether its end-to-end
+    /// result is recorded (at the end, or as a miss if it never ends).
+    slo: Option<(Duration, Duration)>,
+    e2e_recorded: bool,
     /// The last token's time (none before the first) and the tier's TBT
     /// histogram (from the first token on: one label lookup per request,
     /// not per token).
@@ -234,9 +245,16 @@ pub struct RequestObserver {
 }
 
 impl RequestObserver {
-    pub fn new(arrived: Instant, tier: &str) -> Self {
+    /// `slo`: the TTFT and end-to-end targets the request was admitted
+    /// against (counted in `gateway_slo_requests_total`).
+    pub fn new(arrived: Instant, tier: &str, slo: Option<(Duration, Duration)>) -> Self {
         metrics::gauge!(INFLIGHT).increment(1.0);
-        Self { arrived, tier: tier.to_string(), first_seen: false, tbt: None }
+        Self { arrived, tier: tier.to_string(), first_seen: false, slo, e2e_recorded: false, tbt: None }
+    }
+
+    fn slo_result(&self, slo: &'static str, met: bool) {
+        let result = if met { "met" } else { "missed" };
+        metrics::counter!(SLO, "tier" => self.tier.clone(), "slo" => slo, "result" => result).increment(1);
     }
 
     pub fn tier(&self) -> &str {
@@ -252,6 +270,9 @@ impl RequestObserver {
         self.tbt = Some((None, metrics::histogram!(TBT, "tier" => self.tier.clone())));
         let ttft = crate::clock::since(self.arrived);
         metrics::histogram!(TTFT, "tier" => self.tier.clone()).record(ttft.as_secs_f64());
+        if let Some((target, _)) = self.slo {
+            self.slo_result("ttft", ttft <= target);
+        }
         Some(ttft)
     }
 
@@ -268,8 +289,12 @@ impl RequestObserver {
 
     /// The generation ended normally.
     pub fn finished(&mut self, usage: Usage) {
-        metrics::histogram!(TLET, "tier" => self.tier.clone())
-            .record(crate::clock::since(self.arrived).as_secs_f64());
+        let tlet = crate::clock::since(self.arrived);
+        metrics::histogram!(TLET, "tier" => self.tier.clone()).record(tlet.as_secs_f64());
+        if let Some((_, target)) = self.slo {
+            self.slo_result("e2e", tlet <= target);
+            self.e2e_recorded = true;
+        }
         metrics::counter!(OUTPUT_TOKENS).increment(u64::from(usage.completion_tokens));
         OUTPUT_TOKENS_SO_FAR
             .fetch_add(u64::from(usage.completion_tokens), std::sync::atomic::Ordering::Relaxed);
@@ -278,6 +303,16 @@ impl RequestObserver {
 
 impl Drop for RequestObserver {
     fn drop(&mut self) {
+        // Ended early (an engine failure, a timeout, the client gone): the
+        // targets not yet met are missed.
+        if self.slo.is_some() {
+            if !self.first_seen {
+                self.slo_result("ttft", false);
+            }
+            if !self.e2e_recorded {
+                self.slo_result("e2e", false);
+            }
+        }
         metrics::gauge!(INFLIGHT).decrement(1.0);
     }
 }

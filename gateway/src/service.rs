@@ -286,7 +286,8 @@ async fn completions(
     let work = admitted.work;
     tracing::debug!(event = "request_admitted", request_id, tenant = %tenant.name, tier = %tier.name,
         decision = admitted.verdict.decision.as_str(), reason = %admitted.verdict.reason);
-    let observer = RequestObserver::new(arrived, &tier.name);
+    let observer =
+        RequestObserver::new(arrived, &tier.name, Some((admitted.ttft_budget, admitted.e2e_budget)));
     let predicted = admitted.verdict.predicted_ttft_ms;
     let mut permit = Permit::new(observer, hold, admitted.ticket, Arc::clone(policy), predicted);
     let first = engine_slot(admitted.start, admitted.ttft_budget, (policy, &tier.name), &verdict).await?;

@@ -90,7 +90,23 @@ async fn overload_is_refused_in_milliseconds_with_retry_after_and_reason() {
     let engine = sys.engine_metrics(0).await;
     let lint = promtool_lint(&engine);
     assert!(lint.is_empty(), "promtool check metrics on the engine:\n{lint}");
+    // The two held answers met their TTFT target; their clients leave
+    // before the end, so the end-to-end target counts as missed.
+    let slo = |slo: &str, result: &str| {
+        format!("gateway_slo_requests_total{{tier=\"gold\",slo=\"{slo}\",result=\"{result}\"}}")
+    };
+    assert_eq!(metric(&sys.metrics().await, &slo("ttft", "met")), Some(2.0));
     drop(held);
+    let started = Instant::now();
+    let missed = loop {
+        let v = metric(&sys.metrics().await, &slo("e2e", "missed"));
+        if v == Some(2.0) || started.elapsed() > Duration::from_secs(5) {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(missed, Some(2.0), "two generations left by their clients");
+    assert_eq!(metric(&sys.metrics().await, &slo("ttft", "missed")), None);
 }
 
 /// Awaits all futures concurrently (no extra dependency for join_all).

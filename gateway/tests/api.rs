@@ -286,6 +286,8 @@ async fn health_readiness_metrics_and_request_ids() {
         "gateway_requests_total{route=\"readyz\",status=\"200\"} 1",
         "gateway_ttft_seconds_bucket{tier=\"gold\"",
         "gateway_tlet_seconds_count{tier=\"gold\"} 1",
+        "gateway_slo_requests_total{tier=\"gold\",slo=\"ttft\",result=\"met\"} 1",
+        "gateway_slo_requests_total{tier=\"gold\",slo=\"e2e\",result=\"met\"} 1",
         "gateway_inflight_requests 0",
         "gateway_ready_engines 2",
     ] {

@@ -112,7 +112,8 @@ pub(crate) async fn serve(
         app.admission.admit(policy, &ask).map_err(|r| Failed { error: r.error, verdict: Some(r.verdict) })?;
     let verdict = admitted.verdict.clone();
     let failed = |error: ApiError| Failed { error, verdict: Some(verdict.clone()) };
-    let observer = RequestObserver::new(ctx.arrived, &tier.name);
+    let observer =
+        RequestObserver::new(ctx.arrived, &tier.name, Some((admitted.ttft_budget, admitted.e2e_budget)));
     let mut permit =
         Permit::new(observer, hold, admitted.ticket, Arc::clone(policy), verdict.predicted_ttft_ms);
     let first =
