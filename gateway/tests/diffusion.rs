@@ -18,17 +18,6 @@ use loadtest::client::{body_bytes, Conn, Proto};
 const TEXT_PROFILE: &str = "model = \"synthetic-small\"\nengine_class = \"test-diffusion\"\n\
     [prefill]\npoints = [[0, 1.0]]\n[decode]\nbatch_points = [[1, 2.0]]\n";
 
-/// The shipped diffusion profile, 50× faster.
-fn diffusion_profile(dir: &std::path::Path, scale: f64) -> String {
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/profiles/genserve-emulated.toml"),
-    )
-    .unwrap();
-    let path = dir.join(format!("genserve-{scale}.toml"));
-    std::fs::write(&path, format!("time_scale = {scale}\n{text}")).unwrap();
-    format!("--engine-arg=--diffusion-profile={}", path.display())
-}
-
 async fn start(engines: usize, policy: Option<&str>) -> System {
     start_scaled(engines, policy, 0.02).await
 }

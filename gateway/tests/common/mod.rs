@@ -42,6 +42,19 @@ pub fn paced(prefill_ms: u32, decode_ms: u32) -> String {
     )
 }
 
+/// The `--engine-arg` that gives engines the shipped diffusion profile
+/// (policies/profiles/genserve-emulated.toml) on a clock `scale` times as
+/// long (0.02: 50x faster), written into `dir`.
+pub fn diffusion_profile(dir: &Path, scale: f64) -> String {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/profiles/genserve-emulated.toml"),
+    )
+    .unwrap();
+    let path = dir.join(format!("genserve-{scale}.toml"));
+    std::fs::write(&path, format!("time_scale = {scale}\n{text}")).unwrap();
+    format!("--engine-arg=--diffusion-profile={}", path.display())
+}
+
 /// One engine child as `gateway up` reported it.
 #[derive(Debug, Clone)]
 pub struct EngineInfo {
