@@ -38,6 +38,18 @@ async fn call(conn: &Conn, method: &str, path: &str, key: &str, body: Value) -> 
     (status, json(&body_bytes(resp).await.unwrap()))
 }
 
+/// A frame of a chunk event (base64 PNG): its size and RGB pixels.
+fn decode_frame(b64: &str) -> (u32, u32, Vec<u8>) {
+    use base64::Engine as _;
+    let file = base64::engine::general_purpose::STANDARD.decode(b64).expect("base64");
+    let mut reader = png::Decoder::new(std::io::Cursor::new(file)).read_info().expect("a PNG");
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).expect("one frame");
+    assert_eq!(info.color_type, png::ColorType::Rgb);
+    buf.truncate(info.buffer_size());
+    (info.width, info.height, buf)
+}
+
 /// Reads a stream's SSE feed event by event.
 struct Feed {
     body: hyper::body::Incoming,
@@ -114,7 +126,9 @@ async fn chunks_arrive_gapless_with_frames_across_a_rehome() {
                 engines.push(data["engine"].as_str().unwrap().to_string());
                 let frames = data["frames"].as_array().unwrap();
                 assert_eq!(frames.len(), 12);
-                assert!(frames[0].as_str().unwrap().starts_with("iVBORw0KGgo"), "base64 PNG");
+                let (w, h, pixels) = decode_frame(frames[0].as_str().unwrap());
+                assert!(w > 0 && w == h && pixels.len() == (w * h * 3) as usize, "{w}x{h}");
+                assert!(pixels.iter().any(|&p| p != pixels[0]), "a picture, not a flat fill");
                 assert!(data["deadline_ms"].as_f64().is_some() && data["slack_ms"].as_f64().is_some());
                 assert!(data["quality"].as_f64().unwrap() > 0.9);
                 assert!(data["fidelity"]["label"].as_str().unwrap().starts_with('S'));
