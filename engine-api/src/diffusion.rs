@@ -6,7 +6,6 @@
 
 use serde::{Deserialize, Serialize};
 
-pub const PREFIX: &str = "/engine/v1/diffusion/";
 /// `POST`: one image batch ([`ImagesRequest`] → [`ImagesResponse`]).
 pub const IMAGES_PATH: &str = "/engine/v1/diffusion/images";
 /// `GET`: the engine's diffusion latency profile (TOML).

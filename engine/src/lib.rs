@@ -22,6 +22,7 @@ pub mod kv;
 pub mod metrics;
 pub mod profile;
 pub mod registry;
+mod routes;
 pub mod scheduler;
 pub mod server;
 pub mod stop;

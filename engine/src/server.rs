@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 
 use crate::api::{self, ErrorBody, GenerateRequest};
 use crate::body::ChannelBody;
+use crate::routes::Endpoint;
 use crate::Engine;
 
 /// Response body of every engine route.
@@ -84,25 +85,28 @@ pub async fn serve(engine: Arc<Engine>, listener: TcpListener, shutdown: impl Fu
 }
 
 async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<EngineBody>, Infallible> {
+    let path = req.uri().path().to_string();
+    let Some(target) = crate::routes::find(&path) else {
+        return Ok(error(StatusCode::NOT_FOUND, "not_found", "no such engine route"));
+    };
     if let Some(token) = &engine.api_token {
         // A snapshot is authorised by the one-time transfer token the
         // gateway offered, not the API token: the pulling engine holds the
         // former only.
         let snapshot = req.method() == Method::GET
-            && req.uri().path().starts_with(crate::video::routes::PREFIX)
-            && req.uri().path().ends_with("/snapshot")
+            && (target.endpoint, target.action) == (Endpoint::Video, "snapshot")
             && req.headers().contains_key(crate::video::transfer::TOKEN_HEADER);
-        let open = matches!(req.uri().path(), "/healthz" | "/readyz") || snapshot;
+        let open = matches!(target.endpoint, Endpoint::Healthz | Endpoint::Readyz) || snapshot;
         let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         if !open && !api::bearer_matches(token, given) {
             ::metrics::counter!(crate::metrics::REFUSALS, "reason" => "unauthorized").increment(1);
             return Ok(error(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong engine API token"));
         }
     }
-    let resp = match (req.method(), req.uri().path()) {
-        (&Method::POST, api::GENERATE_PATH) => generate_route(engine, req).await,
-        (&Method::GET, api::LOAD_PATH) => json(StatusCode::OK, &engine.load_report().await),
-        (&Method::GET, api::KV_EVENTS_PATH) => {
+    let resp = match (target.endpoint, req.method()) {
+        (Endpoint::Generate, &Method::POST) => generate_route(engine, req).await,
+        (Endpoint::Load, &Method::GET) => json(StatusCode::OK, &engine.load_report().await),
+        (Endpoint::KvEvents, &Method::GET) => {
             let after = req
                 .uri()
                 .query()
@@ -111,21 +115,21 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
                 .unwrap_or(0);
             json(StatusCode::OK, &engine.kv_events(after))
         }
-        (&Method::GET, api::PROFILE_PATH) => Response::builder()
+        (Endpoint::Profile, &Method::GET) => Response::builder()
             .header(header::CONTENT_TYPE, "application/toml")
             .body(Either::Left(Full::new(Bytes::from(engine.profile_toml.clone()))))
             .expect("static response parts are valid"),
-        (&Method::POST, api::DRAIN_PATH) => {
+        (Endpoint::Drain, &Method::POST) => {
             engine.start_drain();
             tracing::info!(event = "drain_started", engine = %engine.id, why = "api");
             json(StatusCode::OK, &engine.load_report().await)
         }
-        (&Method::GET, api::BATCHING_PATH) => match engine.scheduler.set_hints(None).await {
+        (Endpoint::Batching, &Method::GET) => match engine.scheduler.set_hints(None).await {
             Some(limits) => json(StatusCode::OK, &limits),
             None => error(StatusCode::SERVICE_UNAVAILABLE, "stopped", "the scheduler has stopped"),
         },
-        (&Method::PUT, api::BATCHING_PATH) => batching_route(engine, req).await,
-        (&Method::GET, "/metrics") => {
+        (Endpoint::Batching, &Method::PUT) => batching_route(engine, req).await,
+        (Endpoint::Metrics, &Method::GET) => {
             let kv = engine.kv.snapshot();
             ::metrics::gauge!(crate::metrics::KV_FREE).set(f64::from(kv.free));
             ::metrics::gauge!(crate::metrics::PREFIX_CACHED_PAGES).set(f64::from(kv.cached_pages));
@@ -135,19 +139,19 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
                 .body(Either::Left(Full::new(Bytes::from(text))))
                 .expect("static response parts are valid")
         }
-        (&Method::GET, "/healthz") => json(StatusCode::OK, &serde_json::json!({"status": "alive"})),
-        (&Method::GET, "/readyz") => {
+        (Endpoint::Healthz, &Method::GET) => json(StatusCode::OK, &serde_json::json!({"status": "alive"})),
+        (Endpoint::Readyz, &Method::GET) => {
             let report = engine.load_report().await;
             let status = if engine.accepting() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
             json(status, &report)
         }
-        (_, path) if path.starts_with(crate::video::routes::PREFIX) => {
-            crate::video::routes::handle(&engine, req).await
-        }
-        (_, path) if path.starts_with(engine_api::diffusion::PREFIX) => {
-            crate::diffusion::routes::handle(&engine, req).await
-        }
-        _ => error(StatusCode::NOT_FOUND, "not_found", "no such engine route"),
+        (Endpoint::Video, _) => crate::video::routes::handle(&engine, req, target).await,
+        (Endpoint::Diffusion, _) => crate::diffusion::routes::handle(&engine, req, target).await,
+        (_, method) => error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            &format!("method {method} is not allowed on {path}"),
+        ),
     };
     Ok(resp)
 }

@@ -60,7 +60,9 @@ pub struct Admin {
 
 /// Serves one admin request. Never fails: every error becomes a response.
 pub async fn handle(admin: Arc<Admin>, req: Request<Incoming>) -> Result<Response<GatewayBody>, Infallible> {
-    if req.method() == Method::GET && req.uri().path() == "/metrics" {
+    // Metrics need no token (scrapers reach the admin listener only).
+    let metrics = endpoints().at(req.uri().path()).is_ok_and(|m| *m.value == Endpoint::Metrics);
+    if metrics && req.method() == Method::GET {
         return Ok(prometheus());
     }
     let result = match authorize(&admin.tokens, req.headers()) {
@@ -81,23 +83,25 @@ async fn route(
     let store = &app.policies;
     let dry_run = query(&req, "dry_run").is_some_and(|v| v == "true" || v == "1");
     let mode = if dry_run { Mode::DryRun } else { Mode::Apply };
-    match (req.method().clone(), req.uri().path()) {
-        (Method::GET, "/admin/policies") => {
+    let path = req.uri().path().to_string();
+    let Ok(found) = endpoints().at(&path) else { return Err(ApiError::UnknownUrl(path)) };
+    match (*found.value, req.method().clone()) {
+        (Endpoint::Policies, Method::GET) => {
             let (record, document) = store.active_record();
             let file = store.path().map(|p| p.display().to_string());
             Ok(json_response(StatusCode::OK, &json!({"active": record, "file": file, "document": document})))
         }
-        (Method::PUT, "/admin/policies") => {
+        (Endpoint::Policies, Method::PUT) => {
             let body = read_request_body(req, &app.config).await?;
             let text = std::str::from_utf8(&body)
                 .map_err(|_| ApiError::BodyRead("the policy document must be UTF-8 TOML text".into()))?;
             let source = Source::Api { token_id };
             accepted(store.apply("PUT /admin/policies", text, source, mode), dry_run, store)
         }
-        (Method::POST, "/admin/policies/reload") => {
+        (Endpoint::Reload, Method::POST) => {
             accepted(store.reload_file(Source::Api { token_id }), false, store)
         }
-        (Method::POST, "/admin/policies/rollback") => {
+        (Endpoint::Rollback, Method::POST) => {
             let version = query(&req, "version").ok_or_else(|| ApiError::InvalidField {
                 param: "version".into(),
                 message: "name the version to roll back to: ?version=<id> (see /admin/policies/history)"
@@ -105,33 +109,61 @@ async fn route(
             })?;
             accepted(store.rollback(&version, Source::Rollback { token_id }, mode), dry_run, store)
         }
-        (Method::GET, "/admin/policies/history") => {
+        (Endpoint::History, Method::GET) => {
             let active = store.current().version.clone();
             Ok(json_response(StatusCode::OK, &json!({"active": active, "versions": store.history()})))
         }
-        (Method::GET, "/admin/policies/audit") => {
+        (Endpoint::Audit, Method::GET) => {
             Ok(json_response(StatusCode::OK, &json!({"entries": store.audit()})))
         }
-        (
-            _,
-            "/admin/policies"
-            | "/admin/policies/reload"
-            | "/admin/policies/rollback"
-            | "/admin/policies/history"
-            | "/admin/policies/audit",
-        ) => Err(ApiError::MethodNotAllowed(req.method().to_string())),
-        (Method::GET, "/admin/fleet") => Ok(json_response(StatusCode::OK, &app.fleet.detail())),
-        (Method::GET, "/admin/video/streams") => {
+        (Endpoint::Fleet, Method::GET) => Ok(json_response(StatusCode::OK, &app.fleet.detail())),
+        (Endpoint::Streams, Method::GET) => {
             let now = app.video.now();
             let all: Vec<_> = app.video.all().iter().map(|s| s.status(now)).collect();
             Ok(json_response(StatusCode::OK, &json!({"streams": all})))
         }
-        (Method::POST, path) if path.starts_with("/admin/video/streams/") && path.ends_with("/move") => {
-            let id = &path["/admin/video/streams/".len()..path.len() - "/move".len()];
+        (Endpoint::StreamMove, Method::POST) => {
+            let id = found.params.get("id").unwrap_or_default();
             move_stream(app, id, query(&req, "engine"), &token_id)
         }
-        (_, path) => Err(ApiError::UnknownUrl(path.to_string())),
+        (_, method) => Err(ApiError::MethodNotAllowed(method.to_string())),
     }
+}
+
+/// What an admin path names, before its method is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Metrics,
+    Policies,
+    Reload,
+    Rollback,
+    History,
+    Audit,
+    Fleet,
+    Streams,
+    StreamMove,
+}
+
+/// The admin listener's paths (matchit).
+fn endpoints() -> &'static matchit::Router<Endpoint> {
+    static ROUTER: std::sync::OnceLock<matchit::Router<Endpoint>> = std::sync::OnceLock::new();
+    ROUTER.get_or_init(|| {
+        let mut router = matchit::Router::new();
+        for (path, endpoint) in [
+            ("/metrics", Endpoint::Metrics),
+            ("/admin/policies", Endpoint::Policies),
+            ("/admin/policies/reload", Endpoint::Reload),
+            ("/admin/policies/rollback", Endpoint::Rollback),
+            ("/admin/policies/history", Endpoint::History),
+            ("/admin/policies/audit", Endpoint::Audit),
+            ("/admin/fleet", Endpoint::Fleet),
+            ("/admin/video/streams", Endpoint::Streams),
+            ("/admin/video/streams/{id}/move", Endpoint::StreamMove),
+        ] {
+            router.insert(path, endpoint).expect("the admin route table is valid");
+        }
+        router
+    })
 }
 
 /// Plans a move of stream `id` to engine `engine` (by engine id); the

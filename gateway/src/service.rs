@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Instant, UNIX_EPOCH};
 
 use engine_api::GenerateRequest;
-use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use policies::{PolicyDocument, Tenant, Tier};
 use serde_json::json;
@@ -26,10 +26,12 @@ use crate::openai::{self, Kind};
 use crate::permit::Permit;
 use crate::relay::{self, Encoder, StreamBounds};
 use crate::request::{bearer, json_response, Req};
-use crate::video::routes::VideoRoute;
 use crate::App;
 
 mod embeddings;
+mod route;
+
+pub(crate) use route::Route;
 
 /// A request answered with an error, with admission's verdict when it got
 /// that far (for the decision headers). The stack's error layer turns it
@@ -54,93 +56,10 @@ pub(crate) struct Ident {
     pub arrived: Instant,
 }
 
-/// Routes of the public listener; `label` is the metrics label.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Route {
-    Completions(Kind),
-    Embeddings,
-    Models,
-    Model(String),
-    Healthz,
-    Readyz,
-    Video(VideoRoute),
-    Diffusion(crate::diffusion::routes::DiffusionRoute),
-    WrongMethod,
-    Unknown,
-}
-
-impl Route {
-    pub(crate) fn of(method: &Method, path: &str) -> Self {
-        if let Some(v) = VideoRoute::of(method, path) {
-            return Route::Video(v);
-        }
-        if let Some(d) = crate::diffusion::routes::DiffusionRoute::of(method, path) {
-            return Route::Diffusion(d);
-        }
-        let (route, allowed) = match path {
-            "/v1/chat/completions" => (Route::Completions(Kind::Chat), Method::POST),
-            "/v1/completions" => (Route::Completions(Kind::Completion), Method::POST),
-            "/v1/embeddings" => (Route::Embeddings, Method::POST),
-            "/v1/models" => (Route::Models, Method::GET),
-            "/healthz" => (Route::Healthz, Method::GET),
-            "/readyz" => (Route::Readyz, Method::GET),
-            p => match p.strip_prefix("/v1/models/") {
-                Some(id) if !id.is_empty() => (Route::Model(id.to_string()), Method::GET),
-                _ => return Route::Unknown,
-            },
-        };
-        if *method == allowed {
-            route
-        } else {
-            Route::WrongMethod
-        }
-    }
-
-    pub(crate) fn label(&self) -> &'static str {
-        match self {
-            Route::Completions(Kind::Chat) => "chat_completions",
-            Route::Completions(Kind::Completion) => "completions",
-            Route::Embeddings => "embeddings",
-            Route::Models | Route::Model(_) => "models",
-            Route::Healthz => "healthz",
-            Route::Readyz => "readyz",
-            Route::Video(_) => "video",
-            Route::Diffusion(crate::diffusion::routes::DiffusionRoute::Images) => "images",
-            Route::Diffusion(_) => "videos",
-            Route::WrongMethod | Route::Unknown => "other",
-        }
-    }
-}
-
 /// The tenant the auth layer found for the request's key: an index into
 /// the request's policy snapshot (a request extension).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Caller(pub usize);
-
-impl Route {
-    /// Whether the route answers only to a tenant's key (the auth layer).
-    pub(crate) fn needs_key(&self) -> bool {
-        matches!(
-            self,
-            Route::Completions(_)
-                | Route::Embeddings
-                | Route::Models
-                | Route::Model(_)
-                | Route::Video(_)
-                | Route::Diffusion(_)
-        )
-    }
-
-    /// Whether the route's requests carry a body it reads (the body layer).
-    pub(crate) fn takes_body(&self) -> bool {
-        matches!(
-            self,
-            Route::Completions(_)
-                | Route::Embeddings
-                | Route::Video(VideoRoute::Create | VideoRoute::Prompt(_))
-        ) || matches!(self, Route::Diffusion(d) if d.takes_body())
-    }
-}
 
 /// The key's tenant and tier: the auth layer's [`Caller`] if it ran.
 pub(crate) fn caller<'a>(

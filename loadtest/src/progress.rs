@@ -1,45 +1,54 @@
-//! Progress output for long commands: a bar redrawn in place on a terminal,
-//! plain periodic lines otherwise (CI logs, files), always on stderr so
-//! stdout stays clean for results.
+//! Progress output for long commands, always on stderr so stdout stays
+//! clean for results: an `indicatif` bar redrawn in place on a terminal;
+//! elsewhere (CI logs, files: indicatif draws nothing there) plain lines at
+//! each tenth of the work, or every 5 s for a load run.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use indicatif::{ProgressBar, ProgressStyle};
+
 use crate::runner::Live;
 
-fn bar(fraction: f64) -> String {
-    let filled = (fraction.clamp(0.0, 1.0) * 25.0).round() as usize;
-    format!("[{}{}]", "#".repeat(filled), " ".repeat(25 - filled))
+fn bar(len: u64, template: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    let style = ProgressStyle::with_template(template).expect("the progress templates are valid");
+    bar.set_style(style.progress_chars("#>-"));
+    bar
 }
 
 /// Progress through a known number of steps.
 pub struct Progress {
+    bar: Option<ProgressBar>,
     total: usize,
     done: usize,
-    tty: bool,
 }
 
 impl Progress {
     pub fn new(total: usize) -> Self {
-        Self { total: total.max(1), done: 0, tty: std::io::stderr().is_terminal() }
+        let total = total.max(1);
+        let tty = std::io::stderr().is_terminal();
+        let bar =
+            tty.then(|| bar(total as u64, "[{bar:25}] {percent:>3}% {pos}/{len} {elapsed} (eta {eta})"));
+        Self { bar, total, done: 0 }
     }
 
     pub fn tick(&mut self) {
         self.done += 1;
-        let pct = self.done * 100 / self.total;
-        if self.tty {
-            eprint!("\r{} {pct:3}% {}/{}", bar(self.done as f64 / self.total as f64), self.done, self.total);
-            let _ = std::io::stderr().flush();
-        } else if (self.done - 1) * 10 / self.total != self.done * 10 / self.total {
-            eprintln!("progress: {pct}% ({}/{})", self.done, self.total);
+        match &self.bar {
+            Some(bar) => bar.inc(1),
+            None if (self.done - 1) * 10 / self.total != self.done * 10 / self.total => {
+                eprintln!("progress: {}% ({}/{})", self.done * 100 / self.total, self.done, self.total);
+            }
+            None => {}
         }
     }
 
     pub fn done(&self) {
-        if self.tty {
-            eprintln!();
+        if let Some(bar) = &self.bar {
+            bar.finish();
         }
     }
 }
@@ -50,6 +59,8 @@ impl Progress {
 pub async fn watch_run(live: Arc<Live>, planned: usize, duration_s: f64) {
     let tty = std::io::stderr().is_terminal();
     let every = if tty { Duration::from_millis(250) } else { Duration::from_secs(5) };
+    // The bar runs over the run's planned duration, in milliseconds.
+    let shown = tty.then(|| bar((duration_s * 1e3).max(1.0) as u64, "[{bar:25}] {msg}"));
     let start = tokio::time::Instant::now();
     let mut ticker = tokio::time::interval(every);
     ticker.tick().await;
@@ -69,17 +80,32 @@ pub async fn watch_run(live: Arc<Live>, planned: usize, duration_s: f64) {
             live.rejected.load(Ordering::Relaxed),
             live.failed.load(Ordering::Relaxed),
         );
-        if tty {
-            eprint!("\r\x1b[2K{} {line}", bar(elapsed / duration_s.max(1e-9)));
-            let _ = std::io::stderr().flush();
-        } else {
-            eprintln!("progress: {line}");
+        match &shown {
+            Some(bar) => {
+                bar.set_position((elapsed * 1e3) as u64);
+                bar.set_message(line);
+            }
+            None => eprintln!("progress: {line}"),
         }
         if done >= planned {
-            if tty {
-                eprintln!();
+            if let Some(bar) = &shown {
+                bar.finish();
             }
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bar_templates_parse_and_count() {
+        // `bar` panics on a bad template; a bar counts what it is told.
+        let b = bar(10, "[{bar:25}] {percent:>3}% {pos}/{len} {elapsed} (eta {eta})");
+        b.inc(3);
+        assert_eq!(b.position(), 3);
+        bar(1, "[{bar:25}] {msg}").set_message("x");
     }
 }

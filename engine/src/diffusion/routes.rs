@@ -1,5 +1,6 @@
 //! The engine's diffusion routes (`/engine/v1/diffusion/…`, docs/api.md).
 
+use crate::routes::Target;
 use engine_api::diffusion::{self as api, ImagesResponse};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -22,13 +23,16 @@ fn failed(e: &DiffusionError) -> Response<EngineBody> {
 }
 
 /// Serves one diffusion route.
-pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineBody> {
+pub(crate) async fn handle(
+    engine: &Engine,
+    req: Request<Incoming>,
+    target: Target<'_>,
+) -> Response<EngineBody> {
     let d = &engine.diffusion;
-    let path = req.uri().path().to_string();
-    if path == api::PROFILE_PATH && req.method() == Method::GET {
+    if (target.id, target.action) == (None, "profile") && req.method() == Method::GET {
         return bytes("application/toml", d.profile_toml.clone().into_bytes());
     }
-    if path == api::IMAGES_PATH && req.method() == Method::POST {
+    if (target.id, target.action) == (None, "images") && req.method() == Method::POST {
         if !engine.accepting() {
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -48,15 +52,14 @@ pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineB
             Err(e) => failed(&e),
         };
     }
-    let Some(rest) = path.strip_prefix(api::VIDEOS_PREFIX) else {
-        return error(StatusCode::NOT_FOUND, "not_found", "no such diffusion route");
+    let Some(id) = target.id else {
+        return error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "no such diffusion route");
     };
-    let (id, action) = rest.split_once('/').unwrap_or((rest, ""));
-    if id.is_empty() || id.len() > api::MAX_ID_BYTES {
+    if id.len() > api::MAX_ID_BYTES {
         return error(StatusCode::BAD_REQUEST, "invalid_request", "video id: 1 to 128 bytes");
     }
     let id = id.to_string();
-    match (req.method().clone(), action) {
+    match (req.method().clone(), target.action) {
         (Method::POST, "steps") => {
             if !engine.accepting() {
                 return error(

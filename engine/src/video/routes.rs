@@ -1,6 +1,7 @@
 //! The engine's video routes (`/engine/v1/video/…`, docs/api.md):
 //! sessions, chunks, prompt switches, suspend / resume, export / import.
 
+use crate::routes::Target;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full, Limited};
@@ -9,8 +10,6 @@ use hyper::body::Incoming;
 use super::{ChunkRequest, CreateSession, VideoError};
 use crate::server::{error, json, read_json, EngineBody};
 use crate::Engine;
-
-pub const PREFIX: &str = "/engine/v1/video/";
 
 fn video_error(e: &VideoError) -> Response<EngineBody> {
     let status = match e {
@@ -76,34 +75,36 @@ fn pull_limit(engine: &Engine) -> usize {
 }
 
 /// Serves one video route.
-pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineBody> {
+pub(crate) async fn handle(
+    engine: &Engine,
+    req: Request<Incoming>,
+    target: Target<'_>,
+) -> Response<EngineBody> {
     let v = &engine.video;
-    let path = req.uri().path().trim_start_matches(PREFIX).to_string();
-    let parts: Vec<&str> = path.split('/').collect();
-    match (req.method().clone(), parts.as_slice()) {
-        (Method::GET, ["profile"]) => {
+    match (req.method().clone(), target.id, target.action) {
+        (Method::GET, None, "profile") => {
             bytes("application/toml", engine.video_profile_toml.clone().into_bytes())
         }
-        (Method::GET, ["load"]) => json(StatusCode::OK, &v.load().await),
-        (Method::POST, ["lend"]) => match read_json::<Lend>(req).await {
+        (Method::GET, None, "load") => json(StatusCode::OK, &v.load().await),
+        (Method::POST, None, "lend") => match read_json::<Lend>(req).await {
             Ok(l) if l.ms.is_finite() && (0.0..=60_000.0).contains(&l.ms) => {
                 done(StatusCode::OK, v.lend(l.ms).await.map(|()| serde_json::json!({})))
             }
             Ok(_) => error(StatusCode::BAD_REQUEST, "invalid_request", "ms: 0 to 60000"),
             Err(resp) => resp,
         },
-        (Method::POST, ["sessions"]) => match read_json::<CreateSession>(req).await {
+        (Method::POST, None, "sessions") => match read_json::<CreateSession>(req).await {
             Ok(c) => match c.validate() {
                 Ok(()) => done(StatusCode::CREATED, v.create(c).await.map(|()| serde_json::json!({}))),
                 Err(message) => error(StatusCode::BAD_REQUEST, "invalid_request", &message),
             },
             Err(resp) => resp,
         },
-        (Method::POST, ["sessions", id, "chunk"]) => match read_json::<ChunkRequest>(req).await {
+        (Method::POST, Some(id), "chunk") => match read_json::<ChunkRequest>(req).await {
             Ok(c) => done(StatusCode::OK, v.chunk(id, c).await),
             Err(resp) => resp,
         },
-        (Method::POST, ["sessions", id, "prompt"]) => match read_json::<PromptSwitch>(req).await {
+        (Method::POST, Some(id), "prompt") => match read_json::<PromptSwitch>(req).await {
             Ok(p) if p.prompt.len() > super::MAX_PROMPT_BYTES => {
                 error(StatusCode::BAD_REQUEST, "invalid_request", "prompt: too long")
             }
@@ -113,21 +114,21 @@ pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineB
             ),
             Err(resp) => resp,
         },
-        (Method::POST, ["sessions", id, "suspend"]) => {
+        (Method::POST, Some(id), "suspend") => {
             done(StatusCode::OK, v.suspend(id).await.map(|()| serde_json::json!({})))
         }
-        (Method::POST, ["sessions", id, "resume"]) => {
+        (Method::POST, Some(id), "resume") => {
             done(StatusCode::OK, v.resume(id).await.map(|()| serde_json::json!({})))
         }
-        (Method::GET, ["sessions", id, "state"]) => match v.state(id).await {
+        (Method::GET, Some(id), "state") => match v.state(id).await {
             Ok(b) => bytes("application/octet-stream", b),
             Err(e) => video_error(&e),
         },
-        (Method::POST, ["sessions", id, "export"]) => match v.export(id).await {
+        (Method::POST, Some(id), "export") => match v.export(id).await {
             Ok(b) => bytes("application/octet-stream", b),
             Err(e) => video_error(&e),
         },
-        (Method::PUT, ["sessions", id, "import"]) => {
+        (Method::PUT, Some(id), "import") => {
             let id = id.to_string();
             // A session's state: its KV window and model state.
             match Limited::new(req.into_body(), pull_limit(engine)).collect().await {
@@ -138,14 +139,14 @@ pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineB
                 Err(e) => error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string()),
             }
         }
-        (Method::POST, ["sessions", id, "offer"]) => match read_json::<Offer>(req).await {
+        (Method::POST, Some(id), "offer") => match read_json::<Offer>(req).await {
             Ok(o) if o.token.len() < MIN_TOKEN_LEN || o.token.len() > 256 => {
                 error(StatusCode::BAD_REQUEST, "invalid_request", "token: 16 to 256 characters")
             }
             Ok(o) => done(StatusCode::OK, v.offer(id, o.token).await),
             Err(resp) => resp,
         },
-        (Method::GET, ["sessions", id, "snapshot"]) => {
+        (Method::GET, Some(id), "snapshot") => {
             let token = req.headers().get(super::transfer::TOKEN_HEADER).and_then(|t| t.to_str().ok());
             let since = super::transfer::since_of(req.uri().query());
             match v.snapshot(id, token.unwrap_or_default().to_string(), since).await {
@@ -153,7 +154,7 @@ pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineB
                 Err(e) => video_error(&e),
             }
         }
-        (Method::POST, ["sessions", id, "pull"]) => match read_json::<Pull>(req).await {
+        (Method::POST, Some(id), "pull") => match read_json::<Pull>(req).await {
             Ok(p) => {
                 let started = crate::clock::now();
                 let pulled = super::transfer::pull(&p.from, id, &p.token, None, pull_limit(engine)).await;
@@ -171,7 +172,7 @@ pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineB
             }
             Err(resp) => resp,
         },
-        (Method::POST, ["sessions", id, "commit"]) => match read_json::<Pull>(req).await {
+        (Method::POST, Some(id), "commit") => match read_json::<Pull>(req).await {
             Ok(p) => {
                 let started = crate::clock::now();
                 let since = v.staged(id).await;
@@ -189,10 +190,10 @@ pub async fn handle(engine: &Engine, req: Request<Incoming>) -> Response<EngineB
             }
             Err(resp) => resp,
         },
-        (Method::DELETE, ["sessions", id, "staged"]) => {
+        (Method::DELETE, Some(id), "staged") => {
             done(StatusCode::OK, v.unstage(id).await.map(|()| serde_json::json!({})))
         }
-        (Method::DELETE, ["sessions", id]) => {
+        (Method::DELETE, Some(id), "") => {
             done(StatusCode::OK, v.end(id).await.map(|()| serde_json::json!({})))
         }
         _ => error(StatusCode::NOT_FOUND, "not_found", "no such video route"),

@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use http::{header, HeaderValue, Method, Response, StatusCode};
+use http::{header, HeaderValue, Response, StatusCode};
 use policies::{PolicyDocument, Tenant, Tier};
 use serde::Deserialize;
 use serde_json::json;
@@ -36,30 +36,9 @@ pub enum DiffusionRoute {
     Video(String),
     Content(String),
     DeleteVideo(String),
-    WrongMethod,
 }
 
 impl DiffusionRoute {
-    pub fn of(method: &Method, path: &str) -> Option<Self> {
-        if path == "/v1/images/generations" {
-            return Some(if method == Method::POST { Self::Images } else { Self::WrongMethod });
-        }
-        let rest = path.strip_prefix("/v1/videos")?;
-        let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
-        if !rest.is_empty() && !rest.starts_with('/') {
-            return None;
-        }
-        Some(match (method, parts.as_slice()) {
-            (&Method::POST, []) => Self::CreateVideo,
-            (&Method::GET, []) => Self::ListVideos,
-            (&Method::GET, [id]) => Self::Video(id.to_string()),
-            (&Method::DELETE, [id]) => Self::DeleteVideo(id.to_string()),
-            (&Method::GET, [id, "content"]) => Self::Content(id.to_string()),
-            (_, [] | [_] | [_, "content"]) => Self::WrongMethod,
-            _ => return None,
-        })
-    }
-
     pub fn takes_body(&self) -> bool {
         matches!(self, Self::Images | Self::CreateVideo)
     }
@@ -171,7 +150,6 @@ pub async fn handle(
                 &json!({"id": record.id, "object": "video.deleted", "deleted": true}),
             ))
         }
-        DiffusionRoute::WrongMethod => Err(ApiError::MethodNotAllowed(req.method().to_string())),
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use engine_api::video::{CreateSession, Resolution};
-use http::{header, HeaderValue, Method, Response, StatusCode};
+use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use policies::video::placement;
 use policies::{PolicyDocument, Tenant, Tier};
@@ -29,27 +29,6 @@ pub enum VideoRoute {
     Resume(String),
     Prompt(String),
     Delete(String),
-    WrongMethod,
-}
-
-impl VideoRoute {
-    /// The route of `path`, if it is a video path.
-    pub fn of(method: &Method, path: &str) -> Option<Self> {
-        let rest = path.strip_prefix("/v1/video/streams")?;
-        let parts: Vec<&str> = rest.trim_start_matches('/').split('/').filter(|p| !p.is_empty()).collect();
-        let route = match (method, parts.as_slice()) {
-            (&Method::POST, []) => VideoRoute::Create,
-            (&Method::GET, [id]) => VideoRoute::Status(id.to_string()),
-            (&Method::DELETE, [id]) => VideoRoute::Delete(id.to_string()),
-            (&Method::GET, [id, "events"]) => VideoRoute::Events(id.to_string()),
-            (&Method::POST, [id, "pause"]) => VideoRoute::Pause(id.to_string()),
-            (&Method::POST, [id, "resume"]) => VideoRoute::Resume(id.to_string()),
-            (&Method::POST, [id, "prompt"]) => VideoRoute::Prompt(id.to_string()),
-            (_, [] | [_] | [_, "events" | "pause" | "resume" | "prompt"]) => VideoRoute::WrongMethod,
-            _ => return None,
-        };
-        Some(route)
-    }
 }
 
 #[derive(Deserialize)]
@@ -156,7 +135,6 @@ pub async fn handle(
             s.wake.notify_one();
             Ok(json_response(StatusCode::OK, &json!({"id": id, "object": "video.stream", "deleted": true})))
         }
-        VideoRoute::WrongMethod => Err(ApiError::MethodNotAllowed(req.method().to_string())),
     }
 }
 
