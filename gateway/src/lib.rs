@@ -34,6 +34,7 @@ pub mod metrics;
 pub(crate) mod openai;
 pub(crate) mod outbox;
 pub(crate) mod permit;
+mod player;
 pub(crate) mod policy_watch;
 pub(crate) mod relay;
 pub(crate) mod reload;

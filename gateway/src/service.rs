@@ -98,6 +98,7 @@ pub(crate) async fn route(
             .map_err(Failed::from),
         Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "alive"}))),
         Route::Readyz => Ok(readyz(&app, policy)),
+        Route::Player(asset) => Ok(crate::player::serve(asset)),
         Route::Video(v) => match caller(policy, &req, found) {
             Ok(who) => video(&app, policy, who, v, &mut req).await,
             Err(e) => Err(e.into()),

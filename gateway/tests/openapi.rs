@@ -169,6 +169,9 @@ async fn text_routes(r: &mut Recorder) {
     assert_eq!(status(&r.get("/v1/models/nope", Some(GOLD)).await), 404);
     assert_eq!(status(&r.get("/healthz", None).await), 200);
     assert_eq!(status(&r.get("/readyz", None).await), 200);
+    for page in ["/player", "/player/player.js", "/player/player.css"] {
+        assert_eq!(status(&r.get(page, None).await), 200);
+    }
 }
 
 async fn image_and_video_routes(r: &mut Recorder) {

@@ -15,6 +15,8 @@ pub(crate) enum Route {
     Model(String),
     Healthz,
     Readyz,
+    /// The live video player's page and files (no key: the page asks).
+    Player(crate::player::Asset),
     Video(VideoRoute),
     Diffusion(crate::diffusion::routes::DiffusionRoute),
     WrongMethod,
@@ -41,6 +43,7 @@ enum Endpoint {
     StreamPause,
     StreamResume,
     StreamPrompt,
+    Player(crate::player::Asset),
 }
 
 /// The public listener's paths (matchit: `{id}` is one segment, `{*model}`
@@ -68,6 +71,9 @@ fn endpoints() -> &'static matchit::Router<Endpoint> {
             ("/v1/video/streams/{id}/pause", E::StreamPause),
             ("/v1/video/streams/{id}/resume", E::StreamResume),
             ("/v1/video/streams/{id}/prompt", E::StreamPrompt),
+            ("/player", E::Player(crate::player::Asset::Page)),
+            ("/player/player.js", E::Player(crate::player::Asset::Script)),
+            ("/player/player.css", E::Player(crate::player::Asset::Style)),
         ] {
             router.insert(path, endpoint).expect("the public route table is valid");
         }
@@ -104,6 +110,7 @@ impl Route {
             (E::StreamPause, &Method::POST) => Route::Video(V::Pause(id())),
             (E::StreamResume, &Method::POST) => Route::Video(V::Resume(id())),
             (E::StreamPrompt, &Method::POST) => Route::Video(V::Prompt(id())),
+            (E::Player(asset), &Method::GET) => Route::Player(asset),
             _ => Route::WrongMethod,
         }
     }
@@ -116,6 +123,7 @@ impl Route {
             Route::Models | Route::Model(_) => "models",
             Route::Healthz => "healthz",
             Route::Readyz => "readyz",
+            Route::Player(_) => "player",
             Route::Video(_) => "video",
             Route::Diffusion(crate::diffusion::routes::DiffusionRoute::Images) => "images",
             Route::Diffusion(_) => "videos",

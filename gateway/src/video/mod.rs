@@ -165,6 +165,8 @@ impl Stream {
             "status": st.ended.map_or(if st.playout.paused() { "paused" } else { "active" }, |_| "ended"),
             "end_reason": st.ended,
             "tier": self.tier,
+            "fps": self.params.fps,
+            "frames_per_chunk": self.params.frames_per_chunk,
             "prompt_epoch": st.epoch,
             "chunks": st.next_index,
             "slack_ms": st.playout.slack(now) * 1e3,
