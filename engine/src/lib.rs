@@ -187,6 +187,8 @@ pub enum StartError {
     Model(String),
     #[error("cuda backend: {0}")]
     Gpu(String),
+    #[error("tracing: {0}")]
+    Tracing(String),
     #[error(transparent)]
     VideoProfile(#[from] policies::video::fidelity::VideoProfileError),
     #[error("warm-up failed: {0}")]

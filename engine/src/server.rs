@@ -188,6 +188,8 @@ async fn generate_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response
         ::metrics::counter!(crate::metrics::REFUSALS, "reason" => code).increment(1);
         return error(StatusCode::SERVICE_UNAVAILABLE, code, "engine is not taking new work");
     }
+    // The gateway's attempt span, when it traces the request.
+    let trace = telemetry::enabled().then(|| telemetry::extract(req.headers()));
     let gen: GenerateRequest = match read_json(req).await {
         Ok(g) => g,
         Err(resp) => return resp,
@@ -200,7 +202,7 @@ async fn generate_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response
     // Unbounded: the scheduler must never wait on one slow client; a
     // sequence's backlog is bounded by its max_tokens.
     let (tx, rx) = mpsc::unbounded_channel();
-    if let Err(e) = engine.scheduler.enqueue(gen, prompt_tokens, tx).await {
+    if let Err(e) = engine.scheduler.enqueue_traced(gen, prompt_tokens, tx, trace).await {
         ::metrics::counter!(crate::metrics::REFUSALS, "reason" => e.code()).increment(1);
         return error(StatusCode::SERVICE_UNAVAILABLE, e.code(), &e.to_string());
     }

@@ -167,6 +167,9 @@ pub struct Started {
     pub events: EventStream,
     /// Keeps the request's tokens counted against its engine.
     pub inflight: EngineLease,
+    /// The attempt's span, ended with the stream (held for its drop).
+    #[allow(dead_code)]
+    pub span: crate::trace::Child,
 }
 
 /// Engines already tried for one request, and why the last one failed.
@@ -218,6 +221,9 @@ pub struct Outbound {
     /// The prompt's block hashes: recorded in the prefix index against the
     /// engine it is sent to.
     pub prefix: Vec<u64>,
+    /// The request's trace: each attempt is a span below it, sent to the
+    /// engine as `traceparent`.
+    pub trace: crate::trace::RequestTrace,
     native: std::sync::OnceLock<Bytes>,
 }
 
@@ -234,6 +240,7 @@ impl Outbound {
             upstream_only,
             verbatim,
             prefix: Vec::new(),
+            trace: crate::trace::RequestTrace::default(),
             native: std::sync::OnceLock::new(),
         }
     }
@@ -294,10 +301,26 @@ pub async fn start(
         };
         let idx = inflight.engine_idx();
         pool.prefix.record(idx, &req.prefix); // the next prompt with this prefix may follow it
-        match tokio::time::timeout(first_event_timeout, try_engine(pool, idx, req)).await {
+        let span = req.trace.child("engine", telemetry::SpanKind::Client, || {
+            let slot = pool.slot(idx);
+            vec![
+                telemetry::KeyValue::new("slo.engine", slot.spec.id.clone()),
+                telemetry::KeyValue::new("server.address", slot.spec.url.to_string()),
+                telemetry::KeyValue::new("slo.attempt", attempts.tried.len() as i64 + 1),
+            ]
+        });
+        let tried = tokio::time::timeout(first_event_timeout, try_engine(pool, idx, req, &span)).await;
+        if let Err(why) = tried
+            .as_ref()
+            .map_err(|_| "timeout".to_string())
+            .and_then(|r| r.as_ref().map_err(|e| e.to_string()))
+        {
+            span.fail(why);
+        }
+        match tried {
             Ok(Ok((first, events))) => {
                 inflight.first_token();
-                return Ok(Started { first, events, inflight });
+                return Ok(Started { first, events, inflight, span });
             }
             Ok(Err(e)) => {
                 if matches!(e, EngineError::Unreachable { .. }) {
@@ -321,6 +344,7 @@ async fn try_engine(
     pool: &EnginePool,
     idx: usize,
     out: &Outbound,
+    span: &crate::trace::Child,
 ) -> Result<(Event, EventStream), EngineError> {
     let slot = pool.slot(idx);
     let engine = slot.spec.id.clone();
@@ -341,6 +365,7 @@ async fn try_engine(
     if let Ok(id) = http::HeaderValue::from_str(&out.gen.request_id) {
         req.headers_mut().insert("x-request-id", id);
     }
+    span.inject(req.headers_mut()); // the engine's spans hang below this attempt
     let sent_at = crate::clock::now();
     let resp = pool
         .send(req, &slot)

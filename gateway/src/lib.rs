@@ -46,6 +46,7 @@ pub mod supervisor;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testkit;
 pub(crate) mod tls;
+mod trace;
 pub(crate) mod upstream;
 pub(crate) mod video;
 pub(crate) mod workers;

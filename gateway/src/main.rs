@@ -127,6 +127,12 @@ fn main() -> ExitCode {
         .init();
     let rt = tokio::runtime::Runtime::new().expect("the tokio runtime starts");
     let result: Result<(), String> = rt.block_on(async {
+        // Traces go out only when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is
+        // set (docs/operations.md "Tracing"); the guard flushes at exit.
+        let _traces = match telemetry::init("slo-gateway", &format!("gateway-{}", std::process::id())) {
+            Ok(guard) => guard,
+            Err(e) => return Err(format!("tracing: {e}")),
+        };
         match Cli::parse().command {
             Command::Up {
                 listen,

@@ -238,6 +238,10 @@ pub struct RequestObserver {
     /// result is recorded (at the end, or as a miss if it never ends).
     slo: Option<(Duration, Duration)>,
     e2e_recorded: bool,
+    /// The request's trace: the first token as an event, the relay from it
+    /// to the last token as a span, the usage on the server span.
+    trace: crate::trace::RequestTrace,
+    relay: crate::trace::Child,
     /// The last token's time (none before the first) and the tier's TBT
     /// histogram (from the first token on: one label lookup per request,
     /// not per token).
@@ -249,7 +253,22 @@ impl RequestObserver {
     /// against (counted in `gateway_slo_requests_total`).
     pub fn new(arrived: Instant, tier: &str, slo: Option<(Duration, Duration)>) -> Self {
         metrics::gauge!(INFLIGHT).increment(1.0);
-        Self { arrived, tier: tier.to_string(), first_seen: false, slo, e2e_recorded: false, tbt: None }
+        Self {
+            arrived,
+            tier: tier.to_string(),
+            first_seen: false,
+            slo,
+            e2e_recorded: false,
+            trace: crate::trace::RequestTrace::default(),
+            relay: crate::trace::Child::default(),
+            tbt: None,
+        }
+    }
+
+    /// Follows the request's trace too.
+    pub(crate) fn traced(mut self, trace: crate::trace::RequestTrace) -> Self {
+        self.trace = trace;
+        self
     }
 
     fn slo_result(&self, slo: &'static str, met: bool) {
@@ -273,6 +292,10 @@ impl RequestObserver {
         if let Some((target, _)) = self.slo {
             self.slo_result("ttft", ttft <= target);
         }
+        self.trace.event("gen_ai.first_token", || {
+            vec![telemetry::KeyValue::new("slo.ttft_ms", telemetry::ms(ttft))]
+        });
+        self.relay = self.trace.child("relay", telemetry::SpanKind::Internal, Vec::new);
         Some(ttft)
     }
 
@@ -295,6 +318,14 @@ impl RequestObserver {
             self.slo_result("e2e", tlet <= target);
             self.e2e_recorded = true;
         }
+        self.trace.set(|| {
+            vec![
+                telemetry::KeyValue::new("gen_ai.usage.input_tokens", i64::from(usage.prompt_tokens)),
+                telemetry::KeyValue::new("gen_ai.usage.output_tokens", i64::from(usage.completion_tokens)),
+                telemetry::KeyValue::new("slo.e2e_ms", telemetry::ms(tlet)),
+            ]
+        });
+        self.relay = crate::trace::Child::default(); // ends the relay span
         metrics::counter!(OUTPUT_TOKENS).increment(u64::from(usage.completion_tokens));
         OUTPUT_TOKENS_SO_FAR
             .fetch_add(u64::from(usage.completion_tokens), std::sync::atomic::Ordering::Relaxed);
@@ -305,6 +336,9 @@ impl Drop for RequestObserver {
     fn drop(&mut self) {
         // Ended early (an engine failure, a timeout, the client gone): the
         // targets not yet met are missed.
+        if self.first_seen && !self.e2e_recorded {
+            self.relay.fail("ended before the last token");
+        }
         if self.slo.is_some() {
             if !self.first_seen {
                 self.slo_result("ttft", false);

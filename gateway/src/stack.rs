@@ -5,6 +5,8 @@
 //!             `request{id=…}` span around everything below, x-request-id
 //!             on the answer
 //! Metrics     gateway_requests_total{route,status} once the answer is known
+//! Trace       the OpenTelemetry server span (under the client's
+//!             traceparent), its status once the answer is known (trace.rs)
 //! Policy      one policy version for the whole request (and its stream);
 //!             x-policy-version and admission's decision headers on the answer
 //! Errors      the one place an error becomes an HTTP answer (OpenAI-style
@@ -47,7 +49,9 @@ use crate::metrics;
 use crate::reload::PolicyStore;
 use crate::request::Req;
 use crate::service::{self, Caller, Failed, Ident, Route};
+use crate::trace::RequestTrace;
 use crate::App;
+use telemetry::KeyValue;
 
 type Answer = Response<GatewayBody>;
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -73,6 +77,7 @@ pub(crate) fn public(
     ServiceBuilder::new()
         .layer(Wrap::layer(RequestId { app: Arc::clone(&app) }))
         .layer(Wrap::layer(Metrics))
+        .layer(Wrap::layer(Trace))
         .layer(Wrap::layer(Policy { store: Arc::clone(&app.policies) }))
         .layer(ErrorLayer)
         .layer(Step::layer(Auth, Arc::clone(&app)))
@@ -179,10 +184,21 @@ impl Check for Auth {
         if !route.needs_key() {
             return Ok(());
         }
-        let key = crate::request::bearer(req.headers()).ok_or(crate::error::ApiError::MissingKey)?;
-        let tenant = policy.key_owner(key).ok_or(crate::error::ApiError::InvalidKey)?;
-        req.extensions_mut().insert(Caller(tenant));
-        Ok(())
+        let trace = ext.get::<RequestTrace>().cloned().unwrap_or_default();
+        let span = trace.child("auth", telemetry::SpanKind::Internal, Vec::new);
+        let key = crate::request::bearer(req.headers()).ok_or(crate::error::ApiError::MissingKey);
+        let tenant = key.and_then(|k| policy.key_owner(k).ok_or(crate::error::ApiError::InvalidKey));
+        match tenant {
+            Ok(tenant) => {
+                span.set(|| vec![KeyValue::new("slo.tenant", policy.tenant_at(tenant).0.name.clone())]);
+                req.extensions_mut().insert(Caller(tenant));
+                Ok(())
+            }
+            Err(e) => {
+                span.fail(e.code());
+                Err(e)
+            }
+        }
     }
 }
 
@@ -303,6 +319,46 @@ impl Around for Metrics {
     fn after(route: &'static str, resp: &mut Answer) {
         let status = resp.status().as_u16().to_string();
         ::metrics::counter!(metrics::REQUESTS, "route" => route, "status" => status).increment(1);
+    }
+}
+
+/// The request's server span (`trace.rs`), a request extension for the
+/// spans below; its status once the answer is known. Nothing when tracing
+/// is off.
+#[derive(Clone)]
+struct Trace;
+
+impl Around for Trace {
+    type State = RequestTrace;
+
+    fn before(&self, req: &mut Request<Incoming>) -> RequestTrace {
+        let label = req.extensions().get::<Route>().map_or("other", Route::label);
+        let method = req.method();
+        let trace = RequestTrace::start(
+            req.headers(),
+            || format!("{method} {label}"),
+            || {
+                let id = req.extensions().get::<Ident>().map(|i| i.request_id.clone()).unwrap_or_default();
+                vec![
+                    KeyValue::new("http.request.method", method.to_string()),
+                    KeyValue::new("url.path", req.uri().path().to_string()),
+                    KeyValue::new("http.route", label),
+                    KeyValue::new("slo.request_id", id),
+                ]
+            },
+        );
+        if trace.is_on() {
+            req.extensions_mut().insert(trace.clone());
+        }
+        trace
+    }
+
+    fn after(trace: RequestTrace, resp: &mut Answer) {
+        let status = resp.status();
+        trace.set(|| vec![KeyValue::new("http.response.status_code", i64::from(status.as_u16()))]);
+        if status.is_server_error() {
+            trace.fail(status.to_string());
+        }
     }
 }
 

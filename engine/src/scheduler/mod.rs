@@ -97,6 +97,8 @@ enum Command {
         req: GenerateRequest,
         prompt_tokens: u32,
         tx: mpsc::UnboundedSender<Bytes>,
+        /// The gateway's trace context, when it traces the request.
+        trace: Option<telemetry::Context>,
         reply: oneshot::Sender<Result<(), Refusal>>,
     },
     Snapshot {
@@ -166,8 +168,21 @@ impl Scheduler {
         prompt_tokens: u32,
         tx: mpsc::UnboundedSender<Bytes>,
     ) -> Result<(), Refusal> {
+        self.enqueue_traced(req, prompt_tokens, tx, None).await
+    }
+
+    /// [`Self::enqueue`] for a request the gateway traces: the sequence's
+    /// spans go below `trace` (scheduler/trace.rs).
+    pub async fn enqueue_traced(
+        &self,
+        req: GenerateRequest,
+        prompt_tokens: u32,
+        tx: mpsc::UnboundedSender<Bytes>,
+        trace: Option<telemetry::Context>,
+    ) -> Result<(), Refusal> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Command::Enqueue { req, prompt_tokens, tx, reply }).map_err(|_| Refusal::Stopped)?;
+        let command = Command::Enqueue { req, prompt_tokens, tx, trace, reply };
+        self.tx.send(command).map_err(|_| Refusal::Stopped)?;
         rx.await.unwrap_or(Err(Refusal::Stopped))
     }
 
@@ -312,8 +327,8 @@ impl<B: Backend> Core<B> {
 
     fn command(&mut self, c: Command) {
         match c {
-            Command::Enqueue { req, prompt_tokens, tx, reply } => {
-                let _ = reply.send(self.admit(req, prompt_tokens, tx));
+            Command::Enqueue { req, prompt_tokens, tx, trace, reply } => {
+                let _ = reply.send(self.admit(req, prompt_tokens, tx, trace));
             }
             Command::Snapshot { reply } => {
                 let _ = reply.send(self.snapshot());
@@ -337,6 +352,7 @@ impl<B: Backend> Core<B> {
         req: GenerateRequest,
         prompt_tokens: u32,
         tx: mpsc::UnboundedSender<Bytes>,
+        trace: Option<telemetry::Context>,
     ) -> Result<(), Refusal> {
         if self.draining {
             return Err(Refusal::Draining);
@@ -369,6 +385,7 @@ impl<B: Backend> Core<B> {
             blocks,
             reusable,
             cached_tokens: 0,
+            trace: trace::SeqTrace::start(trace, prompt_tokens),
         };
         if req.max_tokens == 0 {
             seq.finish(FinishReason::Length);
@@ -442,6 +459,7 @@ impl<B: Backend> Core<B> {
             return false;
         }
         let started = self.now();
+        let started_wall = crate::clock::wall();
         ::metrics::histogram!(m::PREFILL_BATCH_SIZE).record(batch.len() as f64);
         for s in batch.iter_mut().filter(|s| s.generated == 0) {
             s.queue_ms = (started - s.enqueued_at).as_secs_f64() * 1e3;
@@ -458,6 +476,7 @@ impl<B: Backend> Core<B> {
         self.stats.prefilling = (0, 0);
         let prefill_ms = (self.now() - started).as_secs_f64() * 1e3;
         ::metrics::histogram!(m::PREFILL).record(prefill_ms / 1e3);
+        let outs_len = batch.len();
         for (mut seq, out) in batch.into_iter().zip(outs) {
             // The prompt's pages hold its K/V now: later prompts may share them.
             if let Some(pages) = seq.pages.as_mut() {
@@ -465,6 +484,10 @@ impl<B: Backend> Core<B> {
             }
             if seq.generated == 0 {
                 seq.prefill_ms = prefill_ms;
+            }
+            let (size, cached) = (outs_len, seq.cached_tokens);
+            if let Some(t) = &mut seq.trace {
+                t.prefilled(started_wall, size, cached);
             }
             if !seq.apply(out) {
                 self.running.push(seq);
@@ -534,6 +557,9 @@ impl<B: Backend> Core<B> {
         ::metrics::histogram!(m::BATCH_SIZE).record(batch as f64);
         let mut done = vec![false; batch];
         for (i, out) in outs.into_iter().enumerate() {
+            if let Some(t) = &mut self.running[i].trace {
+                t.decoded(batch);
+            }
             done[i] = self.running[i].apply(out);
         }
         let mut i = 0;
@@ -562,6 +588,9 @@ impl<B: Backend> Core<B> {
                     seq.pages = None; // pages back to the free list
                     seq.preemptions += 1;
                     seq.since_start = 0;
+                    if let Some(t) = &mut seq.trace {
+                        t.preempted();
+                    }
                     self.stats.preemptions += 1;
                     ::metrics::counter!(m::PREEMPTIONS).increment(1);
                     tracing::debug!(event = "preempted", seq = seq.id, generated = seq.generated);
@@ -571,7 +600,7 @@ impl<B: Backend> Core<B> {
                     }
                 }
                 None => {
-                    let seq = self.running.remove(i);
+                    let mut seq = self.running.remove(i);
                     seq.fail("kv_exhausted", "KV cache exhausted and no sequence may be preempted");
                 }
             }
@@ -591,6 +620,8 @@ impl<B: Backend> Core<B> {
             .map(|(i, _)| i)
     }
 }
+
+mod trace;
 
 #[cfg(test)]
 mod tests;

@@ -36,6 +36,8 @@ pub(super) struct Seq<S> {
     pub(super) reusable: usize,
     /// Prompt tokens the first prefill found cached.
     pub(super) cached_tokens: u32,
+    /// Its spans, when the gateway traces it (written when it is dropped).
+    pub(super) trace: Option<Box<super::trace::SeqTrace>>,
 }
 
 impl<S> Seq<S> {
@@ -86,6 +88,13 @@ impl<S> Seq<S> {
     }
 
     pub(super) fn finish(&mut self, finish_reason: FinishReason) -> bool {
+        if let Some(t) = &mut self.trace {
+            let reason = match finish_reason {
+                FinishReason::Stop => "stop",
+                FinishReason::Length => "length",
+            };
+            t.ended(Ok(reason), self.generated);
+        }
         let tail = self.stops.finish();
         if !tail.is_empty() {
             self.send(&Event::Token { text: tail });
@@ -104,7 +113,11 @@ impl<S> Seq<S> {
         true
     }
 
-    pub(super) fn fail(&self, code: &str, message: &str) {
+    pub(super) fn fail(&mut self, code: &str, message: &str) {
+        let generated = self.generated;
+        if let Some(t) = &mut self.trace {
+            t.ended(Err(code.to_string()), generated);
+        }
         self.send(&Event::Error { code: code.to_string(), message: message.to_string() });
     }
 }

@@ -120,6 +120,18 @@ impl System {
         extra: &[&str],
         policy: Option<&str>,
     ) -> Self {
+        Self::start_with_env(profile, engines, extra, policy, &[]).await
+    }
+
+    /// As [`System::start_with_policy`], with these environment variables
+    /// for the gateway (its engines inherit them).
+    pub async fn start_with_env(
+        profile: &str,
+        engines: usize,
+        extra: &[&str],
+        policy: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Self {
         let dir = scratch_dir();
         let profile_path = dir.join("profile.toml");
         std::fs::write(&profile_path, profile).unwrap();
@@ -141,7 +153,8 @@ impl System {
             .arg("--policies")
             .arg(&policies)
             .args(["--admin-listen", "127.0.0.1:0"])
-            .args(extra);
+            .args(extra)
+            .envs(env.iter().copied());
         let ca = dir.join("certs/ca.pem");
         Self::spawn(cmd, dir, policies, ca).await
     }
