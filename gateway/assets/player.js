@@ -272,27 +272,20 @@
     }
   });
 
-  $('pause').addEventListener('click', async () => {
+  /// Pause or resume: the stream's playout clock and this player's.
+  async function playback(action, pause) {
     try {
-      status = await api('POST', `/v1/video/streams/${encodeURIComponent(stream.id)}/pause`);
-      paused = true;
-      log('paused');
+      status = await api('POST', `/v1/video/streams/${encodeURIComponent(stream.id)}/${action}`);
+      paused = pause;
+      log(pause ? 'paused' : 'resumed');
       setButtons();
     } catch (e) {
       fail(e);
     }
-  });
+  }
 
-  $('resume').addEventListener('click', async () => {
-    try {
-      status = await api('POST', `/v1/video/streams/${encodeURIComponent(stream.id)}/resume`);
-      paused = false;
-      log('resumed');
-      setButtons();
-    } catch (e) {
-      fail(e);
-    }
-  });
+  $('pause').addEventListener('click', () => playback('pause', true));
+  $('resume').addEventListener('click', () => playback('resume', false));
 
   $('switch').addEventListener('click', async () => {
     try {

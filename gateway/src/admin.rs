@@ -148,8 +148,7 @@ enum Endpoint {
 fn endpoints() -> &'static matchit::Router<Endpoint> {
     static ROUTER: std::sync::OnceLock<matchit::Router<Endpoint>> = std::sync::OnceLock::new();
     ROUTER.get_or_init(|| {
-        let mut router = matchit::Router::new();
-        for (path, endpoint) in [
+        crate::request::route_table([
             ("/metrics", Endpoint::Metrics),
             ("/admin/policies", Endpoint::Policies),
             ("/admin/policies/reload", Endpoint::Reload),
@@ -159,10 +158,7 @@ fn endpoints() -> &'static matchit::Router<Endpoint> {
             ("/admin/fleet", Endpoint::Fleet),
             ("/admin/video/streams", Endpoint::Streams),
             ("/admin/video/streams/{id}/move", Endpoint::StreamMove),
-        ] {
-            router.insert(path, endpoint).expect("the admin route table is valid");
-        }
-        router
+        ])
     })
 }
 

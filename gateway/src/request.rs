@@ -170,3 +170,13 @@ pub(crate) fn json_response(status: StatusCode, value: &serde_json::Value) -> Re
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp
 }
+
+/// A path table (matchit) from `(pattern, value)` pairs; the patterns are
+/// this crate's constants, so a bad one is a bug caught by any test.
+pub(crate) fn route_table<T>(routes: impl IntoIterator<Item = (&'static str, T)>) -> matchit::Router<T> {
+    let mut router = matchit::Router::new();
+    for (path, value) in routes {
+        router.insert(path, value).expect("the route table is valid");
+    }
+    router
+}

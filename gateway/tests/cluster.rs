@@ -96,6 +96,15 @@ async fn a_policy_written_into_redis_without_the_fleet_key_is_refused() {
     let url = redis.url();
     let sys = System::start_with_policy(&paced(0, 1), 1, &["--redis", &url], Some(&default_policy())).await;
     wait_ready(&sys, "Redis up", |r| r["detail"]["cluster"]["redis_up"] == true).await;
+    // The gateway's first round publishes its own signed policy: wait for
+    // it, or it could land just after the forgery below and overwrite it
+    // unread.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let published = |raw: String| raw.starts_with('$') && !raw.starts_with("$-1"); // a bulk string, not nil
+    while !published(redis.command(&["GET", "slo:policy"])) {
+        assert!(std::time::Instant::now() < deadline, "the gateway never published its policy");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // Someone with write access to Redis publishes a policy with their own
     // key, unsigned and then with a made-up signature.
     let forged = default_policy().replacen(

@@ -52,8 +52,7 @@ fn endpoints() -> &'static matchit::Router<Endpoint> {
     static ROUTER: std::sync::OnceLock<matchit::Router<Endpoint>> = std::sync::OnceLock::new();
     ROUTER.get_or_init(|| {
         use Endpoint as E;
-        let mut router = matchit::Router::new();
-        for (path, endpoint) in [
+        crate::request::route_table([
             ("/v1/chat/completions", E::ChatCompletions),
             ("/v1/completions", E::Completions),
             ("/v1/embeddings", E::Embeddings),
@@ -74,10 +73,7 @@ fn endpoints() -> &'static matchit::Router<Endpoint> {
             ("/player", E::Player(crate::player::Asset::Page)),
             ("/player/player.js", E::Player(crate::player::Asset::Script)),
             ("/player/player.css", E::Player(crate::player::Asset::Style)),
-        ] {
-            router.insert(path, endpoint).expect("the public route table is valid");
-        }
-        router
+        ])
     })
 }
 
