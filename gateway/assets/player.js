@@ -227,6 +227,24 @@
     if (!key) throw new Error('enter an API key first');
   }
 
+  /// Forgets the previous stream (a player plays one at a time).
+  function reset() {
+    if (feed) feed.abort();
+    queue.length = 0;
+    shown = null;
+    drawn = 0;
+    chunks = 0;
+    stalls = 0;
+    epoch = 0;
+    epochsShown = new Set();
+    paused = false;
+    started = false;
+    ended = null;
+    status = null;
+    lastEngine = null;
+    rehomesSeen = 0;
+  }
+
   async function start(id, fps, framesPerChunk) {
     stream = { id, fps, framesPerChunk };
     $('s-id').textContent = id;
@@ -247,6 +265,7 @@
   $('create').addEventListener('click', async () => {
     try {
       if (!key) takeKey();
+      reset();
       const body = { prompt: $('prompt').value };
       const len = parseInt($('length').value, 10);
       if (len > 0) body.length_frames = len;
@@ -263,6 +282,7 @@
       if (!key) takeKey();
       const id = $('stream').value.trim();
       const s = await api('GET', `/v1/video/streams/${encodeURIComponent(id)}`);
+      reset();
       status = s;
       epoch = s.prompt_epoch;
       log(`attached to ${id} (${s.status}, epoch ${s.prompt_epoch}, ${s.chunks} chunks so far)`);

@@ -2,8 +2,9 @@
 //! Chromium (Debian's `chromium`, installed by scripts/test-all) loads
 //! `GET /player` from a real `gateway up`, and gateway/tests/player_check.py
 //! drives it over the DevTools protocol: frames drawn and changing, pause
-//! stopping playback, a prompt switch showing the new epoch, the key kept
-//! in the tab's memory only, no page error (CSP included). The screenshot
+//! stopping playback, a prompt switch showing the new epoch, attaching to
+//! a stream created elsewhere, the key kept in the tab's memory only, no
+//! page error (CSP included). The screenshot
 //! it takes is docs/img/player.png when `PLAYER_SCREENSHOT` names that path.
 // Process-level code: it measures real time on purpose.
 #![allow(clippy::disallowed_methods)]
@@ -75,6 +76,8 @@ async fn headless_chromium_plays_pauses_and_switches_prompt() {
         .env("DEVTOOLS_PORT_FILE", profile.join("DevToolsActivePort"))
         .env("API_KEY", GOLD)
         .env("SCREENSHOT", &shot)
+        .env("GATEWAY", &sys.base)
+        .env("CA_FILE", &sys.ca)
         .output();
     let out = tokio::time::timeout(std::time::Duration::from_secs(120), run)
         .await

@@ -6,12 +6,16 @@ that a prompt switch brings the new epoch on screen, that the key is kept
 nowhere but the tab's memory, and that the page ran with no error (its
 Content Security Policy included). Saves a screenshot. Prints OK.
 
+Then attaches to a stream created through the API and plays it too.
+
 Environment: DEVTOOLS_PORT_FILE (Chromium's DevToolsActivePort), API_KEY,
-SCREENSHOT (where to write the PNG).
+SCREENSHOT (where to write the PNG), GATEWAY (its base URL) and CA_FILE
+(the CA that signed its certificate).
 """
 import base64
 import json
 import os
+import ssl
 import sys
 import time
 import urllib.request
@@ -90,6 +94,19 @@ class Page:
         self.js(f"document.getElementById({json.dumps(field)}).value = {json.dumps(text)}")
 
 
+def create_stream(key):
+    """A stream created through the API, as another client would."""
+    ctx = ssl.create_default_context(cafile=os.environ["CA_FILE"])
+    req = urllib.request.Request(
+        f"{os.environ['GATEWAY']}/v1/video/streams",
+        data=json.dumps({"prompt": "waves on a beach", "length_frames": 120}).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+        return json.load(resp)["id"]
+
+
 def main():
     port = devtools_port()
     targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10))
@@ -144,6 +161,17 @@ def main():
 
     page.click("end")
     s = page.wait("the end event", lambda s: s["ended"] is not None)
+    assert s["ended"] == "deleted", s
+
+    # Attach to a stream created elsewhere (here by this script, with the
+    # same key): the player reads its feed and plays it.
+    other = create_stream(os.environ["API_KEY"])
+    page.type("stream", other)
+    page.click("attach")
+    s = page.wait("the attached stream's frames", lambda s: s["stream"] == other and s["drawn"] >= 4)
+    assert s["epochsShown"] == [0], s
+    page.click("end")
+    s = page.wait("the attached stream's end", lambda s: s["ended"] is not None)
     assert s["ended"] == "deleted", s
     assert s["errors"] == 0, f"the page reported errors: {page.log_text()}"
     assert not page.problems, f"the page had problems: {page.problems}"
