@@ -126,7 +126,7 @@ async fn route(
             let id = found.params.get("id").unwrap_or_default();
             move_stream(app, id, query(&req, "engine"), &token_id)
         }
-        (_, method) => Err(ApiError::MethodNotAllowed(method.to_string())),
+        (endpoint, method) => Err(ApiError::MethodNotAllowed(method.to_string(), endpoint.methods())),
     }
 }
 
@@ -142,6 +142,19 @@ enum Endpoint {
     Fleet,
     Streams,
     StreamMove,
+}
+
+impl Endpoint {
+    /// The methods the path takes (a 405's `Allow` header).
+    fn methods(self) -> &'static str {
+        match self {
+            Endpoint::Policies => "GET, PUT",
+            Endpoint::Reload | Endpoint::Rollback | Endpoint::StreamMove => "POST",
+            Endpoint::Metrics | Endpoint::History | Endpoint::Audit | Endpoint::Fleet | Endpoint::Streams => {
+                "GET"
+            }
+        }
+    }
 }
 
 /// The admin listener's paths (matchit).

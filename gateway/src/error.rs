@@ -55,8 +55,9 @@ pub enum ApiError {
     BodyTimeout { within: std::time::Duration },
     #[error("unknown URL {0}")]
     UnknownUrl(String),
-    #[error("method {0} is not allowed on this URL")]
-    MethodNotAllowed(String),
+    /// The method, and the methods the URL takes (the `Allow` header).
+    #[error("method {0} is not allowed on this URL (it takes {1})")]
+    MethodNotAllowed(String, &'static str),
     #[error("no engine is ready to serve this request")]
     NoReadyEngine,
     #[error("every engine tried failed: {0}")]
@@ -127,7 +128,7 @@ impl ApiError {
             ApiError::BodyRead(_) => "body_read_failed",
             ApiError::BodyTimeout { .. } => "request_timeout",
             ApiError::UnknownUrl(_) => "unknown_url",
-            ApiError::MethodNotAllowed(_) => "method_not_allowed",
+            ApiError::MethodNotAllowed(..) => "method_not_allowed",
             ApiError::NoReadyEngine => "no_ready_engine",
             ApiError::EngineFailed(_) => "engine_failed",
             ApiError::EnginesAtCapacity(_) => "engines_at_capacity",
@@ -182,7 +183,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) | ApiError::UnknownUrl(_) => StatusCode::NOT_FOUND,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::MethodNotAllowed(..) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::NoReadyEngine | ApiError::EnginesAtCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::EngineFailed(_) => StatusCode::BAD_GATEWAY,
         }
@@ -270,6 +271,9 @@ impl ApiError {
         }
         if self.status() == StatusCode::UNAUTHORIZED {
             h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let ApiError::MethodNotAllowed(_, allow) = &self {
+            h.insert(header::ALLOW, HeaderValue::from_static(allow)); // RFC 9110: a 405 names what is allowed
         }
         resp
     }

@@ -125,7 +125,7 @@ pub(crate) async fn route(
             Ok(who) => diffusion(&app, policy, who, d, &mut req).await,
             Err(e) => Err(e.into()),
         },
-        Route::WrongMethod => Err(ApiError::MethodNotAllowed(req.method().to_string()).into()),
+        Route::WrongMethod(allow) => Err(ApiError::MethodNotAllowed(req.method().to_string(), allow).into()),
         Route::Unknown => Err(ApiError::UnknownUrl(req.uri().path().to_string()).into()),
     };
     if result.is_err() {

@@ -246,6 +246,11 @@ async fn bad_input_gets_typed_errors_and_the_connection_survives() {
         expect_error(&conn, "/v1/nope", "{}".into(), StatusCode::NOT_FOUND, "unknown_url").await;
         let resp = conn.get(chat, Some(GOLD)).await.unwrap();
         assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(header(&resp, "allow"), "POST", "a 405 names the methods allowed");
+        let resp = conn.post_json("/v1/videos/v_1", Some(GOLD), "{}").await.unwrap();
+        assert_eq!((resp.status(), header(&resp, "allow")), (StatusCode::METHOD_NOT_ALLOWED, "GET, DELETE"));
+        let v = json(&body_bytes(resp).await.unwrap());
+        assert_eq!(v["error"]["code"], "method_not_allowed");
         if proto == Proto::H2 {
             // A multiplexed connection keeps working after every error above.
             let resp = conn.post_json(chat, Some(GOLD), chat_body("still there?", 2, false)).await.unwrap();

@@ -36,7 +36,7 @@ async fn the_page_is_served_with_its_files_under_a_strict_policy() {
         assert!(!body_bytes(resp).await.unwrap().is_empty());
     }
     let resp = conn.post_json("/player", None, "{}").await.unwrap();
-    assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!((resp.status(), header(&resp, "allow")), (StatusCode::METHOD_NOT_ALLOWED, "GET"));
 }
 
 #[tokio::test]

@@ -19,7 +19,8 @@ pub(crate) enum Route {
     Player(crate::player::Asset),
     Video(VideoRoute),
     Diffusion(crate::diffusion::routes::DiffusionRoute),
-    WrongMethod,
+    /// A known path with another method: the methods it takes.
+    WrongMethod(&'static str),
     Unknown,
 }
 
@@ -44,6 +45,31 @@ enum Endpoint {
     StreamResume,
     StreamPrompt,
     Player(crate::player::Asset),
+}
+
+impl Endpoint {
+    /// The methods the path takes (a 405's `Allow` header).
+    fn methods(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions
+            | Endpoint::Completions
+            | Endpoint::Embeddings
+            | Endpoint::Images
+            | Endpoint::Streams
+            | Endpoint::StreamPause
+            | Endpoint::StreamResume
+            | Endpoint::StreamPrompt => "POST",
+            Endpoint::Videos => "GET, POST",
+            Endpoint::Video | Endpoint::Stream => "GET, DELETE",
+            Endpoint::Models
+            | Endpoint::Model
+            | Endpoint::Healthz
+            | Endpoint::Readyz
+            | Endpoint::VideoContent
+            | Endpoint::StreamEvents
+            | Endpoint::Player(_) => "GET",
+        }
+    }
 }
 
 /// The public listener's paths (matchit: `{id}` is one segment, `{*model}`
@@ -107,7 +133,7 @@ impl Route {
             (E::StreamResume, &Method::POST) => Route::Video(V::Resume(id())),
             (E::StreamPrompt, &Method::POST) => Route::Video(V::Prompt(id())),
             (E::Player(asset), &Method::GET) => Route::Player(asset),
-            _ => Route::WrongMethod,
+            (endpoint, _) => Route::WrongMethod(endpoint.methods()),
         }
     }
 
@@ -123,7 +149,7 @@ impl Route {
             Route::Video(_) => "video",
             Route::Diffusion(crate::diffusion::routes::DiffusionRoute::Images) => "images",
             Route::Diffusion(_) => "videos",
-            Route::WrongMethod | Route::Unknown => "other",
+            Route::WrongMethod(_) | Route::Unknown => "other",
         }
     }
 }
@@ -183,9 +209,10 @@ mod tests {
             Route::Video(VideoRoute::Events("vs_1".into()))
         );
         // A known path with another method; paths that are not ours.
-        assert_eq!(of("GET", "/v1/chat/completions"), Route::WrongMethod);
-        assert_eq!(of("PUT", "/v1/video/streams/vs_1"), Route::WrongMethod);
-        assert_eq!(of("GET", "/v1/images/generations"), Route::WrongMethod);
+        assert_eq!(of("GET", "/v1/chat/completions"), Route::WrongMethod("POST"));
+        assert_eq!(of("PUT", "/v1/video/streams/vs_1"), Route::WrongMethod("GET, DELETE"));
+        assert_eq!(of("DELETE", "/v1/videos"), Route::WrongMethod("GET, POST"));
+        assert_eq!(of("GET", "/v1/images/generations"), Route::WrongMethod("POST"));
         for path in
             ["/", "/v1", "/v1/chat", "/v1/videos/a/b", "/v1/video/streams/a/rewind", "/v1/chat/completions/x"]
         {
