@@ -12,7 +12,7 @@
 
 use std::borrow::Cow;
 
-use telemetry::{Context, KeyValue, SpanKind, Status, TraceContextExt as _, Tracer as _};
+use telemetry::{Context, KeyValue, SpanKind, Status, TraceContextExt as _};
 
 /// The request's server span, as a request extension (absent when tracing
 /// is off). The span ends when the last clone is dropped: for a stream,
@@ -32,13 +32,7 @@ impl RequestTrace {
         }
         let name = name();
         let parent = telemetry::extract(headers);
-        let tracer = telemetry::tracer();
-        let span = tracer
-            .span_builder(name)
-            .with_kind(SpanKind::Server)
-            .with_attributes(attrs())
-            .start_with_context(&tracer, &parent);
-        Self(Some(parent.with_span(span)))
+        Self(Some(telemetry::span(&parent, name, SpanKind::Server, None, attrs())))
     }
 
     pub(crate) fn is_on(&self) -> bool {
@@ -73,15 +67,7 @@ impl RequestTrace {
         kind: SpanKind,
         attrs: impl FnOnce() -> Vec<KeyValue>,
     ) -> Child {
-        Child(self.0.as_ref().map(|cx| {
-            let tracer = telemetry::tracer();
-            let span = tracer
-                .span_builder(name)
-                .with_kind(kind)
-                .with_attributes(attrs())
-                .start_with_context(&tracer, cx);
-            cx.with_span(span)
-        }))
+        Child(self.0.as_ref().map(|cx| telemetry::span(cx, name, kind, None, attrs())))
     }
 }
 

@@ -20,14 +20,16 @@
 //! `tracestate` headers: accepted from clients by the gateway, sent by the
 //! gateway to engines.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use opentelemetry_otlp::{SpanExporter, WithHttpConfig};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, SdkTracerProvider};
@@ -103,27 +105,6 @@ pub fn init(service: &str, instance: &str) -> Result<Option<Guard>, String> {
     Ok(Some(Guard(provider)))
 }
 
-struct HeaderExtractor<'a>(&'a http::HeaderMap);
-
-impl Extractor for HeaderExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|v| v.to_str().ok())
-    }
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(http::HeaderName::as_str).collect()
-    }
-}
-
-struct HeaderInjector<'a>(&'a mut http::HeaderMap);
-
-impl Injector for HeaderInjector<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        if let (Ok(k), Ok(v)) = (http::HeaderName::try_from(key), http::HeaderValue::try_from(value)) {
-            self.0.insert(k, v);
-        }
-    }
-}
-
 /// The context a request's `traceparent` / `tracestate` carry (an empty
 /// one when absent or malformed: the span starts a new trace).
 pub fn extract(headers: &http::HeaderMap) -> Context {
@@ -159,6 +140,24 @@ fn well_formed(value: &str) -> bool {
 /// Writes `cx`'s span as `traceparent` (and `tracestate`) into `headers`.
 pub fn inject(cx: &Context, headers: &mut http::HeaderMap) {
     TraceContextPropagator::new().inject_context(cx, &mut HeaderInjector(headers));
+}
+
+/// A span below `parent`, started at `start` (now when `None`), as the
+/// context its own children and `traceparent` come from. Ends when the
+/// last clone of the context is dropped, or explicitly.
+pub fn span(
+    parent: &Context,
+    name: impl Into<Cow<'static, str>>,
+    kind: SpanKind,
+    start: Option<SystemTime>,
+    attrs: Vec<KeyValue>,
+) -> Context {
+    let tracer = tracer();
+    let mut builder = tracer.span_builder(name).with_kind(kind).with_attributes(attrs);
+    if let Some(t) = start {
+        builder = builder.with_start_time(t);
+    }
+    parent.with_span(builder.start_with_context(&tracer, parent))
 }
 
 /// Longest a collector may take to answer one export.

@@ -459,7 +459,8 @@ impl<B: Backend> Core<B> {
             return false;
         }
         let started = self.now();
-        let started_wall = crate::clock::wall();
+        // Wall time only for the spans of traced sequences.
+        let started_wall = batch.iter().any(|s| s.trace.is_some()).then(crate::clock::wall);
         ::metrics::histogram!(m::PREFILL_BATCH_SIZE).record(batch.len() as f64);
         for s in batch.iter_mut().filter(|s| s.generated == 0) {
             s.queue_ms = (started - s.enqueued_at).as_secs_f64() * 1e3;
@@ -486,8 +487,8 @@ impl<B: Backend> Core<B> {
                 seq.prefill_ms = prefill_ms;
             }
             let (size, cached) = (outs_len, seq.cached_tokens);
-            if let Some(t) = &mut seq.trace {
-                t.prefilled(started_wall, size, cached);
+            if let (Some(t), Some(at)) = (&mut seq.trace, started_wall) {
+                t.prefilled(at, size, cached);
             }
             if !seq.apply(out) {
                 self.running.push(seq);

@@ -8,7 +8,7 @@
 
 use std::time::SystemTime;
 
-use telemetry::{Context, KeyValue, SpanKind, Status, TraceContextExt as _, Tracer as _};
+use telemetry::{Context, KeyValue, SpanKind, Status, TraceContextExt as _};
 
 pub(super) struct SeqTrace {
     parent: Context,
@@ -70,62 +70,37 @@ impl SeqTrace {
         self.generated = generated;
     }
 
-    fn span(
-        &self,
-        name: &'static str,
-        kind: SpanKind,
-        cx: &Context,
-        from: SystemTime,
-        attrs: Vec<KeyValue>,
-    ) -> Context {
-        let tracer = telemetry::tracer();
-        let span = tracer
-            .span_builder(name)
-            .with_kind(kind)
-            .with_start_time(from)
-            .with_attributes(attrs)
-            .start_with_context(&tracer, cx);
-        cx.with_span(span)
+    /// The span's status and the finish reason it reports.
+    fn outcome(&self) -> (Status, String) {
+        match &self.outcome {
+            Some(Ok(r)) => (Status::Ok, (*r).to_string()),
+            Some(Err(code)) => (Status::error(code.clone()), code.clone()),
+            None => (Status::error("cancelled"), "cancelled".into()),
+        }
     }
-}
 
-impl Drop for SeqTrace {
-    fn drop(&mut self) {
-        let end = crate::clock::wall();
-        let status = match &self.outcome {
-            Some(Ok(_)) => Status::Ok,
-            Some(Err(code)) => Status::error(code.clone()),
-            None => Status::error("cancelled"),
+    /// `queue`, `prefill` and `decode` below `root`, the last up to `end`.
+    fn phases(&self, root: &Context, end: SystemTime) {
+        let phase = |name, from, to, attrs| {
+            telemetry::span(root, name, SpanKind::Internal, Some(from), attrs).span().end_with_timestamp(to);
         };
-        let reason = match &self.outcome {
-            Some(Ok(r)) => (*r).to_string(),
-            Some(Err(code)) => code.clone(),
-            None => "cancelled".into(),
-        };
-        let root = self.span(
-            "engine.generate",
-            SpanKind::Server,
-            &self.parent,
-            self.admitted,
+        phase("queue", self.admitted, self.prefill.map_or(end, |p| p.0), Vec::new());
+        let Some((from, to, batch, cached)) = self.prefill else { return };
+        phase(
+            "prefill",
+            from,
+            to,
             vec![
-                KeyValue::new("gen_ai.usage.input_tokens", i64::from(self.prompt_tokens)),
-                KeyValue::new("gen_ai.usage.output_tokens", i64::from(self.generated)),
-                KeyValue::new("gen_ai.response.finish_reasons", reason),
-                KeyValue::new("slo.engine.preemptions", i64::from(self.preemptions)),
-            ],
-        );
-        let queue_end = self.prefill.map_or(end, |p| p.0);
-        self.span("queue", SpanKind::Internal, &root, self.admitted, Vec::new())
-            .span()
-            .end_with_timestamp(queue_end);
-        if let Some((from, to, batch, cached)) = self.prefill {
-            let attrs = vec![
                 KeyValue::new("slo.engine.batch_size", batch as i64),
                 KeyValue::new("slo.engine.cached_tokens", i64::from(cached)),
-            ];
-            self.span("prefill", SpanKind::Internal, &root, from, attrs).span().end_with_timestamp(to);
-            if self.decode_steps > 0 {
-                let attrs = vec![
+            ],
+        );
+        if self.decode_steps > 0 {
+            phase(
+                "decode",
+                to,
+                end,
+                vec![
                     KeyValue::new("slo.engine.decode_steps", i64::from(self.decode_steps)),
                     KeyValue::new("slo.engine.batch_size.min", self.batch_min as i64),
                     KeyValue::new(
@@ -133,10 +108,29 @@ impl Drop for SeqTrace {
                         self.batch_sum as f64 / f64::from(self.decode_steps),
                     ),
                     KeyValue::new("slo.engine.batch_size.max", self.batch_max as i64),
-                ];
-                self.span("decode", SpanKind::Internal, &root, to, attrs).span().end_with_timestamp(end);
-            }
+                ],
+            );
         }
+    }
+}
+
+impl Drop for SeqTrace {
+    fn drop(&mut self) {
+        let end = crate::clock::wall();
+        let (status, reason) = self.outcome();
+        let root = telemetry::span(
+            &self.parent,
+            "engine.generate",
+            SpanKind::Server,
+            Some(self.admitted),
+            vec![
+                KeyValue::new("gen_ai.usage.input_tokens", i64::from(self.prompt_tokens)),
+                KeyValue::new("gen_ai.usage.output_tokens", i64::from(self.generated)),
+                KeyValue::new("gen_ai.response.finish_reasons", reason),
+                KeyValue::new("slo.engine.preemptions", i64::from(self.preemptions)),
+            ],
+        );
+        self.phases(&root, end);
         let span = root.span();
         span.set_status(status);
         span.end_with_timestamp(end);
