@@ -68,15 +68,7 @@ fn main() -> std::process::ExitCode {
             engine::gpu::run_bench(&b).map_err(|e| engine::StartError::Gpu(e).into())
         }
         None => match tokio::runtime::Runtime::new() {
-            Ok(rt) => rt
-                .block_on(async {
-                    // Spans of the sequences the gateway traces (OTEL_* as the
-                    // gateway's: `gateway up` passes its environment on).
-                    let _traces =
-                        telemetry::init("slo-engine", &cli.args.id).map_err(engine::StartError::Tracing)?;
-                    engine::run(cli.args).await
-                })
-                .map_err(Into::into),
+            Ok(rt) => rt.block_on(serve(cli.args)).map_err(Into::into),
             Err(e) => {
                 eprintln!("engine: starting the runtime: {e}");
                 return std::process::ExitCode::FAILURE;
@@ -90,4 +82,11 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Serves until stopped, exporting the spans of the sequences the gateway
+/// traces (OTEL_* as the gateway's: `gateway up` passes its environment on).
+async fn serve(args: engine::cli::EngineArgs) -> Result<(), engine::StartError> {
+    let _traces = telemetry::init("slo-engine", &args.id).map_err(engine::StartError::Tracing)?;
+    engine::run(args).await
 }

@@ -84,24 +84,27 @@ pub async fn serve(engine: Arc<Engine>, listener: TcpListener, shutdown: impl Fu
     graceful.shutdown().await;
 }
 
+/// Whether `req` may reach `target`: with an API token set, it must carry
+/// it, but for the probes and a snapshot pulled with the one-time transfer
+/// token the gateway offered (the pulling engine holds only that).
+fn authorized(engine: &Engine, req: &Request<Incoming>, target: crate::routes::Target<'_>) -> bool {
+    let Some(token) = &engine.api_token else { return true };
+    let snapshot = req.method() == Method::GET
+        && (target.endpoint, target.action) == (Endpoint::Video, "snapshot")
+        && req.headers().contains_key(crate::video::transfer::TOKEN_HEADER);
+    let open = matches!(target.endpoint, Endpoint::Healthz | Endpoint::Readyz) || snapshot;
+    let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    open || api::bearer_matches(token, given)
+}
+
 async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<EngineBody>, Infallible> {
     let path = req.uri().path().to_string();
     let Some(target) = crate::routes::find(&path) else {
         return Ok(error(StatusCode::NOT_FOUND, "not_found", "no such engine route"));
     };
-    if let Some(token) = &engine.api_token {
-        // A snapshot is authorised by the one-time transfer token the
-        // gateway offered, not the API token: the pulling engine holds the
-        // former only.
-        let snapshot = req.method() == Method::GET
-            && (target.endpoint, target.action) == (Endpoint::Video, "snapshot")
-            && req.headers().contains_key(crate::video::transfer::TOKEN_HEADER);
-        let open = matches!(target.endpoint, Endpoint::Healthz | Endpoint::Readyz) || snapshot;
-        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-        if !open && !api::bearer_matches(token, given) {
-            ::metrics::counter!(crate::metrics::REFUSALS, "reason" => "unauthorized").increment(1);
-            return Ok(error(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong engine API token"));
-        }
+    if !authorized(&engine, &req, target) {
+        ::metrics::counter!(crate::metrics::REFUSALS, "reason" => "unauthorized").increment(1);
+        return Ok(error(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong engine API token"));
     }
     let resp = match (target.endpoint, req.method()) {
         (Endpoint::Generate, &Method::POST) => generate_route(engine, req).await,

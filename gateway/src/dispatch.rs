@@ -301,23 +301,8 @@ pub async fn start(
         };
         let idx = inflight.engine_idx();
         pool.prefix.record(idx, &req.prefix); // the next prompt with this prefix may follow it
-        let span = req.trace.child("engine", telemetry::SpanKind::Client, || {
-            let slot = pool.slot(idx);
-            vec![
-                telemetry::KeyValue::new("slo.engine", slot.spec.id.clone()),
-                telemetry::KeyValue::new("server.address", slot.spec.url.to_string()),
-                telemetry::KeyValue::new("slo.attempt", attempts.tried.len() as i64 + 1),
-            ]
-        });
-        let tried = tokio::time::timeout(first_event_timeout, try_engine(pool, idx, req, &span)).await;
-        if let Err(why) = tried
-            .as_ref()
-            .map_err(|_| "timeout".to_string())
-            .and_then(|r| r.as_ref().map_err(|e| e.to_string()))
-        {
-            span.fail(why);
-        }
-        match tried {
+        let span = attempt_span(pool, req, idx, attempts.tried.len() + 1);
+        match tokio::time::timeout(first_event_timeout, try_engine(pool, idx, req, &span)).await {
             Ok(Ok((first, events))) => {
                 inflight.first_token();
                 return Ok(Started { first, events, inflight, span });
@@ -327,17 +312,33 @@ pub async fn start(
                     pool.mark_unreachable(idx);
                 }
                 tracing::warn!(event = "engine_attempt_failed", error = %e);
+                span.fail(e.to_string());
                 attempts.last_error = Some(e);
             }
             Err(_) => {
                 let engine = pool.slot(idx).spec.id.clone();
-                attempts.last_error = Some(EngineError::Timeout { engine, timeout: first_event_timeout });
+                let e = EngineError::Timeout { engine, timeout: first_event_timeout };
+                span.fail(e.to_string());
+                attempts.last_error = Some(e);
             }
         }
         attempts.tried.push(idx);
         metrics::counter!(crate::metrics::ENGINE_RETRIES).increment(1);
     }
     Err(std::mem::take(attempts).into_error())
+}
+
+/// The span of attempt number `attempt` of `req`, on engine `idx` (its
+/// context goes to the engine as `traceparent`).
+fn attempt_span(pool: &EnginePool, req: &Outbound, idx: usize, attempt: usize) -> crate::trace::Child {
+    req.trace.child("engine", telemetry::SpanKind::Client, || {
+        let slot = pool.slot(idx);
+        vec![
+            telemetry::KeyValue::new("slo.engine", slot.spec.id.clone()),
+            telemetry::KeyValue::new("server.address", slot.spec.url.to_string()),
+            telemetry::KeyValue::new("slo.attempt", attempt as i64),
+        ]
+    })
 }
 
 async fn try_engine(

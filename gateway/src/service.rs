@@ -28,10 +28,10 @@ use crate::relay::{self, Encoder, StreamBounds};
 use crate::request::{bearer, json_response, Req};
 use crate::trace::RequestTrace;
 use crate::App;
-use telemetry::{KeyValue, SpanKind};
 
 mod embeddings;
 mod route;
+mod traced;
 
 pub(crate) use route::Route;
 
@@ -62,22 +62,6 @@ pub(crate) struct Ident {
 /// the request's policy snapshot (a request extension).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Caller(pub usize);
-
-/// The admission decision as span attributes.
-fn verdict_attributes(v: &crate::admission::Verdict) -> Vec<KeyValue> {
-    let mut attrs = vec![
-        KeyValue::new("slo.admission.decision", v.decision.as_str()),
-        KeyValue::new("slo.admission.reason", v.reason.clone()),
-        KeyValue::new("slo.brownout_level", v.brownout_level as i64),
-    ];
-    if let Some(ms) = v.predicted_ttft_ms {
-        attrs.push(KeyValue::new("slo.predicted_ttft_ms", ms));
-    }
-    if let Some(ms) = v.predicted_e2e_ms {
-        attrs.push(KeyValue::new("slo.predicted_e2e_ms", ms));
-    }
-    attrs
-}
 
 /// The key's tenant and tier: the auth layer's [`Caller`] if it ran.
 pub(crate) fn caller<'a>(
@@ -189,17 +173,7 @@ async fn completions(
         false => Vec::new(),
     };
     let trace = req.parts.extensions.get::<RequestTrace>().cloned().unwrap_or_default();
-    trace.set(|| {
-        let operation = if kind == Kind::Chat { "chat" } else { "text_completion" };
-        vec![
-            KeyValue::new("gen_ai.operation.name", operation),
-            KeyValue::new("gen_ai.request.model", gen.model.clone()),
-            KeyValue::new("gen_ai.request.max_tokens", i64::from(gen.max_tokens)),
-            KeyValue::new("gen_ai.request.stream", encoder.stream),
-            KeyValue::new("slo.tenant", tenant.name.clone()),
-            KeyValue::new("slo.tier", tier.name.clone()),
-        ]
-    });
+    traced::describe(&trace, kind, &gen.model, (gen.max_tokens, encoder.stream), (tenant, tier));
     // This gateway's or fleet-wide tenant limits.
     let hold = tenant_limits(app, tenant, tier, u64::from(prompt_tokens) + u64::from(gen.max_tokens)).await?;
     // Admission: admit, degrade or refuse against the tier's SLO, fast.
@@ -215,11 +189,8 @@ async fn completions(
         upstream_only,
         prefix: &prefix,
     };
-    let span = trace.child("admission", SpanKind::Internal, Vec::new);
-    let admitted = app.admission.admit(policy, &ask);
-    span.set(|| verdict_attributes(admitted.as_ref().map_or_else(|r| &r.verdict, |a| &a.verdict)));
-    drop(span);
-    let admitted = admitted.map_err(|r| Failed { error: r.error, verdict: Some(r.verdict) })?;
+    let admitted = traced::admit(app, policy, &ask, &trace)
+        .map_err(|r| Failed { error: r.error, verdict: Some(r.verdict) })?;
     let verdict = admitted.verdict.clone();
     // From here every answer, error or not, carries the verdict.
     let failed = |error: ApiError| Failed { error, verdict: Some(verdict.clone()) };
@@ -246,13 +217,8 @@ async fn completions(
             .traced(trace.clone());
     let predicted = admitted.verdict.predicted_ttft_ms;
     let mut permit = Permit::new(observer, hold, admitted.ticket, Arc::clone(policy), predicted);
-    let queued = trace.child("queue", SpanKind::Internal, Vec::new); // the wait at the gate for a slot
-    let first = engine_slot(admitted.start, admitted.ttft_budget, (policy, &tier.name), &verdict).await;
-    if let Err(e) = &first {
-        queued.fail(e.error.code());
-    }
-    drop(queued);
-    let first = first?;
+    let slot = engine_slot(admitted.start, admitted.ttft_budget, (policy, &tier.name), &verdict);
+    let first = traced::gate(&trace, slot).await?;
     let timeout = admitted.e2e_budget.max(tier.e2e);
     let limits = &app.config.limits;
     if encoder.stream {

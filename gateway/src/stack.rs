@@ -4,9 +4,9 @@
 //! RequestId   the request id (the client's x-request-id if sane), a
 //!             `request{id=…}` span around everything below, x-request-id
 //!             on the answer
-//! Metrics     gateway_requests_total{route,status} once the answer is known
-//! Trace       the OpenTelemetry server span (under the client's
-//!             traceparent), its status once the answer is known (trace.rs)
+//! Metrics     gateway_requests_total{route,status} once the answer is known;
+//!             the OpenTelemetry server span (under the client's
+//!             traceparent) and its status (trace.rs)
 //! Policy      one policy version for the whole request (and its stream);
 //!             x-policy-version and admission's decision headers on the answer
 //! Errors      the one place an error becomes an HTTP answer (OpenAI-style
@@ -77,7 +77,6 @@ pub(crate) fn public(
     ServiceBuilder::new()
         .layer(Wrap::layer(RequestId { app: Arc::clone(&app) }))
         .layer(Wrap::layer(Metrics))
-        .layer(Wrap::layer(Trace))
         .layer(Wrap::layer(Policy { store: Arc::clone(&app.policies) }))
         .layer(ErrorLayer)
         .layer(Step::layer(Auth, Arc::clone(&app)))
@@ -302,64 +301,53 @@ impl Around for RequestId {
 }
 
 /// `gateway_requests_total{route,status}` once the answer is known; finds
-/// the route (a request extension for the layers below).
+/// the route (a request extension for the layers below). Opens the
+/// request's server span (`trace.rs`, a request extension for the spans
+/// below; nothing when tracing is off) and sets its status.
 #[derive(Clone)]
 struct Metrics;
 
 impl Around for Metrics {
-    type State = &'static str;
+    type State = (&'static str, RequestTrace);
 
-    fn before(&self, req: &mut Request<Incoming>) -> &'static str {
+    fn before(&self, req: &mut Request<Incoming>) -> Self::State {
         let route = Route::of(req.method(), req.uri().path());
         let label = route.label();
         req.extensions_mut().insert(route);
-        label
-    }
-
-    fn after(route: &'static str, resp: &mut Answer) {
-        let status = resp.status().as_u16().to_string();
-        ::metrics::counter!(metrics::REQUESTS, "route" => route, "status" => status).increment(1);
-    }
-}
-
-/// The request's server span (`trace.rs`), a request extension for the
-/// spans below; its status once the answer is known. Nothing when tracing
-/// is off.
-#[derive(Clone)]
-struct Trace;
-
-impl Around for Trace {
-    type State = RequestTrace;
-
-    fn before(&self, req: &mut Request<Incoming>) -> RequestTrace {
-        let label = req.extensions().get::<Route>().map_or("other", Route::label);
-        let method = req.method();
-        let trace = RequestTrace::start(
-            req.headers(),
-            || format!("{method} {label}"),
-            || {
-                let id = req.extensions().get::<Ident>().map(|i| i.request_id.clone()).unwrap_or_default();
-                vec![
-                    KeyValue::new("http.request.method", method.to_string()),
-                    KeyValue::new("url.path", req.uri().path().to_string()),
-                    KeyValue::new("http.route", label),
-                    KeyValue::new("slo.request_id", id),
-                ]
-            },
-        );
+        let trace = server_span(req, label);
         if trace.is_on() {
             req.extensions_mut().insert(trace.clone());
         }
-        trace
+        (label, trace)
     }
 
-    fn after(trace: RequestTrace, resp: &mut Answer) {
+    fn after((route, trace): Self::State, resp: &mut Answer) {
         let status = resp.status();
+        ::metrics::counter!(metrics::REQUESTS, "route" => route, "status" => status.as_u16().to_string())
+            .increment(1);
         trace.set(|| vec![KeyValue::new("http.response.status_code", i64::from(status.as_u16()))]);
         if status.is_server_error() {
             trace.fail(status.to_string());
         }
     }
+}
+
+/// The request's server span, named after its route.
+fn server_span(req: &Request<Incoming>, label: &'static str) -> RequestTrace {
+    let method = req.method();
+    RequestTrace::start(
+        req.headers(),
+        || format!("{method} {label}"),
+        || {
+            let id = req.extensions().get::<Ident>().map(|i| i.request_id.clone()).unwrap_or_default();
+            vec![
+                KeyValue::new("http.request.method", method.to_string()),
+                KeyValue::new("url.path", req.uri().path().to_string()),
+                KeyValue::new("http.route", label),
+                KeyValue::new("slo.request_id", id),
+            ]
+        },
+    )
 }
 
 /// One policy version from here to the end of the response stream;

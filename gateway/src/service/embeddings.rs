@@ -20,6 +20,7 @@ use crate::error::ApiError;
 use crate::metrics::RequestObserver;
 use crate::permit::Permit;
 use crate::request::Req;
+use crate::trace::RequestTrace;
 use crate::upstream::{Stamp, UpstreamRoute};
 
 /// Inputs in one request (OpenAI's own limit).
@@ -108,16 +109,17 @@ pub(crate) async fn serve(
         e2e_hint: None,
         upstream_only: true,
     };
-    let admitted =
-        app.admission.admit(policy, &ask).map_err(|r| Failed { error: r.error, verdict: Some(r.verdict) })?;
+    let trace = req.parts.extensions.get::<RequestTrace>().cloned().unwrap_or_default();
+    let admitted = super::traced::admit(app, policy, &ask, &trace)
+        .map_err(|r| Failed { error: r.error, verdict: Some(r.verdict) })?;
     let verdict = admitted.verdict.clone();
     let failed = |error: ApiError| Failed { error, verdict: Some(verdict.clone()) };
     let observer =
         RequestObserver::new(ctx.arrived, &tier.name, Some((admitted.ttft_budget, admitted.e2e_budget)));
     let mut permit =
         Permit::new(observer, hold, admitted.ticket, Arc::clone(policy), verdict.predicted_ttft_ms);
-    let first =
-        service::engine_slot(admitted.start, admitted.ttft_budget, (policy, &tier.name), &verdict).await?;
+    let slot = service::engine_slot(admitted.start, admitted.ttft_budget, (policy, &tier.name), &verdict);
+    let first = super::traced::gate(&trace, slot).await?;
     let gen = GenerateRequest {
         request_id: ctx.request_id.clone(),
         model: e.model.clone(),
