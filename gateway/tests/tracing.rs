@@ -194,3 +194,45 @@ async fn one_request_is_one_trace_across_gateway_and_engine() {
     assert_eq!(decode.attrs["slo.engine.batch_size.max"], "1");
     eprintln!("{} spans in the trace", trace.len());
 }
+
+/// A collector that accepts connections and never answers (a stalled
+/// peer): export waits at most its timeout on the exporter's own thread,
+/// spans past the processor's queue (2,048) are dropped, requests never
+/// wait on any of it, and a stop waits at most 2 s per process for the
+/// last spans.
+#[tokio::test]
+async fn a_stalled_collector_costs_requests_nothing() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut sockets = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            sockets.push(s); // never read, never answered
+        }
+    });
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "20")];
+    let sys = System::start_with_env(&paced(0, 1), 1, &[], None, &env).await;
+    let conn = sys.conn(Proto::H2).await;
+    let mut slowest = Duration::ZERO;
+    for i in 0..40 {
+        let started = Instant::now();
+        let resp =
+            conn.post_json("/v1/chat/completions", Some(GOLD), chat_body(&format!("hi {i}"), 4, false)).await;
+        assert_eq!(resp.unwrap().status(), http::StatusCode::OK);
+        slowest = slowest.max(started.elapsed());
+    }
+    assert!(slowest < Duration::from_millis(500), "a request waited {slowest:?} with the collector stalled");
+    // Ctrl-C: the gateway drains, stops its engine (each flushing for at
+    // most 2 s) and exits.
+    let mut sys = sys;
+    let pid = sys.child.id().unwrap();
+    let started = Instant::now();
+    signal(pid, "INT");
+    tokio::time::timeout(Duration::from_secs(15), sys.child.wait())
+        .await
+        .expect("the gateway exits")
+        .unwrap();
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(9), "stopping took {took:?} with the collector stalled");
+    held.abort();
+}

@@ -50,6 +50,10 @@ pub fn tracer() -> opentelemetry::global::BoxedTracer {
     opentelemetry::global::tracer("slo-gateway")
 }
 
+/// Longest a process's exit waits for its last spans to be exported (a
+/// stalled collector costs an exit no more).
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Flushes and shuts the exporter down when dropped (keep it for the life
 /// of the process).
 #[must_use = "dropping the guard stops the exporter"]
@@ -58,7 +62,7 @@ pub struct Guard(SdkTracerProvider);
 impl Drop for Guard {
     fn drop(&mut self) {
         ENABLED.store(false, Ordering::Relaxed);
-        if let Err(e) = self.0.shutdown() {
+        if let Err(e) = self.0.shutdown_with_timeout(SHUTDOWN_TIMEOUT) {
             tracing::warn!(event = "tracing_shutdown_failed", error = %e);
         }
     }
