@@ -226,9 +226,11 @@ pub fn handle() -> &'static PrometheusHandle {
     })
 }
 
-/// Follows one generation: TTFT at its first token, TLET at its end, and
-/// the in-flight gauge for as long as it lives (metrics only: what a
-/// request holds is its permit, `permit.rs`).
+/// Follows one generation: TTFT at its first token, TLET at its end, SLO
+/// met or missed, the in-flight gauge for as long as it lives, and the
+/// same moments in the request's trace (first-token event, relay span,
+/// usage). Observation only: what a request holds is its permit,
+/// `permit.rs`.
 #[derive(Debug)]
 pub struct RequestObserver {
     arrived: Instant,
