@@ -67,6 +67,9 @@ pub struct Controller {
     gates: HashMap<usize, Drr<Waiter>>,
     rr_turn: u64,
     next_waiter: WaiterId,
+    /// OServe's type-aware routes (the control plane's current assignment);
+    /// `None`: the primary class takes every request.
+    routes: Option<crate::oserve::route::Routes>,
 }
 
 /// The brownout step a [`Controller::tick`] took.
@@ -117,6 +120,35 @@ impl Controller {
                 self.models.len() - 1
             }
         }
+    }
+
+    /// Sets (or clears) OServe's type-aware routes: from now on a request
+    /// whose `[oserve]` type has shares goes to a class by them.
+    pub fn set_routes(&mut self, routes: Option<crate::oserve::route::Routes>) {
+        self.routes = routes;
+    }
+
+    pub fn routes(&self) -> Option<&crate::oserve::route::Routes> {
+        self.routes.as_ref()
+    }
+
+    /// The class a request of `prompt` tokens expected to produce `out`
+    /// goes to by OServe's routes, among the classes of `engines` (ready
+    /// ones): `None` without routes, without a type, or when its type has
+    /// no share on a ready class.
+    fn routed_class(
+        &mut self,
+        policy: &PolicyDocument,
+        (prompt, out): (u32, u32),
+        engines: &[Candidate],
+    ) -> Option<usize> {
+        let routes = self.routes.as_mut()?;
+        let (j, _) = policy.oserve.classify(f64::from(prompt), f64::from(out))?;
+        let models = &self.models;
+        let index = |name: &str| models.iter().position(|m| m.class == name);
+        let ready: Vec<Option<usize>> = routes.classes.iter().map(|c| index(c)).collect();
+        let c = routes.pick(j, |c| ready[c].is_some_and(|m| engines.iter().any(|e| e.class == m)))?;
+        ready[c]
     }
 
     /// The service model of class `class`, as learned so far.
@@ -178,9 +210,12 @@ impl Controller {
         let mean_out = history.map_or(max_tokens, |h| h.mean(max_tokens, est));
         let overflow =
             tier.overflow_class.as_ref().and_then(|name| self.models.iter().position(|m| &m.class == name));
-        // The primary class: the first ready engine's outside the overflow class.
-        let class =
-            engines.iter().find(|e| Some(e.class) != overflow).or(engines.first()).map_or(0, |e| e.class);
+        // OServe's class for the request's type, else the primary class:
+        // the first ready engine's outside the overflow class.
+        let routed = self.routed_class(policy, (r.prompt_tokens, mean_out.min(max_tokens)), engines);
+        let class = routed.unwrap_or_else(|| {
+            engines.iter().find(|e| Some(e.class) != overflow).or(engines.first()).map_or(0, |e| e.class)
+        });
         let weight = tier.priority_weight.get();
         let n_hat = u64::from(r.prompt_tokens) + u64::from(mean_out);
         let key = self.key(policy, r, now, expected);

@@ -118,6 +118,14 @@ impl CostModel {
         reads.max(compute) + self.tp_comm_s(p, batch) + self.pp_comm_s(p, batch)
     }
 
+    /// Seconds for every one of `batch` sequences to advance one token on
+    /// `p`: with `pp` stages, `pp` micro-batches of `batch / pp` are in
+    /// flight, so that takes one micro-batch's trip through the stages
+    /// (each sequence's context still `context`).
+    pub fn token_step_s(&self, p: Parallel, batch: f64, context: f64) -> f64 {
+        self.step_s(p, (batch / f64::from(p.pp)).max(1.0), context)
+    }
+
     /// Sequences of (input, output) tokens `p` runs at once.
     pub fn concurrency(&self, p: Parallel, input: f64, output: f64) -> f64 {
         (self.kv_room(p) / (self.kv_bytes_per_token * (input + output)))
@@ -132,9 +140,7 @@ impl CostModel {
         if b < 1.0 {
             return 0.0;
         }
-        // Pipelining: pp micro-batches of b / pp in flight; a step of all b
-        // takes one micro-batch's trip through the stages.
-        let step = self.step_s(p, (b / f64::from(p.pp)).max(1.0), input + output / 2.0);
+        let step = self.token_step_s(p, b, input + output / 2.0);
         1.0 / (self.prefill_s(p, input) + output * step / b)
     }
 }
@@ -171,7 +177,9 @@ impl CostModel {
     /// A latency profile of `p` (the emulated backend replays it, admission
     /// and batch formation read it), with the derivation in its comments:
     /// prefill at 128-8192 tokens, decode steps at batch 1-256 and zero
-    /// context, and the context term (the KV reads per 1,000 tokens).
+    /// context, and the context term (the KV reads per 1,000 tokens), both
+    /// pipelined as [`CostModel::token_step_s`] (a step of `b` sequences
+    /// reads the KV of one micro-batch of `b / pp`).
     pub fn profile_toml(&self, p: Parallel, model: &str, class: &str) -> String {
         let ms = |s: f64| (s * 1e3 * 1000.0).round() / 1000.0;
         let prefill: Vec<String> = [128.0, 512.0, 2048.0, 8192.0]
@@ -182,17 +190,18 @@ impl CostModel {
         let decode: Vec<String> = batches
             .iter()
             .filter(|&&b| b <= f64::from(self.max_batch))
-            .map(|&b| format!("[{b}, {}]", ms(self.step_s(p, b, 0.0))))
+            .map(|&b| format!("[{b}, {}]", ms(self.token_step_s(p, b, 0.0))))
             .collect();
-        let per_1k = self.kv_bytes_per_token * 1000.0 / (f64::from(p.tp) * self.gpu_tbs * 1e12) * 1e3;
+        let per_1k = self.kv_bytes_per_token * 1000.0 / (f64::from(p.gpus()) * self.gpu_tbs * 1e12) * 1e3;
         format!(
             "# Latency profile of {model} as {p} on {gpus} GPUs, derived from the cost model of\n\
              # policies/src/oserve/capacity.rs (not measured): {params} B parameters of {bytes} bytes, {layers} layers,\n\
              # hidden {hidden}, {kv} bytes of KV per token; per GPU {tf} TFLOP/s effective, {tb} TB/s, {gb} GB;\n\
              # links {link} GB/s and {hop} us per collective or hop.\n\
              #   prefill(n)    = 2 P n / (tp F) + TP all-reduces + PP hops\n\
-             #   decode step(b) = max(weights + KV reads / (tp B), 2 P b / (tp F)) + TP all-reduces + PP hops\n\
-             #   context term  = KV bytes per 1,000 tokens / (tp B) = {per_1k:.4} ms\n\
+             #   decode step(b) = max(weights + KV reads / (tp B), 2 P b' / (tp F)) + TP all-reduces + PP hops,\n\
+             #                    b' = b / pp: pp micro-batches in flight, one trip per token\n\
+             #   context term  = KV bytes per 1,000 tokens / (tp pp B) = {per_1k:.4} ms\n\
              # KV room after the weights: {room:.1} GB.\n\
              model = \"{model}\"\nengine_class = \"{class}\"\n\
              source = \"derived: policies::oserve::capacity cost model, {p}\"\n\n\

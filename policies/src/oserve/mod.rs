@@ -15,6 +15,8 @@
 //!   and the switch planner.
 //! - [`forecast`]: per-type arrival forecasts (LSTM, moving average,
 //!   Holt-Winters) and RRMSE.
+//! - [`route`]: the assignment as each type's shares over engine classes,
+//!   and the weighted round robin that routes by them.
 //!
 //! Everything here is deterministic and takes its inputs as parameters: the
 //! gateway, the control plane and the simulator call the same functions.
@@ -23,6 +25,7 @@ pub mod assign;
 pub mod capacity;
 pub mod deploy;
 pub mod forecast;
+pub mod route;
 pub mod typing;
 
 #[cfg(test)]

@@ -415,7 +415,7 @@ fn configuration_profiles_parse_and_replay_the_cost_model() {
         let prof = crate::LatencyProfile::parse("generated", &text).unwrap();
         // A decode step at batch 32 and 1,000 tokens of context each: the
         // profile's curve plus its context term, against the model.
-        let want = m.step_s(p, 32.0, 1000.0) * 1e3;
+        let want = m.token_step_s(p, 32.0, 1000.0) * 1e3;
         let got = prof.decode_step_ms(32, 32_000);
         assert!((got - want).abs() / want < 0.02, "{p}: profile {got} ms vs cost model {want} ms");
         let pre = prof.prefill_ms(2048);

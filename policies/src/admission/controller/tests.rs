@@ -138,3 +138,49 @@ fn refusal_labels_are_distinct() {
     let labels: std::collections::HashSet<_> = Reason::ALL.iter().map(|r| r.label()).collect();
     assert_eq!(labels.len(), Reason::ALL.len());
 }
+
+#[test]
+fn oserve_routes_send_each_type_to_its_classes_and_fall_back_without_a_ready_one() {
+    use crate::oserve::assign::Assignment;
+    use crate::oserve::route::Routes;
+    use crate::oserve::{OserveConfig, TypeCentroid};
+    let mut p = policy();
+    let t = |name: &str, input: f64| TypeCentroid { name: name.into(), input, output: 100.0 };
+    p.oserve = OserveConfig { types: vec![t("short", 100.0), t("long", 4000.0)] };
+    let mut ctl = Controller::new();
+    let mut fleet = engines(&mut ctl, 2, 8, 0); // class 0: the bundled profile's
+    let mut other = crate::admission::fixtures::profile();
+    other.engine_class = "tp4".into();
+    let tp4 = ctl.class_of(&other);
+    let first = fleet[0].clone();
+    fleet.extend((2..4).map(|idx| Candidate { idx, class: tp4, ..first.clone() }));
+    // The assignment: short requests on replica 0 (the bundled class), long
+    // ones 3:1 on replica 1 (tp4) and replica 0.
+    let a = Assignment { x: vec![vec![4.0, 1.0], vec![0.0, 3.0]], served: 8.0, load: vec![1.0, 1.0] };
+    let names = vec![fleet_class(&ctl, 0), "tp4".to_string()];
+    ctl.set_routes(Some(Routes::from_assignment(names, &[0, 1], 2, &a)));
+    let class_of = |o: &Outcome| match o {
+        Outcome::Start { engine, .. } => fleet[*engine].class,
+        o => panic!("{o:?}"),
+    };
+    let mut long_on_tp4 = 0;
+    for i in 0..8 {
+        let short = ctl.request(f64::from(i), &p, &req(&p, "gold", "a", 100, 100), &fleet, &[]);
+        assert_eq!(class_of(&short), 0, "short requests have no share on tp4");
+        let long = ctl.request(f64::from(i), &p, &req(&p, "gold", "a", 4000, 100), &fleet, &[]);
+        long_on_tp4 += usize::from(class_of(&long) == tp4);
+    }
+    assert_eq!(long_on_tp4, 6, "3:1 over 8 long requests");
+    // No tp4 engine ready: long requests go where a share remains.
+    let only_first: Vec<Candidate> = fleet.iter().filter(|e| e.class == 0).cloned().collect();
+    let long = ctl.request(9.0, &p, &req(&p, "gold", "b", 4000, 100), &only_first, &[]);
+    assert!(matches!(long, Outcome::Start { engine, .. } if engine < 2));
+    // Routes cleared: the primary class (the first ready engine's) again.
+    ctl.set_routes(None);
+    let long = ctl.request(10.0, &p, &req(&p, "gold", "b", 4000, 100), &fleet, &[]);
+    assert_eq!(class_of(&long), 0);
+}
+
+fn fleet_class(ctl: &Controller, class: usize) -> String {
+    ctl.model(class).unwrap().class.clone()
+}
