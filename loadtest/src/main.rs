@@ -121,6 +121,9 @@ enum Command {
     /// (requests per second each sustains per segment), swept over spatial
     /// skew; planner time. Prints Markdown.
     SimOserve(loadtest::oserve::SimOserveArgs),
+    /// OServe vs static deployments at the request level in virtual time:
+    /// P99 latency and throughput per trace segment (issue 25).
+    SimOserveLatency(loadtest::oserve::latency::LatencyArgs),
     /// Workload types (k-means over prompt and output tokens) refit from
     /// the completed requests of recorded runs; prints the policy file's
     /// `[oserve]` section.
@@ -185,6 +188,7 @@ async fn main() -> ExitCode {
         Command::SimVideo(args) => loadtest::sim::video::bench::main(&args).map(|md| print!("{md}")),
         Command::SimDiffusion(args) => loadtest::diffusion::bench::main(&args).map(|md| print!("{md}")),
         Command::SimOserve(args) => loadtest::oserve::main(&args).map(|md| print!("{md}")),
+        Command::SimOserveLatency(args) => loadtest::oserve::latency::main(&args).map(|md| print!("{md}")),
         Command::OserveFit(args) => loadtest::oserve::fit(&args).map(|toml| print!("{toml}")),
         Command::OserveProfiles(args) => {
             loadtest::oserve::write_profiles(&args).map(|paths| print!("{paths}"))

@@ -74,6 +74,14 @@ impl CostModel {
         max_batch: 256,
     };
 
+    /// The same model on H100-80GB GPUs, the paper's testbed (80 GB,
+    /// 3.35 TB/s, 400 effective TFLOP/s, NVLink 400 GB/s as §6 states): two
+    /// GPUs hold the weights with only ~4 GB of KV room, so a 2-GPU replica
+    /// serves short requests only and long contexts need 4 or more GPUs —
+    /// the strong form of the trade-off.
+    pub const LLAMA70B_H100: CostModel =
+        CostModel { gpu_tbs: 3.35, gpu_gb: 80.0, link_gbs: 400.0, ..CostModel::LLAMA70B_H200 };
+
     fn weight_bytes(&self) -> f64 {
         self.params_b * 1e9 * self.bytes_per_param
     }

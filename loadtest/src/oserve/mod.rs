@@ -29,6 +29,8 @@
 
 use std::fmt::Write as _;
 
+pub mod latency;
+
 use policies::oserve::capacity::{CostModel, Parallel};
 use policies::oserve::deploy::{min_gpus, mix_capacity, search_mix, Deployment};
 use policies::oserve::forecast::{moving_average, rrmse, HoltWinters, Lstm};
@@ -36,10 +38,38 @@ use policies::rng::SplitMix;
 
 /// The four types' centroids, (input, output) tokens.
 pub const TYPES: [(f64, f64); 4] = [(200.0, 100.0), (200.0, 1500.0), (6000.0, 100.0), (6000.0, 1500.0)];
-const NAMES: [&str; 4] = ["SISO", "SILO", "LISO", "LILO"];
+pub const NAMES: [&str; 4] = ["SISO", "SILO", "LISO", "LILO"];
+
+/// `--gpu`: the cost model's GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Gpu {
+    /// H100-80GB, the paper's testbed: little KV room on 2 GPUs.
+    H100,
+    /// H200-141GB: room for long contexts on 2 GPUs.
+    H200,
+}
+
+impl Gpu {
+    pub fn model(self) -> CostModel {
+        match self {
+            Gpu::H100 => CostModel::LLAMA70B_H100,
+            Gpu::H200 => CostModel::LLAMA70B_H200,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Gpu::H100 => "H100-80GB",
+            Gpu::H200 => "H200-141GB",
+        }
+    }
+}
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SimOserveArgs {
+    /// The GPU of the cost model.
+    #[arg(long, value_enum, default_value_t = Gpu::H200)]
+    pub gpu: Gpu,
     /// GPUs in the fleet.
     #[arg(long, default_value_t = 16)]
     pub gpus: u32,
@@ -103,7 +133,7 @@ pub fn trace(seed: u64, segments: usize, cv: f64, shift: f64) -> Vec<Vec<f64>> {
 }
 
 /// Every homogeneous deployment of `gpus` GPUs the model fits.
-fn homogeneous(model: &CostModel, gpus: u32) -> Vec<Deployment> {
+pub(crate) fn homogeneous(model: &CostModel, gpus: u32) -> Vec<Deployment> {
     let Some(g0) = min_gpus(model) else { return Vec::new() };
     let mut out = Vec::new();
     let mut g = g0;
@@ -116,7 +146,7 @@ fn homogeneous(model: &CostModel, gpus: u32) -> Vec<Deployment> {
     out
 }
 
-fn best_static(model: &CostModel, gpus: u32, mix: &[f64]) -> (Deployment, f64) {
+pub(crate) fn best_static(model: &CostModel, gpus: u32, mix: &[f64]) -> (Deployment, f64) {
     homogeneous(model, gpus)
         .into_iter()
         .map(|d| {
@@ -309,13 +339,14 @@ fn forecast_table(seed: u64, epochs: usize) -> String {
 
 /// Runs the experiment; returns the Markdown report.
 pub fn main(args: &SimOserveArgs) -> Result<String, String> {
-    let model = CostModel::LLAMA70B_H200;
+    let model = args.gpu.model();
     if min_gpus(&model).is_none_or(|g| g > args.gpus) || args.segments == 0 || args.seeds == 0 {
         return Err("need GPUs for at least one replica, one segment and one seed".into());
     }
     let mut md = format!(
-        "{} GPUs (H200-class cost model, 70B), {} segments, shift {}, {} seeds (medians), types {}; backend `simulated` (capacity level)\n\n",
+        "{} GPUs ({} cost model, 70B), {} segments, shift {}, {} seeds (medians), types {}; backend `simulated` (capacity level)\n\n",
         args.gpus,
+        args.gpu.label(),
         args.segments,
         args.shift,
         args.seeds,
@@ -414,6 +445,7 @@ mod tests {
     #[test]
     fn oserve_sustains_at_least_the_best_static_deployment_in_every_segment() {
         let args = SimOserveArgs {
+            gpu: Gpu::H200,
             gpus: 16,
             segments: 3,
             cv: vec![0.6],
