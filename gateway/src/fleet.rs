@@ -67,6 +67,8 @@ pub struct FleetControl {
     /// `gateway up --min-engines/--max-engines`: autoscaling on with these
     /// bounds, whatever the policy document says.
     bounds: Option<(u32, u32)>,
+    /// OServe's planning loop (`[oserve] plan_interval_s`).
+    oserve: crate::oserve::Planner,
 }
 
 impl FleetControl {
@@ -83,6 +85,7 @@ impl FleetControl {
             supervisor,
             started: crate::clock::now(),
             bounds,
+            oserve: crate::oserve::Planner::default(),
         })
     }
 
@@ -133,6 +136,8 @@ impl FleetControl {
             cfg.max_engines = max;
         }
         let cfg = &cfg;
+        let parts = (&*self.pool, &*self.admission);
+        self.oserve.tick(&policy.oserve, now, leader, parts, self.supervisor.as_ref());
         if let Some(sup) = &self.supervisor {
             sup.configure(cfg); // restart backoff applies with autoscaling off too
         }
@@ -290,6 +295,7 @@ impl FleetControl {
             "supervisor": sup,
             "gpu_seconds": st.gpu_seconds,
             "decisions": st.changes,
+            "oserve": self.oserve.detail(&self.admission),
         })
     }
 }

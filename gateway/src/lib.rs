@@ -32,6 +32,7 @@ pub(crate) mod hints;
 pub(crate) mod limits;
 pub mod metrics;
 pub(crate) mod openai;
+pub(crate) mod oserve;
 pub(crate) mod outbox;
 pub(crate) mod permit;
 mod player;

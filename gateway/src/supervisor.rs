@@ -514,6 +514,74 @@ impl Supervisor {
         }
     }
 
+    /// The engine class of every child not stopped (from its running
+    /// engine's profile; `None` while it starts or restarts), and whether
+    /// any is starting or draining (a switch step in progress).
+    pub fn child_classes(&self) -> (Vec<Option<String>>, bool) {
+        let pool = self.pool.get();
+        let children = self.lock();
+        let busy = children
+            .values()
+            .any(|c| matches!(c.state, ChildState::Starting { .. } | ChildState::Draining { .. }));
+        let classes = children
+            .values()
+            .map(|c| {
+                let slot = pool.and_then(|p| p.index_of(&c.id).map(|i| p.slot(i)));
+                slot.and_then(|s| s.profile()).map(|p| p.engine_class.clone())
+            })
+            .collect();
+        (classes, busy)
+    }
+
+    /// Starts a new primary engine with `profile` (a deployment switch's
+    /// start step); it serves once ready.
+    pub fn start_with_profile(self: &Arc<Self>, profile: PathBuf) {
+        let id = format!("e{}", self.next_index.fetch_add(1, Ordering::Relaxed));
+        self.lock()
+            .insert(id.clone(), ChildEngine::new(&id, Some(profile), ChildState::Starting { warm: false }));
+        tracing::info!(event = "engine_switch_start", engine = %id);
+        let sup = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Err(e) = sup.spawn(&id).await {
+                tracing::error!(event = "engine_start_failed", engine = %id, error = %e);
+            }
+        });
+    }
+
+    /// Drains the least loaded serving engine of engine class `class` (a
+    /// deployment switch's drain step): no new work, it stops once its
+    /// sequences finish ([`Supervisor::finish_drains_now`]). False when
+    /// none serves.
+    pub fn drain_class(&self, class: &str) -> bool {
+        let Some(pool) = self.pool.get() else { return false };
+        let mut children = self.lock();
+        let victim = children
+            .values_mut()
+            .filter(|c| c.state == ChildState::Running)
+            .filter_map(|c| {
+                let slot = pool.index_of(&c.id).map(|i| pool.slot(i))?;
+                let ours = !slot.is_standby() && slot.profile().is_some_and(|p| p.engine_class == class);
+                ours.then(|| (slot.active(), c))
+            })
+            .min_by_key(|(active, _)| *active)
+            .map(|(_, c)| c);
+        let Some(c) = victim else { return false };
+        c.state = ChildState::Draining { to_warm: false };
+        if let Some(i) = pool.index_of(&c.id) {
+            pool.slot(i).set_draining(true);
+        }
+        tracing::info!(event = "engine_draining", engine = %c.id, why = "oserve_switch");
+        true
+    }
+
+    /// Stops draining engines that have no work left (what `apply` does
+    /// each tick, for a fleet the autoscaler does not drive).
+    pub fn finish_drains_now(self: &Arc<Self>) {
+        if let Some(pool) = self.pool.get().cloned() {
+            self.finish_drains(&pool);
+        }
+    }
+
     fn overflow_count(&self) -> usize {
         self.launch.overflow.as_ref().map_or(0, |(n, _)| *n)
     }

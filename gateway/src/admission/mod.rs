@@ -168,6 +168,9 @@ pub struct Admission {
     pool: Arc<EnginePool>,
     /// Requests that reached admission (the autoscaler's volatility).
     arrivals: std::sync::atomic::AtomicU64,
+    /// Admitted requests per `[oserve]` type index (the planner's
+    /// forecast input).
+    type_arrivals: [std::sync::atomic::AtomicU64; policies::oserve::MAX_TYPES],
 }
 
 impl Admission {
@@ -177,6 +180,7 @@ impl Admission {
             origin: crate::clock::now(),
             pool,
             arrivals: std::sync::atomic::AtomicU64::new(0),
+            type_arrivals: Default::default(),
         })
     }
 
@@ -191,6 +195,21 @@ impl Admission {
 
     pub fn brownout_level(&self) -> usize {
         self.lock().ctl.brownout_level()
+    }
+
+    /// Admitted requests of each `[oserve]` type so far.
+    pub fn type_arrivals(&self) -> Vec<u64> {
+        self.type_arrivals.iter().map(|a| a.load(std::sync::atomic::Ordering::Relaxed)).collect()
+    }
+
+    /// OServe's type-aware routes from now on (`None`: the primary class).
+    pub fn set_routes(&self, routes: Option<policies::oserve::route::Routes>) {
+        self.lock().ctl.set_routes(routes);
+    }
+
+    /// Each type's shares over classes in force (class names, shares).
+    pub fn routes(&self) -> Option<(Vec<String>, Vec<Vec<f64>>)> {
+        self.lock().ctl.routes().map(|r| (r.classes.clone(), r.shares.clone()))
     }
 
     /// Requests waiting at the gate.
@@ -330,10 +349,11 @@ impl Admission {
         let verdict = Verdict::admitted(&admit);
         ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => verdict.decision.as_str(), "reason" => verdict.reason.clone())
             .increment(1);
-        if let Some((_, name)) =
+        if let Some((j, name)) =
             policy.oserve.classify(admit.work.prompt_tokens as f64, admit.work.out_tokens as f64)
         {
             ::metrics::counter!(m::WORKLOAD_TYPE, "type" => name.to_string()).increment(1);
+            self.type_arrivals[j].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         let ticket = Ticket::new(
             self,

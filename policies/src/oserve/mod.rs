@@ -42,14 +42,102 @@ pub struct TypeCentroid {
     pub output: f64,
 }
 
+/// One parallel configuration the control plane may deploy: the engine
+/// class its engines report (their profile's `engine_class`), its TP × PP
+/// split, and the profile a new engine of it starts with.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Configuration {
+    pub class: String,
+    pub tp: u32,
+    pub pp: u32,
+    /// Latency profile path (relative to the gateway's working directory),
+    /// given to engines started in this configuration.
+    pub profile: String,
+}
+
+impl Configuration {
+    pub fn parallel(&self) -> capacity::Parallel {
+        capacity::Parallel { tp: self.tp, pp: self.pp }
+    }
+}
+
+/// `[oserve] gpu`: the cost model's GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CostGpu {
+    H100,
+    #[default]
+    H200,
+}
+
+impl CostGpu {
+    pub fn model(self) -> capacity::CostModel {
+        match self {
+            CostGpu::H100 => capacity::CostModel::LLAMA70B_H100,
+            CostGpu::H200 => capacity::CostModel::LLAMA70B_H200,
+        }
+    }
+}
+
 /// `[oserve]`: workload types (refit offline with `loadtest oserve-fit`
-/// from recorded traffic). With none, nothing is classified.
-#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+/// from recorded traffic; with none, nothing is classified) and the live
+/// planning loop (off while `plan_interval_s` is 0).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OserveConfig {
     #[serde(default)]
     pub types: Vec<TypeCentroid>,
+    /// Seconds between plans: the per-type arrival rates of the last
+    /// intervals (moving average of `forecast_intervals`) give the forecast,
+    /// the assignment on the serving engines gives the routes. 0: off.
+    #[serde(default)]
+    pub plan_interval_s: u32,
+    #[serde(default = "default_forecast_intervals")]
+    pub forecast_intervals: u32,
+    /// Also switch the deployment (embedded mode, leader only): the
+    /// flow-guided search for the forecast mix on the fleet's GPUs, carried
+    /// out by the switch planner one step at a time (drain, start).
+    #[serde(default)]
+    pub switch: bool,
+    /// GPUs the deployment may use; 0: those of the engines at the first plan.
+    #[serde(default)]
+    pub gpus: u32,
+    #[serde(default = "default_search_iterations")]
+    pub search_iterations: u32,
+    #[serde(default)]
+    pub gpu: CostGpu,
+    /// The configurations engines of which the planner routes over and
+    /// deploys; engines of other classes are left alone.
+    #[serde(default)]
+    pub configurations: Vec<Configuration>,
 }
+
+fn default_forecast_intervals() -> u32 {
+    3
+}
+
+fn default_search_iterations() -> u32 {
+    30
+}
+
+impl Default for OserveConfig {
+    fn default() -> Self {
+        Self {
+            types: Vec::new(),
+            plan_interval_s: 0,
+            forecast_intervals: default_forecast_intervals(),
+            switch: false,
+            gpus: 0,
+            search_iterations: default_search_iterations(),
+            gpu: CostGpu::default(),
+            configurations: Vec::new(),
+        }
+    }
+}
+
+/// Most configurations `[oserve]` takes.
+pub const MAX_CONFIGURATIONS: usize = 16;
 
 /// Most types `[oserve]` takes.
 pub const MAX_TYPES: usize = 16;
@@ -70,7 +158,44 @@ impl OserveConfig {
                 }
             }
         }
+        let range = |key: &str, v: u32, lo: u32, hi: u32| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err((format!("oserve.{key}"), format!("in [{lo}, {hi}]")))
+            }
+        };
+        range("plan_interval_s", self.plan_interval_s, 0, 86_400)?;
+        range("forecast_intervals", self.forecast_intervals, 1, 64)?;
+        range("gpus", self.gpus, 0, 4096)?;
+        range("search_iterations", self.search_iterations, 1, 1000)?;
+        if self.configurations.len() > MAX_CONFIGURATIONS {
+            return Err(("oserve.configurations".into(), format!("at most {MAX_CONFIGURATIONS}")));
+        }
+        for (i, c) in self.configurations.iter().enumerate() {
+            let key = |k: &str| format!("oserve.configurations[{i}].{k}");
+            if c.class.is_empty()
+                || c.class.len() > 128
+                || self.configurations[..i].iter().any(|o| o.class == c.class)
+            {
+                return Err((key("class"), "1-128 bytes, unique".into()));
+            }
+            if !c.tp.is_power_of_two() || c.tp > 8 || !c.pp.is_power_of_two() || c.pp > 16 {
+                return Err((key("tp"), "tp a power of two ≤ 8, pp a power of two ≤ 16".into()));
+            }
+            if c.profile.is_empty() || c.profile.len() > 4096 {
+                return Err((key("profile"), "a profile path".into()));
+            }
+        }
+        if self.plan_interval_s > 0 && (self.types.is_empty() || self.configurations.is_empty()) {
+            return Err(("oserve.plan_interval_s".into(), "planning needs types and configurations".into()));
+        }
         Ok(())
+    }
+
+    /// The configuration of engine class `class`.
+    pub fn configuration(&self, class: &str) -> Option<&Configuration> {
+        self.configurations.iter().find(|c| c.class == class)
     }
 
     /// The type (index and name) of a request of `input` prompt tokens

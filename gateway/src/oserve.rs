@@ -1,0 +1,237 @@
+//! OServe live (issue 25): the control plane's planning loop.
+//!
+//! Every `[oserve] plan_interval_s` seconds (called from the fleet's
+//! one-second tick):
+//! 1. the forecast: each type's admitted requests per second over the
+//!    last interval (admission counts them), averaged over the last
+//!    `forecast_intervals` intervals;
+//! 2. the routes: the lower level's assignment (`policies::oserve::assign`)
+//!    on the serving engines of the configured classes, at the highest rate
+//!    they sustain in the forecast mix, becomes each type's shares over
+//!    classes, which admission's controller routes by
+//!    (`policies::oserve::route`) — admission's SLO checks run unchanged
+//!    inside the chosen class;
+//! 3. with `switch = true` (embedded mode, the fleet's leader): the upper
+//!    level's search for the forecast mix on the deployment's GPUs and the
+//!    switch planner's steps from the current deployment, carried out one at
+//!    a time through the supervisor (drain an engine of a class and let it
+//!    finish; start one with a configuration's profile once its GPUs are
+//!    free), a step only after the previous one completed.
+//!
+//! Engines of classes `[oserve]` does not configure are left alone (they
+//! get no share, so a typed request goes to them only when its type has no
+//! share on a ready class). Bounds: the history holds at most 64 intervals,
+//! a plan at most the switch planner's steps (each replica once).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use policies::oserve::capacity::Parallel;
+use policies::oserve::deploy::{evaluate, mix_capacity, search_mix, switch_plan, Deployment, Step};
+use policies::oserve::route::Routes;
+use policies::oserve::OserveConfig;
+use serde_json::json;
+
+use crate::admission::Admission;
+use crate::engines::EnginePool;
+use crate::supervisor::Supervisor;
+
+/// Intervals of per-type rates kept.
+const HISTORY: usize = 64;
+
+#[derive(Debug, Default)]
+struct State {
+    last_plan_s: Option<f64>,
+    counts: Vec<u64>,
+    /// Per-type requests per second, one entry per interval, newest last.
+    history: VecDeque<Vec<f64>>,
+    forecast: Vec<f64>,
+    gpus: u32,
+    pending: VecDeque<Step>,
+    target: Option<String>,
+    switches: u64,
+    steps_done: u64,
+}
+
+/// The planning loop's state; one per gateway.
+#[derive(Debug, Default)]
+pub struct Planner {
+    state: Mutex<State>,
+}
+
+impl Planner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One fleet tick at `now_s` (seconds since the gateway started).
+    pub fn tick(
+        &self,
+        cfg: &OserveConfig,
+        now_s: f64,
+        leader: bool,
+        (pool, admission): (&EnginePool, &Admission),
+        supervisor: Option<&Arc<Supervisor>>,
+    ) {
+        if cfg.plan_interval_s == 0 {
+            if admission.routes().is_some() {
+                admission.set_routes(None);
+            }
+            return;
+        }
+        if let Some(sup) = supervisor {
+            sup.finish_drains_now();
+        }
+        let mut st = self.lock();
+        let due = st.last_plan_s.is_none_or(|t| now_s - t >= f64::from(cfg.plan_interval_s));
+        if due {
+            self.plan(&mut st, cfg, now_s, pool, admission);
+            if cfg.switch && leader {
+                if let Some(sup) = supervisor {
+                    self.replan(&mut st, cfg, sup);
+                }
+            }
+        }
+        if let (true, Some(sup)) = (cfg.switch && leader, supervisor) {
+            self.step(&mut st, cfg, sup);
+        }
+    }
+
+    /// The forecast and the routes.
+    fn plan(&self, st: &mut State, cfg: &OserveConfig, now_s: f64, pool: &EnginePool, admission: &Admission) {
+        let counts: Vec<u64> = admission.type_arrivals().into_iter().take(cfg.types.len()).collect();
+        if let Some(last) = st.last_plan_s {
+            let dt = (now_s - last).max(1e-3);
+            let rates = counts
+                .iter()
+                .enumerate()
+                .map(|(j, &c)| c.saturating_sub(st.counts.get(j).copied().unwrap_or(0)) as f64 / dt)
+                .collect();
+            if st.history.len() >= HISTORY {
+                st.history.pop_front();
+            }
+            st.history.push_back(rates);
+        }
+        st.last_plan_s = Some(now_s);
+        st.counts = counts;
+        let window = (cfg.forecast_intervals as usize).min(st.history.len());
+        if window == 0 {
+            return;
+        }
+        st.forecast = (0..cfg.types.len())
+            .map(|j| st.history.iter().rev().take(window).map(|r| r[j]).sum::<f64>() / window as f64)
+            .collect();
+        let serving = serving(cfg, pool);
+        if serving.is_empty() || st.forecast.iter().sum::<f64>() <= 0.0 {
+            return; // no evidence: the routes in force stay
+        }
+        let model = cfg.gpu.model();
+        let types = centroids(cfg);
+        let dep = Deployment { replicas: serving.iter().map(|(_, p)| *p).collect() };
+        let rate = mix_capacity(&model, &dep, &types, &st.forecast);
+        let total: f64 = st.forecast.iter().sum();
+        let lambda: Vec<f64> = st.forecast.iter().map(|f| f / total * rate).collect();
+        let a = evaluate(&model, &dep, &types, &lambda);
+        let names: Vec<String> = cfg.configurations.iter().map(|c| c.class.clone()).collect();
+        let class_of: Vec<usize> = serving.iter().map(|(c, _)| *c).collect();
+        admission.set_routes(Some(Routes::from_assignment(names, &class_of, cfg.types.len(), &a)));
+    }
+
+    /// A new switch plan toward the search's deployment for the forecast,
+    /// unless one is being carried out.
+    fn replan(&self, st: &mut State, cfg: &OserveConfig, sup: &Arc<Supervisor>) {
+        let (classes, busy) = sup.child_classes();
+        if !st.pending.is_empty() || busy || st.forecast.iter().sum::<f64>() <= 0.0 {
+            return;
+        }
+        let current: Vec<Parallel> =
+            classes.iter().flatten().filter_map(|c| cfg.configuration(c)).map(|c| c.parallel()).collect();
+        if st.gpus == 0 {
+            st.gpus = if cfg.gpus > 0 { cfg.gpus } else { current.iter().map(|p| p.gpus()).sum() };
+        }
+        let model = cfg.gpu.model();
+        let types = centroids(cfg);
+        let Some(plan) = search_mix(&model, st.gpus, &types, &st.forecast, cfg.search_iterations as usize)
+        else {
+            return;
+        };
+        // Only the configured configurations can be started.
+        if plan.deployment.replicas.iter().any(|p| config_of(cfg, *p).is_none()) {
+            return;
+        }
+        let current = Deployment { replicas: current };
+        let steps = switch_plan(&model, st.gpus, &current, &plan.deployment, &types, &st.forecast);
+        if let Some(steps) = steps.filter(|s| !s.is_empty()) {
+            tracing::info!(event = "oserve_switch", from = %current, to = %plan.deployment, steps = steps.len());
+            st.target = Some(plan.deployment.to_string());
+            st.switches += 1;
+            st.pending = steps.into();
+        }
+    }
+
+    /// Carries out the next step once the previous one is complete.
+    fn step(&self, st: &mut State, cfg: &OserveConfig, sup: &Arc<Supervisor>) {
+        let (classes, busy) = sup.child_classes();
+        let Some(&next) = st.pending.front() else { return };
+        if busy {
+            return;
+        }
+        let in_use: u32 = classes
+            .iter()
+            .map(|c| c.as_deref().and_then(|c| cfg.configuration(c)).map_or(0, |c| c.parallel().gpus()))
+            .sum();
+        match next {
+            Step::Start(p) => {
+                let Some(c) = config_of(cfg, p) else { return };
+                if in_use + p.gpus() > st.gpus {
+                    return; // its GPUs are not free yet
+                }
+                sup.start_with_profile(c.profile.clone().into());
+            }
+            Step::Drain(p) => {
+                if let Some(c) = config_of(cfg, p) {
+                    sup.drain_class(&c.class);
+                }
+            }
+        }
+        st.pending.pop_front();
+        st.steps_done += 1;
+    }
+
+    /// The loop's state for the admin API.
+    pub fn detail(&self, admission: &Admission) -> serde_json::Value {
+        let st = self.lock();
+        let routes =
+            admission.routes().map(|(classes, shares)| json!({ "classes": classes, "shares": shares }));
+        json!({
+            "forecast_rps": st.forecast,
+            "routes": routes,
+            "gpus": st.gpus,
+            "target": st.target,
+            "pending_steps": st.pending.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>(),
+            "switches": st.switches,
+            "steps_done": st.steps_done,
+        })
+    }
+}
+
+/// The serving engines of configured classes: (configuration index, split).
+fn serving(cfg: &OserveConfig, pool: &EnginePool) -> Vec<(usize, Parallel)> {
+    (0..pool.len())
+        .map(|i| pool.slot(i))
+        .filter(|s| s.routable())
+        .filter_map(|s| {
+            let class = s.profile()?.engine_class.clone();
+            let c = cfg.configurations.iter().position(|c| c.class == class)?;
+            Some((c, cfg.configurations[c].parallel()))
+        })
+        .collect()
+}
+
+fn centroids(cfg: &OserveConfig) -> Vec<(f64, f64)> {
+    cfg.types.iter().map(|t| (t.input, t.output)).collect()
+}
+
+fn config_of(cfg: &OserveConfig, p: Parallel) -> Option<&policies::oserve::Configuration> {
+    cfg.configurations.iter().find(|c| c.parallel() == p)
+}
