@@ -427,13 +427,13 @@ fn configuration_profiles_parse_and_replay_the_cost_model() {
 fn the_oserve_section_is_bounded_and_checked() {
     use super::{OserveConfig, TypeCentroid, MAX_TYPES};
     let t = |i: usize| TypeCentroid { name: format!("t{i}"), input: 100.0 * i as f64, output: 10.0 };
-    let ok = OserveConfig { types: (0..MAX_TYPES).map(t).collect() };
+    let ok = OserveConfig { types: (0..MAX_TYPES).map(t).collect(), ..Default::default() };
     assert!(ok.validate().is_ok());
-    let too_many = OserveConfig { types: (0..=MAX_TYPES).map(t).collect() };
+    let too_many = OserveConfig { types: (0..=MAX_TYPES).map(t).collect(), ..Default::default() };
     assert_eq!(too_many.validate().unwrap_err().0, "oserve.types");
-    let twice = OserveConfig { types: vec![t(1), t(1)] };
+    let twice = OserveConfig { types: vec![t(1), t(1)], ..Default::default() };
     assert_eq!(twice.validate().unwrap_err().0, "oserve.types[1].name");
-    let negative = OserveConfig { types: vec![TypeCentroid { output: -1.0, ..t(1) }] };
+    let negative = OserveConfig { types: vec![TypeCentroid { output: -1.0, ..t(1) }], ..Default::default() };
     assert_eq!(negative.validate().unwrap_err().0, "oserve.types[0].output");
     assert_eq!(OserveConfig::default().classify(10.0, 10.0), None, "no types, no classification");
 }

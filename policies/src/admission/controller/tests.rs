@@ -146,7 +146,7 @@ fn oserve_routes_send_each_type_to_its_classes_and_fall_back_without_a_ready_one
     use crate::oserve::{OserveConfig, TypeCentroid};
     let mut p = policy();
     let t = |name: &str, input: f64| TypeCentroid { name: name.into(), input, output: 100.0 };
-    p.oserve = OserveConfig { types: vec![t("short", 100.0), t("long", 4000.0)] };
+    p.oserve = OserveConfig { types: vec![t("short", 100.0), t("long", 4000.0)], ..Default::default() };
     let mut ctl = Controller::new();
     let mut fleet = engines(&mut ctl, 2, 8, 0); // class 0: the bundled profile's
     let mut other = crate::admission::fixtures::profile();
