@@ -437,3 +437,33 @@ fn the_oserve_section_is_bounded_and_checked() {
     assert_eq!(negative.validate().unwrap_err().0, "oserve.types[0].output");
     assert_eq!(OserveConfig::default().classify(10.0, 10.0), None, "no types, no classification");
 }
+
+#[test]
+fn planning_settings_are_bounded_and_need_types_and_configurations() {
+    use super::{Configuration, OserveConfig, TypeCentroid, MAX_CONFIGURATIONS};
+    let c = |i: usize| Configuration { class: format!("c{i}"), tp: 2, pp: 1, profile: "p.toml".into() };
+    let types = vec![TypeCentroid { name: "t".into(), input: 100.0, output: 10.0 }];
+    let ok = OserveConfig {
+        types: types.clone(),
+        plan_interval_s: 10,
+        configurations: vec![c(0)],
+        ..Default::default()
+    };
+    assert!(ok.validate().is_ok());
+    assert_eq!(ok.configuration("c0").map(|c| c.parallel().gpus()), Some(2));
+    let err = |cfg: OserveConfig| cfg.validate().unwrap_err().0;
+    let no_configs = OserveConfig { configurations: Vec::new(), ..ok.clone() };
+    assert_eq!(err(no_configs), "oserve.plan_interval_s");
+    let no_types = OserveConfig { types: Vec::new(), ..ok.clone() };
+    assert_eq!(err(no_types), "oserve.plan_interval_s");
+    let many = OserveConfig { configurations: (0..=MAX_CONFIGURATIONS).map(c).collect(), ..ok.clone() };
+    assert_eq!(err(many), "oserve.configurations");
+    let twice = OserveConfig { configurations: vec![c(1), c(1)], ..ok.clone() };
+    assert_eq!(err(twice), "oserve.configurations[1].class");
+    let odd = OserveConfig { configurations: vec![Configuration { tp: 3, ..c(0) }], ..ok.clone() };
+    assert_eq!(err(odd), "oserve.configurations[0].tp");
+    let window = OserveConfig { forecast_intervals: 0, ..ok.clone() };
+    assert_eq!(err(window), "oserve.forecast_intervals");
+    let search = OserveConfig { search_iterations: 1001, ..ok };
+    assert_eq!(err(search), "oserve.search_iterations");
+}
