@@ -48,6 +48,10 @@ pub struct EngineArgs {
     /// `emulated-a100-8b` (emulated) or `cpu-epyc-2core` (cpu).
     #[arg(long)]
     pub profile: Option<PathBuf>,
+    /// Emulated answers run to `max_tokens` instead of ending by themselves
+    /// after 16-272 tokens (load tests replaying a trace's output lengths).
+    #[arg(long)]
+    pub emulated_to_max_tokens: bool,
     /// KV cache pages [default: 16384 for emulated; for cpu, as many as fit
     /// in --kv-cache-mb].
     #[arg(long)]

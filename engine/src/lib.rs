@@ -233,7 +233,10 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
     let engine_class = profile.engine_class.clone();
     let (mut gpu_video, mut gpu_diffusion) = (None, None);
     let scheduler = match args.backend() {
-        BackendKind::Emulated => Scheduler::spawn(Emulated { profile }, Arc::clone(&kv), cfg),
+        BackendKind::Emulated => {
+            let emulated = Emulated { profile, to_max_tokens: args.emulated_to_max_tokens };
+            Scheduler::spawn(emulated, Arc::clone(&kv), cfg)
+        }
         BackendKind::Cuda => {
             let model = args.model_config();
             model.validate().map_err(StartError::Model)?;

@@ -216,7 +216,7 @@ pub fn run(args: &ProfileArgs) -> Result<Measured, ProfileError> {
     let (m, host) = match e.backend() {
         BackendKind::Emulated => {
             let profile = crate::load_profile(e)?;
-            (measure(&mut Emulated { profile }, &kv, args)?, host_cpu())
+            (measure(&mut Emulated { profile, to_max_tokens: false }, &kv, args)?, host_cpu())
         }
         BackendKind::Cpu => {
             let model = e.model_config();

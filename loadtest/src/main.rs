@@ -124,6 +124,12 @@ enum Command {
     /// OServe vs static deployments at the request level in virtual time:
     /// P99 latency and throughput per trace segment (issue 25).
     SimOserveLatency(loadtest::oserve::latency::LatencyArgs),
+    /// Writes `sim-oserve-latency`'s trace for a seed as a CSV for
+    /// `loadtest run --trace` (the live OServe benchmark).
+    OserveTrace(loadtest::oserve::live::TraceArgs),
+    /// Per trace segment of runs that replayed an `oserve-trace` CSV: P99
+    /// E2E and TTFT, completed requests per second.
+    OserveSegments(loadtest::oserve::live::SegmentsArgs),
     /// Workload types (k-means over prompt and output tokens) refit from
     /// the completed requests of recorded runs; prints the policy file's
     /// `[oserve]` section.
@@ -189,6 +195,8 @@ async fn main() -> ExitCode {
         Command::SimDiffusion(args) => loadtest::diffusion::bench::main(&args).map(|md| print!("{md}")),
         Command::SimOserve(args) => loadtest::oserve::main(&args).map(|md| print!("{md}")),
         Command::SimOserveLatency(args) => loadtest::oserve::latency::main(&args).map(|md| print!("{md}")),
+        Command::OserveTrace(args) => loadtest::oserve::live::write_trace(&args).map(|s| print!("{s}")),
+        Command::OserveSegments(args) => loadtest::oserve::live::segments(&args).map(|md| print!("{md}")),
         Command::OserveFit(args) => loadtest::oserve::fit(&args).map(|toml| print!("{toml}")),
         Command::OserveProfiles(args) => {
             loadtest::oserve::write_profiles(&args).map(|paths| print!("{paths}"))

@@ -17,6 +17,8 @@ use crate::api::GenerateRequest;
 #[derive(Debug)]
 pub struct Emulated {
     pub profile: LatencyProfile,
+    /// Answers never end by themselves: `max_tokens` ends them.
+    pub to_max_tokens: bool,
 }
 
 impl Backend for Emulated {
@@ -27,7 +29,11 @@ impl Backend for Emulated {
     }
 
     fn start(&mut self, req: &GenerateRequest, _prompt_tokens: u32) -> TextSource {
-        TextSource::new(&req.prompt, req.seed)
+        let mut src = TextSource::new(&req.prompt, req.seed);
+        if self.to_max_tokens {
+            src.natural_len = u32::MAX;
+        }
+        src
     }
 
     fn prefill(&mut self, batch: &mut [Slot<'_, TextSource>]) -> Duration {
@@ -140,5 +146,32 @@ mod tests {
             n += 1;
         }
         assert!((16..=272).contains(&n), "{n}");
+    }
+
+    #[test]
+    fn with_to_max_tokens_answers_never_end_by_themselves() {
+        use crate::backend::Backend;
+        let profile = policies::LatencyProfile::parse(
+            "p.toml",
+            include_str!("../../../policies/profiles/emulated-a100-8b.toml"),
+        )
+        .unwrap();
+        let req = crate::api::GenerateRequest {
+            request_id: "t".into(),
+            model: "m".into(),
+            prompt: "x".into(),
+            max_tokens: 2000,
+            temperature: None,
+            seed: None,
+            stop: vec![],
+            priority_key: None,
+            ttft_budget_ms: None,
+        };
+        let mut natural = super::Emulated { profile: profile.clone(), to_max_tokens: false };
+        let mut to_max = super::Emulated { profile, to_max_tokens: true };
+        let mut a = natural.start(&req, 1);
+        assert!((0..2000).map_while(|_| a.next_token()).count() <= 272);
+        let mut b = to_max.start(&req, 1);
+        assert_eq!((0..2000).map_while(|_| b.next_token()).count(), 2000);
     }
 }

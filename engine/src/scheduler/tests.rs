@@ -40,7 +40,10 @@ fn sched(
         min_quantum_tokens: 2,
     };
     cfg(&mut c);
-    (Scheduler::spawn(Emulated { profile: profile(prefill_ms) }, Arc::clone(&kv), c), kv)
+    (
+        Scheduler::spawn(Emulated { profile: profile(prefill_ms), to_max_tokens: false }, Arc::clone(&kv), c),
+        kv,
+    )
 }
 
 fn req(prompt: &str, max_tokens: u32) -> GenerateRequest {
@@ -235,7 +238,11 @@ async fn a_shared_prefix_is_charged_no_prefill_time_and_the_cache_off_charges_it
             max_preemptions: 2,
             min_quantum_tokens: 2,
         };
-        let s = Scheduler::spawn(Emulated { profile: linear_prefill() }, Arc::clone(&kv), cfg);
+        let s = Scheduler::spawn(
+            Emulated { profile: linear_prefill(), to_max_tokens: false },
+            Arc::clone(&kv),
+            cfg,
+        );
         let first = first_token_and_cached(&s, &format!("{system} qone")).await;
         assert_eq!(
             first,

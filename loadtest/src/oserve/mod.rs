@@ -30,6 +30,7 @@
 use std::fmt::Write as _;
 
 pub mod latency;
+pub mod live;
 
 use policies::oserve::capacity::{CostModel, Parallel};
 use policies::oserve::deploy::{min_gpus, mix_capacity, search_mix, Deployment};

@@ -1,0 +1,121 @@
+//! The live side of the OServe benchmark (issue 25): `loadtest
+//! oserve-trace` writes the simulator's trace (same types, mixes, rates and
+//! sizes as `sim-oserve-latency` for a seed) as a CSV that `loadtest run
+//! --trace` replays against a real gateway, and `loadtest oserve-segments`
+//! reads the runs' results.json back per trace segment (P99 E2E and TTFT,
+//! completed requests per second), as the simulator reports them.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use policies::oserve::deploy::mix_capacity;
+
+use super::latency::requests;
+use super::{best_static, trace, Gpu, TYPES};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct TraceArgs {
+    /// The GPU of the cost model (the static deployment's capacity sets the rates).
+    #[arg(long, value_enum, default_value_t = Gpu::H200)]
+    pub gpu: Gpu,
+    #[arg(long, default_value_t = 16)]
+    pub gpus: u32,
+    #[arg(long, default_value_t = 3)]
+    pub segments: usize,
+    #[arg(long, default_value_t = 60.0)]
+    pub segment_s: f64,
+    /// Spatial skew (CV of the type shares).
+    #[arg(long, default_value_t = 0.5)]
+    pub cv: f64,
+    #[arg(long, default_value_t = 0.7)]
+    pub shift: f64,
+    /// Offered rate over the static deployment's capacity in each mix.
+    #[arg(long, default_value_t = 0.8)]
+    pub load: f64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The CSV to write (seconds, input tokens, output tokens).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Writes the trace; returns a one-line summary.
+pub fn write_trace(a: &TraceArgs) -> Result<String, String> {
+    let model = a.gpu.model();
+    if a.segments == 0 || a.segment_s <= 0.0 || !(0.05..=3.0).contains(&a.load) {
+        return Err("need a segment, --segment-s > 0 and --load in [0.05, 3]".into());
+    }
+    let mixes = trace(a.seed, a.segments, a.cv, a.shift);
+    let n = mixes.len() as f64;
+    let avg: Vec<f64> = (0..TYPES.len()).map(|j| mixes.iter().map(|m| m[j]).sum::<f64>() / n).collect();
+    let (fixed, _) = best_static(&model, a.gpus, &avg);
+    let rates: Vec<f64> = mixes.iter().map(|m| a.load * mix_capacity(&model, &fixed, &TYPES, m)).collect();
+    let reqs = requests(a.seed, &mixes, &rates, a.segment_s);
+    let mut csv = String::from("seconds,input_tokens,output_tokens\n");
+    for r in &reqs {
+        let _ = writeln!(csv, "{:.6},{},{}", r.at, r.prompt, r.out);
+    }
+    std::fs::write(&a.out, csv).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    let rates: Vec<String> = rates.iter().map(|r| format!("{r:.2}")).collect();
+    Ok(format!(
+        "{} requests, {} segments of {} s at {} req/s; static deployment {fixed}\n",
+        reqs.len(),
+        a.segments,
+        a.segment_s,
+        rates.join(" / ")
+    ))
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SegmentsArgs {
+    /// results.json of runs that replayed an `oserve-trace` CSV.
+    #[arg(required = true)]
+    pub results: Vec<PathBuf>,
+    #[arg(long, default_value_t = 60.0)]
+    pub segment_s: f64,
+}
+
+fn p99(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1]
+}
+
+/// Per run and segment: requests, failures, P99 E2E and TTFT, completed/s.
+pub fn segments(a: &SegmentsArgs) -> Result<String, String> {
+    if a.segment_s <= 0.0 {
+        return Err("--segment-s > 0".into());
+    }
+    let mut md = String::from(
+        "| run | segment | requests | not ok | P99 E2E s | P99 TTFT s | completed req/s |\n|---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for path in &a.results {
+        let r = crate::results::Results::load(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let seg = |ms: f64| (ms / 1e3 / a.segment_s) as usize;
+        let n = r.records.iter().map(|x| seg(x.scheduled_at_ms) + 1).max().unwrap_or(0);
+        for s in 0..n {
+            let of: Vec<_> = r.records.iter().filter(|x| seg(x.scheduled_at_ms) == s).collect();
+            let ok: Vec<_> = of.iter().filter(|x| x.outcome == crate::record::Outcome::Ok).collect();
+            let e2e = p99(ok.iter().filter_map(|x| x.done_ms).map(|v| v / 1e3).collect());
+            let ttft = p99(ok.iter().filter_map(|x| x.ttft_ms).map(|v| v / 1e3).collect());
+            let completed = r
+                .records
+                .iter()
+                .filter(|x| x.outcome == crate::record::Outcome::Ok)
+                .filter(|x| x.done_ms.is_some_and(|d| seg(x.scheduled_at_ms + d) == s))
+                .count();
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {e2e:.1} | {ttft:.2} | {:.2} |",
+                path.display(),
+                s + 1,
+                of.len(),
+                of.len() - ok.len(),
+                completed as f64 / a.segment_s
+            );
+        }
+    }
+    Ok(md)
+}
