@@ -43,7 +43,7 @@ use policies::oserve::typing::nearest_centroid;
 use policies::rng::SplitMix;
 use policies::LatencyProfile;
 
-use super::{best_static, trace, Gpu, NAMES, TYPES};
+use super::{best_static, median, p99, trace, Gpu, TYPES};
 use crate::sim::engine::{EngineConfig, Out, SimEngine, SimSeq};
 use crate::sim::timed::Timed;
 
@@ -497,14 +497,6 @@ pub struct ArmRun {
     pub switches: usize,
 }
 
-fn p99(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1]
-}
-
 /// The four arms on one trace (cv, seed) at `load`.
 pub fn run_arms(model: &CostModel, args: &LatencyArgs, cv: f64, seed: u64, load: f64) -> Vec<ArmRun> {
     let mixes = trace(seed, args.segments, cv, args.shift);
@@ -566,15 +558,6 @@ pub fn run_arms(model: &CostModel, args: &LatencyArgs, cv: f64, seed: u64, load:
         .collect()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v[v.len() / 2]
-    }
-}
-
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
@@ -592,16 +575,8 @@ pub fn main(args: &LatencyArgs) -> Result<String, String> {
             "need GPUs for one replica, a segment, a seed, --segment-s > 0, --load in [0.05, 3]".into()
         );
     }
-    let mut md = format!(
-        "{} GPUs ({} cost model, 70B), {} segments of {} s, shift {}, {} seeds (medians), types {}; backend `simulated` (request level)\n\n",
-        args.gpus,
-        args.gpu.label(),
-        args.segments,
-        args.segment_s,
-        args.shift,
-        args.seeds,
-        NAMES.iter().zip(TYPES).map(|(n, (i, o))| format!("{n} ({i}/{o})")).collect::<Vec<_>>().join(", ")
-    );
+    let segments = format!("{} segments of {} s", args.segments, args.segment_s);
+    let mut md = super::header(args.gpu, args.gpus, &segments, args.shift, args.seeds, "request level");
     md.push_str("Per arm: the mean over segments of the P99 E2E latency (s), and of the segment's P99 E2E speed-up over `static` (static P99 / arm P99); throughput = completed requests per second, mean over segments.\n\n");
     md.push_str("| spatial CV | load | static P99 E2E | static+reload | oserve | oserve, no type routing | oserve speed-up (P99 E2E) | oserve speed-up (P99 TTFT) | throughput static → oserve | switches reload / oserve |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     let mut bar = crate::progress::Progress::new(args.cv.len() * args.load.len() * args.seeds as usize);

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use policies::oserve::deploy::mix_capacity;
 
 use super::latency::requests;
-use super::{best_static, trace, Gpu, TYPES};
+use super::{best_static, p99, trace, Gpu, TYPES};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct TraceArgs {
@@ -73,14 +73,6 @@ pub struct SegmentsArgs {
     pub results: Vec<PathBuf>,
     #[arg(long, default_value_t = 60.0)]
     pub segment_s: f64,
-}
-
-fn p99(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1]
 }
 
 /// Per run and segment: requests, failures, P99 E2E and TTFT, completed/s.

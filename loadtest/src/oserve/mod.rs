@@ -118,6 +118,25 @@ pub fn cv_of(v: &[f64]) -> f64 {
     (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt() / mean
 }
 
+/// The first line of a report: the fleet, the trace and the types.
+pub(crate) fn header(gpu: Gpu, gpus: u32, segments: &str, shift: f64, seeds: u64, level: &str) -> String {
+    let types: Vec<String> = NAMES.iter().zip(TYPES).map(|(n, (i, o))| format!("{n} ({i}/{o})")).collect();
+    format!(
+        "{gpus} GPUs ({} cost model, 70B), {segments}, shift {shift}, {seeds} seeds (medians), types {}; backend `simulated` ({level})\n\n",
+        gpu.label(),
+        types.join(", ")
+    )
+}
+
+/// The 99th percentile (nearest rank) of `v`; NaN when empty.
+pub(crate) fn p99(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1]
+}
+
 /// A trace: one mix per segment.
 pub fn trace(seed: u64, segments: usize, cv: f64, shift: f64) -> Vec<Vec<f64>> {
     let mut rng = SplitMix(seed);
@@ -200,7 +219,7 @@ fn run(model: &CostModel, args: &SimOserveArgs, cv: f64, seed: u64) -> Run {
     Run { cv, measured_cv, capacity: sum.map(|s| s / segs), plan_ms, example }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
         return f64::NAN;
@@ -344,15 +363,8 @@ pub fn main(args: &SimOserveArgs) -> Result<String, String> {
     if min_gpus(&model).is_none_or(|g| g > args.gpus) || args.segments == 0 || args.seeds == 0 {
         return Err("need GPUs for at least one replica, one segment and one seed".into());
     }
-    let mut md = format!(
-        "{} GPUs ({} cost model, 70B), {} segments, shift {}, {} seeds (medians), types {}; backend `simulated` (capacity level)\n\n",
-        args.gpus,
-        args.gpu.label(),
-        args.segments,
-        args.shift,
-        args.seeds,
-        NAMES.iter().zip(TYPES).map(|(n, (i, o))| format!("{n} ({i}/{o})")).collect::<Vec<_>>().join(", ")
-    );
+    let segments = format!("{} segments", args.segments);
+    let mut md = header(args.gpu, args.gpus, &segments, args.shift, args.seeds, "capacity level");
     md.push_str("| spatial CV (asked / measured) | static req/s | static+reload | oserve (oracle mix) | oserve (last mix) | oserve / static | planner ms (median) |\n|---|---:|---:|---:|---:|---:|---:|\n");
     let mut first_example = None;
     for &cv in &args.cv {
