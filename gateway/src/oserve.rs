@@ -235,3 +235,69 @@ fn centroids(cfg: &OserveConfig) -> Vec<(f64, f64)> {
 fn config_of(cfg: &OserveConfig, p: Parallel) -> Option<&policies::oserve::Configuration> {
     cfg.configurations.iter().find(|c| c.parallel() == p)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engines::EngineSpec;
+    use policies::oserve::{Configuration, TypeCentroid};
+
+    fn profile(class: &str) -> policies::LatencyProfile {
+        let model = policies::oserve::capacity::CostModel::LLAMA70B_H200;
+        let p = if class.ends_with("tp2") { Parallel { tp: 2, pp: 1 } } else { Parallel { tp: 4, pp: 1 } };
+        policies::LatencyProfile::parse("p.toml", &model.profile_toml(p, "m", class)).unwrap()
+    }
+
+    #[test]
+    fn routes_follow_the_counted_mix_and_the_history_stays_bounded() {
+        let specs = (0..3)
+            .map(|i| {
+                EngineSpec::native(format!("e{i}"), format!("http://127.0.0.1:{}", 9300 + i).parse().unwrap())
+            })
+            .collect();
+        let pool = EnginePool::new(specs, &crate::limits::Limits::default(), None);
+        for (i, class) in ["c-tp2", "c-tp2", "c-tp4"].iter().enumerate() {
+            pool.slot(i).set_ready(true);
+            pool.slot(i).set_profile(profile(class));
+        }
+        let admission = Admission::new(Arc::clone(&pool));
+        let conf =
+            |class: &str, tp: u32| Configuration { class: class.into(), tp, pp: 1, profile: "p".into() };
+        let t = |name: &str, input: f64, output: f64| TypeCentroid { name: name.into(), input, output };
+        let cfg = OserveConfig {
+            types: vec![t("short", 200.0, 100.0), t("long", 6000.0, 1500.0)],
+            plan_interval_s: 1,
+            configurations: vec![conf("c-tp2", 2), conf("c-tp4", 4)],
+            ..Default::default()
+        };
+        let planner = Planner::default();
+        // No traffic yet: no evidence, no routes.
+        planner.tick(&cfg, 0.0, true, (&pool, &admission), None);
+        assert_eq!(admission.routes(), None);
+        for s in 1..=100 {
+            admission.type_arrivals[0].fetch_add(10, std::sync::atomic::Ordering::Relaxed);
+            admission.type_arrivals[1].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            planner.tick(&cfg, f64::from(s), true, (&pool, &admission), None);
+        }
+        let st = planner.lock();
+        assert_eq!(st.history.len(), HISTORY, "at most {HISTORY} intervals kept");
+        assert!(
+            (st.forecast[0] - 10.0).abs() < 1e-9 && (st.forecast[1] - 1.0).abs() < 1e-9,
+            "{:?}",
+            st.forecast
+        );
+        drop(st);
+        let (classes, shares) = admission.routes().expect("routes from the assignment");
+        assert_eq!(classes, ["c-tp2", "c-tp4"]);
+        for row in &shares {
+            assert!(
+                (row.iter().sum::<f64>() - 1.0).abs() < 1e-9,
+                "every type assigned somewhere: {shares:?}"
+            );
+        }
+        // Planning off: the routes go.
+        let off = OserveConfig { plan_interval_s: 0, ..cfg };
+        planner.tick(&off, 101.0, true, (&pool, &admission), None);
+        assert_eq!(admission.routes(), None);
+    }
+}

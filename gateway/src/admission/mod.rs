@@ -170,7 +170,7 @@ pub struct Admission {
     arrivals: std::sync::atomic::AtomicU64,
     /// Admitted requests per `[oserve]` type index (the planner's
     /// forecast input).
-    type_arrivals: [std::sync::atomic::AtomicU64; policies::oserve::MAX_TYPES],
+    pub(crate) type_arrivals: [std::sync::atomic::AtomicU64; policies::oserve::MAX_TYPES],
 }
 
 impl Admission {
