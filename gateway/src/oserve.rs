@@ -12,8 +12,9 @@
 //!    (`policies::oserve::route`) — admission's SLO checks run unchanged
 //!    inside the chosen class;
 //! 3. with `switch = true` (embedded mode, the fleet's leader): the upper
-//!    level's search for the forecast mix on the deployment's GPUs and the
-//!    switch planner's steps from the current deployment, carried out one at
+//!    level's search for the forecast mix on the deployment's GPUs — taken
+//!    only when it sustains `min_gain` more of the mix than the current
+//!    deployment — and the switch planner's steps, carried out one at
 //!    a time through the supervisor (drain an engine of a class and let it
 //!    finish; start one with a configuration's profile once its GPUs are
 //!    free), a step only after the previous one completed.
@@ -160,6 +161,10 @@ impl Planner {
             return;
         }
         let current = Deployment { replicas: current };
+        // Hysteresis: only a clear gain in the forecast mix is worth a switch.
+        if plan.score < mix_capacity(&model, &current, &types, &st.forecast) * (1.0 + cfg.min_gain) {
+            return;
+        }
         let steps = switch_plan(&model, st.gpus, &current, &plan.deployment, &types, &st.forecast);
         if let Some(steps) = steps.filter(|s| !s.is_empty()) {
             tracing::info!(event = "oserve_switch", from = %current, to = %plan.deployment, steps = steps.len());

@@ -27,7 +27,9 @@
 //! - `oserve, no type routing`: OServe's deployments, routed as `static`
 //!   (what type-aware routing adds).
 //!
-//! A switch step starts a replica once its GPUs are free (`--start-s` of
+//! Both switching arms switch only for a gain of `--min-gain` in the
+//! segment's mix (the live planner's hysteresis). A switch step starts a
+//! replica once its GPUs are free (`--start-s` of
 //! engine start plus the weights' transfer) and drains one by taking no
 //! new work; its GPUs free when its last sequence ends. Requests no replica
 //! has KV room for wait at the gateway in arrival order.
@@ -84,6 +86,10 @@ pub struct LatencyArgs {
     /// Storage bandwidth per GPU for a reload, GB/s.
     #[arg(long, default_value_t = 2.0)]
     pub disk_gbs: f64,
+    /// Switch only when the target sustains this much more of the
+    /// segment's mix than the current deployment (`[oserve] min_gain`).
+    #[arg(long, default_value_t = 0.1)]
+    pub min_gain: f64,
 }
 
 /// The arms, in report order.
@@ -264,7 +270,10 @@ impl<'a> Sim<'a> {
         let target = self.target(s, fixed);
         let need: Vec<f64> = self.mixes[s].iter().map(|m| m * self.rates[s]).collect();
         let current = self.committed();
-        let plan = switch_plan(self.model, self.args.gpus, &current, &target, &TYPES, &need);
+        let mix = &self.mixes[s];
+        let gain = mix_capacity(self.model, &target, &TYPES, mix)
+            >= mix_capacity(self.model, &current, &TYPES, mix) * (1.0 + self.args.min_gain);
+        let plan = switch_plan(self.model, self.args.gpus, &current, &target, &TYPES, &need).filter(|_| gain);
 
         if let Some(steps) = plan.filter(|st| !st.is_empty()) {
             self.switches += 1;
@@ -636,6 +645,7 @@ mod tests {
             iterations: 20,
             start_s: 10.0,
             disk_gbs: 2.0,
+            min_gain: 0.0,
         }
     }
 

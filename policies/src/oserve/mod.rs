@@ -105,6 +105,11 @@ pub struct OserveConfig {
     pub gpus: u32,
     #[serde(default = "default_search_iterations")]
     pub search_iterations: u32,
+    /// A switch only when the target sustains at least this much more of
+    /// the forecast mix than the current deployment (0.1: 10%): a switch
+    /// drains engines, and a forecast that wobbles must not flip the fleet.
+    #[serde(default = "default_min_gain")]
+    pub min_gain: f64,
     #[serde(default)]
     pub gpu: CostGpu,
     /// The configurations engines of which the planner routes over and
@@ -121,6 +126,10 @@ fn default_search_iterations() -> u32 {
     30
 }
 
+fn default_min_gain() -> f64 {
+    0.1
+}
+
 impl Default for OserveConfig {
     fn default() -> Self {
         Self {
@@ -130,6 +139,7 @@ impl Default for OserveConfig {
             switch: false,
             gpus: 0,
             search_iterations: default_search_iterations(),
+            min_gain: default_min_gain(),
             gpu: CostGpu::default(),
             configurations: Vec::new(),
         }
@@ -169,6 +179,9 @@ impl OserveConfig {
         range("forecast_intervals", self.forecast_intervals, 1, 64)?;
         range("gpus", self.gpus, 0, 4096)?;
         range("search_iterations", self.search_iterations, 1, 1000)?;
+        if !(0.0..=10.0).contains(&self.min_gain) {
+            return Err(("oserve.min_gain".into(), "in [0, 10]".into()));
+        }
         if self.configurations.len() > MAX_CONFIGURATIONS {
             return Err(("oserve.configurations".into(), format!("at most {MAX_CONFIGURATIONS}")));
         }

@@ -464,6 +464,8 @@ fn planning_settings_are_bounded_and_need_types_and_configurations() {
     assert_eq!(err(odd), "oserve.configurations[0].tp");
     let window = OserveConfig { forecast_intervals: 0, ..ok.clone() };
     assert_eq!(err(window), "oserve.forecast_intervals");
-    let search = OserveConfig { search_iterations: 1001, ..ok };
+    let search = OserveConfig { search_iterations: 1001, ..ok.clone() };
     assert_eq!(err(search), "oserve.search_iterations");
+    let gain = OserveConfig { min_gain: -0.1, ..ok };
+    assert_eq!(err(gain), "oserve.min_gain");
 }
