@@ -34,20 +34,14 @@
 //! new work; its GPUs free when its last sequence ends. Requests no replica
 //! has KV room for wait at the gateway in arrival order.
 
-use std::collections::{BinaryHeap, VecDeque};
 use std::fmt::Write as _;
 
-use policies::batching::BatchLimits;
-use policies::oserve::capacity::{CostModel, Parallel};
-use policies::oserve::deploy::{evaluate, mix_capacity, search_mix, switch_plan, Deployment, Step};
-use policies::oserve::route::Routes;
-use policies::oserve::typing::nearest_centroid;
+use policies::oserve::capacity::CostModel;
+use policies::oserve::deploy::mix_capacity;
 use policies::rng::SplitMix;
-use policies::LatencyProfile;
 
+use super::fleet::{Done, Sim};
 use super::{best_static, median, p99, trace, Gpu, TYPES};
-use crate::sim::engine::{EngineConfig, Out, SimEngine, SimSeq};
-use crate::sim::timed::Timed;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LatencyArgs {
@@ -96,7 +90,7 @@ pub struct LatencyArgs {
 pub const ARMS: [&str; 4] = ["static", "static+reload", "oserve", "oserve, no type routing"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Arm {
+pub(super) enum Arm {
     Static,
     Reload,
     Oserve,
@@ -142,360 +136,6 @@ pub fn requests(seed: u64, mixes: &[Vec<f64>], rates: &[f64], segment_s: f64) ->
     out
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    Loading,
-    Serving,
-    Draining,
-    Gone,
-}
-
-#[derive(Debug)]
-struct Replica {
-    p: Parallel,
-    cfg: usize,
-    engine: SimEngine,
-    state: State,
-    /// Tokens (prompt + output) of its unfinished requests.
-    inflight: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Ev {
-    Arrive(usize),
-    Wake { k: usize, gen: u64 },
-    Ready(usize),
-    Segment(usize),
-}
-
-/// Per request: first token and finish, seconds.
-#[derive(Debug, Clone, Copy, Default)]
-struct Done {
-    first: Option<f64>,
-    end: Option<f64>,
-}
-
-struct Sim<'a> {
-    model: &'a CostModel,
-    args: &'a LatencyArgs,
-    arm: Arm,
-    mixes: &'a [Vec<f64>],
-    rates: &'a [f64],
-    reqs: &'a [Request],
-    done: Vec<Done>,
-    configs: Vec<(Parallel, EngineConfig)>,
-    replicas: Vec<Replica>,
-    free_gpus: u32,
-    pending: VecDeque<Step>,
-    routes: Option<Routes>,
-    /// The serving replicas in the order of the routes' assignment.
-    serving: Vec<usize>,
-    waiting: VecDeque<usize>,
-    heap: BinaryHeap<Timed<Ev>>,
-    seq: u64,
-    outs: Vec<Out>,
-    mix: usize,
-    switches: usize,
-}
-
-/// Seconds a replica of `p` takes to serve after its start: engine start
-/// plus its GPUs' share of the weights at `gbs` per GPU.
-fn load_s(model: &CostModel, p: Parallel, start_s: f64, gbs: f64) -> f64 {
-    start_s + model.params_b * 1e9 * model.bytes_per_param / (f64::from(p.gpus()) * gbs * 1e9)
-}
-
-fn engine_config(model: &CostModel, p: Parallel) -> EngineConfig {
-    let text = model.profile_toml(p, "llama-70b", &p.to_string());
-    let profile = LatencyProfile::parse("generated", &text).expect("the cost model writes valid profiles");
-    let room = 0.9 * model.gpu_gb * 1e9 * f64::from(p.gpus()) - model.params_b * 1e9 * model.bytes_per_param;
-    EngineConfig {
-        limits: BatchLimits { max_batch: model.max_batch, ..BatchLimits::default() },
-        profile,
-        kv_tokens: (room / model.kv_bytes_per_token).max(0.0) as u64,
-        kv_low_watermark: 0.05,
-        page_tokens: 16,
-        prefix_cache: false,
-    }
-}
-
-impl<'a> Sim<'a> {
-    fn push(&mut self, t: f64, ev: Ev) {
-        self.seq += 1;
-        self.heap.push(Timed { t, seq: self.seq, ev });
-    }
-
-    fn cfg_index(&mut self, p: Parallel) -> usize {
-        match self.configs.iter().position(|(q, _)| *q == p) {
-            Some(i) => i,
-            None => {
-                self.configs.push((p, engine_config(self.model, p)));
-                self.configs.len() - 1
-            }
-        }
-    }
-
-    fn add_replica(&mut self, p: Parallel, state: State) -> usize {
-        let cfg = self.cfg_index(p);
-        self.free_gpus -= p.gpus();
-        self.replicas.push(Replica { p, cfg, engine: SimEngine::default(), state, inflight: 0 });
-        self.replicas.len() - 1
-    }
-
-    /// The deployment the arm wants for segment `s`.
-    fn target(&self, s: usize, fixed: &Deployment) -> Deployment {
-        let (model, gpus) = (self.model, self.args.gpus);
-        match self.arm {
-            Arm::Static => fixed.clone(),
-            Arm::Reload => best_static(model, gpus, &self.mixes[s]).0,
-            Arm::Oserve | Arm::OserveUnrouted => {
-                search_mix(model, gpus, &TYPES, &self.mixes[s], self.args.iterations)
-                    .map_or_else(|| fixed.clone(), |p| p.deployment)
-            }
-        }
-    }
-
-    /// Replicas serving or loading: what a new plan switches from.
-    fn committed(&self) -> Deployment {
-        let replicas = self
-            .replicas
-            .iter()
-            .filter(|r| matches!(r.state, State::Serving | State::Loading))
-            .map(|r| r.p)
-            .collect();
-        Deployment { replicas }
-    }
-
-    fn segment(&mut self, now: f64, s: usize, fixed: &Deployment) {
-        self.mix = s;
-        let target = self.target(s, fixed);
-        let need: Vec<f64> = self.mixes[s].iter().map(|m| m * self.rates[s]).collect();
-        let current = self.committed();
-        let mix = &self.mixes[s];
-        let gain = mix_capacity(self.model, &target, &TYPES, mix)
-            >= mix_capacity(self.model, &current, &TYPES, mix) * (1.0 + self.args.min_gain);
-        let plan = switch_plan(self.model, self.args.gpus, &current, &target, &TYPES, &need).filter(|_| gain);
-
-        if let Some(steps) = plan.filter(|st| !st.is_empty()) {
-            self.switches += 1;
-            self.pending = steps.into();
-        }
-        self.advance(now);
-        self.reroute();
-    }
-
-    /// Carries out the switch plan's steps in order, as far as free GPUs
-    /// allow.
-    fn advance(&mut self, now: f64) {
-        while let Some(&step) = self.pending.front() {
-            match step {
-                Step::Start(p) => {
-                    if self.free_gpus < p.gpus() {
-                        return;
-                    }
-                    let gbs = if self.arm == Arm::Reload { self.args.disk_gbs } else { self.model.link_gbs };
-                    let k = self.add_replica(p, State::Loading);
-                    self.push(now + load_s(self.model, p, self.args.start_s, gbs), Ev::Ready(k));
-                }
-                Step::Drain(p) => {
-                    let victim = (0..self.replicas.len())
-                        .filter(|&k| self.replicas[k].p == p && self.replicas[k].state == State::Serving)
-                        .min_by_key(|&k| self.replicas[k].inflight);
-                    if let Some(k) = victim {
-                        self.replicas[k].state = State::Draining;
-                        self.replicas[k].engine.draining = true;
-                        self.reroute();
-                        self.drained(k);
-                    }
-                }
-            }
-            self.pending.pop_front();
-        }
-    }
-
-    /// A draining replica with nothing left frees its GPUs.
-    fn drained(&mut self, k: usize) {
-        let r = &mut self.replicas[k];
-        if r.state == State::Draining && r.engine.is_empty() {
-            r.state = State::Gone;
-            self.free_gpus += r.p.gpus();
-        }
-    }
-
-    /// The routes for the serving replicas: the assignment at the highest
-    /// rate they sustain in the current mix.
-    fn reroute(&mut self) {
-        self.serving =
-            (0..self.replicas.len()).filter(|&k| self.replicas[k].state == State::Serving).collect();
-        if self.arm != Arm::Oserve || self.serving.is_empty() {
-            self.routes = None;
-            return;
-        }
-        let dep = Deployment { replicas: self.serving.iter().map(|&k| self.replicas[k].p).collect() };
-        let mix = &self.mixes[self.mix];
-        let rate = mix_capacity(self.model, &dep, &TYPES, mix);
-        let lambda: Vec<f64> = mix.iter().map(|m| m * rate).collect();
-        let a = evaluate(self.model, &dep, &TYPES, &lambda);
-        let mut classes: Vec<Parallel> = Vec::new();
-        let class_of: Vec<usize> = dep
-            .replicas
-            .iter()
-            .map(|p| match classes.iter().position(|q| q == p) {
-                Some(c) => c,
-                None => {
-                    classes.push(*p);
-                    classes.len() - 1
-                }
-            })
-            .collect();
-        let names = classes.iter().map(ToString::to_string).collect();
-        self.routes = Some(Routes::from_assignment(names, &class_of, TYPES.len(), &a));
-    }
-
-    /// The serving replica with room for `need` KV tokens and the fewest
-    /// in-flight tokens per GPU, among those `ok` accepts.
-    fn least_loaded(&self, need: u64, ok: impl Fn(usize) -> bool) -> Option<usize> {
-        self.serving
-            .iter()
-            .copied()
-            .filter(|&k| ok(k))
-            .filter(|&k| self.replicas[k].engine.kv_headroom(&self.configs[self.replicas[k].cfg].1) >= need)
-            .min_by(|&a, &b| {
-                let per_gpu =
-                    |k: usize| self.replicas[k].inflight as f64 / f64::from(self.replicas[k].p.gpus());
-                per_gpu(a).total_cmp(&per_gpu(b))
-            })
-    }
-
-    /// Where request `r` goes now, if anywhere.
-    fn pick(&mut self, r: usize) -> Option<usize> {
-        let q = self.reqs[r];
-        let need = u64::from(q.prompt) + u64::from(q.out);
-        let Some(mut routes) = self.routes.take() else { return self.least_loaded(need, |_| true) };
-        // The type as the gateway sees it: the prompt and the expected output
-        // (its tenant's history: each type is its own tenant here).
-        let j = nearest_centroid(TYPES.iter().copied(), f64::from(q.prompt), f64::from(q.max_tokens) / 1.5);
-        let names: Vec<String> = routes.classes.clone();
-        let class_ok = |k: usize, c: usize| self.replicas[k].p.to_string() == names[c];
-        let has = |c: usize| self.serving.iter().any(|&k| class_ok(k, c));
-        let chosen = routes.pick(j, has);
-        let shares = routes.shares[j].clone();
-        self.routes = Some(routes);
-        let in_class = chosen.and_then(|c| self.least_loaded(need, |k| class_ok(k, c)));
-        // The class is full: another class with a share for the type.
-        in_class.or_else(|| {
-            self.least_loaded(need, |k| (0..names.len()).any(|c| shares[c] > 0.0 && class_ok(k, c)))
-        })
-    }
-
-    fn place(&mut self, now: f64, r: usize) -> bool {
-        let Some(k) = self.pick(r) else { return false };
-        let q = self.reqs[r];
-        let seq = SimSeq {
-            req: r,
-            prompt: q.prompt,
-            out: q.out,
-            key: q.at,
-            enqueued_at: now,
-            ttft_budget_ms: 10_000.0,
-            blocks: std::sync::Arc::from(Vec::new()),
-            cached: 0,
-        };
-        let cfg = &self.configs[self.replicas[k].cfg].1;
-        match self.replicas[k].engine.enqueue(now, seq, cfg) {
-            Ok(wake) => {
-                self.replicas[k].inflight += u64::from(q.prompt) + u64::from(q.out);
-                if let Some(at) = wake {
-                    let gen = self.replicas[k].engine.gen;
-                    self.push(at, Ev::Wake { k, gen });
-                }
-                true
-            }
-            Err(_) => false,
-        }
-    }
-
-    /// Requests waiting at the gateway, oldest first, go where room is now
-    /// (the first 64 are tried).
-    fn retry(&mut self, now: f64) {
-        let mut kept = VecDeque::new();
-        let mut tried = 0;
-        while let Some(r) = self.waiting.pop_front() {
-            tried += 1;
-            if tried > 64 || !self.place(now, r) {
-                kept.push_back(r);
-            }
-        }
-        self.waiting = kept;
-    }
-
-    fn wake(&mut self, now: f64, k: usize, gen: u64) {
-        if self.replicas[k].engine.gen != gen {
-            return;
-        }
-        let mut outs = std::mem::take(&mut self.outs);
-        outs.clear();
-        let cfg = &self.configs[self.replicas[k].cfg].1;
-        if let Some(at) = self.replicas[k].engine.wake(now, cfg, &mut outs) {
-            self.replicas[k].engine.gen += 1;
-            let gen = self.replicas[k].engine.gen;
-            self.push(at, Ev::Wake { k, gen });
-        }
-        let mut freed = false;
-        for o in &outs {
-            match *o {
-                Out::FirstToken { req } => self.done[req].first = Some(now),
-                Out::Finished { req, .. } => {
-                    self.done[req].end = Some(now);
-                    let q = self.reqs[req];
-                    self.replicas[k].inflight -= u64::from(q.prompt) + u64::from(q.out);
-                    freed = true;
-                }
-            }
-        }
-        self.outs = outs;
-        if freed {
-            self.drained(k);
-            self.advance(now);
-            self.retry(now);
-        }
-    }
-
-    fn run(mut self, fixed: &Deployment, horizon: f64) -> (Vec<Done>, usize) {
-        for &p in &self.target(0, fixed).replicas {
-            self.add_replica(p, State::Serving);
-        }
-        self.reroute();
-        for s in 1..self.mixes.len() {
-            self.push(s as f64 * self.args.segment_s, Ev::Segment(s));
-        }
-        for (r, q) in self.reqs.iter().enumerate() {
-            self.seq += 1;
-            self.heap.push(Timed { t: q.at, seq: self.seq, ev: Ev::Arrive(r) });
-        }
-        while let Some(Timed { t, ev, .. }) = self.heap.pop() {
-            if t > horizon {
-                break;
-            }
-            match ev {
-                Ev::Arrive(r) => {
-                    if !self.waiting.is_empty() || !self.place(t, r) {
-                        self.waiting.push_back(r);
-                    }
-                }
-                Ev::Wake { k, gen } => self.wake(t, k, gen),
-                Ev::Ready(k) => {
-                    self.replicas[k].state = State::Serving;
-                    self.reroute();
-                    self.advance(t);
-                    self.retry(t);
-                }
-                Ev::Segment(s) => self.segment(t, s, fixed),
-            }
-        }
-        (self.done, self.switches)
-    }
-}
-
 /// One arm's run on one trace: per segment (P99 E2E, P99 TTFT, completed
 /// per second), and the switches it made.
 #[derive(Debug, Clone)]
@@ -506,65 +146,77 @@ pub struct ArmRun {
     pub switches: usize,
 }
 
+/// A trace with what the arms need of it.
+pub(super) struct Trace {
+    /// Each segment's type shares.
+    pub mixes: Vec<Vec<f64>>,
+    /// The static deployment: the best homogeneous one for the average mix.
+    pub fixed: policies::oserve::deploy::Deployment,
+    /// Requests per second per segment: `load` × `fixed`'s capacity in its mix.
+    pub rates: Vec<f64>,
+    pub reqs: Vec<Request>,
+}
+
+impl Trace {
+    pub(super) fn new(
+        model: &CostModel,
+        gpus: u32,
+        (segments, segment_s): (usize, f64),
+        (cv, shift): (f64, f64),
+        seed: u64,
+        load: f64,
+    ) -> Trace {
+        let mixes = trace(seed, segments, cv, shift);
+        let n = mixes.len() as f64;
+        let avg: Vec<f64> = (0..TYPES.len()).map(|j| mixes.iter().map(|m| m[j]).sum::<f64>() / n).collect();
+        let (fixed, _) = best_static(model, gpus, &avg);
+        let rates: Vec<f64> = mixes.iter().map(|m| load * mix_capacity(model, &fixed, &TYPES, m)).collect();
+        let reqs = requests(seed, &mixes, &rates, segment_s);
+        Trace { mixes, fixed, rates, reqs }
+    }
+}
+
 /// The four arms on one trace (cv, seed) at `load`.
 pub fn run_arms(model: &CostModel, args: &LatencyArgs, cv: f64, seed: u64, load: f64) -> Vec<ArmRun> {
-    let mixes = trace(seed, args.segments, cv, args.shift);
-    let n = mixes.len() as f64;
-    let avg: Vec<f64> = (0..TYPES.len()).map(|j| mixes.iter().map(|m| m[j]).sum::<f64>() / n).collect();
-    let (fixed, _) = best_static(model, args.gpus, &avg);
-    let rates: Vec<f64> = mixes.iter().map(|m| load * mix_capacity(model, &fixed, &TYPES, m)).collect();
-    let reqs = requests(seed, &mixes, &rates, args.segment_s);
+    let Trace { mixes, fixed, rates, reqs } =
+        Trace::new(model, args.gpus, (args.segments, args.segment_s), (cv, args.shift), seed, load);
     let end = args.segment_s * mixes.len() as f64;
     let horizon = end + 30.0 * args.segment_s;
     ARM_OF
         .iter()
         .map(|&arm| {
-            let sim = Sim {
-                model,
-                args,
-                arm,
-                mixes: &mixes,
-                rates: &rates,
-                reqs: &reqs,
-                done: vec![Done::default(); reqs.len()],
-                configs: Vec::new(),
-                replicas: Vec::new(),
-                free_gpus: args.gpus,
-                pending: VecDeque::new(),
-                routes: None,
-                serving: Vec::new(),
-                waiting: VecDeque::new(),
-                heap: BinaryHeap::new(),
-                seq: 0,
-                outs: Vec::new(),
-                mix: 0,
-                switches: 0,
-            };
+            let sim = Sim::new(model, args, arm, (&mixes, &rates), &reqs);
             let (done, switches) = sim.run(&fixed, horizon);
-            let segs = mixes.len();
-            let mut e2e = vec![Vec::new(); segs];
-            let mut ttft = vec![Vec::new(); segs];
-            let mut completed = vec![0usize; segs];
-            for (q, d) in reqs.iter().zip(&done) {
-                let s = ((q.at / args.segment_s) as usize).min(segs - 1);
-                // Unfinished by the horizon: counted at the horizon.
-                e2e[s].push(d.end.unwrap_or(horizon) - q.at);
-                ttft[s].push(d.first.unwrap_or(horizon) - q.at);
-                if let Some(t) = d.end {
-                    let s = (t / args.segment_s) as usize;
-                    if s < segs {
-                        completed[s] += 1;
-                    }
-                }
-            }
-            ArmRun {
-                p99_e2e: e2e.into_iter().map(p99).collect(),
-                p99_ttft: ttft.into_iter().map(p99).collect(),
-                throughput: completed.iter().map(|&c| c as f64 / args.segment_s).collect(),
-                switches,
-            }
+            summarise(&reqs, &done, (mixes.len(), args.segment_s, horizon), switches)
         })
         .collect()
+}
+
+/// Per segment (by arrival) P99 E2E and TTFT, and completions per second
+/// (by finish); a request unfinished by the horizon counts at the horizon.
+fn summarise(
+    reqs: &[Request],
+    done: &[Done],
+    (segs, segment_s, horizon): (usize, f64, f64),
+    switches: usize,
+) -> ArmRun {
+    let mut e2e = vec![Vec::new(); segs];
+    let mut ttft = vec![Vec::new(); segs];
+    let mut completed = vec![0usize; segs];
+    for (q, d) in reqs.iter().zip(done) {
+        let s = ((q.at / segment_s) as usize).min(segs - 1);
+        e2e[s].push(d.end.unwrap_or(horizon) - q.at);
+        ttft[s].push(d.first.unwrap_or(horizon) - q.at);
+        if let Some(s) = d.end.map(|t| (t / segment_s) as usize).filter(|&s| s < segs) {
+            completed[s] += 1;
+        }
+    }
+    ArmRun {
+        p99_e2e: e2e.into_iter().map(p99).collect(),
+        p99_ttft: ttft.into_iter().map(p99).collect(),
+        throughput: completed.iter().map(|&c| c as f64 / segment_s).collect(),
+        switches,
+    }
 }
 
 fn mean(v: &[f64]) -> f64 {

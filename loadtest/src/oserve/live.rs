@@ -8,10 +8,8 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use policies::oserve::deploy::mix_capacity;
-
-use super::latency::requests;
-use super::{best_static, p99, trace, Gpu, TYPES};
+use super::latency::Trace;
+use super::{p99, Gpu};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct TraceArgs {
@@ -45,12 +43,8 @@ pub fn write_trace(a: &TraceArgs) -> Result<String, String> {
     if a.segments == 0 || a.segment_s <= 0.0 || !(0.05..=3.0).contains(&a.load) {
         return Err("need a segment, --segment-s > 0 and --load in [0.05, 3]".into());
     }
-    let mixes = trace(a.seed, a.segments, a.cv, a.shift);
-    let n = mixes.len() as f64;
-    let avg: Vec<f64> = (0..TYPES.len()).map(|j| mixes.iter().map(|m| m[j]).sum::<f64>() / n).collect();
-    let (fixed, _) = best_static(&model, a.gpus, &avg);
-    let rates: Vec<f64> = mixes.iter().map(|m| a.load * mix_capacity(&model, &fixed, &TYPES, m)).collect();
-    let reqs = requests(a.seed, &mixes, &rates, a.segment_s);
+    let Trace { fixed, rates, reqs, .. } =
+        Trace::new(&model, a.gpus, (a.segments, a.segment_s), (a.cv, a.shift), a.seed, a.load);
     let mut csv = String::from("seconds,input_tokens,output_tokens\n");
     for r in &reqs {
         let _ = writeln!(csv, "{:.6},{},{}", r.at, r.prompt, r.out);

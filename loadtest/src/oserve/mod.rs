@@ -29,6 +29,7 @@
 
 use std::fmt::Write as _;
 
+mod fleet;
 pub mod latency;
 pub mod live;
 
