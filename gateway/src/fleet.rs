@@ -102,8 +102,12 @@ impl FleetControl {
             tick.tick().await;
             let dt = crate::clock::since(last).as_secs_f64();
             last = crate::clock::now();
-            let policy = store.current();
-            self.tick(&policy, cluster.is_leader(), dt);
+            let (policy, leader, me) = (store.current(), cluster.is_leader(), Arc::clone(&self));
+            // A tick may plan (OServe's deployment search: tens of
+            // milliseconds of CPU): off the async worker threads.
+            if let Err(e) = tokio::task::spawn_blocking(move || me.tick(&policy, leader, dt)).await {
+                tracing::error!(event = "fleet_tick_failed", error = %e);
+            }
         }
     }
 

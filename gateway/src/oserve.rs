@@ -52,6 +52,8 @@ struct State {
     target: Option<String>,
     switches: u64,
     steps_done: u64,
+    /// Milliseconds the last deployment search took.
+    search_ms: Option<f64>,
 }
 
 /// The planning loop's state; one per gateway.
@@ -152,10 +154,10 @@ impl Planner {
         }
         let model = cfg.gpu.model();
         let types = centroids(cfg);
-        let Some(plan) = search_mix(&model, st.gpus, &types, &st.forecast, cfg.search_iterations as usize)
-        else {
-            return;
-        };
+        let started = crate::clock::now();
+        let plan = search_mix(&model, st.gpus, &types, &st.forecast, cfg.search_iterations as usize);
+        st.search_ms = Some(crate::clock::since(started).as_secs_f64() * 1e3);
+        let Some(plan) = plan else { return };
         // Only the configured configurations can be started.
         if plan.deployment.replicas.iter().any(|p| config_of(cfg, *p).is_none()) {
             return;
@@ -216,6 +218,7 @@ impl Planner {
             "pending_steps": st.pending.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>(),
             "switches": st.switches,
             "steps_done": st.steps_done,
+            "search_ms": st.search_ms,
         })
     }
 }

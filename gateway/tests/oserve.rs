@@ -83,6 +83,7 @@ async fn a_long_context_mix_switches_tp2_replicas_to_tp4_without_failing_a_reque
     assert_eq!(o["target"], "[TP4PP1, TP4PP1]", "{o:#}");
     assert_eq!(o["steps_done"], 6, "four drains and two starts: {o:#}");
     assert!(o["forecast_rps"][0].as_f64().unwrap() > 0.0, "{o:#}");
+    assert!(o["search_ms"].as_f64().is_some_and(|ms| ms > 0.0 && ms < 5_000.0), "planner time: {o:#}");
     // The engines now serving are TP4 replicas, and the type's whole share
     // is on their class once the routes follow.
     let t = Instant::now();

@@ -277,6 +277,20 @@ pub fn main(args: &LatencyArgs) -> Result<String, String> {
         }
     }
     bar.done();
+    if let (Some(&cv), Some(&load)) = (args.cv.first(), args.load.first()) {
+        let runs = run_arms(&model, args, cv, 1, load);
+        let _ = write!(
+            md,
+            "\nSeed 1 at CV {cv}, load {load}, segment by segment: P99 E2E s (P99 TTFT s)\n\n| segment | {} |\n|---:|{}\n",
+            ARMS.join(" | "),
+            "---:|".repeat(ARMS.len())
+        );
+        for s in 0..args.segments {
+            let cells: Vec<String> =
+                runs.iter().map(|r| format!("{:.1} ({:.1})", r.p99_e2e[s], r.p99_ttft[s])).collect();
+            let _ = writeln!(md, "| {} | {} |", s + 1, cells.join(" | "));
+        }
+    }
     Ok(md)
 }
 
