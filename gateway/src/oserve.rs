@@ -193,7 +193,7 @@ impl Planner {
                 if in_use + p.gpus() > st.gpus {
                     return; // its GPUs are not free yet
                 }
-                sup.start_with_profile(c.profile.clone().into());
+                sup.start_with_profile(c.profile.clone().into(), c.engine_args.clone());
             }
             Step::Drain(p) => {
                 if let Some(c) = config_of(cfg, p) {
@@ -269,8 +269,13 @@ mod tests {
             pool.slot(i).set_profile(profile(class));
         }
         let admission = Admission::new(Arc::clone(&pool));
-        let conf =
-            |class: &str, tp: u32| Configuration { class: class.into(), tp, pp: 1, profile: "p".into() };
+        let conf = |class: &str, tp: u32| Configuration {
+            class: class.into(),
+            tp,
+            pp: 1,
+            profile: "p".into(),
+            engine_args: Vec::new(),
+        };
         let t = |name: &str, input: f64, output: f64| TypeCentroid { name: name.into(), input, output };
         let cfg = OserveConfig {
             types: vec![t("short", 200.0, 100.0), t("long", 6000.0, 1500.0)],

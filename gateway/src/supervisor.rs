@@ -105,6 +105,8 @@ pub enum ChildState {
 struct ChildEngine {
     id: String,
     profile: Option<PathBuf>,
+    /// Its own engine flags (a deployment configuration's), over the launch's.
+    args: Vec<String>,
     state: ChildState,
     spec: Option<EngineSpec>,
     pid: u32,
@@ -222,11 +224,11 @@ impl Supervisor {
 
     /// Spawns child `id` (already in the map) and waits for its ready line.
     async fn spawn(self: &Arc<Self>, id: &str) -> Result<(), SupervisorError> {
-        let (profile, generation) = {
+        let (profile, own_args, generation) = {
             let mut children = self.lock();
             let Some(c) = children.get_mut(id) else { return Ok(()) };
             c.generation += 1;
-            (c.profile.clone(), c.generation)
+            (c.profile.clone(), c.args.clone(), c.generation)
         };
         let started = crate::clock::now();
         let mut cmd = Command::new(&self.exe);
@@ -248,7 +250,7 @@ impl Supervisor {
         if let Some(u) = &self.launch.secrets.redis_url {
             cmd.env(engine_api::REDIS_ENV, u);
         }
-        cmd.args(&self.launch.extra_args);
+        cmd.args(merge_args(&self.launch.extra_args, &own_args));
         let child = cmd.spawn().map_err(|e| SupervisorError::Spawn(id.to_string(), e))?;
         let ready = match tokio::time::timeout(START_TIMEOUT, ready_url(child, id)).await {
             Ok(r) => r,
@@ -533,12 +535,13 @@ impl Supervisor {
         (classes, busy)
     }
 
-    /// Starts a new primary engine with `profile` (a deployment switch's
-    /// start step); it serves once ready.
-    pub fn start_with_profile(self: &Arc<Self>, profile: PathBuf) {
+    /// Starts a new primary engine with `profile` and its own flags `args`
+    /// (a deployment switch's start step); it serves once ready.
+    pub fn start_with_profile(self: &Arc<Self>, profile: PathBuf, args: Vec<String>) {
         let id = format!("e{}", self.next_index.fetch_add(1, Ordering::Relaxed));
-        self.lock()
-            .insert(id.clone(), ChildEngine::new(&id, Some(profile), ChildState::Starting { warm: false }));
+        let mut child = ChildEngine::new(&id, Some(profile), ChildState::Starting { warm: false });
+        child.args = args;
+        self.lock().insert(id.clone(), child);
         tracing::info!(event = "engine_switch_start", engine = %id);
         let sup = Arc::clone(self);
         tokio::spawn(async move {
@@ -644,6 +647,28 @@ impl Supervisor {
     }
 }
 
+/// The launch's engine flags with `own` over them: a launch flag whose name
+/// `own` also sets is dropped (with its separate value, `--name value`), as
+/// the engine refuses a flag given twice.
+fn merge_args(launch: &[String], own: &[String]) -> Vec<String> {
+    let name = |a: &str| a.split_once('=').map_or(a, |(n, _)| n).to_string();
+    let overridden: Vec<String> = own.iter().map(|a| name(a)).collect();
+    let mut out = Vec::with_capacity(launch.len() + own.len());
+    let mut skip_value = false;
+    for a in launch {
+        if std::mem::take(&mut skip_value) && !a.starts_with("--") {
+            continue;
+        }
+        if a.starts_with("--") && overridden.contains(&name(a)) {
+            skip_value = !a.contains('=');
+            continue;
+        }
+        out.push(a.clone());
+    }
+    out.extend(own.iter().cloned());
+    out
+}
+
 fn is_primary(id: &str) -> bool {
     id.starts_with('e')
 }
@@ -653,6 +678,7 @@ impl ChildEngine {
         Self {
             id: id.to_string(),
             profile,
+            args: Vec::new(),
             state,
             spec: None,
             pid: 0,
@@ -711,4 +737,23 @@ async fn monitor(
         }
     }
     drain.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_args;
+
+    fn v(args: &[&str]) -> Vec<String> {
+        args.iter().map(|a| a.to_string()).collect()
+    }
+
+    #[test]
+    fn a_configurations_flags_replace_the_launchs_of_the_same_name() {
+        let launch = v(&["--kv-pages=70000", "--max-batch", "256", "--emulated-to-max-tokens"]);
+        assert_eq!(
+            merge_args(&launch, &v(&["--kv-pages=20000", "--max-batch=64"])),
+            v(&["--emulated-to-max-tokens", "--kv-pages=20000", "--max-batch=64"]),
+        );
+        assert_eq!(merge_args(&launch, &[]), launch, "no flags of its own: the launch's");
+    }
 }

@@ -32,7 +32,8 @@ fn policy() -> String {
     let section = format!(
         "[oserve]\nplan_interval_s = 1\nforecast_intervals = 2\nswitch = true\n\n\
          [[oserve.configurations]]\nclass = \"oserve-70b-h200-tp2pp1\"\ntp = 2\npp = 1\nprofile = \"{}\"\n\n\
-         [[oserve.configurations]]\nclass = \"oserve-70b-h200-tp4pp1\"\ntp = 4\npp = 1\nprofile = \"{}\"\n\n\
+         [[oserve.configurations]]\nclass = \"oserve-70b-h200-tp4pp1\"\ntp = 4\npp = 1\nprofile = \"{}\"\n\
+         engine_args = [\"--kv-pages=30000\"]\n\n\
          [[oserve.types]]\nname = \"long-in-long-out\"\ninput = 6000\noutput = 1500\n\n",
         profile_path("tp2pp1"),
         profile_path("tp4pp1"),
@@ -100,6 +101,22 @@ async fn a_long_context_mix_switches_tp2_replicas_to_tp4_without_failing_a_reque
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(header(&resp, "x-engine-class"), "oserve-70b-h200-tp4pp1");
         let _ = body_bytes(resp).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The TP4 engines run with their configuration's own flags.
+    let t = Instant::now();
+    loop {
+        let r = sys.readyz().await;
+        let tp4: Vec<&serde_json::Value> = r["detail"]["engines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["engine_class"] == "oserve-70b-h200-tp4pp1")
+            .collect();
+        if tp4.len() == 2 && tp4.iter().all(|e| e["load"]["kv_pages_total"] == 30000) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "TP4 engines without their flags: {r:#}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let resp = conn

@@ -54,6 +54,10 @@ pub struct Configuration {
     /// Latency profile path (relative to the gateway's working directory),
     /// given to engines started in this configuration.
     pub profile: String,
+    /// Engine flags of this configuration (`--kv-pages=…`, a real engine's
+    /// parallelism flags), each replacing the launch's flag of the same name.
+    #[serde(default)]
+    pub engine_args: Vec<String>,
 }
 
 impl Configuration {
@@ -198,6 +202,13 @@ impl OserveConfig {
             }
             if c.profile.is_empty() || c.profile.len() > 4096 {
                 return Err((key("profile"), "a profile path".into()));
+            }
+            if c.engine_args.len() > 32 || c.engine_args.iter().any(|a| !a.starts_with("--") || a.len() > 256)
+            {
+                return Err((
+                    key("engine_args"),
+                    "at most 32 flags, each `--name[=value]`, ≤ 256 bytes".into(),
+                ));
             }
         }
         if self.plan_interval_s > 0 && (self.types.is_empty() || self.configurations.is_empty()) {

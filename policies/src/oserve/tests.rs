@@ -441,7 +441,13 @@ fn the_oserve_section_is_bounded_and_checked() {
 #[test]
 fn planning_settings_are_bounded_and_need_types_and_configurations() {
     use super::{Configuration, OserveConfig, TypeCentroid, MAX_CONFIGURATIONS};
-    let c = |i: usize| Configuration { class: format!("c{i}"), tp: 2, pp: 1, profile: "p.toml".into() };
+    let c = |i: usize| Configuration {
+        class: format!("c{i}"),
+        tp: 2,
+        pp: 1,
+        profile: "p.toml".into(),
+        engine_args: vec!["--kv-pages=100".into()],
+    };
     let types = vec![TypeCentroid { name: "t".into(), input: 100.0, output: 10.0 }];
     let ok = OserveConfig {
         types: types.clone(),
@@ -466,6 +472,9 @@ fn planning_settings_are_bounded_and_need_types_and_configurations() {
     assert_eq!(err(window), "oserve.forecast_intervals");
     let search = OserveConfig { search_iterations: 1001, ..ok.clone() };
     assert_eq!(err(search), "oserve.search_iterations");
-    let gain = OserveConfig { min_gain: -0.1, ..ok };
+    let gain = OserveConfig { min_gain: -0.1, ..ok.clone() };
     assert_eq!(err(gain), "oserve.min_gain");
+    let flag =
+        OserveConfig { configurations: vec![Configuration { engine_args: vec!["rm".into()], ..c(0) }], ..ok };
+    assert_eq!(err(flag), "oserve.configurations[0].engine_args");
 }
