@@ -4,7 +4,9 @@
 //! one-second tick):
 //! 1. the forecast: each type's admitted requests per second over the
 //!    last interval (admission counts them), averaged over the last
-//!    `forecast_intervals` intervals;
+//!    `forecast_intervals` intervals, or with `forecast = "lstm"` the
+//!    per-type LSTMs of `loadtest oserve-train`'s model file over the last
+//!    50 intervals (once 8 are known);
 //! 2. the routes: the lower level's assignment (`policies::oserve::assign`)
 //!    on the serving engines of the configured classes, at the highest rate
 //!    they sustain in the forecast mix, becomes each type's shares over
@@ -29,8 +31,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use policies::oserve::capacity::Parallel;
 use policies::oserve::deploy::{evaluate, mix_capacity, search_mix, switch_plan, Deployment, Step};
+use policies::oserve::forecast::LstmModels;
 use policies::oserve::route::Routes;
-use policies::oserve::OserveConfig;
+use policies::oserve::{Forecaster, OserveConfig};
 use serde_json::json;
 
 use crate::admission::Admission;
@@ -39,6 +42,10 @@ use crate::supervisor::Supervisor;
 
 /// Intervals of per-type rates kept.
 const HISTORY: usize = 64;
+/// Intervals known before the LSTM forecasts (the moving average until then).
+const LSTM_MIN_HISTORY: usize = 8;
+/// Largest LSTM model file read.
+const MAX_MODEL_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Default)]
 struct State {
@@ -54,6 +61,11 @@ struct State {
     steps_done: u64,
     /// Milliseconds the last deployment search took.
     search_ms: Option<f64>,
+    /// The LSTM model file read for `forecast = "lstm"`: its path and the
+    /// models, or why they cannot be used.
+    lstm: Option<(String, Result<LstmModels, String>)>,
+    /// What made the last forecast.
+    forecaster: String,
 }
 
 /// The planning loop's state; one per gateway.
@@ -124,6 +136,10 @@ impl Planner {
         st.forecast = (0..cfg.types.len())
             .map(|j| st.history.iter().rev().take(window).map(|r| r[j]).sum::<f64>() / window as f64)
             .collect();
+        st.forecaster = "moving_average".into();
+        if cfg.forecast == Forecaster::Lstm {
+            lstm_forecast(st, cfg);
+        }
         let serving = serving(cfg, pool);
         if serving.is_empty() || st.forecast.iter().sum::<f64>() <= 0.0 {
             return; // no evidence: the routes in force stay
@@ -219,8 +235,55 @@ impl Planner {
             "switches": st.switches,
             "steps_done": st.steps_done,
             "search_ms": st.search_ms,
+            "forecaster": st.forecaster,
         })
     }
+}
+
+/// Replaces the moving average with the LSTMs' forecasts once enough
+/// intervals are known, reading the model file when its path changes; an
+/// unusable file leaves the moving average (and says why).
+fn lstm_forecast(st: &mut State, cfg: &OserveConfig) {
+    let path = cfg.lstm_models.as_str();
+    if st.lstm.as_ref().is_none_or(|(p, _)| p != path) {
+        let names: Vec<&str> = cfg.types.iter().map(|t| t.name.as_str()).collect();
+        let read = read_models(path, &names);
+        if let Err(e) = &read {
+            tracing::error!(event = "oserve_lstm_unusable", error = %e);
+        }
+        st.lstm = Some((path.to_string(), read));
+    }
+    let Some((_, read)) = &st.lstm else { return };
+    let models = match read {
+        Ok(m) => m,
+        Err(e) => {
+            st.forecaster = format!("moving_average (lstm: {e})");
+            return;
+        }
+    };
+    if st.history.len() < LSTM_MIN_HISTORY {
+        st.forecaster = format!("moving_average (lstm after {LSTM_MIN_HISTORY} intervals)");
+        return;
+    }
+    let forecast = models
+        .models
+        .iter()
+        .enumerate()
+        .map(|(j, m)| m.forecast(&st.history.iter().map(|r| r[j]).collect::<Vec<f64>>()))
+        .collect();
+    st.forecast = forecast;
+    st.forecaster = "lstm".into();
+}
+
+fn read_models(path: &str, names: &[&str]) -> Result<LstmModels, String> {
+    let size = std::fs::metadata(path).map_err(|e| format!("{path}: {e}"))?.len();
+    if size > MAX_MODEL_BYTES {
+        return Err(format!("{path}: {size} bytes, more than {MAX_MODEL_BYTES}"));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let models: LstmModels = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+    models.check(names).map_err(|e| format!("{path}: {e}"))?;
+    Ok(models)
 }
 
 /// The serving engines of configured classes: (configuration index, split).
@@ -309,8 +372,58 @@ mod tests {
             );
         }
         // Planning off: the routes go.
-        let off = OserveConfig { plan_interval_s: 0, ..cfg };
+        let off = OserveConfig { plan_interval_s: 0, ..cfg.clone() };
         planner.tick(&off, 101.0, true, (&pool, &admission), None);
         assert_eq!(admission.routes(), None);
+
+        // The LSTM forecaster: the model file's forecasts once 8 intervals
+        // are known; an unusable file leaves the moving average.
+        let dir = std::env::temp_dir().join(format!("oserve-lstm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let series: Vec<f64> = (0..120).map(|t| 10.0 + 5.0 * (f64::from(t) / 6.0).sin()).collect();
+        let lstm = policies::oserve::forecast::Lstm::train(&series, 2, 1);
+        let file = LstmModels {
+            interval_s: 1.0,
+            types: vec!["short".into(), "long".into()],
+            models: vec![lstm.clone(), lstm.clone()],
+        };
+        let good = dir.join("lstm.json");
+        std::fs::write(&good, serde_json::to_string(&file).unwrap()).unwrap();
+        let with_lstm = |path: &std::path::Path| OserveConfig {
+            forecast: Forecaster::Lstm,
+            lstm_models: path.display().to_string(),
+            ..cfg.clone()
+        };
+        let planner = Planner::default();
+        let lstm_cfg = with_lstm(&good);
+        for s in 0..12u32 {
+            admission.type_arrivals[0].fetch_add(10 + u64::from(s % 3), std::sync::atomic::Ordering::Relaxed);
+            planner.tick(&lstm_cfg, f64::from(200 + s), true, (&pool, &admission), None);
+            let st = planner.lock();
+            let known = st.history.len();
+            assert_eq!(st.forecaster == "lstm", known >= LSTM_MIN_HISTORY, "{known}: {}", st.forecaster);
+            if known >= LSTM_MIN_HISTORY {
+                let history: Vec<f64> = st.history.iter().map(|r| r[0]).collect();
+                // (serde_json parses floats to within an ulp or two.)
+                let want = lstm.forecast(&history);
+                assert!(
+                    (st.forecast[0] - want).abs() < 1e-9 * want.abs().max(1.0),
+                    "{} vs {want}",
+                    st.forecast[0]
+                );
+            }
+        }
+        let bad = dir.join("bad.json");
+        std::fs::write(&bad, "{\"interval_s\": 1, \"types\": [\"other\"], \"models\": []}").unwrap();
+        let planner = Planner::default();
+        for s in 0..10 {
+            planner.tick(&with_lstm(&bad), f64::from(s), true, (&pool, &admission), None);
+        }
+        assert!(
+            planner.lock().forecaster.starts_with("moving_average (lstm:"),
+            "{}",
+            planner.lock().forecaster
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -130,6 +130,10 @@ enum Command {
     /// Per trace segment of runs that replayed an `oserve-trace` CSV: P99
     /// E2E and TTFT, completed requests per second.
     OserveSegments(loadtest::oserve::live::SegmentsArgs),
+    /// Trains the live planner's per-type LSTM forecasters (`[oserve]
+    /// forecast = "lstm"`) on recorded runs or the generated trace; writes
+    /// the model file.
+    OserveTrain(loadtest::oserve::live::TrainArgs),
     /// Workload types (k-means over prompt and output tokens) refit from
     /// the completed requests of recorded runs; prints the policy file's
     /// `[oserve]` section.
@@ -197,6 +201,7 @@ async fn main() -> ExitCode {
         Command::SimOserveLatency(args) => loadtest::oserve::latency::main(&args).map(|md| print!("{md}")),
         Command::OserveTrace(args) => loadtest::oserve::live::write_trace(&args).map(|s| print!("{s}")),
         Command::OserveSegments(args) => loadtest::oserve::live::segments(&args).map(|md| print!("{md}")),
+        Command::OserveTrain(args) => loadtest::oserve::live::train(&args).map(|s| print!("{s}")),
         Command::OserveFit(args) => loadtest::oserve::fit(&args).map(|toml| print!("{toml}")),
         Command::OserveProfiles(args) => {
             loadtest::oserve::write_profiles(&args).map(|paths| print!("{paths}"))

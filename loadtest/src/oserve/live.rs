@@ -105,3 +105,126 @@ pub fn segments(a: &SegmentsArgs) -> Result<String, String> {
     }
     Ok(md)
 }
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct TrainArgs {
+    /// The policy file whose `[oserve] types` the models are for.
+    #[arg(long, default_value = "policies/default.toml")]
+    pub policies: PathBuf,
+    /// results.json of recorded runs: each completed request counts in its
+    /// type's interval. Without: the generated 6-hour trace of `sim-oserve`'s
+    /// forecast table (needs four types; one series per type in order).
+    #[arg(long)]
+    pub results: Vec<PathBuf>,
+    /// Seconds per interval (the planner's `plan_interval_s`).
+    #[arg(long, default_value_t = 60.0)]
+    pub interval_s: f64,
+    #[arg(long, default_value_t = 40)]
+    pub epochs: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The model file to write (`[oserve] lstm_models`).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Per-type arrivals per interval of the completed requests of `results`,
+/// typed by `cfg`.
+fn recorded_series(
+    cfg: &policies::oserve::OserveConfig,
+    results: &[PathBuf],
+    interval_s: f64,
+) -> Result<Vec<Vec<f64>>, String> {
+    let mut series = vec![Vec::new(); cfg.types.len()];
+    for path in results {
+        let r = crate::results::Results::load(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        for x in r.records.iter().filter(|x| x.outcome == crate::record::Outcome::Ok) {
+            let Some((j, _)) = cfg.classify(f64::from(x.tokens_in), f64::from(x.tokens_out)) else {
+                continue;
+            };
+            let t = (x.scheduled_at_ms / 1e3 / interval_s) as usize;
+            if t >= 1_000_000 {
+                return Err(format!("{}: a request past a million intervals", path.display()));
+            }
+            for s in series.iter_mut() {
+                if s.len() <= t {
+                    s.resize(t + 1, 0.0);
+                }
+            }
+            series[j][t] += 1.0;
+        }
+    }
+    Ok(series)
+}
+
+/// Trains one LSTM per type and writes the model file; returns a summary.
+pub fn train(a: &TrainArgs) -> Result<String, String> {
+    let text = std::fs::read_to_string(&a.policies).map_err(|e| format!("{}: {e}", a.policies.display()))?;
+    let doc = policies::PolicyDocument::parse(&a.policies.display().to_string(), &text)
+        .map_err(|e| e.to_string())?;
+    let cfg = &doc.oserve;
+    if cfg.types.is_empty() || a.interval_s <= 0.0 {
+        return Err("need [oserve] types and --interval-s > 0".into());
+    }
+    let series = if a.results.is_empty() {
+        if cfg.types.len() != super::TYPES.len() {
+            return Err(format!(
+                "the generated trace has {} types; the policy has {}",
+                super::TYPES.len(),
+                cfg.types.len()
+            ));
+        }
+        super::arrivals(a.seed, 360)
+    } else {
+        recorded_series(cfg, &a.results, a.interval_s)?
+    };
+    if series.iter().any(|s| s.len() < 8) {
+        return Err("fewer than 8 intervals of history".into());
+    }
+    let models: Vec<policies::oserve::forecast::Lstm> = series
+        .iter()
+        .enumerate()
+        .map(|(j, s)| policies::oserve::forecast::Lstm::train(s, a.epochs, a.seed + j as u64))
+        .collect();
+    let file = policies::oserve::forecast::LstmModels {
+        interval_s: a.interval_s,
+        types: cfg.types.iter().map(|t| t.name.clone()).collect(),
+        models,
+    };
+    let json = serde_json::to_string(&file).map_err(|e| e.to_string())?;
+    std::fs::write(&a.out, json).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    Ok(format!(
+        "{} LSTMs over {} intervals each written to {}\n",
+        file.types.len(),
+        series[0].len(),
+        a.out.display()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trained_models_are_written_for_the_policys_types_and_read_back() {
+        let dir = std::env::temp_dir().join(format!("oserve-train-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let policies = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../policies/default.toml");
+        let args = TrainArgs {
+            policies: policies.clone(),
+            results: Vec::new(),
+            interval_s: 60.0,
+            epochs: 1,
+            seed: 1,
+            out: dir.join("lstm.json"),
+        };
+        train(&args).unwrap();
+        let m: policies::oserve::forecast::LstmModels =
+            serde_json::from_str(&std::fs::read_to_string(&args.out).unwrap()).unwrap();
+        let doc = policies::PolicyDocument::parse("d", &std::fs::read_to_string(&policies).unwrap()).unwrap();
+        let names: Vec<&str> = doc.oserve.types.iter().map(|t| t.name.as_str()).collect();
+        m.check(&names).unwrap();
+        assert!(m.check(&names[..3]).is_err(), "another policy's types are refused");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -94,7 +94,7 @@ pub const HIDDEN: usize = 16;
 pub const WINDOW: usize = 50;
 
 /// A one-layer LSTM over a scalar series, with a linear read-out.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Lstm {
     /// Gate weights, 4·HIDDEN rows (input, forget, cell, output) of
     /// 1 + HIDDEN columns ([x; h]), and biases.
@@ -238,6 +238,15 @@ impl Lstm {
         m
     }
 
+    /// The parameters have this build's shape and are finite (a model file
+    /// read back is checked before use).
+    pub fn is_well_formed(&self) -> bool {
+        self.w.len() == 4 * HIDDEN * COLS
+            && self.b.len() == 4 * HIDDEN
+            && self.v.len() == HIDDEN
+            && self.w.iter().chain(&self.b).chain(&self.v).chain([&self.bv]).all(|x| x.is_finite())
+    }
+
     /// The next value after `history` (raw counts; the last `WINDOW` read,
     /// scaled by their mean).
     pub fn forecast(&self, history: &[f64]) -> f64 {
@@ -249,6 +258,30 @@ impl Lstm {
         let xs: Vec<f64> = tail.iter().map(|v| v / scale).collect();
         let (_, ys) = self.forward(&xs);
         (ys.last().copied().unwrap_or(0.0) * scale).max(0.0)
+    }
+}
+
+/// A model file of `loadtest oserve-train`: one LSTM per `[oserve]` type,
+/// in the types' order, trained on series of `interval_s`-second counts.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LstmModels {
+    pub interval_s: f64,
+    pub types: Vec<String>,
+    pub models: Vec<Lstm>,
+}
+
+impl LstmModels {
+    /// A model file read back is usable: one well-formed model per type,
+    /// and the types are `names` (the policy's, in order).
+    pub fn check(&self, names: &[&str]) -> Result<(), String> {
+        if self.models.len() != self.types.len() || self.models.iter().any(|l| !l.is_well_formed()) {
+            return Err("one well-formed model per type expected".into());
+        }
+        if self.types.iter().map(String::as_str).ne(names.iter().copied()) {
+            return Err(format!("trained for types {:?}, the policy has {names:?}", self.types));
+        }
+        Ok(())
     }
 }
 

@@ -66,6 +66,19 @@ impl Configuration {
     }
 }
 
+/// `[oserve] forecast`: the live forecaster.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Forecaster {
+    /// The mean of the last `forecast_intervals` intervals.
+    #[default]
+    MovingAverage,
+    /// The LSTMs of `lstm_models` (per type, over the last 50 intervals),
+    /// the moving average until 8 intervals are known or if the file is
+    /// unusable.
+    Lstm,
+}
+
 /// `[oserve] gpu`: the cost model's GPU.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -99,6 +112,12 @@ pub struct OserveConfig {
     pub plan_interval_s: u32,
     #[serde(default = "default_forecast_intervals")]
     pub forecast_intervals: u32,
+    #[serde(default)]
+    pub forecast: Forecaster,
+    /// `loadtest oserve-train`'s model file (relative to the gateway's
+    /// working directory), for `forecast = "lstm"`.
+    #[serde(default)]
+    pub lstm_models: String,
     /// Also switch the deployment (embedded mode, leader only): the
     /// flow-guided search for the forecast mix on the fleet's GPUs, carried
     /// out by the switch planner one step at a time (drain, start).
@@ -140,6 +159,8 @@ impl Default for OserveConfig {
             types: Vec::new(),
             plan_interval_s: 0,
             forecast_intervals: default_forecast_intervals(),
+            forecast: Forecaster::default(),
+            lstm_models: String::new(),
             switch: false,
             gpus: 0,
             search_iterations: default_search_iterations(),
@@ -183,6 +204,10 @@ impl OserveConfig {
         range("forecast_intervals", self.forecast_intervals, 1, 64)?;
         range("gpus", self.gpus, 0, 4096)?;
         range("search_iterations", self.search_iterations, 1, 1000)?;
+        if self.forecast == Forecaster::Lstm && (self.lstm_models.is_empty() || self.lstm_models.len() > 4096)
+        {
+            return Err(("oserve.lstm_models".into(), "a model file path for forecast = \"lstm\"".into()));
+        }
         if !(0.0..=10.0).contains(&self.min_gain) {
             return Err(("oserve.min_gain".into(), "in [0, 10]".into()));
         }
