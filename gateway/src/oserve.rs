@@ -115,6 +115,11 @@ impl Planner {
     /// The forecast and the routes.
     fn plan(&self, st: &mut State, cfg: &OserveConfig, now_s: f64, pool: &EnginePool, admission: &Admission) {
         let counts: Vec<u64> = admission.type_arrivals().into_iter().take(cfg.types.len()).collect();
+        if st.counts.len() != counts.len() {
+            // The types changed (a reload): their history starts over.
+            st.history.clear();
+            st.last_plan_s = None;
+        }
         if let Some(last) = st.last_plan_s {
             let dt = (now_s - last).max(1e-3);
             let rates = counts
@@ -371,9 +376,16 @@ mod tests {
                 "every type assigned somewhere: {shares:?}"
             );
         }
+        // A reload that adds a type: its history starts over, no panic.
+        let mut three = cfg.clone();
+        three.types.push(t("third", 1000.0, 10.0));
+        planner.tick(&three, 101.0, true, (&pool, &admission), None);
+        planner.tick(&three, 102.0, true, (&pool, &admission), None);
+        assert_eq!(planner.lock().history.len(), 1);
+        assert_eq!(planner.lock().history[0].len(), 3);
         // Planning off: the routes go.
         let off = OserveConfig { plan_interval_s: 0, ..cfg.clone() };
-        planner.tick(&off, 101.0, true, (&pool, &admission), None);
+        planner.tick(&off, 103.0, true, (&pool, &admission), None);
         assert_eq!(admission.routes(), None);
 
         // The LSTM forecaster: the model file's forecasts once 8 intervals
