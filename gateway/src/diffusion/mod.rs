@@ -31,6 +31,9 @@ use crate::reload::PolicyStore;
 
 /// Messages the driver takes at once before a sender waits.
 const INBOX: usize = 1024;
+/// How long an API request waits for room in a full inbox before a 503
+/// `queue_full` (the driver's own completions always wait: none is lost).
+const INBOX_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Video records kept (live and finished) across all tenants.
 const MAX_RECORDS: usize = 4096;
 
@@ -180,10 +183,16 @@ impl Diffusion {
         msg: Msg,
     ) -> Result<(), ApiError> {
         self.ensure_driver(policies);
-        self.tx
-            .send(msg)
-            .await
-            .map_err(|_| ApiError::EngineFailed("the diffusion scheduler has stopped".into()))
+        match tokio::time::timeout(INBOX_WAIT, self.tx.send(msg)).await {
+            Ok(sent) => {
+                sent.map_err(|_| ApiError::EngineFailed("the diffusion scheduler has stopped".into()))
+            }
+            Err(_) => Err(ApiError::Overloaded {
+                reason: "queue_full",
+                message: format!("the image and video scheduler is {INBOX} messages behind; retry later"),
+                retry_after_s: 2,
+            }),
+        }
     }
 
     /// The tenant's video `id` (404 for anyone else, or once expired).
@@ -257,6 +266,27 @@ mod tests {
             created_at: id as u64,
             state: Mutex::new(VideoStatus::queued()),
         })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_inbox_answers_queue_full_after_a_bounded_wait() {
+        let pool = EnginePool::new(Vec::new(), &crate::limits::Limits::default(), None);
+        let d = Diffusion::new(pool);
+        // The driver never runs: its receiver is held here, unread.
+        let _rx = d.rx.lock().unwrap().take().unwrap();
+        for i in 0..INBOX {
+            d.tx.try_send(Msg::Cancel(format!("v{i}"))).unwrap();
+        }
+        let text = include_str!("../../../policies/default.toml");
+        let doc = policies::PolicyDocument::parse("default.toml", text).unwrap();
+        let store = Arc::new(PolicyStore::new(doc, text, None, None));
+        let t = tokio::time::Instant::now();
+        let err = d.send(&store, Msg::Cancel("one more".into())).await.unwrap_err();
+        assert!(
+            matches!(err, ApiError::Overloaded { reason: "queue_full", retry_after_s: 2, .. }),
+            "{err:?}"
+        );
+        assert_eq!(t.elapsed(), INBOX_WAIT, "the sender waited exactly the bound");
     }
 
     #[test]
