@@ -324,8 +324,9 @@ mod tests {
         policies::LatencyProfile::parse("p.toml", &model.profile_toml(p, "m", class)).unwrap()
     }
 
-    #[test]
-    fn routes_follow_the_counted_mix_and_the_history_stays_bounded() {
+    /// Three ready engines (two of class `c-tp2`, one `c-tp4`) and a
+    /// planning config over both classes with two types.
+    fn fixture() -> (Arc<EnginePool>, Arc<Admission>, OserveConfig) {
         let specs = (0..3)
             .map(|i| {
                 EngineSpec::native(format!("e{i}"), format!("http://127.0.0.1:{}", 9300 + i).parse().unwrap())
@@ -344,13 +345,22 @@ mod tests {
             profile: "p".into(),
             engine_args: Vec::new(),
         };
-        let t = |name: &str, input: f64, output: f64| TypeCentroid { name: name.into(), input, output };
         let cfg = OserveConfig {
             types: vec![t("short", 200.0, 100.0), t("long", 6000.0, 1500.0)],
             plan_interval_s: 1,
             configurations: vec![conf("c-tp2", 2), conf("c-tp4", 4)],
             ..Default::default()
         };
+        (pool, admission, cfg)
+    }
+
+    fn t(name: &str, input: f64, output: f64) -> TypeCentroid {
+        TypeCentroid { name: name.into(), input, output }
+    }
+
+    #[test]
+    fn routes_follow_the_counted_mix_and_the_history_stays_bounded() {
+        let (pool, admission, cfg) = fixture();
         let planner = Planner::default();
         // No traffic yet: no evidence, no routes.
         planner.tick(&cfg, 0.0, true, (&pool, &admission), None);
@@ -387,9 +397,11 @@ mod tests {
         let off = OserveConfig { plan_interval_s: 0, ..cfg.clone() };
         planner.tick(&off, 103.0, true, (&pool, &admission), None);
         assert_eq!(admission.routes(), None);
+    }
 
-        // The LSTM forecaster: the model file's forecasts once 8 intervals
-        // are known; an unusable file leaves the moving average.
+    #[test]
+    fn the_lstm_forecasts_once_enough_is_known_and_an_unusable_file_leaves_the_average() {
+        let (pool, admission, cfg) = fixture();
         let dir = std::env::temp_dir().join(format!("oserve-lstm-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let series: Vec<f64> = (0..120).map(|t| 10.0 + 5.0 * (f64::from(t) / 6.0).sin()).collect();
