@@ -349,10 +349,8 @@ impl Admission {
         let verdict = Verdict::admitted(&admit);
         ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => verdict.decision.as_str(), "reason" => verdict.reason.clone())
             .increment(1);
-        if let Some((j, name)) =
-            policy.oserve.classify(admit.work.prompt_tokens as f64, admit.work.out_tokens as f64)
-        {
-            ::metrics::counter!(m::WORKLOAD_TYPE, "type" => name.to_string()).increment(1);
+        if let Some((j, t)) = admit.work_type.and_then(|j| policy.oserve.types.get(j).map(|t| (j, t))) {
+            ::metrics::counter!(m::WORKLOAD_TYPE, "type" => t.name.clone()).increment(1);
             self.type_arrivals[j].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         let ticket = Ticket::new(

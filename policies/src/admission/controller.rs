@@ -70,6 +70,9 @@ pub struct Controller {
     /// OServe's type-aware routes (the control plane's current assignment);
     /// `None`: the primary class takes every request.
     routes: Option<crate::oserve::route::Routes>,
+    /// Each routed class's index in `models` (`None`: not registered yet),
+    /// kept with `routes` and `models` so a decision looks nothing up.
+    route_models: Vec<Option<usize>>,
 }
 
 /// The brownout step a [`Controller::tick`] took.
@@ -117,6 +120,7 @@ impl Controller {
             Some(i) => i,
             None => {
                 self.models.push(ServiceModel::from_profile(profile));
+                self.map_routes();
                 self.models.len() - 1
             }
         }
@@ -126,27 +130,26 @@ impl Controller {
     /// whose `[oserve]` type has shares goes to a class by them.
     pub fn set_routes(&mut self, routes: Option<crate::oserve::route::Routes>) {
         self.routes = routes;
+        self.map_routes();
+    }
+
+    fn map_routes(&mut self) {
+        let models = &self.models;
+        self.route_models = self.routes.as_ref().map_or_else(Vec::new, |r| {
+            r.classes.iter().map(|c| models.iter().position(|m| &m.class == c)).collect()
+        });
     }
 
     pub fn routes(&self) -> Option<&crate::oserve::route::Routes> {
         self.routes.as_ref()
     }
 
-    /// The class a request of `prompt` tokens expected to produce `out`
-    /// goes to by OServe's routes, among the classes of `engines` (ready
-    /// ones): `None` without routes, without a type, or when its type has
-    /// no share on a ready class.
-    fn routed_class(
-        &mut self,
-        policy: &PolicyDocument,
-        (prompt, out): (u32, u32),
-        engines: &[Candidate],
-    ) -> Option<usize> {
+    /// The class a request of workload type `j` goes to by OServe's routes,
+    /// among the classes of `engines` (ready ones): `None` without routes
+    /// or when its type has no share on a ready class.
+    fn routed_class(&mut self, j: usize, engines: &[Candidate]) -> Option<usize> {
         let routes = self.routes.as_mut()?;
-        let (j, _) = policy.oserve.classify(f64::from(prompt), f64::from(out))?;
-        let models = &self.models;
-        let index = |name: &str| models.iter().position(|m| m.class == name);
-        let ready: Vec<Option<usize>> = routes.classes.iter().map(|c| index(c)).collect();
+        let ready = &self.route_models;
         let c = routes.pick(j, |c| ready[c].is_some_and(|m| engines.iter().any(|e| e.class == m)))?;
         ready[c]
     }
@@ -212,7 +215,8 @@ impl Controller {
             tier.overflow_class.as_ref().and_then(|name| self.models.iter().position(|m| &m.class == name));
         // OServe's class for the request's type, else the primary class:
         // the first ready engine's outside the overflow class.
-        let routed = self.routed_class(policy, (r.prompt_tokens, mean_out.min(max_tokens)), engines);
+        let work_type = work_type(policy, r.prompt_tokens, mean_out.min(max_tokens));
+        let routed = work_type.and_then(|j| self.routed_class(j, engines));
         let class = routed.unwrap_or_else(|| {
             engines.iter().find(|e| Some(e.class) != overflow).or(engines.first()).map_or(0, |e| e.class)
         });
@@ -280,6 +284,7 @@ impl Controller {
             ttft_budget_ms,
             e2e_budget_ms,
             work,
+            work_type,
         };
         match plan.engine {
             Some(engine) => Outcome::Start { engine, admit },
@@ -350,6 +355,7 @@ impl Controller {
             ttft_budget_ms: r.ttft_hint_ms.unwrap_or(ms(r.tier.ttft)),
             e2e_budget_ms: r.e2e_hint_ms.unwrap_or(ms(r.tier.e2e)),
             work,
+            work_type: work_type(policy, r.prompt_tokens, r.max_tokens),
         };
         match pick {
             Some(engine) => Outcome::Start { engine, admit },
@@ -570,6 +576,12 @@ fn timeout(w: &Waiter, policy: &PolicyDocument) -> Refusal {
 
 fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// The `[oserve]` type of a request of `prompt` tokens expected to produce
+/// `out` (`None` without types).
+fn work_type(policy: &PolicyDocument, prompt: u32, out: u32) -> Option<usize> {
+    policy.oserve.classify(f64::from(prompt), f64::from(out)).map(|(j, _)| j)
 }
 
 #[cfg(test)]

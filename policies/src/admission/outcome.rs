@@ -170,6 +170,9 @@ pub struct Admit {
     pub ttft_budget_ms: f64,
     pub e2e_budget_ms: f64,
     pub work: Work,
+    /// The request's `[oserve]` workload type (index into the types), as
+    /// routing saw it; `None` without types.
+    pub work_type: Option<usize>,
 }
 
 impl Admit {

@@ -167,6 +167,7 @@ fn oserve_routes_send_each_type_to_its_classes_and_fall_back_without_a_ready_one
     for i in 0..8 {
         let short = ctl.request(f64::from(i), &p, &req(&p, "gold", "a", 100, 100), &fleet, &[]);
         assert_eq!(class_of(&short), 0, "short requests have no share on tp4");
+        assert!(matches!(&short, Outcome::Start { admit, .. } if admit.work_type == Some(0)));
         let long = ctl.request(f64::from(i), &p, &req(&p, "gold", "a", 4000, 100), &fleet, &[]);
         long_on_tp4 += usize::from(class_of(&long) == tp4);
     }
