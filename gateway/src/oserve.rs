@@ -101,14 +101,14 @@ impl Planner {
         let due = st.last_plan_s.is_none_or(|t| now_s - t >= f64::from(cfg.plan_interval_s));
         if due {
             self.plan(&mut st, cfg, now_s, pool, admission);
-            if cfg.switch && leader {
-                if let Some(sup) = supervisor {
-                    self.replan(&mut st, cfg, sup);
-                }
-            }
         }
-        if let (true, Some(sup)) = (cfg.switch && leader, supervisor) {
-            self.step(&mut st, cfg, sup);
+        let Some(sup) = supervisor.filter(|_| cfg.switch && leader) else { return };
+        let (classes, busy) = sup.child_classes();
+        if due && !busy {
+            self.replan(&mut st, cfg, &classes);
+        }
+        if !busy {
+            self.step(&mut st, cfg, sup, &classes);
         }
     }
 
@@ -162,10 +162,10 @@ impl Planner {
     }
 
     /// A new switch plan toward the search's deployment for the forecast,
-    /// unless one is being carried out.
-    fn replan(&self, st: &mut State, cfg: &OserveConfig, sup: &Arc<Supervisor>) {
-        let (classes, busy) = sup.child_classes();
-        if !st.pending.is_empty() || busy || st.forecast.iter().sum::<f64>() <= 0.0 {
+    /// unless one is being carried out (`classes`: the children's, none
+    /// starting or draining).
+    fn replan(&self, st: &mut State, cfg: &OserveConfig, classes: &[Option<String>]) {
+        if !st.pending.is_empty() || st.forecast.iter().sum::<f64>() <= 0.0 {
             return;
         }
         let current: Vec<Parallel> =
@@ -197,13 +197,10 @@ impl Planner {
         }
     }
 
-    /// Carries out the next step once the previous one is complete.
-    fn step(&self, st: &mut State, cfg: &OserveConfig, sup: &Arc<Supervisor>) {
-        let (classes, busy) = sup.child_classes();
+    /// Carries out the next step (the previous one is complete: no child
+    /// starts or drains); `classes`: the children's classes.
+    fn step(&self, st: &mut State, cfg: &OserveConfig, sup: &Arc<Supervisor>, classes: &[Option<String>]) {
         let Some(&next) = st.pending.front() else { return };
-        if busy {
-            return;
-        }
         let in_use: u32 = classes
             .iter()
             .map(|c| c.as_deref().and_then(|c| cfg.configuration(c)).map_or(0, |c| c.parallel().gpus()))
@@ -399,11 +396,8 @@ mod tests {
         assert_eq!(admission.routes(), None);
     }
 
-    #[test]
-    fn the_lstm_forecasts_once_enough_is_known_and_an_unusable_file_leaves_the_average() {
-        let (pool, admission, cfg) = fixture();
-        let dir = std::env::temp_dir().join(format!("oserve-lstm-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+    /// One LSTM trained on a wave, written for both fixture types to `dir`.
+    fn model_file(dir: &std::path::Path) -> (policies::oserve::forecast::Lstm, std::path::PathBuf) {
         let series: Vec<f64> = (0..120).map(|t| 10.0 + 5.0 * (f64::from(t) / 6.0).sin()).collect();
         let lstm = policies::oserve::forecast::Lstm::train(&series, 2, 1);
         let file = LstmModels {
@@ -411,8 +405,17 @@ mod tests {
             types: vec!["short".into(), "long".into()],
             models: vec![lstm.clone(), lstm.clone()],
         };
-        let good = dir.join("lstm.json");
-        std::fs::write(&good, serde_json::to_string(&file).unwrap()).unwrap();
+        let path = dir.join("lstm.json");
+        std::fs::write(&path, serde_json::to_string(&file).unwrap()).unwrap();
+        (lstm, path)
+    }
+
+    #[test]
+    fn the_lstm_forecasts_once_enough_is_known_and_an_unusable_file_leaves_the_average() {
+        let (pool, admission, cfg) = fixture();
+        let dir = std::env::temp_dir().join(format!("oserve-lstm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (lstm, good) = model_file(&dir);
         let with_lstm = |path: &std::path::Path| OserveConfig {
             forecast: Forecaster::Lstm,
             lstm_models: path.display().to_string(),
@@ -437,17 +440,21 @@ mod tests {
                 );
             }
         }
-        let bad = dir.join("bad.json");
-        std::fs::write(&bad, "{\"interval_s\": 1, \"types\": [\"other\"], \"models\": []}").unwrap();
-        let planner = Planner::default();
-        for s in 0..10 {
-            planner.tick(&with_lstm(&bad), f64::from(s), true, (&pool, &admission), None);
-        }
-        assert!(
-            planner.lock().forecaster.starts_with("moving_average (lstm:"),
-            "{}",
-            planner.lock().forecaster
-        );
+        // A file for other types, or past the size bound: the moving average.
+        let unusable = |name: &str, bytes: Vec<u8>| {
+            let path = dir.join(name);
+            std::fs::write(&path, bytes).unwrap();
+            let planner = Planner::default();
+            (0..10)
+                .for_each(|s| planner.tick(&with_lstm(&path), f64::from(s), true, (&pool, &admission), None));
+            let why = planner.lock().forecaster.clone();
+            why
+        };
+        let other =
+            unusable("other.json", br#"{"interval_s": 1, "types": ["other"], "models": []}"#.to_vec());
+        assert!(other.starts_with("moving_average (lstm:"), "{other}");
+        let big = unusable("big.json", vec![b' '; MAX_MODEL_BYTES as usize + 1]);
+        assert!(big.contains("more than 1048576"), "{big}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

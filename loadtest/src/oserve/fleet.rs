@@ -63,7 +63,8 @@ pub(super) struct Sim<'a> {
     replicas: Vec<Replica>,
     free_gpus: u32,
     pending: VecDeque<Step>,
-    routes: Option<Routes>,
+    /// OServe's routes and the configuration of each of their classes.
+    routes: Option<(Routes, Vec<Parallel>)>,
     /// The serving replicas in the order of the routes' assignment.
     serving: Vec<usize>,
     waiting: VecDeque<usize>,
@@ -254,7 +255,7 @@ impl<'a> Sim<'a> {
             })
             .collect();
         let names = classes.iter().map(ToString::to_string).collect();
-        self.routes = Some(Routes::from_assignment(names, &class_of, TYPES.len(), &a));
+        self.routes = Some((Routes::from_assignment(names, &class_of, TYPES.len(), &a), classes));
     }
 
     /// The serving replica with room for `need` KV tokens and the fewest
@@ -276,20 +277,21 @@ impl<'a> Sim<'a> {
     fn pick(&mut self, r: usize) -> Option<usize> {
         let q = self.reqs[r];
         let need = u64::from(q.prompt) + u64::from(q.out);
-        let Some(mut routes) = self.routes.take() else { return self.least_loaded(need, |_| true) };
+        let Some((mut routes, classes)) = self.routes.take() else {
+            return self.least_loaded(need, |_| true);
+        };
         // The type as the gateway sees it: the prompt and the expected output
         // (its tenant's history: each type is its own tenant here).
         let j = nearest_centroid(TYPES.iter().copied(), f64::from(q.prompt), f64::from(q.max_tokens) / 1.5);
-        let names: Vec<String> = routes.classes.clone();
-        let class_ok = |k: usize, c: usize| self.replicas[k].p.to_string() == names[c];
-        let has = |c: usize| self.serving.iter().any(|&k| class_ok(k, c));
-        let chosen = routes.pick(j, has);
-        let shares = routes.shares[j].clone();
-        self.routes = Some(routes);
-        let in_class = chosen.and_then(|c| self.least_loaded(need, |k| class_ok(k, c)));
+        let (replicas, serving) = (&self.replicas, &self.serving);
+        let chosen = routes.pick(j, |c| serving.iter().any(|&k| replicas[k].p == classes[c]));
+        self.routes = Some((routes, classes));
+        let (routes, classes) = self.routes.as_ref()?;
+        let of = |k: usize, c: usize| self.replicas[k].p == classes[c];
+        let in_class = chosen.and_then(|c| self.least_loaded(need, |k| of(k, c)));
         // The class is full: another class with a share for the type.
         in_class.or_else(|| {
-            self.least_loaded(need, |k| (0..names.len()).any(|c| shares[c] > 0.0 && class_ok(k, c)))
+            self.least_loaded(need, |k| (0..classes.len()).any(|c| routes.shares[j][c] > 0.0 && of(k, c)))
         })
     }
 
