@@ -187,19 +187,24 @@ impl Outbox {
     }
 
     /// Ends the stream cleanly after what is buffered (later pushes are
-    /// ignored by the reader).
+    /// ignored by the reader). Called before the reader has taken the last
+    /// bytes, their DATA frame carries the end of the stream: one frame and
+    /// one write fewer than an empty closing frame.
     pub fn finish(&self) {
-        self.end(End::Finished);
+        self.end(End::Finished, false);
     }
 
-    /// Drops what is buffered and ends the stream with [`StreamReset`].
+    /// Drops what is buffered and ends the stream with [`StreamReset`],
+    /// also after [`Outbox::finish`] while the reader has bytes left to take
+    /// (a stalled reader of a finished stream is still reset).
     pub fn reset(&self) {
-        self.end(End::Reset);
+        self.end(End::Reset, true);
     }
 
-    fn end(&self, end: End) {
+    fn end(&self, end: End, over_finished: bool) {
         let mut st = self.shared.lock();
-        if st.end != End::Open {
+        let open = st.end == End::Open || (over_finished && st.end == End::Finished && !st.buf.is_empty());
+        if !open {
             return;
         }
         st.end = end;
@@ -216,7 +221,7 @@ impl Outbox {
 
 impl Drop for Outbox {
     fn drop(&mut self) {
-        self.end(End::Reset);
+        self.end(End::Reset, false); // a finished stream keeps its last bytes
     }
 }
 
@@ -352,5 +357,29 @@ mod tests {
         let (out, mut body) = outbox(1024);
         drop(out);
         assert!(body.frame().await.unwrap().is_err(), "a producer that vanished resets the stream");
+    }
+
+    #[tokio::test]
+    async fn finishing_before_the_reader_takes_the_last_bytes_ends_the_stream_with_them() {
+        let (out, mut body) = outbox(1024);
+        out.push(b"data: [DONE]\n\n").unwrap();
+        out.finish();
+        drop(out); // the relay task ends: a finished stream keeps its bytes
+        assert!(!body.is_end_stream(), "bytes are still to be read");
+        let last = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(last.as_ref(), b"data: [DONE]\n\n");
+        // What hyper asks after taking a frame: this one carries END_STREAM.
+        assert!(body.is_end_stream());
+        assert!(body.frame().await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_stream_whose_reader_stalls_is_still_reset() {
+        let (out, mut body) = outbox(8);
+        out.push(b"0123456789").unwrap();
+        out.finish();
+        assert_eq!(out.drained(STALL).await, Err(Stop::Stalled));
+        out.reset();
+        assert!(body.frame().await.unwrap().is_err(), "the stalled reader gets a reset, not the bytes");
     }
 }

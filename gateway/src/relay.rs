@@ -179,6 +179,10 @@ pub fn spawn_sse(
         SseRelay { encoder, engine: Some((started, permit)), engine_id, pool, pending: BytesMut::new() };
     relay.encoder.opening(&mut relay.pending);
     relay.on_event(Ok(first));
+    // The first token is in the body before hyper first polls it, so the
+    // response's HEADERS and first DATA frame leave in one write (pushed
+    // from the task, they took two writes and two task wake-ups).
+    let _ = out.push(&relay.pending.split());
     // The relay logs under the request's span.
     tokio::spawn(tracing::Instrument::in_current_span(relay.run(out, bounds)));
     body
@@ -221,11 +225,12 @@ impl SseRelay {
                 }
             }
         }
-        // The engine side is released; the client still has its bytes to
+        // The engine side is released. The stream ends with its last bytes
+        // (their frame carries END_STREAM); the client still has them to
         // read, under the same stall rule.
-        match out.drained(bounds.stall).await {
-            Ok(()) => out.finish(),
-            Err(stop) => self.stopped(out, stop),
+        out.finish();
+        if let Err(stop) = out.drained(bounds.stall).await {
+            self.stopped(out, stop);
         }
     }
 
