@@ -18,10 +18,9 @@ use bytes::{Bytes, BytesMut};
 use engine_api::{ErrorBody, Event, GenerateRequest};
 use http::StatusCode;
 use http_body::Body;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, Limited};
 
-use crate::engines::{join, EngineKind, EngineLease, EnginePool, EngineSpec, Work};
+use crate::engines::{join, EngineBody, EngineKind, EngineLease, EnginePool, EngineSpec, Work};
 use crate::error::ApiError;
 
 /// At most this many engines are tried for one request.
@@ -45,7 +44,7 @@ pub enum EngineError {
 #[derive(Debug)]
 pub struct EventStream {
     /// `None` once a whole answer has been read.
-    body: Option<Incoming>,
+    body: Option<EngineBody>,
     lines: EventLines,
     /// `Some` for an `openai` engine.
     sse: Option<crate::upstream::SseDecoder>,
@@ -80,9 +79,7 @@ impl EventLines {
     /// line that is not an event, or past [`MAX_EVENT_LINE`] bytes without
     /// a newline.
     pub fn next_event(&mut self) -> Option<Result<Event, String>> {
-        self.next_line().map(|line| {
-            line.and_then(|l| serde_json::from_slice(&l).map_err(|e| format!("bad event line: {e}")))
-        })
+        self.next_line().map(|line| line.and_then(|l| parse_event(&l)))
     }
 
     /// The next complete line (with its newline), if there is one.
@@ -104,6 +101,21 @@ impl EventLines {
             }
         }
     }
+}
+
+/// One event line. A token line in the shape the engine writes it (most
+/// lines) has only its text parsed: serde's tagged-enum path buffers every
+/// field of every line before choosing the variant. Anything else takes
+/// that path.
+pub(crate) fn parse_event(line: &[u8]) -> Result<Event, String> {
+    const TOKEN: &[u8] = br#"{"event":"token","text":"#;
+    let body = line.strip_suffix(b"\n").unwrap_or(line);
+    if let Some(text) = body.strip_prefix(TOKEN).and_then(|r| r.strip_suffix(b"}")) {
+        if let Ok(text) = serde_json::from_slice::<String>(text) {
+            return Ok(Event::Token { text });
+        }
+    }
+    serde_json::from_slice(line).map_err(|e| format!("bad event line: {e}"))
 }
 
 impl EventStream {
@@ -361,7 +373,7 @@ async fn try_engine(
     })?;
     let mut req = http::Request::post(uri)
         .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(body))
+        .body(body)
         .expect("static request parts are valid");
     if let Ok(id) = http::HeaderValue::from_str(&out.gen.request_id) {
         req.headers_mut().insert("x-request-id", id);
@@ -371,7 +383,7 @@ async fn try_engine(
     let resp = pool
         .send(req, &slot)
         .await
-        .map_err(|e| EngineError::Unreachable { engine: engine.clone(), message: error_chain(&e) })?;
+        .map_err(|e| EngineError::Unreachable { engine: engine.clone(), message: error_chain(&*e) })?;
     let status = resp.status();
     if status != StatusCode::OK {
         let bytes = Limited::new(resp.into_body(), 64 << 10).collect().await.map(|c| c.to_bytes());
@@ -405,7 +417,7 @@ async fn try_engine(
 async fn open_events(
     spec: &EngineSpec,
     out: &Outbound,
-    body: Incoming,
+    body: EngineBody,
     engine: &str,
 ) -> Result<EventStream, EngineError> {
     Ok(match (spec.kind, &out.verbatim) {

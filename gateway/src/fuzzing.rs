@@ -41,6 +41,14 @@ pub fn engine_events(data: &[u8]) {
     }
 }
 
+/// One engine event line: the token fast path reads exactly what serde's
+/// full parse reads, and accepts nothing it refuses.
+pub fn engine_event_line(line: &[u8]) {
+    let full = serde_json::from_slice::<engine_api::Event>(line).ok();
+    let fast = crate::dispatch::parse_event(line).ok();
+    assert_eq!(fast, full, "{:?}", String::from_utf8_lossy(line));
+}
+
 /// Every engine API body: the first byte picks which.
 pub fn engine_api(data: &[u8]) {
     let Some((&which, body)) = data.split_first() else { return };

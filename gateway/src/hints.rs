@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use policies::batching::BatchHints;
 use policies::PolicyDocument;
 use tokio::sync::watch;
@@ -44,7 +44,7 @@ async fn push(pool: &EnginePool, idx: usize, hints: &BatchHints) -> bool {
     let body = serde_json::to_vec(hints).expect("hints serialise");
     let req = http::Request::put(uri)
         .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))
+        .body(Bytes::from(body))
         .expect("valid request parts");
     let sent = tokio::time::timeout(PUSH_TIMEOUT, async {
         let resp = pool.send(req, &slot).await.map_err(|e| e.to_string())?;

@@ -34,9 +34,10 @@ pub struct Encoder {
     /// The engine's chunks are relayed as it wrote them (`upstream.rs`):
     /// no opening chunk and no finish chunk of the gateway's own.
     pub verbatim: bool,
-    /// A token chunk's SSE bytes before and after its JSON-escaped text,
-    /// rendered once per response (see [`Encoder::token`]).
-    pub token_template: std::sync::OnceLock<(Vec<u8>, Vec<u8>)>,
+    /// What follows the choice in every streamed chunk of this response
+    /// (its id, model, ... and the event's end), rendered once (see
+    /// [`Encoder::framed`]).
+    pub tail: std::sync::OnceLock<Vec<u8>>,
 }
 
 impl Encoder {
@@ -60,6 +61,9 @@ impl Encoder {
         v
     }
 
+    /// A chunk's choice as a JSON tree: what the framed chunks must
+    /// render byte for byte (the tests' oracle).
+    #[cfg(test)]
     fn choice(&self, text: Option<&str>, finish: Option<FinishReason>, first: bool) -> Value {
         match self.kind {
             Kind::Chat => {
@@ -79,28 +83,54 @@ impl Encoder {
     /// Chat streams open with a chunk carrying the assistant role.
     fn opening(&self, out: &mut BytesMut) {
         if self.kind == Kind::Chat && !self.verbatim {
-            sse(out, &self.chunk(Some(self.choice(None, None, true))));
+            self.framed(out, |out| {
+                out.put_slice(br#"{"delta":{"content":"","role":"assistant"},"finish_reason":null,"index":0,"logprobs":null}"#)
+            });
         }
     }
 
-    /// A token chunk: the per-response template with the text escaped in
-    /// between, byte for byte what rendering the whole chunk would give,
-    /// without building and serialising a JSON tree per token.
+    /// A token chunk.
     fn token(&self, out: &mut BytesMut, text: &str) {
-        let (before, after) = self.token_template.get_or_init(|| self.render_token_template());
-        out.put_slice(before);
-        serde_json::to_writer((&mut *out).writer(), text).expect("strings always serialise");
-        out.put_slice(after);
+        self.framed(out, |out| {
+            out.put_slice(match self.kind {
+                Kind::Chat => br#"{"delta":{"content":"#,
+                Kind::Completion => br#"{"finish_reason":null,"index":0,"logprobs":null,"text":"#,
+            });
+            json_to(out, text);
+            out.put_slice(match self.kind {
+                Kind::Chat => br#"},"finish_reason":null,"index":0,"logprobs":null}"#,
+                Kind::Completion => b"}",
+            });
+        });
     }
 
-    /// Renders a token chunk around a marker text and splits it there.
-    fn render_token_template(&self) -> (Vec<u8>, Vec<u8>) {
-        const MARK: &str = "\u{1}token\u{1}";
-        let mut whole = BytesMut::new();
-        sse(&mut whole, &self.chunk(Some(self.choice(Some(MARK), None, false))));
-        let quoted = serde_json::to_vec(MARK).expect("strings always serialise");
-        let at = whole.windows(quoted.len()).position(|w| w == quoted).expect("the marker is in the chunk");
-        (whole[..at].to_vec(), whole[at + quoted.len()..].to_vec())
+    /// One streamed chunk: its choice written by `choice` between the
+    /// chunk's fixed opening and this response's tail. Byte for byte what
+    /// rendering the chunk's JSON tree gives ([`Encoder::chunk`]: keys in
+    /// order, as serde_json writes a map), without building a tree per
+    /// token.
+    fn framed(&self, out: &mut BytesMut, choice: impl FnOnce(&mut BytesMut)) {
+        out.put_slice(br#"data: {"choices":["#);
+        choice(out);
+        out.put_slice(self.tail.get_or_init(|| self.render_tail()));
+    }
+
+    fn render_tail(&self) -> Vec<u8> {
+        let mut tail = BytesMut::new();
+        tail.put_slice(br#"],"created":"#);
+        json_to(&mut tail, &self.created);
+        tail.put_slice(br#","id":"#);
+        json_to(&mut tail, &self.id);
+        tail.put_slice(br#","model":"#);
+        json_to(&mut tail, &self.model);
+        tail.put_slice(br#","object":"#);
+        json_to(&mut tail, self.object(true));
+        tail.put_slice(br#","system_fingerprint":null"#);
+        if self.include_usage {
+            tail.put_slice(br#","usage":null"#);
+        }
+        tail.put_slice(b"}\n\n");
+        tail.to_vec()
     }
 
     fn finish(&self, out: &mut BytesMut, reason: FinishReason, usage: Usage) {
@@ -108,7 +138,17 @@ impl Encoder {
             out.put_slice(b"data: [DONE]\n\n"); // the engine's own chunks said the rest
             return;
         }
-        sse(out, &self.chunk(Some(self.choice(None, Some(reason), false))));
+        self.framed(out, |out| {
+            out.put_slice(match self.kind {
+                Kind::Chat => br#"{"delta":{},"finish_reason":"#,
+                Kind::Completion => br#"{"finish_reason":"#,
+            });
+            json_to(out, &reason);
+            out.put_slice(match self.kind {
+                Kind::Chat => br#","index":0,"logprobs":null}"#,
+                Kind::Completion => br#","index":0,"logprobs":null,"text":""}"#,
+            });
+        });
         if self.include_usage {
             let mut last = self.chunk(None);
             last["usage"] = usage_json(usage);
@@ -141,6 +181,11 @@ fn usage_json(u: Usage) -> Value {
         v["prompt_tokens_details"] = json!({"cached_tokens": u.cached_tokens});
     }
     v
+}
+
+/// `v` as JSON onto `out`.
+fn json_to(out: &mut BytesMut, v: &(impl serde::Serialize + ?Sized)) {
+    serde_json::to_writer(out.writer(), v).expect("strings, numbers and finish reasons always serialise");
 }
 
 fn sse(out: &mut BytesMut, v: &Value) {
@@ -351,26 +396,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn token_chunks_from_the_template_are_the_rendered_chunks_byte_for_byte() {
+    fn chunks_from_the_tail_are_the_rendered_chunks_byte_for_byte() {
         for (kind, include_usage) in [(Kind::Chat, false), (Kind::Chat, true), (Kind::Completion, false)] {
             let e = Encoder {
                 kind,
                 id: "chatcmpl-req_\"1\"".into(),
                 created: 1_700_000_000,
-                model: "synthetic-small".into(),
+                model: "synthetic-small/é".into(),
                 stream: true,
                 include_usage,
                 verbatim: false,
-                token_template: Default::default(),
+                tail: Default::default(),
+            };
+            let rendered = |text: Option<&str>, finish: Option<FinishReason>, first: bool| {
+                let mut out = BytesMut::new();
+                sse(&mut out, &e.chunk(Some(e.choice(text, finish, first))));
+                out
             };
             for text in
                 ["hello", " world", "quote \" and \\ backslash", "line\nbreak\t", "é漢字🙂", "\u{1}", ""]
             {
-                let mut rendered = BytesMut::new();
-                sse(&mut rendered, &e.chunk(Some(e.choice(Some(text), None, false))));
                 let mut templated = BytesMut::new();
                 e.token(&mut templated, text);
-                assert_eq!(templated, rendered, "{kind:?} {text:?}");
+                assert_eq!(templated, rendered(Some(text), None, false), "{kind:?} {text:?}");
+            }
+            let mut opening = BytesMut::new();
+            e.opening(&mut opening);
+            match kind {
+                Kind::Chat => assert_eq!(opening, rendered(None, None, true)),
+                Kind::Completion => assert!(opening.is_empty(), "completions open with no chunk"),
+            }
+            for reason in [FinishReason::Stop, FinishReason::Length] {
+                let mut finish = BytesMut::new();
+                e.finish(&mut finish, reason, Usage::default());
+                let mut want = rendered(None, Some(reason), false);
+                if include_usage {
+                    let mut last = e.chunk(None);
+                    last["usage"] = usage_json(Usage::default());
+                    sse(&mut want, &last);
+                }
+                want.put_slice(b"data: [DONE]\n\n");
+                assert_eq!(finish, want, "{kind:?} {reason:?}");
             }
         }
     }

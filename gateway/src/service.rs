@@ -416,7 +416,7 @@ fn plan(
         stream: parsed.stream,
         include_usage: parsed.include_usage,
         verbatim: parsed.verbatim,
-        token_template: Default::default(),
+        tail: Default::default(),
     };
     let gen = GenerateRequest {
         request_id: request_id.to_string(),

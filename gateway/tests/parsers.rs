@@ -150,6 +150,29 @@ fn engine_event_streams_never_panic_the_reader_nor_grow_its_buffer() {
 }
 
 #[test]
+fn engine_token_lines_read_fast_are_what_serde_reads() {
+    let texts = ["hello", " world", "x\"}", "\\", "line\nbreak", "é漢字🙂", "\u{1}", "", "}\"}"];
+    let mut lines: Vec<Vec<u8>> = texts
+        .iter()
+        .map(|t| {
+            let mut l = serde_json::to_vec(&engine_api::Event::Token { text: (*t).to_string() }).unwrap();
+            l.push(b'\n');
+            l
+        })
+        .collect();
+    // Shapes off the fast path: still read, by serde.
+    lines.push(br#"{"text":"a","event":"token"}"#.to_vec());
+    lines.push(br#"{"event":"token","text":"a","extra":1}"#.to_vec());
+    lines.push(br#"{"event":"token","text":"a"} "#.to_vec());
+    lines.push(br#"{"event":"token","text":"a\x"}"#.to_vec()); // a bad escape: refused by both
+    lines.push(br#"{"event":"token","text":"a"}}"#.to_vec());
+    for line in &lines {
+        gateway::fuzzing::engine_event_line(line);
+    }
+    property("engine_events", corpus("engine_events"), gateway::fuzzing::engine_event_line);
+}
+
+#[test]
 fn engine_api_bodies_never_panic_the_engine() {
     property("engine_api", corpus("engine_api"), gateway::fuzzing::engine_api);
 }

@@ -274,7 +274,7 @@ mod tests {
         assert!(slot.is_ready(), "probed over TLS");
         assert_eq!(slot.report().unwrap().inflight_sequences, 1, "its metrics read over TLS");
         let req = http::Request::post(format!("https://localhost:{port}/v1/chat/completions"))
-            .body(Full::new(Bytes::from_static(b"{}")))
+            .body(Bytes::from_static(b"{}"))
             .unwrap();
         let resp = pool.send(req, &slot).await.unwrap();
         let body = resp.into_body().collect().await.unwrap().to_bytes();

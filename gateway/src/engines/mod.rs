@@ -32,7 +32,8 @@ use policies::routing::EngineView;
 use policies::LatencyProfile;
 use tokio::sync::Notify;
 
-/// The HTTP/2 client used for engine traffic.
+/// hyper's client: probes and profile fetches (HTTP/2), `openai` upstreams
+/// (HTTP/1.1). Requests to this project's engines go through `h2client.rs`.
 pub type EngineClient = Client<EngineConnector, Full<Bytes>>;
 
 /// How often load reports are polled.
@@ -43,6 +44,43 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 const MAX_RESET_STREAMS: usize = 4096;
 
 pub use connect::EngineConnector;
+pub use h2client::H2Body;
+use h2client::{H2Client, H2Settings};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An engine's answer: over the engines' own HTTP/2 connections
+/// (`h2client.rs`), or hyper's HTTP/1.1 pool for an `openai` upstream.
+pub type EngineResponse = http::Response<EngineBody>;
+
+/// The body of an [`EngineResponse`].
+#[derive(Debug)]
+pub enum EngineBody {
+    H2(H2Body),
+    Http1(hyper::body::Incoming),
+}
+
+impl http_body::Body for EngineBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            EngineBody::H2(b) => std::pin::Pin::new(b).poll_frame(cx).map_err(Into::into),
+            EngineBody::Http1(b) => std::pin::Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            EngineBody::H2(b) => b.is_end_stream(),
+            EngineBody::Http1(b) => b.is_end_stream(),
+        }
+    }
+}
 pub use policies::admission::controller::Work;
 pub use slot::EngineSlot;
 #[cfg(any(test, feature = "test-util"))]
@@ -51,6 +89,7 @@ pub use spec::{EngineKind, EngineSpec};
 
 mod connect;
 mod external;
+mod h2client;
 pub mod prefix;
 mod slot;
 mod spec;
@@ -69,7 +108,7 @@ pub struct EnginePool {
     /// connection worker (index `worker + 1`) and one for the main runtime
     /// (index 0): a worker's requests ride connections driven by its own
     /// runtime. Requests go round-robin within a set.
-    clients: Vec<Vec<EngineClient>>,
+    clients: Vec<Vec<H2Client>>,
     next_client: AtomicU64,
     /// Probes and profile fetches: a connection of their own.
     probe_client: EngineClient,
@@ -110,6 +149,11 @@ impl EnginePool {
         token: Option<&str>,
         connector: EngineConnector,
     ) -> Arc<Self> {
+        let h2 = H2Settings {
+            keepalive_interval: Duration::from_millis(limits.engine_keepalive_interval_ms),
+            keepalive_timeout: Duration::from_millis(limits.engine_keepalive_timeout_ms),
+            max_reset_streams: MAX_RESET_STREAMS,
+        };
         let client = || {
             Client::builder(TokioExecutor::new())
                 .http2_only(true)
@@ -131,7 +175,11 @@ impl EnginePool {
             slots: ArcSwap::from_pointee(slots),
             slots_write: Mutex::new(()),
             clients: (0..=limits.workers())
-                .map(|_| (0..limits.engine_connections.max(1)).map(|_| client()).collect())
+                .map(|_| {
+                    (0..limits.engine_connections.max(1))
+                        .map(|_| H2Client::new(connector.clone(), h2))
+                        .collect()
+                })
                 .collect(),
             next_client: AtomicU64::new(0),
             probe_client: client(),
@@ -227,27 +275,31 @@ impl EnginePool {
     /// Sends `req` to `engine` with its credential (this project's engines:
     /// the engines' API token; an `openai` engine: its own key, if any), on
     /// the next request connection (round-robin).
-    pub fn send(&self, mut req: http::Request<Full<Bytes>>, engine: &EngineSlot) -> ResponseFuture {
+    pub async fn send(
+        &self,
+        req: http::Request<Bytes>,
+        engine: &EngineSlot,
+    ) -> Result<EngineResponse, BoxError> {
         if engine.spec.kind == EngineKind::Openai {
-            return self.upstream_send(req, engine);
+            let resp = self.upstream_send(req.map(Full::new), engine).await?;
+            return Ok(resp.map(EngineBody::Http1));
         }
-        self.authorize(&mut req);
+        let mut req = req;
+        if let Some(v) = &self.authorization {
+            req.headers_mut().insert(http::header::AUTHORIZATION, v.clone());
+        }
         let set = crate::workers::current().map_or(0, |w| w + 1).min(self.clients.len() - 1);
         let clients = &self.clients[set];
         let n = self.next_client.fetch_add(1, Ordering::Relaxed) as usize;
-        clients[n % clients.len()].request(req)
+        Ok(clients[n % clients.len()].request(req).await?.map(EngineBody::H2))
     }
 
     /// As [`EnginePool::send`], on the probes' own connection.
     fn probe_send(&self, mut req: http::Request<Full<Bytes>>) -> ResponseFuture {
-        self.authorize(&mut req);
-        self.probe_client.request(req)
-    }
-
-    fn authorize(&self, req: &mut http::Request<Full<Bytes>>) {
         if let Some(v) = &self.authorization {
             req.headers_mut().insert(http::header::AUTHORIZATION, v.clone());
         }
+        self.probe_client.request(req)
     }
 
     pub fn len(&self) -> usize {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use engine_api::video::{ChunkOut, ChunkRequest, CreateSession, Version};
 use http::{Method, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use policies::video::VideoProfile;
 
 use crate::engines::{join, EnginePool};
@@ -51,7 +51,7 @@ pub(crate) async fn call(
         .method(method)
         .uri(uri)
         .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))
+        .body(Bytes::from(body))
         .map_err(|e| fail(None, e.to_string()))?;
     let run = async {
         let resp = pool.send(req, &slot).await.map_err(|e| fail(None, e.to_string()))?;
