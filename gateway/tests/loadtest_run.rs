@@ -84,3 +84,40 @@ async fn http1_runs_and_refusals_are_counted_by_reason() {
     assert_eq!(reasons.keys().collect::<Vec<_>>(), ["invalid_api_key"], "{reasons:?}");
     assert_eq!(r.summary.goodput_rps, 0.0);
 }
+
+#[derive(Parser)]
+struct OverheadCli {
+    #[command(flatten)]
+    overhead: loadtest::overhead::OverheadArgs,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overhead_measures_the_gateway_and_a_proxy_in_one_interleaved_run() {
+    let sys = System::start(&paced(0, 1), 1).await;
+    let engine = sys.engines[0].url.clone();
+    let token = sys.ca.with_file_name("engine.token");
+    let argv = [
+        "loadtest".to_string(),
+        format!("--gateway={}", sys.base),
+        format!("--ca={}", sys.ca.display()),
+        format!("--engine={engine}"),
+        format!("--engine-token-file={}", token.display()),
+        // The engine itself stands in for a proxy: the same API, no hop.
+        format!("--proxy={engine}"),
+        "--requests=30".into(),
+        "--warmup=3".into(),
+        "--streams=1".into(),
+        "--tokens=4".into(),
+    ];
+    let r = loadtest::overhead::run(&OverheadCli::parse_from(argv).overhead).await.expect("overhead run");
+    let p = r.proxy.expect("the proxy side is measured");
+    let counts = (r.nonstream_gateway_ms.count, r.nonstream_direct_ms.count, p.nonstream_ms.count);
+    assert_eq!(counts, (30, 30, 30), "every pair has all three sides");
+    assert_eq!(p.url, engine);
+    assert!(
+        p.added_p50_ms < r.added_p50_ms,
+        "a proxy that is the engine adds less than the gateway: {} vs {} ms",
+        p.added_p50_ms,
+        r.added_p50_ms
+    );
+}

@@ -352,6 +352,15 @@ async fn overhead(args: &loadtest::overhead::OverheadArgs) -> Result<(), String>
     row("TBT direct", &r.tbt_direct_ms);
     println!("added latency: p50 {:+.3} ms, p99 {:+.3} ms", r.added_p50_ms, r.added_p99_ms);
     println!("TBT difference: p50 {:+.3} ms, p99 {:+.3} ms", r.tbt_diff_p50_ms, r.tbt_diff_p99_ms);
+    if let Some(p) = &r.proxy {
+        row("non-streaming via proxy", &p.nonstream_ms);
+        println!("proxy added latency: p50 {:+.3} ms, p99 {:+.3} ms", p.added_p50_ms, p.added_p99_ms);
+        println!(
+            "gateway/proxy added latency: p50 {:.2}, p99 {:.2}",
+            r.added_p50_ms / p.added_p50_ms,
+            r.added_p99_ms / p.added_p99_ms
+        );
+    }
     if let Some(path) = &args.out {
         let json = serde_json::to_string_pretty(&r).expect("reports serialise");
         std::fs::write(path, json).map_err(|e| format!("writing {}: {e}", path.display()))?;

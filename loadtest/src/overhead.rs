@@ -61,6 +61,12 @@ pub struct OverheadArgs {
     /// Write the JSON report here too.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Also a reverse proxy in front of the same engine (nginx from
+    /// `scripts/bench-proxies`, say), sent the engine's own requests in the
+    /// same interleaved run: its added non-streaming latency beside the
+    /// gateway's, under the same machine noise. `https` URLs trust `--ca`.
+    #[arg(long)]
+    pub proxy: Option<String>,
 }
 
 /// Results in milliseconds.
@@ -76,6 +82,17 @@ pub struct OverheadReport {
     pub tbt_direct_ms: Summary,
     pub tbt_diff_p50_ms: f64,
     pub tbt_diff_p99_ms: f64,
+    /// With `--proxy`.
+    pub proxy: Option<ProxySide>,
+}
+
+/// The `--proxy` side of the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProxySide {
+    pub url: String,
+    pub nonstream_ms: Summary,
+    pub added_p50_ms: f64,
+    pub added_p99_ms: f64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,20 +111,30 @@ pub async fn run(args: &OverheadArgs) -> Result<OverheadReport, OverheadError> {
         None => first_engine(&gw).await?,
     };
     let direct = Conn::connect(&engine_url, None, Proto::H2).await?;
+    let proxy = match &args.proxy {
+        Some(url) => Some(Conn::connect(url, Some(&args.ca), Proto::H2).await?),
+        None => None,
+    };
     let mut progress = Progress::new(args.warmup + args.requests + args.streams);
-    let (mut gw_ms, mut direct_ms) = (Vec::new(), Vec::new());
+    let (mut gw_ms, mut direct_ms, mut proxy_ms) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..args.warmup + args.requests {
-        // Alternate who goes first so neither side always runs on a warmer cache.
-        let (a, b) = if i % 2 == 0 {
-            let a = nonstream_gateway(&gw, args).await?;
-            (a, nonstream_direct(&direct, args).await?)
-        } else {
-            let b = nonstream_direct(&direct, args).await?;
-            (nonstream_gateway(&gw, args).await?, b)
-        };
+        // Rotate who goes first so no side always runs on a warmer cache.
+        let mut took = [0.0; 3];
+        for k in 0..3 {
+            let side = (i + k) % 3;
+            took[side] = match (side, &proxy) {
+                (0, _) => nonstream_gateway(&gw, args).await?,
+                (1, _) => nonstream_direct(&direct, args).await?,
+                (_, Some(p)) => nonstream_direct(p, args).await?,
+                (_, None) => continue,
+            };
+        }
         if i >= args.warmup {
-            gw_ms.push(a);
-            direct_ms.push(b);
+            gw_ms.push(took[0]);
+            direct_ms.push(took[1]);
+            if proxy.is_some() {
+                proxy_ms.push(took[2]);
+            }
         }
         progress.tick();
     }
@@ -123,7 +150,20 @@ pub async fn run(args: &OverheadArgs) -> Result<OverheadReport, OverheadError> {
     };
     let (ng, nd) = (s(&gw_ms, "gateway")?, s(&direct_ms, "direct")?);
     let (tg, td) = (s(&gw_tbt, "gateway TBT")?, s(&direct_tbt, "direct TBT")?);
+    let proxy = match &args.proxy {
+        Some(url) => {
+            let np = s(&proxy_ms, "proxy")?;
+            Some(ProxySide {
+                url: url.clone(),
+                added_p50_ms: np.p50 - nd.p50,
+                added_p99_ms: np.p99 - nd.p99,
+                nonstream_ms: np,
+            })
+        }
+        None => None,
+    };
     Ok(OverheadReport {
+        proxy,
         gateway: args.gateway.clone(),
         engine: engine_url,
         added_p50_ms: ng.p50 - nd.p50,
