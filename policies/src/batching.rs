@@ -22,16 +22,6 @@
 //! 6. **TTFT.** Time already waited plus the batch's predicted prefill must
 //!    stay within `ttft_fraction` (40%) of every member's TTFT budget.
 //!
-//! **Turns.** A token boundary runs a prefill batch when this function picks
-//! one, else a decode step over the running batch, with one exception
-//! ([`prefill_turn`]): right after a prefill batch, while sequences are
-//! running, a decode step comes first. Running streams then wait at most one
-//! prefill batch (bounded by the token budget and the long cap) between
-//! tokens, however many prompts queue behind it; prefill-first turns let a
-//! burst of long prompts hold every running stream without a token for as
-//! long as the burst took to prefill (30 s in a live run, the relay's
-//! silence limit).
-//!
 //! `BatchMode::Static` is the naive baseline of the admission benchmark:
 //! no joining, a new batch of up to `max_batch` sequences (key order) only
 //! once the running batch has finished completely.
@@ -172,13 +162,6 @@ impl BatchLimits {
     pub fn is_long(&self, q: &Queued) -> bool {
         q.prompt_tokens >= self.long_prompt_tokens
     }
-}
-
-/// Whether the next token boundary may run a prefill batch: not right after
-/// one while `running` sequences wait for their next token (module docs,
-/// "Turns"). The engine's scheduler and the simulator both ask.
-pub fn prefill_turn(last_was_prefill: bool, running: u32) -> bool {
-    !(last_was_prefill && running > 0)
 }
 
 /// Forms the next prefill batch from `queue` while `running` sequences

@@ -5,10 +5,8 @@
 //! sequences whose client went away, then run either a prefill batch (formed
 //! by `policies::batching::form_prefill`) or one decode step over every
 //! running sequence (continuous batching: sequences join after their
-//! prefill and leave when they finish); never two prefill batches back to
-//! back while sequences run (`batching::prefill_turn`: running streams wait
-//! at most one prefill batch for a token). While the device "works" (the
-//! time a backend step returns), the loop keeps answering commands.
+//! prefill and leave when they finish). While the device "works" (the time a
+//! backend step returns), the loop keeps answering commands.
 //!
 //! Preemption happens only at token boundaries, when a running sequence
 //! cannot grow its KV pages: the running sequence with the worst key that
@@ -21,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use policies::batching::{form_prefill, prefill_turn, BatchHints, BatchLimits, Queued};
+use policies::batching::{form_prefill, BatchHints, BatchLimits, Queued};
 use policies::LatencyProfile;
 use tokio::sync::{mpsc, oneshot};
 
@@ -140,7 +138,6 @@ impl Scheduler {
             origin: crate::clock::now(),
             stats: Stats::default(),
             device_free_at: tokio::time::Instant::now(),
-            last_prefill: false,
         };
         if core.backend.kind().computes_on_host() {
             // Real host compute blocks for the length of a step: give the
@@ -287,8 +284,6 @@ struct Core<B: Backend> {
     /// to back on the device's own clock, so timer rounding never
     /// accumulates: the mean cadence is exactly the profile's.
     device_free_at: tokio::time::Instant,
-    /// The last turn ran a prefill batch (`batching::prefill_turn`).
-    last_prefill: bool,
 }
 
 impl<B: Backend> Core<B> {
@@ -311,7 +306,7 @@ impl<B: Backend> Core<B> {
             // Token boundary: clients that went away free their pages now.
             self.queue.retain(|s| !s.tx.is_closed());
             self.running.retain(|s| !s.tx.is_closed());
-            let progressed = self.turn(&mut rx).await;
+            let progressed = self.prefill_step(&mut rx).await || self.decode_step(&mut rx).await;
             if !progressed {
                 // Nothing could run (waiting sequences cannot get pages
                 // yet): wait for a command instead of spinning.
@@ -324,28 +319,6 @@ impl<B: Backend> Core<B> {
                 }
             }
         }
-    }
-
-    /// One token boundary: a prefill batch or a decode step, in the order
-    /// `batching::prefill_turn` gives; `false` if neither could run.
-    async fn turn(&mut self, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
-        let prefilled = if prefill_turn(self.last_prefill, self.running.len() as u32) {
-            if self.prefill_step(rx).await {
-                true
-            } else if self.decode_step(rx).await {
-                false
-            } else {
-                return false;
-            }
-        } else if self.decode_step(rx).await {
-            false
-        } else if self.prefill_step(rx).await {
-            true
-        } else {
-            return false;
-        };
-        self.last_prefill = prefilled;
-        true
     }
 
     fn now(&self) -> Duration {

@@ -267,35 +267,3 @@ async fn a_shared_prefix_is_charged_no_prefill_time_and_the_cache_off_charges_it
         );
     }
 }
-
-#[tokio::test(start_paused = true)]
-async fn running_streams_wait_at_most_one_prefill_batch_for_a_token() {
-    // Every prompt is long and a batch takes one long prompt: three queued
-    // prompts are three prefill batches of 30 ms each.
-    let (s, _) = sched(30, 256, 16, |c| {
-        c.limits.long_prompt_tokens = 1;
-        c.limits.max_long_per_prefill = 1;
-        c.limits.reserved_long_slots = 0;
-    });
-    let t0 = tokio::time::Instant::now();
-    let (tx, rx) = mpsc::unbounded_channel();
-    s.enqueue(req("streaming", 12), 2, tx).await.unwrap();
-    let running = tokio::spawn(collect(rx, t0));
-    tokio::time::sleep(Duration::from_millis(45)).await; // mid decode step 2
-    let mut burst = Vec::new();
-    for i in 0..3 {
-        let (tx, rx) = mpsc::unbounded_channel();
-        s.enqueue(req(&format!("burst {i}"), 2), 2, tx).await.unwrap();
-        burst.push(tokio::spawn(collect(rx, t0)));
-    }
-    let running = running.await.unwrap();
-    let at: Vec<u64> = running.iter().map(|(t, _)| t.as_millis() as u64).collect();
-    let longest = at.windows(2).map(|w| w[1] - w[0]).max().unwrap();
-    // One prefill (30 ms) and one decode step (at most 16 ms at batch 4),
-    // not three prefills back to back (90 ms and more).
-    assert!(longest <= 46, "a token waited {longest} ms: {at:?}");
-    for b in burst {
-        let events = b.await.unwrap();
-        assert!(matches!(events.last().unwrap().1, Event::Done { .. }), "every burst prompt is served");
-    }
-}

@@ -4,9 +4,7 @@
 //! Like `engine::scheduler`, every turn is one token boundary that runs
 //! either a prefill batch formed by `policies::batching::form_prefill` (the
 //! same function, the same limits) or one decode step over every running
-//! sequence (continuous batching), with the same turn rule
-//! (`batching::prefill_turn`: a decode step right after a prefill batch
-//! while sequences run). Device time comes from the latency
+//! sequence (continuous batching). Device time comes from the latency
 //! profile exactly as the emulated backend takes it: `prefill(Σ prompt
 //! tokens)` for a prefill batch, `decode_step(batch, Σ context)` per step.
 //!
@@ -33,7 +31,7 @@
 
 use std::time::Duration;
 
-use policies::batching::{form_prefill, prefill_turn, BatchLimits, Queued};
+use policies::batching::{form_prefill, BatchLimits, Queued};
 use policies::LatencyProfile;
 
 /// How every engine of the simulated fleet is configured.
@@ -138,8 +136,6 @@ pub struct SimEngine {
     /// Prompt tokens prefilled, and of those found cached.
     pub lookup_tokens: u64,
     pub hit_tokens: u64,
-    /// The last turn was a prefill batch (`batching::prefill_turn`).
-    last_prefill: bool,
 }
 
 impl Default for SimEngine {
@@ -162,7 +158,6 @@ impl Default for SimEngine {
             evicted: Vec::new(),
             lookup_tokens: 0,
             hit_tokens: 0,
-            last_prefill: false,
         }
     }
 }
@@ -380,11 +375,8 @@ impl SimEngine {
                 i += 1;
             }
         }
-        // The next turn: a prefill batch if batch formation picks one and
-        // the turn rule allows it.
-        let may_prefill = prefill_turn(self.last_prefill, self.running.len() as u32);
-        self.last_prefill = false;
-        if may_prefill && !self.queue.is_empty() {
+        // The next turn: a prefill batch if batch formation picks one.
+        if !self.queue.is_empty() {
             let views: Vec<Queued> = self
                 .queue
                 .iter()
@@ -410,17 +402,15 @@ impl SimEngine {
                 let d = plan.prefill.as_secs_f64();
                 self.busy_s += d;
                 self.phase = Phase::Prefill { batch, started: now };
-                self.last_prefill = true;
                 return Some(now + d);
             }
         }
         if self.running.is_empty() {
             return None;
         }
-        // Decode up to the next finish; one step when it is a prefill's
-        // turn that the rule deferred (the queue is looked at again then).
+        // Decode up to the next finish.
         let next = self.running.iter().map(|r| r.end_step).min().expect("non-empty");
-        let steps = if may_prefill || self.queue.is_empty() { (next - self.steps_done).max(1) } else { 1 };
+        let steps = (next - self.steps_done).max(1);
         let d = self.run_len(cfg, steps);
         self.busy_s += d;
         self.phase = Phase::Decode { start: now, steps };
@@ -513,27 +503,6 @@ mod tests {
         // req 0: 10 ms prefill + 99 steps + the 10 ms prefill that paused it.
         let fin0 = log.iter().find(|(_, o)| matches!(o, Out::Finished { req: 0, .. })).unwrap().0;
         assert!((fin0 - 1.01).abs() < 1e-9, "{fin0}");
-    }
-
-    #[test]
-    fn a_decode_step_runs_between_prefill_batches_while_sequences_run() {
-        // Every prompt is long and a batch takes one: three arrivals at
-        // 34 ms are three prefill batches, each after a decode step of the
-        // running answer (the engine's turn rule), not back to back.
-        let mut c = cfg(8);
-        c.limits.long_prompt_tokens = 1;
-        c.limits.max_long_per_prefill = 1;
-        c.limits.reserved_long_slots = 0;
-        let mut e = SimEngine::default();
-        let mut arrivals = vec![(0.0, seq(0, 100, 0.0))];
-        arrivals.extend((1..4).map(|i| (0.034, seq(i, 3, 0.034))));
-        let log = drive(&mut e, &c, None, &arrivals);
-        let firsts: Vec<f64> =
-            (1..4).map(|r| log.iter().find(|(_, o)| *o == Out::FirstToken { req: r }).unwrap().0).collect();
-        // Prefills at 40-50, 60-70 and 80-90 ms, a 10 ms step between.
-        for (got, want) in firsts.iter().zip([0.05, 0.07, 0.09]) {
-            assert!((got - want).abs() < 1e-9, "{firsts:?}");
-        }
     }
 
     #[test]
