@@ -185,12 +185,12 @@ fn usage_json(u: Usage) -> Value {
 
 /// `v` as JSON onto `out`.
 fn json_to(out: &mut BytesMut, v: &(impl serde::Serialize + ?Sized)) {
-    serde_json::to_writer(out.writer(), v).expect("strings, numbers and finish reasons always serialise");
+    serde_json::to_writer(out.writer(), v).expect("what the encoder writes always serialises");
 }
 
 fn sse(out: &mut BytesMut, v: &Value) {
     out.put_slice(b"data: ");
-    serde_json::to_writer((&mut *out).writer(), v).expect("JSON values always serialise");
+    json_to(out, v);
     out.put_slice(b"\n\n");
 }
 

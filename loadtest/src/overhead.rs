@@ -116,28 +116,8 @@ pub async fn run(args: &OverheadArgs) -> Result<OverheadReport, OverheadError> {
         None => None,
     };
     let mut progress = Progress::new(args.warmup + args.requests + args.streams);
-    let (mut gw_ms, mut direct_ms, mut proxy_ms) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..args.warmup + args.requests {
-        // Rotate who goes first so no side always runs on a warmer cache.
-        let mut took = [0.0; 3];
-        for k in 0..3 {
-            let side = (i + k) % 3;
-            took[side] = match (side, &proxy) {
-                (0, _) => nonstream_gateway(&gw, args).await?,
-                (1, _) => nonstream_direct(&direct, args).await?,
-                (_, Some(p)) => nonstream_direct(p, args).await?,
-                (_, None) => continue,
-            };
-        }
-        if i >= args.warmup {
-            gw_ms.push(took[0]);
-            direct_ms.push(took[1]);
-            if proxy.is_some() {
-                proxy_ms.push(took[2]);
-            }
-        }
-        progress.tick();
-    }
+    let sides = Sides { gw: &gw, direct: &direct, proxy: proxy.as_ref() };
+    let [gw_ms, direct_ms, proxy_ms] = nonstream_rounds(&sides, args, &mut progress).await?;
     let (mut gw_tbt, mut direct_tbt) = (Vec::new(), Vec::new());
     for _ in 0..args.streams {
         gw_tbt.extend(stream_gateway(&gw, args).await?);
@@ -175,6 +155,44 @@ pub async fn run(args: &OverheadArgs) -> Result<OverheadReport, OverheadError> {
         tbt_gateway_ms: tg,
         tbt_direct_ms: td,
     })
+}
+
+/// The connections one non-streaming round goes through.
+struct Sides<'a> {
+    gw: &'a Conn,
+    direct: &'a Conn,
+    proxy: Option<&'a Conn>,
+}
+
+/// Latencies of the measured non-streaming rounds: gateway, direct and
+/// proxy (empty without one). Each round sends to every side once, the
+/// order rotating so no side always runs on a warmer cache.
+async fn nonstream_rounds(
+    sides: &Sides<'_>,
+    args: &OverheadArgs,
+    progress: &mut Progress,
+) -> Result<[Vec<f64>; 3], OverheadError> {
+    let n = if sides.proxy.is_some() { 3 } else { 2 };
+    let mut ms: [Vec<f64>; 3] = Default::default();
+    for i in 0..args.warmup + args.requests {
+        let mut took = [0.0; 3];
+        for k in 0..n {
+            let side = (i + k) % n;
+            took[side] = match (side, sides.proxy) {
+                (0, _) => nonstream_gateway(sides.gw, args).await?,
+                (1, _) => nonstream_direct(sides.direct, args).await?,
+                (_, Some(p)) => nonstream_direct(p, args).await?,
+                (_, None) => unreachable!("two sides without a proxy"),
+            };
+        }
+        if i >= args.warmup {
+            for side in 0..n {
+                ms[side].push(took[side]);
+            }
+        }
+        progress.tick();
+    }
+    Ok(ms)
 }
 
 async fn first_engine(gw: &Conn) -> Result<String, OverheadError> {

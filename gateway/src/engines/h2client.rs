@@ -244,19 +244,15 @@ impl Body for H2Body {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
         let recv = &mut self.get_mut().recv;
-        match recv.poll_data(cx) {
-            Poll::Ready(Some(Ok(data))) => {
+        match std::task::ready!(recv.poll_data(cx)) {
+            Some(Ok(data)) => {
                 let _ = recv.flow_control().release_capacity(data.len());
                 Poll::Ready(Some(Ok(Frame::data(data))))
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
-            Poll::Ready(None) => match recv.poll_trailers(cx) {
-                Poll::Ready(Ok(Some(t))) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
-                Poll::Ready(Ok(None)) => Poll::Ready(None),
-                Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
-                Poll::Pending => Poll::Pending,
-            },
-            Poll::Pending => Poll::Pending,
+            Some(Err(e)) => Poll::Ready(Some(Err(e))),
+            None => Poll::Ready(
+                std::task::ready!(recv.poll_trailers(cx)).transpose().map(|t| t.map(Frame::trailers)),
+            ),
         }
     }
 

@@ -47,6 +47,20 @@ pub use connect::EngineConnector;
 pub use h2client::H2Body;
 use h2client::{H2Client, H2Settings};
 
+pub use policies::admission::controller::Work;
+pub use slot::EngineSlot;
+#[cfg(any(test, feature = "test-util"))]
+pub use spec::Upstream;
+pub use spec::{EngineKind, EngineSpec};
+
+mod connect;
+mod external;
+mod h2client;
+pub mod prefix;
+mod slot;
+mod spec;
+pub mod telemetry;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// An engine's answer: over the engines' own HTTP/2 connections
@@ -81,19 +95,6 @@ impl http_body::Body for EngineBody {
         }
     }
 }
-pub use policies::admission::controller::Work;
-pub use slot::EngineSlot;
-#[cfg(any(test, feature = "test-util"))]
-pub use spec::Upstream;
-pub use spec::{EngineKind, EngineSpec};
-
-mod connect;
-mod external;
-mod h2client;
-pub mod prefix;
-mod slot;
-mod spec;
-pub mod telemetry;
 
 /// All engines plus the clients that reach them.
 #[derive(Debug)]
@@ -277,17 +278,14 @@ impl EnginePool {
     /// the next request connection (round-robin).
     pub async fn send(
         &self,
-        req: http::Request<Bytes>,
+        mut req: http::Request<Bytes>,
         engine: &EngineSlot,
     ) -> Result<EngineResponse, BoxError> {
         if engine.spec.kind == EngineKind::Openai {
             let resp = self.upstream_send(req.map(Full::new), engine).await?;
             return Ok(resp.map(EngineBody::Http1));
         }
-        let mut req = req;
-        if let Some(v) = &self.authorization {
-            req.headers_mut().insert(http::header::AUTHORIZATION, v.clone());
-        }
+        self.authorize(&mut req);
         let set = crate::workers::current().map_or(0, |w| w + 1).min(self.clients.len() - 1);
         let clients = &self.clients[set];
         let n = self.next_client.fetch_add(1, Ordering::Relaxed) as usize;
@@ -296,10 +294,14 @@ impl EnginePool {
 
     /// As [`EnginePool::send`], on the probes' own connection.
     fn probe_send(&self, mut req: http::Request<Full<Bytes>>) -> ResponseFuture {
+        self.authorize(&mut req);
+        self.probe_client.request(req)
+    }
+
+    fn authorize<B>(&self, req: &mut http::Request<B>) {
         if let Some(v) = &self.authorization {
             req.headers_mut().insert(http::header::AUTHORIZATION, v.clone());
         }
-        self.probe_client.request(req)
     }
 
     pub fn len(&self) -> usize {
