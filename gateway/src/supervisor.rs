@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use policies::autoscale::{restart_delay_s, AutoscaleConfig, Decision};
+use policies::autoscale::{restart_delay_s, AutoscaleConfig};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
@@ -38,6 +38,7 @@ use tokio::task::JoinHandle;
 use crate::engines::{EnginePool, EngineSpec};
 use crate::metrics as m;
 
+mod scale;
 mod switch;
 use switch::merge_args;
 
@@ -377,150 +378,24 @@ impl Supervisor {
         *self.autoscale.lock().unwrap_or_else(|p| p.into_inner()) = Some(cfg.clone());
     }
 
-    /// Moves the primary class toward `d`: promote warm engines first, then
-    /// start cold ones; drain the least loaded serving engines to scale in
-    /// (into the warm pool while it is short); keep the warm pool at its
-    /// size. Also finishes drains whose engines have no work left.
-    pub fn apply(self: &Arc<Self>, d: &Decision, cfg: &AutoscaleConfig) {
-        self.configure(cfg);
-        let Some(pool) = self.pool.get().cloned() else { return };
-        self.finish_drains(&pool);
-        let max = cfg.max_engines as usize;
-        let role = |id: &str| pool.index_of(id).map(|i| pool.slot(i));
-        let mut to_spawn = Vec::new();
-        {
-            let mut children = self.lock();
-            let primary = |c: &&mut ChildEngine| is_primary(&c.id);
-            let serving_now = children
-                .values_mut()
-                .filter(primary)
-                .filter(|c| match c.state {
-                    ChildState::Running => role(&c.id).is_some_and(|s| !s.is_standby()),
-                    ChildState::Starting { warm } => !warm,
-                    _ => false,
-                })
-                .count();
-            let mut have = serving_now;
-            let want = d.serving as usize;
-            // Scale out: warm -> serving, starting-warm -> serving, take
-            // back a draining engine, then a cold start.
-            while have < want {
-                let warm = children.values_mut().find(|c| {
-                    is_primary(&c.id)
-                        && c.state == ChildState::Running
-                        && role(&c.id).is_some_and(|s| s.is_standby())
-                });
-                if let Some(c) = warm {
-                    if let Some(s) = role(&c.id) {
-                        s.set_standby(false);
-                    }
-                    tracing::info!(event = "engine_promoted", engine = %c.id, why = d.why.label());
-                } else if let Some(c) = children
-                    .values_mut()
-                    .find(|c| is_primary(&c.id) && c.state == ChildState::Starting { warm: true })
-                {
-                    c.state = ChildState::Starting { warm: false };
-                } else if let Some(c) = children
-                    .values_mut()
-                    .find(|c| is_primary(&c.id) && matches!(c.state, ChildState::Draining { .. }))
-                {
-                    c.state = ChildState::Running;
-                    if let Some(s) = role(&c.id) {
-                        s.set_draining(false);
-                        s.set_standby(false);
-                    }
-                } else if children.len() < max + self.overflow_count() {
-                    let id = format!("e{}", self.next_index.fetch_add(1, Ordering::Relaxed));
-                    children.insert(
-                        id.clone(),
-                        ChildEngine::new(
-                            &id,
-                            self.launch.profile.clone(),
-                            ChildState::Starting { warm: false },
-                        ),
-                    );
-                    to_spawn.push(id);
-                } else {
-                    break;
-                }
-                have += 1;
-            }
-            // Scale in: drain the least loaded serving engines.
-            while have > want {
-                let victim = children
-                    .values_mut()
-                    .filter(|c| is_primary(&c.id) && c.state == ChildState::Running)
-                    .filter_map(|c| role(&c.id).filter(|s| !s.is_standby()).map(|s| (s.active(), c)))
-                    .min_by_key(|(active, _)| *active)
-                    .map(|(_, c)| c);
-                let Some(c) = victim else { break };
-                c.state = ChildState::Draining { to_warm: false };
-                if let Some(s) = role(&c.id) {
-                    s.set_draining(true);
-                }
-                tracing::info!(event = "engine_draining", engine = %c.id, why = d.why.label());
-                have -= 1;
-            }
-            // The warm pool: drains join it first, then starts; extra warm
-            // engines stop.
-            let mut pool_n = children
-                .values()
-                .filter(|c| is_primary(&c.id))
-                .filter(|c| match c.state {
-                    ChildState::Running => role(&c.id).is_some_and(|s| s.is_standby()),
-                    ChildState::Starting { warm } => warm,
-                    ChildState::Draining { to_warm } => to_warm,
-                    ChildState::Restarting => false,
-                })
-                .count();
-            let warm_want = d.warm as usize;
-            for c in children.values_mut().filter(|c| is_primary(&c.id)) {
-                if pool_n >= warm_want {
-                    break;
-                }
-                if c.state == (ChildState::Draining { to_warm: false }) {
-                    c.state = ChildState::Draining { to_warm: true };
-                    pool_n += 1;
-                }
-            }
-            while pool_n < warm_want && children.len() < max + self.overflow_count() {
-                let id = format!("e{}", self.next_index.fetch_add(1, Ordering::Relaxed));
-                children.insert(
-                    id.clone(),
-                    ChildEngine::new(&id, self.launch.profile.clone(), ChildState::Starting { warm: true }),
-                );
-                to_spawn.push(id);
-                pool_n += 1;
-            }
-            let mut extra = pool_n.saturating_sub(warm_want);
-            let stop: Vec<String> = children
-                .values()
-                .filter(|c| is_primary(&c.id) && c.state == ChildState::Running)
-                .filter(|c| role(&c.id).is_some_and(|s| s.is_standby()))
-                .map(|c| c.id.clone())
-                .take_while(|_| {
-                    let go = extra > 0;
-                    extra = extra.saturating_sub(1);
-                    go
-                })
-                .collect();
-            drop(children);
-            for id in stop {
-                self.stop_child(&id, &pool);
-            }
-        }
-        for id in to_spawn {
-            let sup = Arc::clone(self);
-            tokio::spawn(async move {
-                if let Err(e) = sup.spawn(&id).await {
-                    tracing::error!(event = "engine_start_failed", engine = %id, error = %e);
-                }
-            });
-        }
-    }
-
     fn overflow_count(&self) -> usize {
         self.launch.overflow.as_ref().map_or(0, |(n, _)| *n)
+    }
+
+    /// The id of the next child engine.
+    fn next_id(&self) -> String {
+        format!("e{}", self.next_index.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Starts child `id` in the background (a failure is logged; the
+    /// child's state says what became of it).
+    fn spawn_detached(self: &Arc<Self>, id: String) {
+        let sup = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Err(e) = sup.spawn(&id).await {
+                tracing::error!(event = "engine_start_failed", engine = %id, error = %e);
+            }
+        });
     }
 
     /// Draining engines with no sequence left stop, or join the warm pool.

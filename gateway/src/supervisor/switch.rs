@@ -4,7 +4,6 @@
 //! finishing drains for a fleet the autoscaler does not drive.
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{ChildEngine, ChildState, Supervisor};
@@ -32,17 +31,12 @@ impl Supervisor {
     /// Starts a new primary engine with `profile` and its own flags `args`
     /// (a deployment switch's start step); it serves once ready.
     pub fn start_with_profile(self: &Arc<Self>, profile: PathBuf, args: Vec<String>) {
-        let id = format!("e{}", self.next_index.fetch_add(1, Ordering::Relaxed));
+        let id = self.next_id();
         let mut child = ChildEngine::new(&id, Some(profile), ChildState::Starting { warm: false });
         child.args = args;
         self.lock().insert(id.clone(), child);
         tracing::info!(event = "engine_switch_start", engine = %id);
-        let sup = Arc::clone(self);
-        tokio::spawn(async move {
-            if let Err(e) = sup.spawn(&id).await {
-                tracing::error!(event = "engine_start_failed", engine = %id, error = %e);
-            }
-        });
+        self.spawn_detached(id);
     }
 
     /// Drains the least loaded serving engine of engine class `class` (a
