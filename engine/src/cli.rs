@@ -104,6 +104,10 @@ pub struct EngineArgs {
     /// Slots kept for long prompts while they wait (no starvation).
     #[arg(long, default_value_t = 2)]
     pub reserved_long_slots: u32,
+    /// Longest time (ms) running streams may go without a token while prefill
+    /// batches run back to back; then a decode step comes first.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_decode_stall_ms: u32,
     /// TTFT budget (ms) for requests that carry none.
     #[arg(long, default_value_t = 2000)]
     pub default_ttft_ms: u64,
@@ -282,6 +286,7 @@ impl EngineArgs {
                 split_ratio: self.split_ratio,
                 reserved_long_slots: self.reserved_long_slots,
                 ttft_fraction: 0.4,
+                max_decode_stall_ms: self.max_decode_stall_ms,
             },
             profile,
             output_reserve_tokens: self.kv_output_reserve,

@@ -22,6 +22,20 @@
 //! 6. **TTFT.** Time already waited plus the batch's predicted prefill must
 //!    stay within `ttft_fraction` (40%) of every member's TTFT budget.
 //!
+//! **Turns.** A token boundary runs a prefill batch when this function picks
+//! one, else a decode step over the running batch, with one exception
+//! ([`prefill_turn`]): once the running sequences have gone
+//! `max_decode_stall_ms` without a token, a decode step comes first. Prefill
+//! batches still run back to back while that is short (a burst of short
+//! prompts is admitted at full speed), but a burst of long prompts can no
+//! longer hold every running stream silent for as long as the burst takes
+//! (30 s in a live run: the relay's silence limit). A single prefill batch
+//! longer than the bound is not cut (the batch's token budget and the long
+//! cap bound it); the bound is on how many follow each other. Strict
+//! alternation (a decode step after every prefill batch) was tried and
+//! failed the other way: with 5 s decode steps, a burst of 10,000 streams
+//! admitted one batch per step waited minutes for first tokens.
+//!
 //! `BatchMode::Static` is the naive baseline of the admission benchmark:
 //! no joining, a new batch of up to `max_batch` sequences (key order) only
 //! once the running batch has finished completely.
@@ -75,6 +89,9 @@ pub struct BatchLimits {
     pub reserved_long_slots: u32,
     /// Share of the TTFT budget that batch formation plus prefill may use.
     pub ttft_fraction: f64,
+    /// How long running sequences may go without a token while prefill
+    /// batches run back to back (module docs, "Turns").
+    pub max_decode_stall_ms: u32,
 }
 
 impl Default for BatchLimits {
@@ -88,6 +105,7 @@ impl Default for BatchLimits {
             split_ratio: 8.0,
             reserved_long_slots: 2,
             ttft_fraction: 0.4,
+            max_decode_stall_ms: 500,
         }
     }
 }
@@ -113,6 +131,8 @@ pub struct BatchHints {
     pub ttft_fraction: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub long_prompt_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_decode_stall_ms: Option<u32>,
 }
 
 impl BatchHints {
@@ -121,6 +141,9 @@ impl BatchHints {
         let key = |k: &str| format!("batching.{k}");
         if self.max_prefill_tokens == Some(0) {
             return Err((key("max_prefill_tokens"), "must be > 0".into()));
+        }
+        if self.max_decode_stall_ms == Some(0) {
+            return Err((key("max_decode_stall_ms"), "must be > 0".into()));
         }
         if self.long_prompt_tokens == Some(0) {
             return Err((key("long_prompt_tokens"), "must be > 0".into()));
@@ -143,6 +166,7 @@ impl BatchHints {
             split_ratio: self.split_ratio.unwrap_or(limits.split_ratio),
             reserved_long_slots: self.reserved_long_slots.unwrap_or(limits.reserved_long_slots),
             ttft_fraction: self.ttft_fraction.unwrap_or(limits.ttft_fraction),
+            max_decode_stall_ms: self.max_decode_stall_ms.unwrap_or(limits.max_decode_stall_ms),
             ..limits.clone()
         }
     }
@@ -162,6 +186,16 @@ impl BatchLimits {
     pub fn is_long(&self, q: &Queued) -> bool {
         q.prompt_tokens >= self.long_prompt_tokens
     }
+}
+
+/// Whether the next token boundary may run a prefill batch: always while no
+/// sequence runs, else only while the running ones have waited less than
+/// `max_decode_stall_ms` for a token (`stalled`: since the decode step that
+/// last gave them one, or since the prefill that gave the oldest of them its
+/// first). The engine's scheduler and the simulator both ask (module docs,
+/// "Turns").
+pub fn prefill_turn(running: u32, stalled: Duration, limits: &BatchLimits) -> bool {
+    running == 0 || stalled < Duration::from_millis(u64::from(limits.max_decode_stall_ms))
 }
 
 /// Forms the next prefill batch from `queue` while `running` sequences
@@ -343,6 +377,22 @@ mod tests {
         assert!(!form_prefill(&queue, 0, &l0, &profile(), Duration::ZERO).admit.contains(&99));
     }
 
+    #[test]
+    fn prefill_waits_for_a_decode_step_once_running_streams_stall_too_long() {
+        let l = BatchLimits { max_decode_stall_ms: 200, ..limits() };
+        let ms = Duration::from_millis;
+        assert!(prefill_turn(0, ms(10_000), &l), "nothing runs: nothing to stall");
+        assert!(prefill_turn(3, ms(0), &l), "right after a decode step");
+        assert!(prefill_turn(3, ms(199), &l), "back to back within the bound");
+        assert!(!prefill_turn(3, ms(200), &l), "at the bound the decode step comes first");
+        assert!(!prefill_turn(1, ms(30_000), &l));
+        let hints = BatchHints { max_decode_stall_ms: Some(50), ..BatchHints::default() };
+        assert_eq!(hints.apply(&l).max_decode_stall_ms, 50);
+        assert_eq!(BatchHints::default().apply(&l).max_decode_stall_ms, 200, "unset keeps the flag");
+        let zero = BatchHints { max_decode_stall_ms: Some(0), ..BatchHints::default() };
+        assert_eq!(zero.validate().unwrap_err().0, "batching.max_decode_stall_ms");
+    }
+
     /// Property: over random queues, every rule holds for every batch that
     /// has more than one member, and the batch is never empty when a slot
     /// is free and something is queued.
@@ -366,6 +416,7 @@ mod tests {
                 split_ratio: 2.0 + rnd(8) as f64,
                 reserved_long_slots: rnd(3) as u32,
                 ttft_fraction: 0.4,
+                max_decode_stall_ms: 500,
             };
             let now = Duration::from_millis(500);
             let queue: Vec<Queued> = (0..rnd(20))

@@ -5,8 +5,10 @@
 //! sequences whose client went away, then run either a prefill batch (formed
 //! by `policies::batching::form_prefill`) or one decode step over every
 //! running sequence (continuous batching: sequences join after their
-//! prefill and leave when they finish). While the device "works" (the time a
-//! backend step returns), the loop keeps answering commands.
+//! prefill and leave when they finish). Prefill batches go first, but not
+//! once the running sequences have waited `max_decode_stall_ms` for a token
+//! (`batching::prefill_turn`). While the device "works" (the time a backend
+//! step returns), the loop keeps answering commands.
 //!
 //! Preemption happens only at token boundaries, when a running sequence
 //! cannot grow its KV pages: the running sequence with the worst key that
@@ -19,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use policies::batching::{form_prefill, BatchHints, BatchLimits, Queued};
+use policies::batching::{form_prefill, prefill_turn, BatchHints, BatchLimits, Queued};
 use policies::LatencyProfile;
 use tokio::sync::{mpsc, oneshot};
 
@@ -138,6 +140,7 @@ impl Scheduler {
             origin: crate::clock::now(),
             stats: Stats::default(),
             device_free_at: tokio::time::Instant::now(),
+            tokens_at: Duration::ZERO,
         };
         if core.backend.kind().computes_on_host() {
             // Real host compute blocks for the length of a step: give the
@@ -284,6 +287,10 @@ struct Core<B: Backend> {
     /// to back on the device's own clock, so timer rounding never
     /// accumulates: the mean cadence is exactly the profile's.
     device_free_at: tokio::time::Instant,
+    /// When every running sequence last had a token, at the latest (on
+    /// `now()`'s clock): the end of the last decode step, or of the prefill
+    /// that started the running batch.
+    tokens_at: Duration,
 }
 
 impl<B: Backend> Core<B> {
@@ -306,7 +313,7 @@ impl<B: Backend> Core<B> {
             // Token boundary: clients that went away free their pages now.
             self.queue.retain(|s| !s.tx.is_closed());
             self.running.retain(|s| !s.tx.is_closed());
-            let progressed = self.prefill_step(&mut rx).await || self.decode_step(&mut rx).await;
+            let progressed = self.turn(&mut rx).await;
             if !progressed {
                 // Nothing could run (waiting sequences cannot get pages
                 // yet): wait for a command instead of spinning.
@@ -319,6 +326,17 @@ impl<B: Backend> Core<B> {
                 }
             }
         }
+    }
+
+    /// One token boundary: a prefill batch or a decode step, in the order
+    /// `batching::prefill_turn` gives; `false` if neither could run.
+    async fn turn(&mut self, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
+        let stalled = self.now().saturating_sub(self.tokens_at);
+        let prefill_first = prefill_turn(self.running.len() as u32, stalled, &self.cfg.limits);
+        if prefill_first && self.prefill_step(rx).await {
+            return true;
+        }
+        self.decode_step(rx).await || (!prefill_first && self.prefill_step(rx).await)
     }
 
     fn now(&self) -> Duration {
@@ -477,6 +495,11 @@ impl<B: Backend> Core<B> {
         self.stats.prefilling = (0, 0);
         let prefill_ms = (self.now() - started).as_secs_f64() * 1e3;
         ::metrics::histogram!(m::PREFILL).record(prefill_ms / 1e3);
+        if self.running.is_empty() {
+            // The batch starts the running set: its first tokens are the
+            // newest the running sequences have.
+            self.tokens_at = self.now();
+        }
         let outs_len = batch.len();
         for (mut seq, out) in batch.into_iter().zip(outs) {
             // The prompt's pages hold its K/V now: later prompts may share them.
@@ -551,6 +574,7 @@ impl<B: Backend> Core<B> {
         let (outs, device) = compute(&mut self.backend, &mut self.running, Phase::Decode);
         let batch = outs.len();
         self.wait(device, rx).await;
+        self.tokens_at = self.now();
         self.stats.decode_step_ms =
             smooth(self.stats.decode_step_ms, crate::clock::since(started).as_secs_f64() * 1e3);
         self.stats.batch_achieved = smooth(self.stats.batch_achieved, batch as f64);

@@ -267,3 +267,50 @@ async fn a_shared_prefix_is_charged_no_prefill_time_and_the_cache_off_charges_it
         );
     }
 }
+
+/// Runs one 12-token stream with three 30 ms prefill batches queued behind
+/// it mid-stream; returns the longest gap between the stream's tokens and
+/// the burst's first-token times.
+async fn stall_with_bound(bound_ms: u32) -> (u64, Vec<u64>) {
+    // Every prompt is long and a batch takes one long prompt.
+    let (s, _) = sched(30, 256, 16, |c| {
+        c.limits.long_prompt_tokens = 1;
+        c.limits.max_long_per_prefill = 1;
+        c.limits.reserved_long_slots = 0;
+        c.limits.max_decode_stall_ms = bound_ms;
+    });
+    let t0 = tokio::time::Instant::now();
+    let (tx, rx) = mpsc::unbounded_channel();
+    s.enqueue(req("streaming", 12), 2, tx).await.unwrap();
+    let running = tokio::spawn(collect(rx, t0));
+    tokio::time::sleep(Duration::from_millis(45)).await; // mid decode step 2
+    let mut burst = Vec::new();
+    for i in 0..3 {
+        let (tx, rx) = mpsc::unbounded_channel();
+        s.enqueue(req(&format!("burst {i}"), 2), 2, tx).await.unwrap();
+        burst.push(tokio::spawn(collect(rx, t0)));
+    }
+    let at: Vec<u64> = running.await.unwrap().iter().map(|(t, _)| t.as_millis() as u64).collect();
+    let longest = at.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    let mut firsts = Vec::new();
+    for b in burst {
+        let events = b.await.unwrap();
+        assert!(matches!(events.last().unwrap().1, Event::Done { .. }), "every burst prompt is served");
+        firsts.push(events[0].0.as_millis() as u64);
+    }
+    (longest, firsts)
+}
+
+#[tokio::test(start_paused = true)]
+async fn prefill_batches_run_back_to_back_only_until_running_streams_stall_too_long() {
+    // Bound 40 ms: two prefills (60 ms) back to back, then the decode step
+    // that gives the stream its token (14 ms at batch 3), then the third.
+    let (longest, firsts) = stall_with_bound(40).await;
+    assert!((72..=76).contains(&longest), "a token waited {longest} ms");
+    assert_eq!(firsts[1] - firsts[0], 30, "the first two prefills back to back: {firsts:?}");
+    assert!(firsts[2] - firsts[1] > 30, "a decode step before the third: {firsts:?}");
+    // Without a binding bound the three run back to back (90 ms and a step).
+    let (longest, firsts) = stall_with_bound(10_000).await;
+    assert!(longest >= 100, "a token waited only {longest} ms");
+    assert_eq!(firsts[2] - firsts[0], 60, "{firsts:?}");
+}

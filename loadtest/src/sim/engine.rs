@@ -4,7 +4,10 @@
 //! Like `engine::scheduler`, every turn is one token boundary that runs
 //! either a prefill batch formed by `policies::batching::form_prefill` (the
 //! same function, the same limits) or one decode step over every running
-//! sequence (continuous batching). Device time comes from the latency
+//! sequence (continuous batching), with the same turn rule
+//! (`batching::prefill_turn`: no further prefill batch once the running
+//! sequences have gone `max_decode_stall_ms` without a token). Device time
+//! comes from the latency
 //! profile exactly as the emulated backend takes it: `prefill(Σ prompt
 //! tokens)` for a prefill batch, `decode_step(batch, Σ context)` per step.
 //!
@@ -31,7 +34,7 @@
 
 use std::time::Duration;
 
-use policies::batching::{form_prefill, BatchLimits, Queued};
+use policies::batching::{form_prefill, prefill_turn, BatchLimits, Queued};
 use policies::LatencyProfile;
 
 /// How every engine of the simulated fleet is configured.
@@ -136,6 +139,9 @@ pub struct SimEngine {
     /// Prompt tokens prefilled, and of those found cached.
     pub lookup_tokens: u64,
     pub hit_tokens: u64,
+    /// When every running sequence last had a token, at the latest
+    /// (`batching::prefill_turn`).
+    tokens_at: f64,
 }
 
 impl Default for SimEngine {
@@ -158,6 +164,7 @@ impl Default for SimEngine {
             evicted: Vec::new(),
             lookup_tokens: 0,
             hit_tokens: 0,
+            tokens_at: 0.0,
         }
     }
 }
@@ -304,6 +311,9 @@ impl SimEngine {
             Phase::Idle => {}
             Phase::Prefill { batch, started } => {
                 let prefill_ms = (now - started) * 1e3;
+                if self.running.is_empty() {
+                    self.tokens_at = now; // the batch starts the running set
+                }
                 for (s, kv) in batch {
                     if let Some(i) = self.cancelled.iter().position(|&c| c == s.req) {
                         self.cancelled.swap_remove(i);
@@ -330,6 +340,7 @@ impl SimEngine {
                 let b = self.running.len() as u64;
                 self.ctx_sum += steps * b;
                 self.steps_done += steps;
+                self.tokens_at = now;
                 self.batch_avg =
                     if self.batch_avg == 0.0 { b as f64 } else { 0.9 * self.batch_avg + 0.1 * b as f64 };
             }
@@ -375,8 +386,10 @@ impl SimEngine {
                 i += 1;
             }
         }
-        // The next turn: a prefill batch if batch formation picks one.
-        if !self.queue.is_empty() {
+        // The next turn: a prefill batch if batch formation picks one and
+        // the running sequences have not waited too long for a token.
+        let may_prefill = prefill_turn(self.running.len() as u32, secs(now - self.tokens_at), &cfg.limits);
+        if may_prefill && !self.queue.is_empty() {
             let views: Vec<Queued> = self
                 .queue
                 .iter()
@@ -408,9 +421,10 @@ impl SimEngine {
         if self.running.is_empty() {
             return None;
         }
-        // Decode up to the next finish.
+        // Decode up to the next finish (an arrival cuts the run short); one
+        // step when the turn rule held a queued prefill back.
         let next = self.running.iter().map(|r| r.end_step).min().expect("non-empty");
-        let steps = (next - self.steps_done).max(1);
+        let steps = if may_prefill || self.queue.is_empty() { (next - self.steps_done).max(1) } else { 1 };
         let d = self.run_len(cfg, steps);
         self.busy_s += d;
         self.phase = Phase::Decode { start: now, steps };
@@ -503,6 +517,34 @@ mod tests {
         // req 0: 10 ms prefill + 99 steps + the 10 ms prefill that paused it.
         let fin0 = log.iter().find(|(_, o)| matches!(o, Out::Finished { req: 0, .. })).unwrap().0;
         assert!((fin0 - 1.01).abs() < 1e-9, "{fin0}");
+    }
+
+    #[test]
+    fn prefill_batches_run_back_to_back_only_until_running_sequences_stall_too_long() {
+        // Every prompt is long and a batch takes one: three arrivals at
+        // 34 ms are three 10 ms prefill batches behind a running answer.
+        let firsts = |bound_ms: u32| {
+            let mut c = cfg(8);
+            c.limits.long_prompt_tokens = 1;
+            c.limits.max_long_per_prefill = 1;
+            c.limits.reserved_long_slots = 0;
+            c.limits.max_decode_stall_ms = bound_ms;
+            let mut e = SimEngine::default();
+            let mut arrivals = vec![(0.0, seq(0, 100, 0.0))];
+            arrivals.extend((1..4).map(|i| (0.034, seq(i, 3, 0.034))));
+            let log = drive(&mut e, &c, None, &arrivals);
+            (1..4)
+                .map(|r| log.iter().find(|(_, o)| *o == Out::FirstToken { req: r }).unwrap().0)
+                .collect::<Vec<_>>()
+        };
+        let close = |got: &[f64], want: [f64; 3]| got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-9);
+        // Bound 15 ms (the engine's rule): two back to back, a 10 ms decode
+        // step, the third.
+        let got = firsts(15);
+        assert!(close(&got, [0.05, 0.06, 0.08]), "{got:?}");
+        // A bound that never binds: all three back to back.
+        let got = firsts(10_000);
+        assert!(close(&got, [0.05, 0.06, 0.07]), "{got:?}");
     }
 
     #[test]

@@ -175,8 +175,9 @@ pub struct SimRun {
 
 /// The policy and engine limits of `arm` over `policy`.
 pub fn arm_setup(arm: Arm, mut policy: PolicyDocument, max_batch: u32) -> (PolicyDocument, BatchLimits) {
-    let mut limits = BatchLimits { max_batch, ..BatchLimits::default() };
-    limits.long_prompt_tokens = policy.routing.long_prompt_tokens;
+    // The engines' flags as shipped, with the policy's `[batching]` hints
+    // (and routing's long lane) over them, as the gateway sends them.
+    let mut limits = policy.engine_hints().apply(&BatchLimits { max_batch, ..BatchLimits::default() });
     if arm != Arm::Ours {
         policy.admission.mode = policies::admission::AdmissionMode::Off;
         policy.routing.order = QueueOrder::Fcfs;
