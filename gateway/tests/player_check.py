@@ -8,6 +8,11 @@ Content Security Policy included). Saves a screenshot. Prints OK.
 
 Then attaches to a stream created through the API and plays it too.
 
+With CHECK=bounds instead (a gateway whose policy lets generation run
+minutes ahead of playback): an open-ended stream is created and its chunks
+arrive far faster than 16 fps plays them; the player's frame queue stays at
+its bound (2,048 frames) and its log at 200 lines, the newest kept.
+
 Environment: DEVTOOLS_PORT_FILE (Chromium's DevToolsActivePort), API_KEY,
 SCREENSHOT (where to write the PNG), GATEWAY (its base URL) and CA_FILE
 (the CA that signed its certificate).
@@ -107,6 +112,29 @@ def create_stream(key):
         return json.load(resp)["id"]
 
 
+def bounds(page):
+    """A feed far ahead of playback: the queue and the log stay bounded."""
+    page.type("key", os.environ["API_KEY"])
+    page.type("prompt", "an endless train ride")
+    page.type("length", "")
+    page.click("create")
+    s = page.wait("a full frame queue", lambda s: s["queued"] >= 2048, timeout=90)
+    lines = lambda: page.js("document.getElementById('log').children.length")
+    page.wait("more chunks than the log keeps", lambda s: s["chunks"] > 260, timeout=90)
+    for _ in range(5):  # chunks keep coming: the bound holds throughout
+        s = page.state()
+        assert s["queued"] <= 2048, f"the frame queue passed its bound: {s}"
+        time.sleep(0.1)
+    assert lines() == 200, f"the log kept {lines()} lines"
+    newest = page.js("document.getElementById('log').firstChild.textContent")
+    assert "chunk" in newest, newest
+    page.click("end")
+    s = page.wait("the end event", lambda s: s["ended"] is not None)
+    assert s["errors"] == 0, f"the page reported errors: {page.log_text()}"
+    assert not page.problems, f"the page had problems: {page.problems}"
+    print(f"OK queued={s['queued']} chunks={s['chunks']} log={lines()}")
+
+
 def main():
     port = devtools_port()
     targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10))
@@ -119,6 +147,8 @@ def main():
         if time.time() > deadline:
             sys.exit(f"the player script never ran; problems: {page.problems}")
         time.sleep(0.1)
+    if os.environ.get("CHECK") == "bounds":
+        return bounds(page)
 
     # Create a stream of 20 chunks (240 frames at 16 fps: 15 s of video).
     page.type("key", os.environ["API_KEY"])
