@@ -12,7 +12,9 @@
 //!    they sustain in the forecast mix, becomes each type's shares over
 //!    classes, which admission's controller routes by
 //!    (`policies::oserve::route`) — admission's SLO checks run unchanged
-//!    inside the chosen class;
+//!    inside the chosen class — while the forecast is at least
+//!    `route_above_utilization` of that rate; below it, no routes
+//!    (admission places requests as without OServe: pooling wins there);
 //! 3. with `switch = true` (embedded mode, the fleet's leader): the upper
 //!    level's search for the forecast mix on the deployment's GPUs — taken
 //!    only when it sustains `min_gain` more of the mix than the current
@@ -32,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use policies::oserve::capacity::Parallel;
 use policies::oserve::deploy::{evaluate, mix_capacity, search_mix, switch_plan, Deployment, Step};
 use policies::oserve::forecast::LstmModels;
-use policies::oserve::route::Routes;
+use policies::oserve::route::{type_routing, Routes};
 use policies::oserve::{Forecaster, OserveConfig};
 use serde_json::json;
 
@@ -66,6 +68,9 @@ struct State {
     lstm: Option<(String, Result<LstmModels, String>)>,
     /// What made the last forecast.
     forecaster: String,
+    /// The forecast over the rate the serving deployment sustains in its
+    /// mix, at the last plan.
+    utilization: Option<f64>,
 }
 
 /// The planning loop's state; one per gateway.
@@ -154,6 +159,11 @@ impl Planner {
         let dep = Deployment { replicas: serving.iter().map(|(_, p)| *p).collect() };
         let rate = mix_capacity(&model, &dep, &types, &st.forecast);
         let total: f64 = st.forecast.iter().sum();
+        st.utilization = Some(total / rate);
+        if !type_routing(total, rate, cfg.route_above_utilization) {
+            admission.set_routes(None);
+            return;
+        }
         let lambda: Vec<f64> = st.forecast.iter().map(|f| f / total * rate).collect();
         let a = evaluate(&model, &dep, &types, &lambda);
         let names: Vec<String> = cfg.configurations.iter().map(|c| c.class.clone()).collect();
@@ -238,6 +248,7 @@ impl Planner {
             "steps_done": st.steps_done,
             "search_ms": st.search_ms,
             "forecaster": st.forecaster,
+            "utilization": st.utilization,
         })
     }
 }
@@ -346,6 +357,7 @@ mod tests {
             types: vec![t("short", 200.0, 100.0), t("long", 6000.0, 1500.0)],
             plan_interval_s: 1,
             configurations: vec![conf("c-tp2", 2), conf("c-tp4", 4)],
+            route_above_utilization: 0.0, // routes at any load
             ..Default::default()
         };
         (pool, admission, cfg)
@@ -383,16 +395,27 @@ mod tests {
                 "every type assigned somewhere: {shares:?}"
             );
         }
+        // Below the utilization bar (here: 10x what the engines sustain):
+        // no routes, admission pools; the fleet view says how far below.
+        let high = OserveConfig { route_above_utilization: 10.0, ..cfg.clone() };
+        admission.type_arrivals[0].fetch_add(10, std::sync::atomic::Ordering::Relaxed);
+        planner.tick(&high, 101.0, true, (&pool, &admission), None);
+        assert_eq!(admission.routes(), None);
+        let u = planner.detail(&admission)["utilization"].as_f64().unwrap();
+        assert!(u > 0.0 && u < 10.0, "{u}");
+        admission.type_arrivals[0].fetch_add(10, std::sync::atomic::Ordering::Relaxed);
+        planner.tick(&cfg, 102.0, true, (&pool, &admission), None);
+        assert!(admission.routes().is_some(), "back above the bar");
         // A reload that adds a type: its history starts over, no panic.
         let mut three = cfg.clone();
         three.types.push(t("third", 1000.0, 10.0));
-        planner.tick(&three, 101.0, true, (&pool, &admission), None);
-        planner.tick(&three, 102.0, true, (&pool, &admission), None);
+        planner.tick(&three, 111.0, true, (&pool, &admission), None);
+        planner.tick(&three, 112.0, true, (&pool, &admission), None);
         assert_eq!(planner.lock().history.len(), 1);
         assert_eq!(planner.lock().history[0].len(), 3);
         // Planning off: the routes go.
         let off = OserveConfig { plan_interval_s: 0, ..cfg.clone() };
-        planner.tick(&off, 103.0, true, (&pool, &admission), None);
+        planner.tick(&off, 113.0, true, (&pool, &admission), None);
         assert_eq!(admission.routes(), None);
     }
 

@@ -24,13 +24,15 @@ fn profile_path(config: &str) -> String {
 }
 
 /// The shipped policy with `[oserve]` planning every second over TP2 and
-/// TP4 replicas, and one long-in-long-out type (every request is of it).
+/// TP4 replicas, and one long-in-long-out type (every request is of it);
+/// routes at any load (`route_above_utilization = 0`: the test's load is far
+/// below these engines' capacity, where the shipped bar pools instead).
 fn policy() -> String {
     let text = default_policy();
     let start = text.find("[[oserve.types]]").expect("the shipped policy has types");
     let end = text.find("# Tenants").expect("tenants follow");
     let section = format!(
-        "[oserve]\nplan_interval_s = 1\nforecast_intervals = 2\nswitch = true\n\n\
+        "[oserve]\nplan_interval_s = 1\nforecast_intervals = 2\nswitch = true\nroute_above_utilization = 0\n\n\
          [[oserve.configurations]]\nclass = \"oserve-70b-h200-tp2pp1\"\ntp = 2\npp = 1\nprofile = \"{}\"\n\n\
          [[oserve.configurations]]\nclass = \"oserve-70b-h200-tp4pp1\"\ntp = 4\npp = 1\nprofile = \"{}\"\n\
          engine_args = [\"--kv-pages=30000\"]\n\n\

@@ -9,7 +9,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use policies::batching::BatchLimits;
 use policies::oserve::capacity::{CostModel, Parallel};
 use policies::oserve::deploy::{evaluate, mix_capacity, search_mix, switch_plan, Deployment, Step};
-use policies::oserve::route::Routes;
+use policies::oserve::route::{type_routing, Routes};
 use policies::oserve::typing::nearest_centroid;
 use policies::LatencyProfile;
 
@@ -229,7 +229,8 @@ impl<'a> Sim<'a> {
     }
 
     /// The routes for the serving replicas: the assignment at the highest
-    /// rate they sustain in the current mix.
+    /// rate they sustain in the current mix, while the segment's rate is
+    /// near that (`route::type_routing`); none below it.
     fn reroute(&mut self) {
         self.serving =
             (0..self.replicas.len()).filter(|&k| self.replicas[k].state == State::Serving).collect();
@@ -240,6 +241,10 @@ impl<'a> Sim<'a> {
         let dep = Deployment { replicas: self.serving.iter().map(|&k| self.replicas[k].p).collect() };
         let mix = &self.mixes[self.mix];
         let rate = mix_capacity(self.model, &dep, &TYPES, mix);
+        if !type_routing(self.rates[self.mix], rate, self.args.route_above) {
+            self.routes = None;
+            return;
+        }
         let lambda: Vec<f64> = mix.iter().map(|m| m * rate).collect();
         let a = evaluate(self.model, &dep, &TYPES, &lambda);
         let mut classes: Vec<Parallel> = Vec::new();

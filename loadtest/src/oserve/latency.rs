@@ -84,6 +84,11 @@ pub struct LatencyArgs {
     /// segment's mix than the current deployment (`[oserve] min_gain`).
     #[arg(long, default_value_t = 0.1)]
     pub min_gain: f64,
+    /// The `oserve` arm routes by type only while the segment's rate is at
+    /// least this share of what the serving replicas sustain in its mix
+    /// (`[oserve] route_above_utilization`; 0: always, as the paper).
+    #[arg(long, default_value_t = 0.9)]
+    pub route_above: f64,
 }
 
 /// The arms, in report order.
@@ -312,6 +317,7 @@ mod tests {
             start_s: 10.0,
             disk_gbs: 2.0,
             min_gain: 0.0,
+            route_above: 0.0,
         }
     }
 
@@ -337,5 +343,19 @@ mod tests {
         }
         assert_eq!(runs[0].switches, 0, "static never switches");
         assert!(runs[2].switches >= 1, "this trace's mix moves enough for OServe to switch");
+    }
+
+    #[test]
+    fn below_the_utilization_bar_oserve_places_requests_as_without_routes() {
+        // Load 0.6 of static's capacity at spatial CV 0.3 (OServe deploys
+        // two classes): under a 0.9 bar OServe's arm is its deployments
+        // placed least-loaded (the unrouted arm, exactly); with the bar at
+        // 0 the shares route and the latencies differ.
+        let h100 = &CostModel::LLAMA70B_H100;
+        let pooled = run_arms(h100, &LatencyArgs { route_above: 0.9, ..args() }, 0.3, 3, 0.6);
+        assert_eq!(pooled[2].p99_e2e, pooled[3].p99_e2e);
+        let routed = run_arms(h100, &args(), 0.3, 3, 0.6);
+        assert_ne!(routed[2].p99_e2e, routed[3].p99_e2e);
+        assert_eq!(routed[3].p99_e2e, pooled[3].p99_e2e, "the unrouted arm does not depend on the bar");
     }
 }

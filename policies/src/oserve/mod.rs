@@ -133,6 +133,11 @@ pub struct OserveConfig {
     /// drains engines, and a forecast that wobbles must not flip the fleet.
     #[serde(default = "default_min_gain")]
     pub min_gain: f64,
+    /// Route by type only while the forecast is at least this share of what
+    /// the serving deployment sustains in its mix; below it, admission
+    /// places requests as without OServe (`route::type_routing`). 0: always.
+    #[serde(default = "default_route_above_utilization")]
+    pub route_above_utilization: f64,
     #[serde(default)]
     pub gpu: CostGpu,
     /// The configurations engines of which the planner routes over and
@@ -153,6 +158,10 @@ fn default_min_gain() -> f64 {
     0.1
 }
 
+fn default_route_above_utilization() -> f64 {
+    0.9
+}
+
 impl Default for OserveConfig {
     fn default() -> Self {
         Self {
@@ -165,6 +174,7 @@ impl Default for OserveConfig {
             gpus: 0,
             search_iterations: default_search_iterations(),
             min_gain: default_min_gain(),
+            route_above_utilization: default_route_above_utilization(),
             gpu: CostGpu::default(),
             configurations: Vec::new(),
         }
@@ -210,6 +220,9 @@ impl OserveConfig {
         }
         if !(0.0..=10.0).contains(&self.min_gain) {
             return Err(("oserve.min_gain".into(), "in [0, 10]".into()));
+        }
+        if !(0.0..=10.0).contains(&self.route_above_utilization) {
+            return Err(("oserve.route_above_utilization".into(), "in [0, 10]".into()));
         }
         if self.configurations.len() > MAX_CONFIGURATIONS {
             return Err(("oserve.configurations".into(), format!("at most {MAX_CONFIGURATIONS}")));

@@ -474,6 +474,8 @@ fn planning_settings_are_bounded_and_need_types_and_configurations() {
     assert_eq!(err(search), "oserve.search_iterations");
     let gain = OserveConfig { min_gain: -0.1, ..ok.clone() };
     assert_eq!(err(gain), "oserve.min_gain");
+    let above = OserveConfig { route_above_utilization: 10.5, ..ok.clone() };
+    assert_eq!(err(above), "oserve.route_above_utilization");
     let flag =
         OserveConfig { configurations: vec![Configuration { engine_args: vec!["rm".into()], ..c(0) }], ..ok };
     assert_eq!(err(flag), "oserve.configurations[0].engine_args");
