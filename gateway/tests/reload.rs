@@ -391,9 +391,11 @@ async fn batching_hints_reach_every_engine_on_reload() {
         let limits = engine_limits(&sys, e).await;
         assert_eq!(limits["split_ratio"], 6.0, "unset hints keep the engine's flag: {limits}");
         assert_eq!(limits["long_prompt_tokens"], 1024);
+        assert_eq!(limits["max_decode_stall_ms"], 500);
     }
     let text = default_policy()
         .replacen("# split_ratio = 8.0", "split_ratio = 3.0", 1)
+        .replacen("# max_decode_stall_ms = 500", "max_decode_stall_ms = 120", 1)
         .replacen("# max_long_per_prefill = 1", "max_long_per_prefill = 2", 1)
         .replacen("long_prompt_tokens = 1024", "long_prompt_tokens = 700", 1);
     let (status, body) = admin(&admin_conn, "PUT", "/admin/policies", Some(&token), &text).await;
@@ -401,6 +403,7 @@ async fn batching_hints_reach_every_engine_on_reload() {
     for e in &sys.engines {
         let limits = wait_limits(&sys, e, |l| l["split_ratio"] == 3.0).await;
         assert_eq!(limits["max_long_per_prefill"], 2);
+        assert_eq!(limits["max_decode_stall_ms"], 120);
         assert_eq!(limits["long_prompt_tokens"], 700, "engines follow the routing lane");
         assert_eq!(limits["max_batch"], 64, "hardware limits stay engine flags");
     }
@@ -408,11 +411,18 @@ async fn batching_hints_reach_every_engine_on_reload() {
     let (status, _) = admin(&admin_conn, "PUT", "/admin/policies", Some(&token), &default_policy()).await;
     assert_eq!(status, StatusCode::OK);
     for e in &sys.engines {
-        wait_limits(&sys, e, |l| l["split_ratio"] == 6.0 && l["max_long_per_prefill"] == 1).await;
+        wait_limits(&sys, e, |l| {
+            l["split_ratio"] == 6.0 && l["max_long_per_prefill"] == 1 && l["max_decode_stall_ms"] == 500
+        })
+        .await;
     }
     // A hint out of range is refused with its key, and nothing changes.
     let bad = default_policy().replacen("# ttft_fraction = 0.4", "ttft_fraction = 1.5", 1);
     let (status, body) = admin(&admin_conn, "PUT", "/admin/policies", Some(&token), &bad).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["error"]["param"], "batching.ttft_fraction");
+    let bad = default_policy().replacen("# max_decode_stall_ms = 500", "max_decode_stall_ms = 0", 1);
+    let (status, body) = admin(&admin_conn, "PUT", "/admin/policies", Some(&token), &bad).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["error"]["param"], "batching.max_decode_stall_ms");
 }
