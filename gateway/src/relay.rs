@@ -157,30 +157,92 @@ impl Encoder {
         out.put_slice(b"data: [DONE]\n\n");
     }
 
-    /// The non-streaming response body.
-    pub fn complete(&self, text: &str, reason: FinishReason, usage: Usage) -> Value {
+    /// The non-streaming response body, serialised from typed values (no
+    /// JSON tree, the text borrowed): the bytes a `json!` tree would give.
+    pub fn complete(&self, text: &str, reason: FinishReason, usage: Usage) -> Vec<u8> {
         let choice = match self.kind {
-            Kind::Chat => {
-                json!({"index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
-                                 "logprobs": null, "finish_reason": reason})
-            }
-            Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason}),
+            Kind::Chat => ChoiceOut::Chat {
+                finish_reason: reason,
+                index: 0,
+                logprobs: (),
+                message: MessageOut { content: text, refusal: (), role: "assistant" },
+            },
+            Kind::Completion => ChoiceOut::Text { finish_reason: reason, index: 0, logprobs: (), text },
         };
-        json!({
-            "id": self.id, "object": self.object(false), "created": self.created, "model": self.model,
-            "system_fingerprint": null, "choices": [choice], "usage": usage_json(usage),
-        })
+        let body = CompleteOut {
+            choices: [choice],
+            created: self.created,
+            id: &self.id,
+            model: &self.model,
+            object: self.object(false),
+            system_fingerprint: (),
+            usage: usage.into(),
+        };
+        let mut out = Vec::with_capacity(text.len() + self.id.len() + self.model.len() + 256);
+        serde_json::to_writer(&mut out, &body).expect("what the encoder writes always serialises");
+        out
+    }
+}
+
+// The non-streaming body's shapes. Keys are declared in the order
+// serde_json's maps write them (sorted), so the bytes are those of the JSON
+// tree they replace (tested). `()` is written as `null`.
+
+#[derive(serde::Serialize)]
+struct CompleteOut<'a> {
+    choices: [ChoiceOut<'a>; 1],
+    created: u64,
+    id: &'a str,
+    model: &'a str,
+    object: &'static str,
+    system_fingerprint: (),
+    usage: UsageOut,
+}
+
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum ChoiceOut<'a> {
+    Chat { finish_reason: FinishReason, index: u32, logprobs: (), message: MessageOut<'a> },
+    Text { finish_reason: FinishReason, index: u32, logprobs: (), text: &'a str },
+}
+
+#[derive(serde::Serialize)]
+struct MessageOut<'a> {
+    content: &'a str,
+    refusal: (),
+    role: &'static str,
+}
+
+/// OpenAI's `usage` object.
+#[derive(serde::Serialize)]
+struct UsageOut {
+    completion_tokens: u32,
+    prompt_tokens: u32,
+    /// OpenAI's field for prompt tokens served from a prompt cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_tokens_details: Option<CachedOut>,
+    total_tokens: u32,
+}
+
+#[derive(serde::Serialize)]
+struct CachedOut {
+    cached_tokens: u32,
+}
+
+impl From<Usage> for UsageOut {
+    fn from(u: Usage) -> Self {
+        UsageOut {
+            completion_tokens: u.completion_tokens,
+            prompt_tokens: u.prompt_tokens,
+            prompt_tokens_details: (u.cached_tokens > 0)
+                .then_some(CachedOut { cached_tokens: u.cached_tokens }),
+            total_tokens: u.prompt_tokens + u.completion_tokens,
+        }
     }
 }
 
 fn usage_json(u: Usage) -> Value {
-    let mut v = json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-           "total_tokens": u.prompt_tokens + u.completion_tokens});
-    if u.cached_tokens > 0 {
-        // OpenAI's field for prompt tokens served from a prompt cache.
-        v["prompt_tokens_details"] = json!({"cached_tokens": u.cached_tokens});
-    }
-    v
+    serde_json::to_value(UsageOut::from(u)).expect("usage always serialises")
 }
 
 /// `v` as JSON onto `out`.
@@ -394,6 +456,51 @@ pub async fn collect(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_complete_body_is_the_json_tree_byte_for_byte() {
+        // The tree the typed body replaced (serde_json's maps sort keys).
+        let tree = |e: &Encoder, text: &str, reason: FinishReason, u: Usage| {
+            let choice = match e.kind {
+                Kind::Chat => {
+                    json!({"index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
+                                     "logprobs": null, "finish_reason": reason})
+                }
+                Kind::Completion => {
+                    json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason})
+                }
+            };
+            let mut usage = json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                                   "total_tokens": u.prompt_tokens + u.completion_tokens});
+            if u.cached_tokens > 0 {
+                usage["prompt_tokens_details"] = json!({"cached_tokens": u.cached_tokens});
+            }
+            json!({"id": e.id, "object": e.object(false), "created": e.created, "model": e.model,
+                   "system_fingerprint": null, "choices": [choice], "usage": usage})
+            .to_string()
+        };
+        for kind in [Kind::Chat, Kind::Completion] {
+            let e = Encoder {
+                kind,
+                id: "chatcmpl-req_\"1\"".into(),
+                created: 1_700_000_000,
+                model: "synthetic-small/é".into(),
+                stream: false,
+                include_usage: false,
+                verbatim: false,
+                tail: Default::default(),
+            };
+            for (text, reason, cached) in [
+                ("hello world", FinishReason::Stop, 0),
+                ("quote \" \\ line\nbreak é漢字🙂 \u{1}", FinishReason::Length, 7),
+                ("", FinishReason::Stop, 0),
+            ] {
+                let u = Usage { prompt_tokens: 12, completion_tokens: 5, cached_tokens: cached };
+                let typed = String::from_utf8(e.complete(text, reason, u)).unwrap();
+                assert_eq!(typed, tree(&e, text, reason, u));
+            }
+        }
+    }
 
     #[test]
     fn chunks_from_the_tail_are_the_rendered_chunks_byte_for_byte() {

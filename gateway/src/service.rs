@@ -246,16 +246,12 @@ async fn completions(
         let done = relay::collect(&app.engines, &out, first, work, timeout, event_timeout, &mut permit)
             .await
             .map_err(failed)?;
-        let mut resp = match done.verbatim {
-            Some(answer) => {
-                let mut r = Response::new(crate::body::full(answer));
-                r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                r
-            }
-            None => {
-                json_response(StatusCode::OK, &encoder.complete(&done.text, done.finish_reason, done.usage))
-            }
+        let body = match done.verbatim {
+            Some(answer) => crate::body::full(answer),
+            None => crate::body::full(encoder.complete(&done.text, done.finish_reason, done.usage)),
         };
+        let mut resp = Response::new(body);
+        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         insert_engine(resp.headers_mut(), &app.engines, done.engine_idx, &done.engine_id);
         resp.extensions_mut().insert(verdict);
         Ok(resp)
