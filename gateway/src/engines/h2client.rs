@@ -13,7 +13,10 @@
 //! caller's task polls the response itself.
 //!
 //! Bounds: one connection per engine address per client (a map entry per
-//! address, so as many as engines ever named), opened once at a time
+//! address; when a new address is first used, entries whose connection has
+//! closed and that no request holds are dropped, so the map follows the
+//! engines alive, not every engine an autoscaled fleet ever had), opened
+//! once at a time
 //! (concurrent callers wait for the same connect, whose time the connector
 //! bounds); in-flight streams per connection as the engine's
 //! `SETTINGS_MAX_CONCURRENT_STREAMS` allows (callers wait for a free one);
@@ -83,6 +86,12 @@ impl Entry {
     fn forget(&self) {
         *self.live.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
+
+    /// Whether its connection is gone (closed, or never opened / forgotten).
+    fn dead(&self) -> bool {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.as_ref().is_none_or(|c| c.closed.load(Ordering::Acquire))
+    }
 }
 
 /// An HTTP/2 client for engine requests (see the module docs).
@@ -138,7 +147,18 @@ impl H2Client {
         };
         let key = (scheme.clone(), authority.clone()); // reference counts, no copy
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = entries.get(&key) {
+            return Ok(Arc::clone(e));
+        }
+        // A new address (an engine started): drop the entries of engines
+        // that are gone, with their closed connection's state.
+        entries.retain(|_, e| Arc::strong_count(e) > 1 || !e.dead());
         Ok(Arc::clone(entries.entry(key).or_default()))
+    }
+
+    #[cfg(test)]
+    fn addresses(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// The address's live connection, or a new one.
@@ -327,6 +347,35 @@ mod tests {
         assert_eq!(resp.into_body().collect().await.unwrap().to_bytes().as_ref(), b"three c");
         drop(c);
         tokio::time::timeout(Duration::from_secs(5), engine).await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_entries_of_engines_that_are_gone_are_dropped_when_a_new_one_is_used() {
+        // Engines on three addresses in turn, each answering one request
+        // and then going away (an autoscaled fleet replacing engines).
+        let c = client(10_000, 10_000);
+        for round in 0..3 {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let engine = tokio::spawn(async move {
+                let (tcp, _) = listener.accept().await.unwrap();
+                let mut conn = h2::server::handshake(tcp).await.unwrap();
+                answer(&mut conn, "ok").await;
+                // Gone: GOAWAY once the answer is out, then the socket closes.
+                conn.graceful_shutdown();
+                while conn.accept().await.is_some() {}
+            });
+            let resp = c.request(post(addr, b"x")).await.unwrap();
+            assert_eq!(resp.into_body().collect().await.unwrap().to_bytes().as_ref(), b"ok x");
+            assert_eq!(c.addresses(), 1, "round {round}: only the live engine's entry");
+            tokio::time::timeout(Duration::from_secs(5), engine).await.unwrap().unwrap();
+            // The connection task sees the close.
+            let t0 = std::time::Instant::now();
+            while !c.entries.lock().unwrap().values().all(|e| e.dead()) {
+                assert!(t0.elapsed() < Duration::from_secs(5), "the closed connection is noticed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
     }
 
     #[tokio::test]
