@@ -413,13 +413,24 @@ impl DiffusionEngine {
     }
 }
 
+/// The last part of an emulated wait, slept on a blocking thread.
+const FINE_WAIT: Duration = Duration::from_millis(2);
+
 /// Waits until `ms` have passed since `start` (the emulated backend's
-/// time: computing the picture already took some of it).
+/// time: computing the picture already took some of it). tokio's timer
+/// fires on whole milliseconds, up to ~1.5 ms late each time: a video run
+/// in ten rounds would end ~12 ms after the same video run in one call,
+/// an artefact no GPU has. So the last [`FINE_WAIT`] is a thread sleep
+/// (the kernel's high-resolution timer: ~0.1 ms late).
 async fn sleep_until(start: std::time::Instant, ms: f64) {
     let target = Duration::from_secs_f64(ms.clamp(0.0, 86_400_000.0) / 1000.0);
     let spent = crate::clock::since(start);
-    if target > spent {
-        tokio::time::sleep(target - spent).await;
+    if target.saturating_sub(FINE_WAIT) > spent {
+        tokio::time::sleep(target - FINE_WAIT - spent).await;
+    }
+    let rest = target.saturating_sub(crate::clock::since(start));
+    if !rest.is_zero() {
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(rest)).await;
     }
 }
 

@@ -133,7 +133,7 @@ fn summarize(
     stats: PoolStats,
     decision_us: Vec<f64>,
 ) -> Outcome {
-    let met = |k: usize| finish[k] <= trace[k].deadline_ms;
+    let met = |k: usize| policies::diffusion::on_time(finish[k], trace[k].deadline_ms);
     let (mut images, mut videos, mut images_met, mut videos_met) = (0, 0, 0, 0);
     let mut wait = 0.0;
     for (k, r) in trace.iter().enumerate() {
@@ -205,5 +205,38 @@ mod tests {
             sar.push(met);
         }
         assert!(sar.windows(2).all(|w| w[1] > w[0]), "FCFS < +preemption < +DP < +SP: {sar:?}");
+    }
+
+    /// At σ = 1 a deadline is the solo time itself: a video alone must meet
+    /// it whether it runs in one call or in ten rounds (the rounds' sum of
+    /// step times must not land past it by a rounding error).
+    #[test]
+    fn a_video_alone_meets_a_deadline_of_its_solo_time_under_every_scheduler() {
+        let p = profile();
+        for mode in [Mode::Fcfs, Mode::Preempt, Mode::Dp, Mode::GenServe] {
+            let cfg = SchedConfig { mode, ..SchedConfig::default() };
+            for (size, v) in p.videos.iter().enumerate() {
+                for seconds in 1..=p.max_seconds {
+                    let kind = JobKind::Video { size, frames: p.frames(seconds) };
+                    let solo_ms = cfg.solo_ms(&p, &kind);
+                    let (at_ms, deadline_ms) = (1000.0 / 3.0, 1000.0 / 3.0 + solo_ms);
+                    let r = Request {
+                        at_ms,
+                        video: true,
+                        size: v.size.clone(),
+                        kind,
+                        seconds,
+                        solo_ms,
+                        deadline_ms,
+                    };
+                    let o = run(&[r], 8, &p, &cfg);
+                    assert_eq!(
+                        o.videos_met, 1,
+                        "{mode:?} {} {seconds} s: {} ms for {solo_ms} ms",
+                        v.size, o.latency_ms[0]
+                    );
+                }
+            }
+        }
     }
 }

@@ -44,12 +44,8 @@ pub(super) fn plan_fcfs(snap: &Snapshot, profile: &DiffusionProfile, cfg: &Sched
             Item::Video(v) => chosen.push((v, cfg.default_sp)),
         }
     }
-    let mut plan = materialize(snap, &chosen, batches, cfg);
-    for r in &mut plan.runs {
-        r.steps = snap.videos.iter().find(|v| v.id == r.id).map_or(r.steps, |v| v.steps_left);
-    }
     let _ = profile;
-    plan
+    materialize(snap, &chosen, batches, cfg)
 }
 
 fn one(snap: &Snapshot, i: usize) -> Batch {

@@ -12,7 +12,9 @@
 //! (deadlines kept, then value). A running video that would meet its
 //! deadline if it kept running is never offered a pause that makes it miss.
 
-use super::{Batch, DiffusionProfile, Gpu, ImageReq, Place, Plan, Run, SchedConfig, Snapshot, VideoReq};
+use super::{
+    on_time, Batch, DiffusionProfile, Gpu, ImageReq, Place, Plan, Run, SchedConfig, Snapshot, VideoReq,
+};
 
 /// Lexicographic score: deadlines that stay reachable, then value.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -86,7 +88,7 @@ pub fn video_outlook(
     };
     let budget = (v.deadline_ms - v.arrival_ms).max(1.0);
     let lax = (v.deadline_ms - finish) / budget;
-    let recoverable = finish <= v.deadline_ms;
+    let recoverable = on_time(finish, v.deadline_ms);
     Outlook { finish_ms: finish, recoverable, laxity: if recoverable { lax } else { -1.0 + 1e-3 * lax } }
 }
 
@@ -137,7 +139,7 @@ pub(super) fn image_batches(
 ) -> Vec<(Batch, Score)> {
     let now = snap.now_ms;
     let mut order: Vec<&ImageReq> = snap.images.iter().collect();
-    let hopeless = |i: &ImageReq| now + profile.image_ms(i.size, 1) > i.deadline_ms;
+    let hopeless = |i: &ImageReq| !on_time(now + profile.image_ms(i.size, 1), i.deadline_ms);
     order.sort_by(|a, b| hopeless(a).cmp(&hopeless(b)).then(a.deadline_ms.total_cmp(&b.deadline_ms)));
     let mut taken = vec![false; order.len()];
     let mut out = Vec::new();
@@ -156,14 +158,14 @@ pub(super) fn image_batches(
             if b > batch_cap {
                 break;
             }
-            let fits = now + profile.image_ms(head.size, b) <= head.deadline_ms || hopeless(head);
+            let fits = on_time(now + profile.image_ms(head.size, b), head.deadline_ms) || hopeless(head);
             if !taken[j] && order[j].size == head.size && fits {
                 taken[j] = true;
                 members.push(j);
             }
         }
         let end = now + profile.image_ms(head.size, members.len() as u32);
-        let meets = members.iter().filter(|&&m| end <= order[m].deadline_ms).count() as u32;
+        let meets = members.iter().filter(|&&m| on_time(end, order[m].deadline_ms)).count() as u32;
         let ids = members.iter().map(|&m| order[m].id).collect();
         out.push((Batch { gpu: 0, size: head.size, ids }, Score { meets, value: members.len() as f64 }));
     }

@@ -178,6 +178,17 @@ impl SchedConfig {
     }
 }
 
+/// Whether work ending at `finish_ms` meets `deadline_ms`. Times are sums
+/// of profiled durations in floating point: a video run in ten rounds ends
+/// a few femtoseconds after the same video run in one, so "on time" allows
+/// [`SAME_INSTANT_MS`] (a nanosecond, far below any step's length).
+pub fn on_time(finish_ms: f64, deadline_ms: f64) -> bool {
+    finish_ms <= deadline_ms + SAME_INSTANT_MS
+}
+
+/// Two times closer than this are the same instant ([`on_time`]).
+pub const SAME_INSTANT_MS: f64 = 1e-6;
+
 /// What a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum JobKind {

@@ -6,7 +6,8 @@
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use super::{
-    plan, DiffusionProfile, Gpu, ImageReq, JobKind, Mode, Place, SchedConfig, SizeId, Snapshot, VideoReq,
+    on_time, plan, DiffusionProfile, Gpu, ImageReq, JobKind, Mode, Place, SchedConfig, SizeId, Snapshot,
+    VideoReq,
 };
 
 /// What one GPU is doing.
@@ -196,10 +197,10 @@ impl Pool {
         if self.jobs() >= cfg.max_jobs {
             return refuse("queue_full");
         }
-        if cfg.admission && now_ms + best > deadline_ms {
+        if cfg.admission && !on_time(now_ms + best, deadline_ms) {
             return refuse("deadline_infeasible");
         }
-        if cfg.admission && predicted > deadline_ms {
+        if cfg.admission && !on_time(predicted, deadline_ms) {
             return refuse("deadline_unmeetable");
         }
         Ok(predicted)
