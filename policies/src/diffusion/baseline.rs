@@ -5,8 +5,9 @@ use super::dp::{materialize, video_outlook};
 use super::{Batch, DiffusionProfile, Place, Plan, SchedConfig, Snapshot, VideoReq};
 
 /// Strict arrival order over images and videos: each image a batch of one
-/// on one GPU, each video at the default SP degree to completion; the head
-/// waits for enough free GPUs and everything behind it waits with it.
+/// on one GPU, each video at the default SP degree to completion (round
+/// after round, never paused); the head waits for enough free GPUs and
+/// everything behind it waits with it.
 pub(super) fn plan_fcfs(snap: &Snapshot, profile: &DiffusionProfile, cfg: &SchedConfig) -> Plan {
     let mut free = snap.avail.len();
     let mut chosen: Vec<(&VideoReq, u32)> = Vec::new();

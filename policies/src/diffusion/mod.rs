@@ -7,7 +7,9 @@
 //! round's end) and plans the GPUs that are free or held by a video at a
 //! round boundary:
 //! - [`Mode::Fcfs`]: arrival order, one image per batch, videos at the
-//!   default SP degree to completion (the baseline, head-of-line blocking).
+//!   default SP degree to completion, never paused (the baseline,
+//!   head-of-line blocking; in rounds like every mode, so live runs pay
+//!   the same call per round).
 //! - [`Mode::Preempt`]: + intelligent video preemption: at a round boundary
 //!   the running video with slack pauses for waiting images; a paused video
 //!   resumes when its budget gets tight or GPUs idle.
