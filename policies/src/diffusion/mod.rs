@@ -16,8 +16,8 @@
 //! - [`Mode::Dp`]: + the SLO-aware DP scheduler (EDF same-size image batches
 //!   with the deadline check, per-video candidates, knapsack over the GPUs).
 //! - [`Mode::GenServe`]: + elastic sequence parallelism (the candidates span
-//!   every SP degree, so a video's degree drops when images need GPUs and
-//!   rises when GPUs idle).
+//!   every SP degree, so a video's degree drops when images need GPUs, and
+//!   only then below the default, and rises when GPUs idle).
 //!
 //! [`Pool`] is the state machine the gateway and the simulator drive with
 //! events that carry `now`; [`plan`] is the decision, pure.

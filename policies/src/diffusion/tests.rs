@@ -179,6 +179,8 @@ fn dp_matches_brute_force_on_small_instances() {
                 let degrees: Vec<u32> = idx.iter().map(|&k| options[k]).collect();
                 let ok = videos.iter().zip(&degrees).all(|(v, &d)| match (&v.place, mode) {
                     (Place::Boundary { gpus }, Mode::Dp) => d == 0 || d == gpus.len() as u32,
+                    // Narrower than the default degree only while images wait.
+                    (_, Mode::GenServe) => d != 1 || !images.is_empty(),
                     _ => true,
                 });
                 if let Some(s) = ok.then(|| evaluate(&snap, &p, &c, &degrees)).flatten() {
@@ -306,6 +308,31 @@ fn genserve_widens_sp_on_idle_gpus_and_narrows_it_for_images() {
     let sp = mixed.runs[0].gpus.len();
     assert!(sp < 8 && sp > 0, "degree drops for images but the video keeps going: {mixed:?}");
     assert_eq!(mixed.batches.iter().map(|b| b.ids.len()).sum::<usize>(), 4, "{mixed:?}");
+}
+
+#[test]
+fn genserve_narrows_below_the_default_degree_only_for_waiting_images() {
+    let p = profile();
+    let c = cfg(Mode::GenServe);
+    let mut rng = SplitMix(7);
+    let mut narrowed = 0;
+    for case in 0..2000 {
+        let mut avail = Vec::new();
+        let (images, videos) = random_snapshot(&mut rng, &p, &mut avail);
+        let snap = Snapshot {
+            now_ms: 10_000.0,
+            avail: &avail,
+            images: &images,
+            videos: &videos,
+            image_reserve: 0,
+            idle: case % 2 == 0,
+        };
+        let plan = plan_dp(&snap, &p, &c);
+        let below = plan.runs.iter().any(|r| (r.gpus.len() as u32) < c.default_sp);
+        assert!(!below || !images.is_empty(), "case {case}: narrowed with no image waiting: {plan:?}");
+        narrowed += usize::from(below);
+    }
+    assert!(narrowed > 0, "images waiting do make videos narrow");
 }
 
 #[test]
