@@ -148,6 +148,16 @@ fn random_snapshot(
     (images, videos)
 }
 
+/// The snapshot of a [`random_snapshot`] case (no image reserve).
+fn at_random_time<'a>(
+    avail: &'a [Gpu],
+    images: &'a [ImageReq],
+    videos: &'a [VideoReq],
+    idle: bool,
+) -> Snapshot<'a> {
+    Snapshot { now_ms: 10_000.0, avail, images, videos, image_reserve: 0, idle }
+}
+
 #[test]
 fn dp_matches_brute_force_on_small_instances() {
     let p = profile();
@@ -157,14 +167,7 @@ fn dp_matches_brute_force_on_small_instances() {
         for case in 0..400 {
             let mut avail = Vec::new();
             let (images, videos) = random_snapshot(&mut rng, &p, &mut avail);
-            let snap = Snapshot {
-                now_ms: 10_000.0,
-                avail: &avail,
-                images: &images,
-                videos: &videos,
-                image_reserve: 0,
-                idle: false,
-            };
+            let snap = at_random_time(&avail, &images, &videos, false);
             let plan = plan_dp(&snap, &p, &c);
             let chosen: Vec<u32> = videos
                 .iter()
@@ -319,15 +322,7 @@ fn genserve_narrows_below_the_default_degree_only_for_waiting_images() {
     for case in 0..2000 {
         let mut avail = Vec::new();
         let (images, videos) = random_snapshot(&mut rng, &p, &mut avail);
-        let snap = Snapshot {
-            now_ms: 10_000.0,
-            avail: &avail,
-            images: &images,
-            videos: &videos,
-            image_reserve: 0,
-            idle: case % 2 == 0,
-        };
-        let plan = plan_dp(&snap, &p, &c);
+        let plan = plan_dp(&at_random_time(&avail, &images, &videos, case % 2 == 0), &p, &c);
         let below = plan.runs.iter().any(|r| (r.gpus.len() as u32) < c.default_sp);
         assert!(!below || !images.is_empty(), "case {case}: narrowed with no image waiting: {plan:?}");
         narrowed += usize::from(below);
