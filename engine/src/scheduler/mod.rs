@@ -448,16 +448,7 @@ impl<B: Backend> Core<B> {
         if device.is_zero() {
             return;
         }
-        // Waking up to this late after the previous step is timer jitter, not
-        // an idle device: the next step starts when the previous one ended.
-        const TIMER_SLACK: Duration = Duration::from_millis(2);
-        let now = tokio::time::Instant::now();
-        let start = if now.saturating_duration_since(self.device_free_at) <= TIMER_SLACK {
-            self.device_free_at
-        } else {
-            now
-        };
-        let due = start + device;
+        let due = crate::clock::step_start(self.device_free_at, tokio::time::Instant::now()) + device;
         self.device_free_at = due;
         loop {
             tokio::select! {

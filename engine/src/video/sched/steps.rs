@@ -69,6 +69,7 @@ impl Core {
         let mut deferred: Vec<Cmd> = Vec::new();
         self.load.batches += 1;
         ::metrics::histogram!(crate::metrics::VIDEO_BATCH).record(running.len() as f64);
+        let mut device_free_at = tokio::time::Instant::now();
         while !running.is_empty() {
             // Donated halves of other engines' chunks run in the batch too.
             let now = crate::clock::now();
@@ -77,7 +78,12 @@ impl Core {
             let max = running.iter().map(|r| r.step_ms).chain(lent.clone()).fold(0.0, f64::max);
             let sum: f64 = running.iter().map(|r| r.step_ms).chain(lent).sum();
             let step_ms = max + self.cfg.profile.batch_cost * (sum - max);
-            tokio::time::sleep(Duration::from_secs_f64(step_ms / 1e3)).await;
+            // Steps run back to back: each ends `step_ms` after the previous
+            // one did (tokio's timer lateness, ~1 ms a step, does not add up
+            // over a chunk's steps).
+            let start = crate::clock::step_start(device_free_at, tokio::time::Instant::now());
+            device_free_at = start + Duration::from_secs_f64(step_ms / 1e3);
+            tokio::time::sleep_until(device_free_at).await;
             let size = running.len() as u32;
             let mut still = Vec::new();
             for mut r in running {
