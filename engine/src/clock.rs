@@ -20,3 +20,18 @@ pub fn step_start(prev_end: tokio::time::Instant, now: tokio::time::Instant) -> 
         now
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_step_ready_within_the_timer_slack_starts_where_the_previous_one_ended() {
+        let end = tokio::time::Instant::now();
+        let late = |ms| end + Duration::from_micros(ms);
+        assert_eq!(step_start(end, late(1_300)), end, "timer lateness is not device time");
+        assert_eq!(step_start(end, late(2_000)), end);
+        assert_eq!(step_start(end, late(2_001)), late(2_001), "past the slack the device sat idle");
+        assert_eq!(step_start(late(500), end), late(500), "a step cannot start before the last ended");
+    }
+}
