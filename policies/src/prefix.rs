@@ -289,9 +289,16 @@ pub fn credited(choices: &[Choice], blocks: u32, cfg: &AffinityConfig) -> Vec<u3
 
 /// The engine to send a prompt of `blocks` full blocks to: the longest
 /// [`credited`] match (least loaded among equals), or the least loaded
-/// when none is credited.
-pub fn pick(choices: &[Choice], blocks: u32, cfg: &AffinityConfig) -> Option<usize> {
-    let least = choices.iter().min_by_key(|c| (c.load, c.idx))?;
+/// when none is credited, tied ones taken in turn from position `turn`
+/// of `choices` (the caller's decision count). Taking ties in turn spreads
+/// new prefixes over an idle fleet, one engine each, as SGLang's router
+/// sends an unmatched prompt to the engine holding least; the lowest
+/// index would pile every new prefix of a light load onto one engine
+/// while the others idle (their first token then waits on its queue).
+pub fn pick(choices: &[Choice], blocks: u32, cfg: &AffinityConfig, turn: u64) -> Option<usize> {
+    let n = choices.len().max(1);
+    let start = (turn % n as u64) as usize;
+    let (_, least) = choices.iter().enumerate().min_by_key(|(i, c)| (c.load, (i + n - start) % n))?;
     let credit = credited(choices, blocks, cfg);
     let best = choices
         .iter()

@@ -109,9 +109,22 @@ pub fn least_inflight_tokens(engines: &[EngineView], exclude: &[usize]) -> Optio
     least_by(engines, exclude, |e| e.inflight_tokens)
 }
 
-/// Fewest in-flight requests among ready engines (length-oblivious).
-pub fn least_inflight_requests(engines: &[EngineView], exclude: &[usize]) -> Option<usize> {
-    least_by(engines, exclude, |e| u64::from(e.inflight_requests))
+/// Fewest in-flight requests among ready engines (length-oblivious), ties
+/// taken in turn: the first tied engine at or after position `turn` (the
+/// caller's decision count), as nginx's `least_conn` tries tied servers
+/// round robin. Lowest index on ties would send every request of a lightly
+/// loaded fleet, where all engines sit at zero, to the first engine, an
+/// accidental affinity (one engine's prefix cache then holds everything)
+/// that no load balancer a fleet runs has.
+pub fn least_inflight_requests(engines: &[EngineView], exclude: &[usize], turn: u64) -> Option<usize> {
+    let n = engines.len().max(1);
+    let start = (turn % n as u64) as usize;
+    engines
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| e.ready && !exclude.contains(i))
+        .min_by_key(|(i, e)| (e.inflight_requests, (i + n - start) % n))
+        .map(|(i, _)| i)
 }
 
 /// The ready engine not in `exclude` with the least `load`, lowest index on ties.
@@ -126,12 +139,13 @@ fn least_by(engines: &[EngineView], exclude: &[usize], load: impl Fn(&EngineView
 
 /// The ready engine not in `exclude` holding the longest prefix of a
 /// prompt of `blocks` full blocks, unless affinity yields to load
-/// ([`crate::prefix::pick`] over in-flight tokens).
+/// ([`crate::prefix::pick`] over in-flight tokens, ties in `turn`).
 pub fn cache_aware(
     engines: &[EngineView],
     exclude: &[usize],
     blocks: u32,
     cfg: &crate::prefix::AffinityConfig,
+    turn: u64,
 ) -> Option<usize> {
     let choices: Vec<crate::prefix::Choice> = engines
         .iter()
@@ -143,7 +157,7 @@ pub fn cache_aware(
             load: e.inflight_tokens,
         })
         .collect();
-    crate::prefix::pick(&choices, blocks, cfg)
+    crate::prefix::pick(&choices, blocks, cfg, turn)
 }
 
 /// The `turn`-th ready engine in order, skipping `exclude`.
@@ -173,8 +187,30 @@ mod tests {
         let turns: Vec<_> = (0..4).map(|t| round_robin(&es, &[], t)).collect();
         assert_eq!(turns, vec![Some(0), Some(2), Some(0), Some(2)]);
         assert_eq!(round_robin(&es, &[0, 2], 0), None);
-        assert_eq!(least_inflight_requests(&es, &[]), Some(2));
-        assert_eq!(least_inflight_requests(&es, &[2]), Some(0));
+        assert_eq!(least_inflight_requests(&es, &[], 0), Some(2));
+        assert_eq!(least_inflight_requests(&es, &[2], 0), Some(0));
+    }
+
+    #[test]
+    fn least_requests_takes_tied_engines_in_turn_and_never_a_busier_one() {
+        let idle = |id: &str, requests: u32| EngineView {
+            id: id.into(),
+            ready: true,
+            inflight_tokens: 0,
+            inflight_requests: requests,
+            cached_blocks: 0,
+        };
+        // An idle fleet: each decision goes to the next engine.
+        let es = [idle("a", 0), idle("b", 0), idle("c", 0), idle("d", 0)];
+        let picks: Vec<_> = (0..6).map(|t| least_inflight_requests(&es, &[], t).unwrap()).collect();
+        assert_eq!(picks, vec![0, 1, 2, 3, 0, 1]);
+        // Only the least loaded are candidates, whatever the turn; the turn
+        // rotates among them (b and d tie at 1).
+        let es = [idle("a", 3), idle("b", 1), idle("c", 2), idle("d", 1)];
+        let picks: Vec<_> = (0..4).map(|t| least_inflight_requests(&es, &[], t).unwrap()).collect();
+        assert_eq!(picks, vec![1, 1, 3, 3]);
+        assert_eq!(least_inflight_requests(&es, &[1], 0), Some(3));
+        assert_eq!(least_inflight_requests(&es, &[0, 1, 2, 3], 5), None);
     }
 
     #[test]
@@ -206,11 +242,11 @@ mod tests {
         };
         let es =
             [with(view("a", true, 3_000), 8), with(view("b", true, 100), 0), with(view("c", false, 0), 10)];
-        assert_eq!(cache_aware(&es, &[], 10, &cfg), Some(0), "the cached prefix, not the idle engine");
-        assert_eq!(cache_aware(&es, &[0], 10, &cfg), Some(1), "a failed engine is skipped");
+        assert_eq!(cache_aware(&es, &[], 10, &cfg, 0), Some(0), "the cached prefix, not the idle engine");
+        assert_eq!(cache_aware(&es, &[0], 10, &cfg, 0), Some(1), "a failed engine is skipped");
         let busy = [with(view("a", true, 9_000), 8), with(view("b", true, 100), 0)];
-        assert_eq!(cache_aware(&busy, &[], 10, &cfg), Some(1), "imbalanced: load decides");
+        assert_eq!(cache_aware(&busy, &[], 10, &cfg, 0), Some(1), "imbalanced: load decides");
         let short = [with(view("a", true, 300), 2), with(view("b", true, 100), 0)];
-        assert_eq!(cache_aware(&short, &[], 10, &cfg), Some(1), "2 of 10 blocks is under min_match");
+        assert_eq!(cache_aware(&short, &[], 10, &cfg, 0), Some(1), "2 of 10 blocks is under min_match");
     }
 }

@@ -65,6 +65,8 @@ pub struct Controller {
     open: HashMap<String, u32>,
     /// Gate queues by engine class.
     gates: HashMap<usize, Drr<Waiter>>,
+    /// Decisions so far of the round-robin route, and of the least-loaded
+    /// and cache-aware routes (which take tied engines in turn).
     rr_turn: u64,
     next_waiter: WaiterId,
     /// OServe's type-aware routes (the control plane's current assignment);
@@ -334,10 +336,20 @@ impl Controller {
                 self.rr_turn += 1;
                 crate::routing::round_robin(loads, &[], self.rr_turn - 1)
             }
-            RoutePolicy::LeastLoaded => crate::routing::least_inflight_requests(loads, &[]),
+            RoutePolicy::LeastLoaded => {
+                self.rr_turn += 1;
+                crate::routing::least_inflight_requests(loads, &[], self.rr_turn - 1)
+            }
             RoutePolicy::PredictedFinish => crate::routing::least_inflight_tokens(loads, &[]),
             RoutePolicy::CacheAware => {
-                crate::routing::cache_aware(loads, &[], r.prefix_blocks, &policy.routing.prefix)
+                self.rr_turn += 1;
+                crate::routing::cache_aware(
+                    loads,
+                    &[],
+                    r.prefix_blocks,
+                    &policy.routing.prefix,
+                    self.rr_turn - 1,
+                )
             }
         };
         let key = self.key(policy, r, now, r.max_tokens);

@@ -79,27 +79,37 @@ fn affinity_wins_until_the_fleet_is_imbalanced_or_the_match_is_short() {
         AffinityConfig { balance_abs: 1000, balance_rel: 1.5, min_match: 0.25, ..AffinityConfig::default() };
     let c = |idx, matched_blocks, load| Choice { idx, matched_blocks, load };
     // The longest match, though busier.
-    assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 900), c(2, 2, 50)], 8, &cfg), Some(1));
+    assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 900), c(2, 2, 50)], 8, &cfg, 0), Some(1));
     // Engine 1 is too busy next to the least loaded (2,900 vs 50): the
     // longest match among the others.
-    assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 2_900), c(2, 2, 50)], 8, &cfg), Some(2));
+    assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 2_900), c(2, 2, 50)], 8, &cfg, 0), Some(2));
     // ...and with no other match, the least loaded.
-    assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 2_900), c(2, 0, 50)], 8, &cfg), Some(2));
-    assert_eq!(pick(&[c(0, 0, 10), c(1, 6, 2_900), c(2, 0, 50)], 8, &cfg), Some(0));
+    assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 2_900), c(2, 0, 50)], 8, &cfg, 0), Some(2));
+    assert_eq!(pick(&[c(0, 0, 10), c(1, 6, 2_900), c(2, 0, 50)], 8, &cfg, 0), Some(0));
     // In a large fleet an idle engine does not switch affinity off for the
     // others: engine 1 is within 1,000 of the least loaded.
-    assert_eq!(pick(&[c(0, 0, 0), c(1, 6, 900), c(2, 0, 5_000)], 8, &cfg), Some(1));
+    assert_eq!(pick(&[c(0, 0, 0), c(1, 6, 900), c(2, 0, 5_000)], 8, &cfg, 0), Some(1));
     // A match under a quarter of the prompt is no match.
-    assert_eq!(pick(&[c(0, 1, 300), c(1, 0, 100)], 8, &cfg), Some(1));
+    assert_eq!(pick(&[c(0, 1, 300), c(1, 0, 100)], 8, &cfg, 0), Some(1));
     // Equal matches: the less loaded; equal loads: the lower index.
-    assert_eq!(pick(&[c(0, 4, 300), c(1, 4, 200)], 8, &cfg), Some(1));
-    assert_eq!(pick(&[c(3, 4, 200), c(1, 4, 200)], 8, &cfg), Some(1));
-    assert_eq!(pick(&[], 8, &cfg), None);
+    assert_eq!(pick(&[c(0, 4, 300), c(1, 4, 200)], 8, &cfg, 0), Some(1));
+    assert_eq!(pick(&[c(3, 4, 200), c(1, 4, 200)], 8, &cfg, 0), Some(1));
+    assert_eq!(pick(&[], 8, &cfg, 0), None);
     // A prompt with no full block: load.
-    assert_eq!(pick(&[c(0, 0, 300), c(1, 0, 100)], 0, &cfg), Some(1));
+    assert_eq!(pick(&[c(0, 0, 300), c(1, 0, 100)], 0, &cfg, 0), Some(1));
     // Turned off: load, whatever the matches.
     let off = AffinityConfig { enabled: false, ..cfg };
-    assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 900)], 8, &off), Some(0));
+    assert_eq!(pick(&[c(0, 0, 100), c(1, 6, 900)], 8, &off, 0), Some(0));
+    // No match: the least loaded, tied ones in turn (an idle fleet gets one
+    // new prefix per engine), never a busier one.
+    let idle = [c(0, 0, 0), c(1, 0, 0), c(2, 0, 0)];
+    let picks: Vec<_> = (0..4).map(|t| pick(&idle, 8, &cfg, t).unwrap()).collect();
+    assert_eq!(picks, vec![0, 1, 2, 0]);
+    let mixed = [c(0, 0, 50), c(1, 0, 0), c(2, 0, 70), c(3, 0, 0)];
+    let picks: Vec<_> = (0..4).map(|t| pick(&mixed, 8, &cfg, t).unwrap()).collect();
+    assert_eq!(picks, vec![1, 1, 3, 3]);
+    // A credited match is followed whatever the turn.
+    assert_eq!(pick(&[c(0, 0, 0), c(1, 6, 900), c(2, 0, 0)], 8, &cfg, 2), Some(1));
     assert_eq!(credited(&[c(0, 0, 100), c(1, 6, 900)], 8, &cfg), vec![0, 6]);
     assert_eq!(credited(&[c(0, 0, 100), c(1, 6, 900)], 8, &off), vec![0, 0]);
 }
