@@ -196,6 +196,11 @@ pub struct Ask<'a> {
     /// Output tokens of the requests waiting at the gateway that would be
     /// served before this one (0 when nothing waits).
     pub queue_ahead_out_tokens: f64,
+    /// The caller's decision count: equally fit engines are taken in turn
+    /// from this position, so an idle fleet's requests (and the new
+    /// prefixes among them) spread over its engines instead of piling onto
+    /// the first.
+    pub turn: u64,
 }
 
 /// Where and how an admitted request runs.
@@ -291,11 +296,14 @@ fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit
     // Requests waiting at the gateway wait for the primary class.
     let ahead = if class == ask.class { ask.queue_ahead_out_tokens } else { 0.0 };
     let need = u64::from(ask.n_in) + u64::from(out);
-    let of_class: Vec<&Candidate> =
+    let mut of_class: Vec<&Candidate> =
         engines.iter().filter(|e| e.class == class && e.kv_headroom_tokens >= need).collect();
     if of_class.is_empty() {
         return None;
     }
+    // Ties go to the first in this order (`min_by` keeps the first).
+    let start = (ask.turn % of_class.len() as u64) as usize;
+    of_class.rotate_left(start);
     let sample = if sampling { cfg.sampling_cost } else { 1.0 };
     // Predictions depend on an engine only through its batch size:
     // computed once per size, not once per engine.

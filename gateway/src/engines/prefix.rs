@@ -112,6 +112,11 @@ impl PrefixView {
         }
         let mut index = self.index();
         match &ev.snapshot {
+            // Nothing logged since the last read: the index already holds
+            // what this snapshot says, plus the prompts dispatched since,
+            // which wiping would lose. (An engine that has named no page
+            // yet answers every read, `after=0`, with an empty snapshot.)
+            Some(_) if cursors[idx] == Some((ev.epoch, ev.last_seq)) => {}
             Some(hashes) => {
                 index.forget_engine(engine);
                 index.record(engine, hashes);
@@ -224,6 +229,24 @@ mod tests {
         v.forget(1);
         assert_eq!(v.matched(&p, 2), vec![0, 0]);
         assert_eq!(v.after(1), (0, None));
+    }
+
+    #[test]
+    fn a_snapshot_with_nothing_new_keeps_the_prompts_dispatched_since() {
+        let v = PrefixView::default();
+        let p = [21, 22];
+        // An engine with an empty cache, read before and after a dispatch:
+        // its empty snapshots (nothing logged, last_seq 0) keep the record.
+        assert_eq!(v.apply(0, &events(1, 0, vec![], Some(vec![]))), Some(0));
+        v.record(0, &p);
+        assert_eq!(v.apply(0, &events(1, 0, vec![], Some(vec![]))), Some(0));
+        assert_eq!(v.matched(&p, 1), vec![2], "the dispatched prompt is still indexed");
+        // A snapshot past the cursor (the log moved on) replaces it.
+        assert_eq!(v.apply(0, &events(1, 5, vec![], Some(vec![21]))), Some(5));
+        assert_eq!(v.matched(&p, 1), vec![1]);
+        // So does one of another epoch (a restarted engine), at any seq.
+        assert_eq!(v.apply(0, &events(2, 5, vec![], Some(vec![]))), Some(5));
+        assert_eq!(v.matched(&p, 1), vec![0]);
     }
 
     #[test]

@@ -65,8 +65,8 @@ pub struct Controller {
     open: HashMap<String, u32>,
     /// Gate queues by engine class.
     gates: HashMap<usize, Drr<Waiter>>,
-    /// Decisions so far of the round-robin route, and of the least-loaded
-    /// and cache-aware routes (which take tied engines in turn).
+    /// Decisions so far: the round-robin route's turn, and where every
+    /// other route (and admission's choice) starts taking tied engines.
     rr_turn: u64,
     next_waiter: WaiterId,
     /// OServe's type-aware routes (the control plane's current assignment);
@@ -246,7 +246,9 @@ impl Controller {
             // The gate counts prompt + mean output; the wait is decode
             // work, the output part in the same proportion.
             queue_ahead_out_tokens: ahead_tokens as f64 * f64::from(mean_out) / n_hat.max(1) as f64,
+            turn: self.rr_turn,
         };
+        self.rr_turn += 1;
         let plan = match decide(&ask, engines, &self.models, &policy.estimator, &policy.admission) {
             Decision::Reject(rej) => {
                 // A capacity refusal is trouble brownout can relieve; no

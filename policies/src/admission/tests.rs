@@ -55,6 +55,7 @@ fn ask(ttft: f64, e2e: f64) -> Ask<'static> {
         overflow_class: None,
         long: false,
         queue_ahead_out_tokens: 0.0,
+        turn: 0,
     }
 }
 
@@ -249,4 +250,22 @@ fn credit_goes_to_matched_engines_only_while_the_fleet_is_balanced() {
     cands[0].active_out_tokens = 200;
     credit_prefix(&mut cands, &mut [], &[2, 0, 0], (12, 200), &cfg);
     assert!(cands.iter().all(|c| c.cached_tokens == 0));
+}
+
+#[test]
+fn equally_fit_engines_are_taken_in_turn_and_a_fitter_one_always_wins() {
+    let models = [model("c", 10.0)];
+    let cfg = AdmissionConfig::default();
+    let pick = |engines: &[Candidate], turn: u64| {
+        admitted(decide(&Ask { turn, ..ask(500.0, 2000.0) }, engines, &models, &est(), &cfg)).engine
+    };
+    // An idle fleet: each decision starts one engine further on.
+    let idle = [engine(0, 8, 0), engine(1, 8, 0), engine(2, 8, 0)];
+    let picks: Vec<_> = (0..4).map(|t| pick(&idle, t)).collect();
+    assert_eq!(picks, vec![Some(0), Some(1), Some(2), Some(0)]);
+    // Engine 1 runs 3 sequences (a longer step, a later finish): only the
+    // two idle engines take turns.
+    let mixed = [engine(0, 8, 0), engine(1, 8, 3), engine(2, 8, 0)];
+    let picks: Vec<_> = (0..3).map(|t| pick(&mixed, t)).collect();
+    assert_eq!(picks, vec![Some(0), Some(2), Some(2)]);
 }
