@@ -296,9 +296,9 @@ pub fn credited(choices: &[Choice], blocks: u32, cfg: &AffinityConfig) -> Vec<u3
 /// index would pile every new prefix of a light load onto one engine
 /// while the others idle (their first token then waits on its queue).
 pub fn pick(choices: &[Choice], blocks: u32, cfg: &AffinityConfig, turn: u64) -> Option<usize> {
-    let n = choices.len().max(1);
-    let start = (turn % n as u64) as usize;
-    let (_, least) = choices.iter().enumerate().min_by_key(|(i, c)| (c.load, (i + n - start) % n))?;
+    let n = choices.len();
+    let (_, least) =
+        choices.iter().enumerate().min_by_key(|(i, c)| (c.load, crate::routing::from_turn(*i, n, turn)))?;
     let credit = credited(choices, blocks, cfg);
     let best = choices
         .iter()

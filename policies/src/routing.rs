@@ -106,34 +106,38 @@ pub struct EngineView {
 /// request). Ties go to the lowest index, so the choice is deterministic.
 /// `None` when no ready engine remains.
 pub fn least_inflight_tokens(engines: &[EngineView], exclude: &[usize]) -> Option<usize> {
-    least_by(engines, exclude, |e| e.inflight_tokens)
+    least_by(engines, exclude, 0, |e| e.inflight_tokens)
 }
 
 /// Fewest in-flight requests among ready engines (length-oblivious), ties
-/// taken in turn: the first tied engine at or after position `turn` (the
-/// caller's decision count), as nginx's `least_conn` tries tied servers
-/// round robin. Lowest index on ties would send every request of a lightly
-/// loaded fleet, where all engines sit at zero, to the first engine, an
-/// accidental affinity (one engine's prefix cache then holds everything)
-/// that no load balancer a fleet runs has.
+/// taken in turn ([`from_turn`]), as nginx's `least_conn` tries tied
+/// servers round robin. Lowest index on ties would send every request of a
+/// lightly loaded fleet, where all engines sit at zero, to the first
+/// engine, an accidental affinity (one engine's prefix cache then holds
+/// everything) that no load balancer a fleet runs has.
 pub fn least_inflight_requests(engines: &[EngineView], exclude: &[usize], turn: u64) -> Option<usize> {
-    let n = engines.len().max(1);
-    let start = (turn % n as u64) as usize;
-    engines
-        .iter()
-        .enumerate()
-        .filter(|(i, e)| e.ready && !exclude.contains(i))
-        .min_by_key(|(i, e)| (e.inflight_requests, (i + n - start) % n))
-        .map(|(i, _)| i)
+    least_by(engines, exclude, turn, |e| u64::from(e.inflight_requests))
 }
 
-/// The ready engine not in `exclude` with the least `load`, lowest index on ties.
-fn least_by(engines: &[EngineView], exclude: &[usize], load: impl Fn(&EngineView) -> u64) -> Option<usize> {
+/// How far position `i` of `n` comes after where decision `turn` starts
+/// (`turn mod n`): the tie-break that takes equal engines in turn.
+pub fn from_turn(i: usize, n: usize, turn: u64) -> usize {
+    let n = n.max(1);
+    (i + n - (turn % n as u64) as usize) % n
+}
+
+/// The ready engine not in `exclude` with the least `load`, ties in `turn`.
+fn least_by(
+    engines: &[EngineView],
+    exclude: &[usize],
+    turn: u64,
+    load: impl Fn(&EngineView) -> u64,
+) -> Option<usize> {
     engines
         .iter()
         .enumerate()
         .filter(|(i, e)| e.ready && !exclude.contains(i))
-        .min_by_key(|(i, e)| (load(e), *i))
+        .min_by_key(|(i, e)| (load(e), from_turn(*i, engines.len(), turn)))
         .map(|(i, _)| i)
 }
 

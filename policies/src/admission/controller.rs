@@ -333,25 +333,14 @@ impl Controller {
             prompt_tokens: u64::from(r.prompt_tokens),
             out_tokens: u64::from(r.max_tokens),
         };
+        let turn = self.rr_turn;
+        self.rr_turn += 1;
         let pick = match policy.routing.policy {
-            RoutePolicy::RoundRobin => {
-                self.rr_turn += 1;
-                crate::routing::round_robin(loads, &[], self.rr_turn - 1)
-            }
-            RoutePolicy::LeastLoaded => {
-                self.rr_turn += 1;
-                crate::routing::least_inflight_requests(loads, &[], self.rr_turn - 1)
-            }
+            RoutePolicy::RoundRobin => crate::routing::round_robin(loads, &[], turn),
+            RoutePolicy::LeastLoaded => crate::routing::least_inflight_requests(loads, &[], turn),
             RoutePolicy::PredictedFinish => crate::routing::least_inflight_tokens(loads, &[]),
             RoutePolicy::CacheAware => {
-                self.rr_turn += 1;
-                crate::routing::cache_aware(
-                    loads,
-                    &[],
-                    r.prefix_blocks,
-                    &policy.routing.prefix,
-                    self.rr_turn - 1,
-                )
+                crate::routing::cache_aware(loads, &[], r.prefix_blocks, &policy.routing.prefix, turn)
             }
         };
         let key = self.key(policy, r, now, r.max_tokens);
