@@ -291,89 +291,27 @@ struct Cx<'a> {
 /// Predicts `ask` with `max_tokens`/`sampling` on `class`; `None` when the
 /// class has no candidate with KV headroom for it.
 fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit> {
-    let Cx { engines, models, est, cfg } = *cx;
-    let model = models.get(class)?;
+    let model = cx.models.get(class)?;
     // Requests waiting at the gateway wait for the primary class.
     let ahead = if class == ask.class { ask.queue_ahead_out_tokens } else { 0.0 };
     let need = u64::from(ask.n_in) + u64::from(out);
     let mut of_class: Vec<&Candidate> =
-        engines.iter().filter(|e| e.class == class && e.kv_headroom_tokens >= need).collect();
+        cx.engines.iter().filter(|e| e.class == class && e.kv_headroom_tokens >= need).collect();
     if of_class.is_empty() {
         return None;
     }
     // Ties go to the first in this order (`min_by` keeps the first).
     let start = (ask.turn % of_class.len() as u64) as usize;
     of_class.rotate_left(start);
-    let sample = if sampling { cfg.sampling_cost } else { 1.0 };
-    // Predictions depend on an engine only through its batch size:
-    // computed once per size, not once per engine.
-    let cache: std::cell::RefCell<Vec<Option<ServiceTime>>> = std::cell::RefCell::new(Vec::new());
-    let predict = |e: &Candidate| {
-        let b = (e.active + 1).min(e.slots.max(1));
-        if e.cached_tokens > 0 {
-            // A cached prefix: prefill of the rest only (not memoised: it
-            // is this engine's own).
-            return model.predict_cached(ask.tier, ask.n_in, e.cached_tokens, out, f64::from(b), est);
-        }
-        let mut c = cache.borrow_mut();
-        if c.len() <= b as usize {
-            c.resize(b as usize + 1, None);
-        }
-        *c[b as usize].get_or_insert_with(|| model.predict(ask.tier, ask.n_in, out, f64::from(b), est))
-    };
-    // `wait`: raw (profile) milliseconds; the TTFT calibration covers what
-    // the raw wait misses.
-    let finish = |e: &Candidate, s: &ServiceTime, wait: f64| -> Fit {
-        let ttft = s.ttft_ms(wait);
-        let decode = s.decode_ms * sample;
-        Fit {
-            engine: (e.active < e.slots).then_some(e.idx),
-            ttft_ms: ttft,
-            e2e_ms: ttft + decode,
-            wait_ms: (ttft - s.prefill_ms * s.guard).max(0.0),
-            nominal_ttft_ms: s.nominal_ttft_ms(wait),
-            per_token_ms: decode / f64::from(out.max(1)),
-            cached: e.cached_tokens,
-        }
-    };
-    // Among free engines: those meeting the budgets first, then the most
-    // cached prefix (prefill the fleet does not repeat), then the earliest
-    // finish. Without credited caches this is the earliest finish.
-    let feasible = |f: &Fit| f.ttft_ms <= ask.ttft_budget_ms && f.e2e_ms <= ask.e2e_budget_ms;
-    let better = |a: &Fit, b: &Fit| {
-        (!feasible(a), std::cmp::Reverse(a.cached))
-            .cmp(&(!feasible(b), std::cmp::Reverse(b.cached)))
-            .then(a.e2e_ms.total_cmp(&b.e2e_ms))
-    };
-    // Engines with a free slot now: backlog prefill + batch fill.
-    let on_free = |lane_only: bool| {
-        // A long prompt mostly cached on an engine is no long prefill there.
-        let short_there = |e: &Candidate| u64::from(e.cached_tokens) * 2 >= u64::from(ask.n_in);
-        let lane_ok = |e: &&&Candidate| {
-            !lane_only || !ask.long || e.long_lane || short_there(e) || !of_class.iter().any(|c| c.long_lane)
-        };
-        of_class
-            .iter()
-            .filter(|e| e.active < e.slots)
-            .filter(lane_ok)
-            .map(|e| {
-                let s = predict(e);
-                let backlog = if e.prefill_backlog_tokens > 0 {
-                    model.prefill_raw_ms(e.prefill_backlog_tokens.min(u64::from(u32::MAX)) as u32)
-                } else {
-                    0.0
-                };
-                finish(e, &s, backlog + s.step_raw_ms)
-            })
-            .min_by(better)
-    };
+    let sample = if sampling { cx.cfg.sampling_cost } else { 1.0 };
+    let pricer = Pricer { model, ask, out, sample, est: cx.est, memo: Default::default() };
     // A long prompt keeps to the long lane, unless the lane cannot give it
     // its first token in time and another free engine can: the lane spares
     // short prompts a long prefill ahead of them, it must not turn away a
     // long prompt the fleet can serve.
-    let mut free = on_free(true);
+    let mut free = pricer.best_free(&of_class, true);
     if ask.long && free.as_ref().is_none_or(|f| f.ttft_ms > ask.ttft_budget_ms) {
-        let anywhere = on_free(false);
+        let anywhere = pricer.best_free(&of_class, false);
         if anywhere.as_ref().is_some_and(|a| free.as_ref().is_none_or(|f| a.ttft_ms < f.ttft_ms)) {
             free = anywhere;
         }
@@ -386,10 +324,102 @@ fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit
     // Every slot busy (or others already waiting): wait at the gateway.
     let wait = gate_wait_ms(model, &of_class, ahead, ask.n_in);
     let e = of_class.iter().min_by_key(|e| e.active).expect("non-empty");
-    let s = predict(e);
-    let mut f = finish(e, &s, wait + s.step_raw_ms);
+    let s = pricer.predict(e);
+    let mut f = pricer.finish(e, &s, wait + s.step_raw_ms);
     f.engine = None;
     Some(f)
+}
+
+/// Prices one request (`ask` with `out` output tokens) on the engines of
+/// one class.
+struct Pricer<'a> {
+    model: &'a ServiceModel,
+    ask: &'a Ask<'a>,
+    out: u32,
+    /// Decode cost factor of temperature sampling (1 for greedy).
+    sample: f64,
+    est: &'a EstimatorConfig,
+    /// Predictions depend on an engine only through its batch size:
+    /// computed once per size, not once per engine.
+    memo: std::cell::RefCell<Vec<Option<ServiceTime>>>,
+}
+
+impl Pricer<'_> {
+    #[inline]
+    fn predict(&self, e: &Candidate) -> ServiceTime {
+        let (ask, out) = (self.ask, self.out);
+        let b = (e.active + 1).min(e.slots.max(1));
+        if e.cached_tokens > 0 {
+            // A cached prefix: prefill of the rest only (not memoised: it
+            // is this engine's own).
+            return self.model.predict_cached(
+                ask.tier,
+                ask.n_in,
+                e.cached_tokens,
+                out,
+                f64::from(b),
+                self.est,
+            );
+        }
+        let mut c = self.memo.borrow_mut();
+        if c.len() <= b as usize {
+            c.resize(b as usize + 1, None);
+        }
+        *c[b as usize]
+            .get_or_insert_with(|| self.model.predict(ask.tier, ask.n_in, out, f64::from(b), self.est))
+    }
+
+    /// The fit on `e` after `wait` raw (profile) milliseconds; the TTFT
+    /// calibration covers what the raw wait misses.
+    #[inline]
+    fn finish(&self, e: &Candidate, s: &ServiceTime, wait: f64) -> Fit {
+        let ttft = s.ttft_ms(wait);
+        let decode = s.decode_ms * self.sample;
+        Fit {
+            engine: (e.active < e.slots).then_some(e.idx),
+            ttft_ms: ttft,
+            e2e_ms: ttft + decode,
+            wait_ms: (ttft - s.prefill_ms * s.guard).max(0.0),
+            nominal_ttft_ms: s.nominal_ttft_ms(wait),
+            per_token_ms: decode / f64::from(self.out.max(1)),
+            cached: e.cached_tokens,
+        }
+    }
+
+    /// The best of the engines with a free slot now (their prefill backlog,
+    /// then a step to join the batch), keeping a long prompt to the long
+    /// lane when `lane_only`. Those meeting the budgets first, then the
+    /// most cached prefix (prefill the fleet does not repeat), then the
+    /// earliest finish; without credited caches, the earliest finish.
+    #[inline]
+    fn best_free(&self, of_class: &[&Candidate], lane_only: bool) -> Option<Fit> {
+        let ask = self.ask;
+        // A long prompt mostly cached on an engine is no long prefill there.
+        let short_there = |e: &Candidate| u64::from(e.cached_tokens) * 2 >= u64::from(ask.n_in);
+        let lane_ok = |e: &&&Candidate| {
+            !lane_only || !ask.long || e.long_lane || short_there(e) || !of_class.iter().any(|c| c.long_lane)
+        };
+        let feasible = |f: &Fit| f.ttft_ms <= ask.ttft_budget_ms && f.e2e_ms <= ask.e2e_budget_ms;
+        let better = |a: &Fit, b: &Fit| {
+            (!feasible(a), std::cmp::Reverse(a.cached))
+                .cmp(&(!feasible(b), std::cmp::Reverse(b.cached)))
+                .then(a.e2e_ms.total_cmp(&b.e2e_ms))
+        };
+        of_class
+            .iter()
+            .filter(|e| e.active < e.slots)
+            .filter(lane_ok)
+            .map(|e| {
+                let s = self.predict(e);
+                let backlog = if e.prefill_backlog_tokens > 0 {
+                    self.model.prefill_raw_ms(e.prefill_backlog_tokens.min(u64::from(u32::MAX)) as u32)
+                } else {
+                    0.0
+                };
+                self.finish(e, &s, backlog + s.step_raw_ms)
+            })
+            .min_by(better)
+    }
 }
 
 /// The raw wait at the gateway for a slot of the class `of_class`: the
