@@ -394,11 +394,12 @@ impl Pricer<'_> {
     #[inline]
     fn best_free(&self, of_class: &[&Candidate], lane_only: bool) -> Option<Fit> {
         let ask = self.ask;
+        // Once per call, not per engine: the lane can sit anywhere in the
+        // (rotated) list, and a scan per engine made this quadratic.
+        let keep_to_lane = lane_only && ask.long && of_class.iter().any(|c| c.long_lane);
         // A long prompt mostly cached on an engine is no long prefill there.
         let short_there = |e: &Candidate| u64::from(e.cached_tokens) * 2 >= u64::from(ask.n_in);
-        let lane_ok = |e: &&&Candidate| {
-            !lane_only || !ask.long || e.long_lane || short_there(e) || !of_class.iter().any(|c| c.long_lane)
-        };
+        let lane_ok = |e: &&&Candidate| !keep_to_lane || e.long_lane || short_there(e);
         let feasible = |f: &Fit| f.ttft_ms <= ask.ttft_budget_ms && f.e2e_ms <= ask.e2e_budget_ms;
         let better = |a: &Fit, b: &Fit| {
             (!feasible(a), std::cmp::Reverse(a.cached))

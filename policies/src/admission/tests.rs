@@ -269,3 +269,32 @@ fn equally_fit_engines_are_taken_in_turn_and_a_fitter_one_always_wins() {
     let picks: Vec<_> = (0..3).map(|t| pick(&mixed, t)).collect();
     assert_eq!(picks, vec![Some(0), Some(2), Some(2)]);
 }
+
+/// One decision scans the engines a bounded number of times: a long
+/// prompt's lane check once read the whole list per engine, which cost
+/// nothing while the lane engine came first and made a decision quadratic
+/// (4x slower at 256 engines) once ties were taken in turn. Timed as a
+/// ratio (8x the engines must cost well under 64x), so the machine's speed
+/// does not matter; each size is the fastest of five runs.
+#[test]
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)] // a cost bound: wall time is what it measures
+fn a_decision_is_linear_in_engines_wherever_the_long_lane_sits() {
+    let models = [model("c", 10.0)];
+    let cfg = AdmissionConfig::default();
+    let long_ask = Ask { n_in: 3000, long: true, ..ask(1e9, 1e9) };
+    let fastest = |n: usize| {
+        let mut engines: Vec<Candidate> = (0..n).map(|i| engine(i, 8, (i % 7) as u32 + 1)).collect();
+        engines[n - 1].long_lane = true; // last in the scan order
+        (0..5)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                let d = decide(&long_ask, &engines, &models, &est(), &cfg);
+                let spent = t.elapsed();
+                assert!(matches!(d, Decision::Admit(_)));
+                spent.as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let (small, large) = (fastest(2_000), fastest(16_000));
+    assert!(large < 24.0 * small, "8x the engines took {:.1}x the time", large / small);
+}
