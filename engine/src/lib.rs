@@ -241,7 +241,7 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
             let model = args.model_config();
             model.validate().map_err(StartError::Model)?;
             let (lm, video, diffusion) =
-                gpu::start_cuda(model, kv.total_pages(), args.page_tokens, args.model_seed)
+                gpu::start_cuda(model, kv.total_pages(), args.page_tokens, args.model_seed, &engine_class)
                     .map_err(StartError::Gpu)?;
             gpu_video = Some(video);
             gpu_diffusion = Some(diffusion);

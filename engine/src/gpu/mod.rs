@@ -73,12 +73,17 @@ pub type CudaParts<L> = (L, std::sync::Arc<dyn video::VideoRunner>, std::sync::A
 /// The cuda backend's parts on one GPU. Compiles the kernels (NVRTC),
 /// uploads every model's weights and runs one video chunk of each video
 /// model to warm up; the engine is not ready before this returns.
+///
+/// `profile_class` is the engine class of the latency profile admission
+/// will predict with; a profile measured on another GPU model is logged
+/// (`profile_other_gpu`), since its times then stand in for this one's.
 #[cfg(feature = "cuda")]
 pub fn start_cuda(
     cfg: crate::backend::cpu::ModelConfig,
     pages: u32,
     page_tokens: u32,
     video_seed: u64,
+    profile_class: &str,
 ) -> Result<CudaParts<lm::GpuBackend<cuda::CudaDevice>>, String> {
     use std::sync::Arc;
     let started = crate::clock::now();
@@ -93,6 +98,16 @@ pub fn start_cuda(
         nvrtc_compile_ms = compiled_ms,
         ready_ms = crate::clock::since(started).as_secs_f64() * 1e3
     );
+    let device = kernels::Device::name(&*dev);
+    if !profile_fits_gpu(profile_class, &device) {
+        tracing::warn!(
+            event = "profile_other_gpu",
+            profile_class,
+            device = %device,
+            "the latency profile was measured on another GPU model; admission predicts with its times \
+             (run `engine profile --backend cuda` on this GPU and pass it with --profile)"
+        );
+    }
     Ok((lm::GpuBackend { lm }, video, diffusion))
 }
 
@@ -127,8 +142,20 @@ pub fn start_cuda(
     _pages: u32,
     _page_tokens: u32,
     _video_seed: u64,
+    _profile_class: &str,
 ) -> Result<CudaParts<crate::backend::cpu::Cpu>, String> {
     Err(NO_CUDA.into())
+}
+
+/// Whether a cuda profile of `engine_class` was measured on a GPU named
+/// `device`: `engine profile --backend cuda` names its class `cuda-` and
+/// the device's name in lowercase with dashes (`NVIDIA H200` →
+/// `cuda-nvidia-h200`); a class that is a prefix of this device's (one
+/// measured on `NVIDIA H100` serves `NVIDIA H100 80GB HBM3`) fits too.
+pub fn profile_fits_gpu(engine_class: &str, device: &str) -> bool {
+    let slug: String = device.trim().to_lowercase().split_whitespace().collect::<Vec<_>>().join("-");
+    let Some(measured) = engine_class.strip_prefix("cuda-") else { return false };
+    slug == measured || slug.starts_with(&format!("{measured}-"))
 }
 
 /// `engine gpu-check`: every comparison of [`check`] on the first GPU,
@@ -223,4 +250,21 @@ pub fn open_diffusion(_seed: u64) -> Result<std::sync::Arc<dyn video::VideoRunne
 #[cfg(not(feature = "cuda"))]
 pub fn open_video(_seed: u64) -> Result<std::sync::Arc<dyn video::VideoRunner>, String> {
     Err(NO_CUDA.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::profile_fits_gpu;
+
+    #[test]
+    fn a_profile_fits_the_gpu_it_was_measured_on_and_no_other() {
+        // The bundled profile's class, and the names nvidia-smi gives.
+        assert!(profile_fits_gpu("cuda-nvidia-h200", "NVIDIA H200"));
+        assert!(profile_fits_gpu("cuda-nvidia-h100", "NVIDIA H100 80GB HBM3"));
+        assert!(profile_fits_gpu("cuda-nvidia-h100-80gb-hbm3", " NVIDIA H100 80GB HBM3 "));
+        // Another model, a name that only starts alike, another backend.
+        assert!(!profile_fits_gpu("cuda-nvidia-h200", "NVIDIA H100 80GB HBM3"));
+        assert!(!profile_fits_gpu("cuda-nvidia-h10", "NVIDIA H100 80GB HBM3"));
+        assert!(!profile_fits_gpu("emulated-a100", "NVIDIA A100-SXM4-80GB"));
+    }
 }
