@@ -22,7 +22,8 @@ fn prefill_fit_recovers_a_linear_profile_and_a_fixed_cost() {
     assert_eq!(c, 0.0);
     assert!((w - 1.0).abs() < 1e-6, "w = {w}");
     assert!((a - 0.1).abs() < 1e-6, "a = {a}");
-    let shipped = LatencyProfile::parse("a100", include_str!("../../profiles/emulated-a100-8b.toml")).unwrap();
+    let shipped =
+        LatencyProfile::parse("a100", include_str!("../../profiles/emulated-a100-8b.toml")).unwrap();
     let m = ServiceModel::from_profile(&shipped);
     assert_eq!(m.c, 11.2);
     for n in [16u32, 512, 1024, 2048, 4096, 8192] {
