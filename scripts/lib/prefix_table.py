@@ -6,7 +6,9 @@ TTFT p50 / p99, goodput, prefill tokens computed and the prefix-cache hit
 rate, and TTFT p50 as a ratio of least-loaded's with the cache off
 (`ll-off`) and on (`ll`). Hits come from the simulator's fleet summary, or
 in live runs from the engines' load reports the gateway's /readyz showed
-after the run.
+after the run; live runs also show the busiest engine's share of the
+prompt tokens (1/engines when balanced; near 1 when one engine took the
+load).
 
     python3 scripts/lib/prefix_table.py bench-out/prefix-sim
 """
@@ -19,17 +21,19 @@ ARMS = ["ll-off", "ll", "rr", "ca", "ours"]
 
 
 def hits(run: Path, results: dict):
+    """(prompt tokens looked up, found cached, busiest engine's share or None)."""
     fleet = results.get("fleet") or {}
     if fleet.get("prefix_lookup_tokens"):
-        return fleet["prefix_lookup_tokens"], fleet["prefix_hit_tokens"]
+        return fleet["prefix_lookup_tokens"], fleet["prefix_hit_tokens"], None
     ready = run / "readyz.json"
     if ready.exists():
         doc = json.loads(ready.read_text())
         engines = (doc.get("detail") or doc).get("engines", [])
-        loads = [e.get("load") or {} for e in engines]
-        return (sum(l.get("prefix_lookup_tokens", 0) for l in loads),
-                sum(l.get("prefix_hit_tokens", 0) for l in loads))
-    return 0, 0
+        looked = [(e.get("load") or {}).get("prefix_lookup_tokens", 0) for e in engines]
+        total = sum(looked)
+        return (total, sum((e.get("load") or {}).get("prefix_hit_tokens", 0) for e in engines),
+                max(looked) / total if total else None)
+    return 0, 0, None
 
 
 def row(runs):
@@ -38,7 +42,9 @@ def row(runs):
         r = json.loads((run / "results.json").read_text())
         s, o = r["summary"], r["summary"]["overall"]
         ttft = o.get("ttft_ms") or {}
-        looked, hit = hits(run, r)
+        looked, hit, top = hits(run, r)
+        if top is not None:
+            vals.setdefault("top", []).append(top)
         for k, v in {
             "p50": ttft.get("p50", float("nan")),
             "p99": ttft.get("p99", float("nan")),
@@ -63,14 +69,17 @@ def main(out: str):
         if not rows:
             continue
         print(f"\n### {wdir.name}\n")
-        print("| arm | TTFT p50 ms | vs ll-off | vs ll | TTFT p99 ms | goodput tok/s | served | prefill tokens computed | hit rate | seeds |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        live = any("top" in m for m, _ in rows.values())
+        print("| arm | TTFT p50 ms | vs ll-off | vs ll | TTFT p99 ms | goodput tok/s | served | prefill tokens computed | hit rate |"
+              + (" busiest engine |" if live else "") + " seeds |")
+        print("| --- " * (10 + live) + "|")
         base_off = rows.get("ll-off", ({}, 0))[0].get("p50")
         base_on = rows.get("ll", ({}, 0))[0].get("p50")
         for arm, (m, n) in rows.items():
             vs = lambda b: f"{m['p50'] / b:.2f}x" if b else "-"
             print(f"| {arm} | {m['p50']:.1f} | {vs(base_off)} | {vs(base_on)} | {m['p99']:.1f} | "
-                  f"{m['tok_s']:.1f} | {100 * m['ok']:.1f}% | {m['computed']:,.0f} | {100 * m['hit']:.1f}% | {n} |")
+                  f"{m['tok_s']:.1f} | {100 * m['ok']:.1f}% | {m['computed']:,.0f} | {100 * m['hit']:.1f}% | "
+                  + (f"{100 * m['top']:.0f}% | " if "top" in m else "- | " if live else "") + f"{n} |")
 
 
 if __name__ == "__main__":
