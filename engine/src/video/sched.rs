@@ -330,74 +330,11 @@ impl Core {
     fn command(&mut self, c: Cmd) {
         match c {
             Cmd::Create(c, reply) => {
-                let result = if self.sessions.contains_key(&c.id) {
-                    Err(VideoError::Exists(c.id))
-                } else {
-                    let session = Session {
-                        place: Place::Resident(StreamState::new(&c.prompt)),
-                        prompt: c.prompt,
-                        res: c.resolution,
-                        latent_frames: c.latent_frames.max(1),
-                        epoch: 0,
-                        credit: 0.0,
-                        kv: Kv::new(self.cfg.state_bytes),
-                    };
-                    self.insert(c.id, session);
-                    Ok(())
-                };
-                let _ = reply.send(result);
+                let _ = reply.send(self.create(c));
             }
-            Cmd::Chunk(id, req, reply) => match self.sessions.get_mut(&id) {
-                None => {
-                    let _ = reply.send(Err(VideoError::NoSession(id)));
-                }
-                Some(_) if !(1..=2).contains(&req.sp) => {
-                    let _ = reply.send(Err(VideoError::BadSp(req.sp)));
-                }
-                Some(s) if s.epoch != req.epoch => {
-                    let _ = reply.send(Err(VideoError::StaleEpoch { got: req.epoch, current: s.epoch }));
-                }
-                Some(_) if self.cfg.profile.point(&req.fidelity).is_none() => {
-                    let _ = reply.send(Err(VideoError::UnknownFidelity(req.fidelity.to_string())));
-                }
-                Some(s) => {
-                    s.credit = req.credit;
-                    self.pending.push(Pending {
-                        id,
-                        req,
-                        reply,
-                        enqueued: crate::clock::now(),
-                        steps_left: None,
-                    });
-                }
-            },
+            Cmd::Chunk(id, req, reply) => self.enqueue(id, req, reply),
             Cmd::Prompt(id, prompt, reply) => {
-                let result = match self.sessions.get_mut(&id) {
-                    None => Err(VideoError::NoSession(id.clone())),
-                    Some(s) => {
-                        s.epoch += 1;
-                        s.place = match s.place {
-                            Place::Suspended(_) => Place::Suspended(StreamState::new(&prompt).to_bytes()),
-                            _ => Place::Resident(StreamState::new(&prompt)),
-                        };
-                        s.prompt = prompt;
-                        Ok(s.epoch)
-                    }
-                };
-                if result.is_ok() {
-                    self.forget_on_gpu(&id);
-                }
-                // Chunks queued for the old prompt are dropped.
-                let (stale, keep): (Vec<Pending>, Vec<Pending>) = self
-                    .pending
-                    .drain(..)
-                    .partition(|p| p.id == id && result.as_ref().is_ok_and(|e| p.req.epoch < *e));
-                self.pending = keep;
-                for p in stale {
-                    let current = *result.as_ref().unwrap_or(&0);
-                    let _ = p.reply.send(Err(VideoError::StaleEpoch { got: p.req.epoch, current }));
-                }
-                let _ = reply.send(result);
+                let _ = reply.send(self.set_prompt(id, prompt));
             }
             Cmd::Suspend(id, reply) => {
                 let _ = reply.send(self.suspend(&id));
@@ -442,25 +379,113 @@ impl Core {
                 let _ = reply.send(self.staged.remove(&id).map(|_| ()).ok_or(VideoError::NoSession(id)));
             }
             Cmd::Lend(ms, reply) => {
-                let now = crate::clock::now();
-                self.lends.retain(|(until, _)| *until > now);
-                if self.lends.len() < self.cfg.max_batch as usize {
-                    let ms = ms.clamp(0.0, 60_000.0);
-                    self.lends.push((now + Duration::from_secs_f64(ms / 1e3), ms / LEND_STEPS));
-                    self.load.lends += 1;
-                }
+                self.lend(ms);
                 let _ = reply.send(Ok(()));
             }
             Cmd::Load(reply) => {
-                let mut load = self.load.clone();
-                load.sessions = self.sessions.len() as u32;
-                load.resident = self.resident();
-                load.suspended = load.sessions - load.resident;
-                load.arena_slots = self.cfg.arena_slots;
-                load.queued_chunks = self.pending.len() as u32;
-                let _ = reply.send(load);
+                let _ = reply.send(self.load());
             }
         }
+    }
+
+    fn create(&mut self, c: CreateSession) -> Result<(), VideoError> {
+        if self.sessions.contains_key(&c.id) {
+            return Err(VideoError::Exists(c.id));
+        }
+        let session = Session {
+            place: Place::Resident(StreamState::new(&c.prompt)),
+            prompt: c.prompt,
+            res: c.resolution,
+            latent_frames: c.latent_frames.max(1),
+            epoch: 0,
+            credit: 0.0,
+            kv: Kv::new(self.cfg.state_bytes),
+        };
+        self.insert(c.id, session);
+        Ok(())
+    }
+
+    /// Queues a chunk request of session `id`, or answers why not.
+    fn enqueue(
+        &mut self,
+        id: String,
+        req: ChunkRequest,
+        reply: oneshot::Sender<Result<ChunkOut, VideoError>>,
+    ) {
+        let refused = match self.sessions.get_mut(&id) {
+            None => Some(VideoError::NoSession(id.clone())),
+            Some(_) if !(1..=2).contains(&req.sp) => Some(VideoError::BadSp(req.sp)),
+            Some(s) if s.epoch != req.epoch => {
+                Some(VideoError::StaleEpoch { got: req.epoch, current: s.epoch })
+            }
+            Some(_) if self.cfg.profile.point(&req.fidelity).is_none() => {
+                Some(VideoError::UnknownFidelity(req.fidelity.to_string()))
+            }
+            Some(s) => {
+                s.credit = req.credit;
+                None
+            }
+        };
+        match refused {
+            Some(e) => {
+                let _ = reply.send(Err(e));
+            }
+            None => {
+                self.pending.push(Pending { id, req, reply, enqueued: crate::clock::now(), steps_left: None })
+            }
+        }
+    }
+
+    /// A new prompt for session `id`: a new epoch, its state restarted, and
+    /// the chunks queued for the old prompt answered `StaleEpoch`.
+    fn set_prompt(&mut self, id: String, prompt: String) -> Result<u32, VideoError> {
+        let result = match self.sessions.get_mut(&id) {
+            None => Err(VideoError::NoSession(id.clone())),
+            Some(s) => {
+                s.epoch += 1;
+                s.place = match s.place {
+                    Place::Suspended(_) => Place::Suspended(StreamState::new(&prompt).to_bytes()),
+                    _ => Place::Resident(StreamState::new(&prompt)),
+                };
+                s.prompt = prompt;
+                Ok(s.epoch)
+            }
+        };
+        if result.is_ok() {
+            self.forget_on_gpu(&id);
+        }
+        let (stale, keep): (Vec<Pending>, Vec<Pending>) = self
+            .pending
+            .drain(..)
+            .partition(|p| p.id == id && result.as_ref().is_ok_and(|e| p.req.epoch < *e));
+        self.pending = keep;
+        for p in stale {
+            let current = *result.as_ref().unwrap_or(&0);
+            let _ = p.reply.send(Err(VideoError::StaleEpoch { got: p.req.epoch, current }));
+        }
+        result
+    }
+
+    /// Lends `ms` of compute to a peer's SP chunk (at most `max_batch`
+    /// lends at once, each at most a minute).
+    fn lend(&mut self, ms: f64) {
+        let now = crate::clock::now();
+        self.lends.retain(|(until, _)| *until > now);
+        if self.lends.len() < self.cfg.max_batch as usize {
+            let ms = ms.clamp(0.0, 60_000.0);
+            self.lends.push((now + Duration::from_secs_f64(ms / 1e3), ms / LEND_STEPS));
+            self.load.lends += 1;
+        }
+    }
+
+    fn load(&self) -> VideoLoad {
+        let mut load = self.load.clone();
+        load.sessions = self.sessions.len() as u32;
+        load.resident = self.resident();
+        load.suspended = load.sessions - load.resident;
+        load.arena_slots = self.cfg.arena_slots;
+        load.queued_chunks = self.pending.len() as u32;
+        load
     }
 
     fn fail_pending(&mut self, id: &str) {
