@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 
-use super::{decide, retry_after, Ask, Candidate, Decision, RejectReason};
+use super::{decide, retry_after, Ask, Candidate, Decision, RejectReason, Rejection};
 use crate::brownout::{Brownout, Window};
 use crate::estimate::{OutputHistory, ServiceModel};
 use crate::fairness::Drr;
@@ -250,21 +250,7 @@ impl Controller {
         };
         self.rr_turn += 1;
         let plan = match decide(&ask, engines, &self.models, &policy.estimator, &policy.admission) {
-            Decision::Reject(rej) => {
-                // A capacity refusal is trouble brownout can relieve; no
-                // engine at all is not.
-                if rej.reason != RejectReason::NoEngine {
-                    self.trouble.push(now, REFUSED);
-                }
-                let wait = rej.predicted_wait_ms / ask.ttft_budget_ms;
-                self.wait_signal.push(now, if wait.is_finite() { wait } else { 10.0 });
-                let mut refusal = Refusal::new(rej.reason.into(), rej.retry_after_s, level);
-                refusal.predicted_ttft_ms = Some(rej.predicted_ttft_ms).filter(|x| x.is_finite());
-                refusal.ttft_budget_ms = ask.ttft_budget_ms;
-                refusal.e2e_budget_ms = ask.e2e_budget_ms;
-                refusal.limit = ask.output_floor;
-                return Outcome::Refuse(refusal);
-            }
+            Decision::Reject(rej) => return self.refuse(now, &ask, &rej, level),
             Decision::Admit(plan) => plan,
         };
         steps.extend(plan.steps.iter().map(|d| Step::Ladder(*d)));
@@ -292,30 +278,60 @@ impl Controller {
         };
         match plan.engine {
             Some(engine) => Outcome::Start { engine, admit },
-            None => {
-                // Wait for a slot of the plan's class, at most the TTFT
-                // budget and `routing.max_queue_ms`.
-                let id = self.next_waiter;
-                self.next_waiter += 1;
-                let wait_ms = ttft_budget_ms.min(f64::from(policy.routing.max_queue_ms)).max(0.0);
-                let deadline = now + wait_ms / 1e3;
-                let w = Waiter {
-                    id,
-                    work,
-                    n_in: r.prompt_tokens,
-                    arrived: now,
-                    deadline,
-                    recheck_ms: ttft_budget_ms * policy.admission.recheck_factor,
-                    ttft_budget_ms,
-                    level,
-                    tier: tier.name.clone(),
-                };
-                let quantum = policy.routing.drr_quantum_tokens;
-                let gate = self.gates.entry(plan.class).or_insert_with(|| Drr::new(quantum));
-                gate.push(r.tenant, weight, n_hat, key, w);
-                Outcome::Wait { id, deadline, admit }
-            }
+            None => self.wait_at_gate(now, policy, r, plan.class, (weight, n_hat), admit),
         }
+    }
+
+    /// A capacity refusal (or no engine): its signals for brownout, and
+    /// the typed refusal with what admission predicted.
+    fn refuse(&mut self, now: f64, ask: &Ask, rej: &Rejection, level: usize) -> Outcome {
+        // A capacity refusal is trouble brownout can relieve; no engine at
+        // all is not.
+        if rej.reason != RejectReason::NoEngine {
+            self.trouble.push(now, REFUSED);
+        }
+        let wait = rej.predicted_wait_ms / ask.ttft_budget_ms;
+        self.wait_signal.push(now, if wait.is_finite() { wait } else { 10.0 });
+        let mut refusal = Refusal::new(rej.reason.into(), rej.retry_after_s, level);
+        refusal.predicted_ttft_ms = Some(rej.predicted_ttft_ms).filter(|x| x.is_finite());
+        refusal.ttft_budget_ms = ask.ttft_budget_ms;
+        refusal.e2e_budget_ms = ask.e2e_budget_ms;
+        refusal.limit = ask.output_floor;
+        Outcome::Refuse(refusal)
+    }
+
+    /// Every slot of `class` busy: the admitted request waits at its gate
+    /// for one, at most the TTFT budget and `routing.max_queue_ms`, in its
+    /// tenant's DRR queue (`weight`, `n_hat` tokens of work).
+    fn wait_at_gate(
+        &mut self,
+        now: f64,
+        policy: &PolicyDocument,
+        r: &Request,
+        class: usize,
+        (weight, n_hat): (u32, u64),
+        admit: Admit,
+    ) -> Outcome {
+        let id = self.next_waiter;
+        self.next_waiter += 1;
+        let ttft_budget_ms = admit.ttft_budget_ms;
+        let wait_ms = ttft_budget_ms.min(f64::from(policy.routing.max_queue_ms)).max(0.0);
+        let deadline = now + wait_ms / 1e3;
+        let w = Waiter {
+            id,
+            work: admit.work,
+            n_in: r.prompt_tokens,
+            arrived: now,
+            deadline,
+            recheck_ms: ttft_budget_ms * policy.admission.recheck_factor,
+            ttft_budget_ms,
+            level: admit.brownout_level,
+            tier: r.tier.name.clone(),
+        };
+        let quantum = policy.routing.drr_quantum_tokens;
+        let gate = self.gates.entry(class).or_insert_with(|| Drr::new(quantum));
+        gate.push(r.tenant, weight, n_hat, admit.key, w);
+        Outcome::Wait { id, deadline, admit }
     }
 
     /// Admission off (the FCFS baselines): route by the configured simple
