@@ -404,7 +404,7 @@ impl KvAllocator {
             inner.hold(p);
         }
         inner.take(fresh as usize, &mut pages);
-        PageSet { alloc: Arc::clone(self), pages, cached, committed: false }
+        PageSet { alloc: Arc::clone(self), pages, cached, committed: 0 }
     }
 
     /// Records the pages in use at `now_secs` (any monotonic clock, in
@@ -464,11 +464,16 @@ pub struct PageSet {
     pages: Vec<PageId>,
     /// Leading pages found in the prefix cache at admission.
     cached: u32,
-    /// [`PageSet::commit`] ran.
-    committed: bool,
+    /// Leading blocks [`PageSet::commit`] has walked.
+    committed: usize,
 }
 
 impl PageSet {
+    /// Tokens per page.
+    pub fn page_tokens(&self) -> u32 {
+        self.alloc.page_tokens
+    }
+
     pub fn pages(&self) -> &[PageId] {
         &self.pages
     }
@@ -484,16 +489,19 @@ impl PageSet {
         self.cached * self.alloc.page_tokens
     }
 
-    /// Names the pages holding `blocks` (the prompt's full blocks, now
-    /// computed) so later prompts can share them; once per set. A block
-    /// already named on another page, or whose hash names different
-    /// content, stays private; the chain continues from the page that
-    /// holds the name, and stops at a collision.
+    /// Names the pages holding `blocks` (the context's full blocks, every
+    /// position computed) so later prompts can share them: the prompt's
+    /// once it is prefilled, then prompt and output together when the
+    /// sequence ends. A block already named on another page, or whose hash
+    /// names different content, stays private; the chain continues from
+    /// the page that holds the name, and stops at a collision. Walking the
+    /// same leading blocks again changes nothing, so a call with no more
+    /// blocks than the last returns at once.
     pub fn commit(&mut self, blocks: &[Block]) {
-        if !self.alloc.prefix_cache || self.committed {
+        if !self.alloc.prefix_cache || blocks.len() <= self.committed {
             return;
         }
-        self.committed = true;
+        self.committed = blocks.len();
         let mut inner = self.alloc.lock();
         let mut parent: Option<(PageId, u32)> = None;
         let mut stored = Vec::new();

@@ -26,9 +26,21 @@ use std::collections::{HashMap, VecDeque};
 
 /// Hashes of a prompt's full blocks, each chained on its predecessor. A
 /// trailing partial block has no hash (it cannot be shared as a page).
+/// (The gateway's hot path: [`blocks`] without the content.)
 pub fn block_hashes(text: &str, block_tokens: u32) -> Vec<u64> {
+    let block = block_tokens.max(1) as usize;
     let mut hashes = Vec::new();
-    walk(text, block_tokens, |h, _| hashes.push(h));
+    let (mut h, mut n) = (FNV_OFFSET, 0);
+    for piece in pieces(text) {
+        h = fnv(h, piece.as_bytes());
+        h = fnv(h, &[0xff]); // a piece boundary, as in [`Chain::push`]
+        n += 1;
+        if n == block {
+            hashes.push(h);
+            h = fnv(FNV_OFFSET, &h.to_le_bytes());
+            n = 0;
+        }
+    }
     hashes
 }
 
@@ -44,32 +56,59 @@ pub struct Block {
 /// The full blocks of a prompt with their content ([`block_hashes`] with
 /// what each hash stands for).
 pub fn blocks(text: &str, block_tokens: u32) -> Vec<Block> {
-    let mut out = Vec::new();
-    walk(text, block_tokens, |hash, pieces| {
-        let mut content = String::with_capacity(pieces.iter().map(|p| p.len() + 1).sum());
-        for p in pieces {
-            content.push_str(p);
-            content.push('\u{1f}');
-        }
-        out.push(Block { hash, content: content.into() });
-    });
-    out
+    Chain::of(text, block_tokens).0
 }
 
-/// Calls `on_block(hash, pieces)` for each full block of `text`.
-fn walk<'a>(text: &'a str, block_tokens: u32, mut on_block: impl FnMut(u64, &[&'a str])) {
-    let block = block_tokens.max(1) as usize;
-    let mut pieces_of_block: Vec<&str> = Vec::with_capacity(block);
-    let mut h = FNV_OFFSET;
-    for piece in pieces(text) {
-        h = fnv(h, piece.as_bytes());
-        h = fnv(h, &[0xff]); // a piece boundary ("ab"+"c" is not "a"+"bc")
-        pieces_of_block.push(piece);
-        if pieces_of_block.len() == block {
-            on_block(h, &pieces_of_block);
-            h = fnv(FNV_OFFSET, &h.to_le_bytes()); // the next block chains on this one
-            pieces_of_block.clear();
+/// A block chain grown piece by piece: an engine starts it with its prompt
+/// and continues it with the tokens it generates, so the pages its output
+/// filled are named exactly as a later prompt resending that output
+/// (the next turn of a conversation) will look them up.
+#[derive(Debug, Clone)]
+pub struct Chain {
+    block: usize,
+    /// Running hash of the partial block.
+    hash: u64,
+    /// The partial block's content so far, and its pieces.
+    content: String,
+    len: usize,
+    /// Pieces pushed in all (prompt and continuation).
+    pieces: u64,
+}
+
+impl Chain {
+    /// The full blocks of `text`, and the chain ready to continue after it.
+    pub fn of(text: &str, block_tokens: u32) -> (Vec<Block>, Chain) {
+        let mut chain = Chain {
+            block: block_tokens.max(1) as usize,
+            hash: FNV_OFFSET,
+            content: String::new(),
+            len: 0,
+            pieces: 0,
+        };
+        let blocks = pieces(text).filter_map(|p| chain.push(p)).collect();
+        (blocks, chain)
+    }
+
+    /// Appends one token piece; the block it completes, if it does.
+    pub fn push(&mut self, piece: &str) -> Option<Block> {
+        self.hash = fnv(self.hash, piece.as_bytes());
+        self.hash = fnv(self.hash, &[0xff]); // a piece boundary ("ab"+"c" is not "a"+"bc")
+        self.content.push_str(piece);
+        self.content.push('\u{1f}');
+        self.len += 1;
+        self.pieces += 1;
+        if self.len < self.block {
+            return None;
         }
+        let block = Block { hash: self.hash, content: std::mem::take(&mut self.content).into() };
+        self.hash = fnv(FNV_OFFSET, &block.hash.to_le_bytes()); // the next block chains on this one
+        self.len = 0;
+        Some(block)
+    }
+
+    /// Pieces pushed so far: where the next one sits in the token sequence.
+    pub fn pieces(&self) -> u64 {
+        self.pieces
     }
 }
 

@@ -128,4 +128,13 @@ pub trait Backend: Send + 'static {
 
     /// One decode step for every slot. Returns the device time still to wait.
     fn decode(&mut self, batch: &mut [Slot<'_, Self::Seq>]) -> Duration;
+
+    /// Whether the text of each token it generates is the token: one
+    /// piece that the tokenizer maps back to the same id, so the pages
+    /// holding the output's K/V may serve a later prompt that resends it.
+    /// The emulated backend's words are not (many are two pieces), and it
+    /// has no K/V to share.
+    fn output_round_trips(&self) -> bool {
+        false
+    }
 }

@@ -392,4 +392,8 @@ impl<D: Device> Backend for GpuBackend<D> {
         run_step(batch, true, self.lm.page_tokens, |inputs| self.lm.forward(inputs));
         Duration::ZERO
     }
+
+    fn output_round_trips(&self) -> bool {
+        true // one vocabulary word per token (`vocab::ROUND_TRIP_IDS`)
+    }
 }

@@ -29,7 +29,7 @@ use crate::api::{FinishReason, GenerateRequest};
 use crate::backend::{Backend, Slot, Token};
 use crate::kv::{KvAllocator, KvRefusal};
 use crate::metrics as m;
-use policies::prefix::Block;
+use policies::prefix::{Block, Chain};
 
 mod seq;
 use crate::stop::StopMatcher;
@@ -376,7 +376,7 @@ impl<B: Backend> Core<B> {
             return Err(Refusal::Draining);
         }
         let reserve = self.cfg.output_reserve_tokens.min(req.max_tokens);
-        let (blocks, reusable) = self.blocks(&req.prompt, prompt_tokens);
+        let (blocks, reusable, chain) = self.blocks(&req.prompt, prompt_tokens);
         let pages = self.kv.admit(u64::from(prompt_tokens) + u64::from(reserve), &blocks[..reusable])?;
         let state = self.backend.start(&req, prompt_tokens);
         let mut seq = Seq {
@@ -402,6 +402,7 @@ impl<B: Backend> Core<B> {
             prefill_ms: 0.0,
             blocks,
             reusable,
+            chain,
             cached_tokens: 0,
             trace: trace::SeqTrace::start(trace, prompt_tokens),
         };
@@ -414,17 +415,21 @@ impl<B: Backend> Core<B> {
     }
 
     /// A prompt's full blocks for the prefix cache (none when it is off),
-    /// and how many of them may be shared: those before the last token.
-    fn blocks(&self, prompt: &str, prompt_tokens: u32) -> (Vec<Block>, usize) {
+    /// how many of them may be shared (those before the last token), and
+    /// the chain its output continues when the backend's tokens round-trip
+    /// and the prompt is as many pieces as tokens.
+    fn blocks(&self, prompt: &str, prompt_tokens: u32) -> (Vec<Block>, usize, Option<Chain>) {
         if !self.kv.prefix_cache() {
-            return (Vec::new(), 0);
+            return (Vec::new(), 0, None);
         }
         let page = self.kv.page_tokens();
-        let mut blocks = policies::prefix::blocks(prompt, page);
+        let (mut blocks, chain) = Chain::of(prompt, page);
+        let chain = (self.backend.output_round_trips() && chain.pieces() == u64::from(prompt_tokens))
+            .then_some(chain);
         blocks.truncate((prompt_tokens / page) as usize);
         let reusable = (prompt_tokens.saturating_sub(1) / page) as usize;
         let reusable = reusable.min(blocks.len());
-        (blocks, reusable)
+        (blocks, reusable, chain)
     }
 
     fn snapshot(&self) -> SchedSnapshot {

@@ -10,7 +10,7 @@ use crate::api::{Event, FinishReason, Usage};
 use crate::backend::Token;
 use crate::kv::PageSet;
 use crate::stop::{Step, StopMatcher};
-use policies::prefix::Block;
+use policies::prefix::{Block, Chain};
 
 /// One admitted sequence.
 pub(super) struct Seq<S> {
@@ -29,8 +29,13 @@ pub(super) struct Seq<S> {
     pub(super) since_start: u32,
     pub(super) queue_ms: f64,
     pub(super) prefill_ms: f64,
-    /// The prompt's full blocks (named in the prefix cache once prefilled).
+    /// The context's full blocks: the prompt's (named in the prefix cache
+    /// once prefilled), then those its output completes (named when it
+    /// ends, see [`Seq::finish`]).
     pub(super) blocks: Vec<Block>,
+    /// The block chain continued by each generated token, while the
+    /// backend's tokens round-trip and the cache is on.
+    pub(super) chain: Option<Chain>,
     /// Leading blocks that may come from the cache: those before the
     /// prompt's last token, which is always computed.
     pub(super) reusable: usize,
@@ -71,6 +76,7 @@ impl<S> Seq<S> {
         let Token::Text(text) = token else { return self.finish(FinishReason::Stop) };
         self.generated += 1;
         self.since_start += 1;
+        self.extend_chain(&text);
         let (emit, stopped) = match self.stops.push(&text) {
             Step::Emit(t) => (t, false),
             Step::Stopped(t) => (t, true),
@@ -87,7 +93,35 @@ impl<S> Seq<S> {
         }
     }
 
+    /// Continues the block chain with a generated token's text; a token
+    /// that is not one piece ends the naming of this sequence's output.
+    fn extend_chain(&mut self, text: &str) {
+        let Some(chain) = &mut self.chain else { return };
+        let piece = text.trim();
+        if policies::tokens::count(piece) != 1 {
+            self.chain = None;
+            return;
+        }
+        if let Some(b) = chain.push(piece) {
+            self.blocks.push(b);
+        }
+    }
+
+    /// Names the pages the output filled, so that the next turn of a
+    /// conversation, which resends this answer, finds them cached (as vLLM
+    /// and SGLang keep generated tokens' pages). Only blocks every position
+    /// of which holds K/V: the last token generated has none yet.
+    fn commit_output(&mut self) {
+        let Some(pages) = self.pages.as_mut() else { return };
+        if self.generated == 0 {
+            return; // nothing generated: the prefill named the prompt already
+        }
+        let computed = (self.prompt_tokens + self.generated - 1) / pages.page_tokens();
+        pages.commit(&self.blocks[..self.blocks.len().min(computed as usize)]);
+    }
+
     pub(super) fn finish(&mut self, finish_reason: FinishReason) -> bool {
+        self.commit_output();
         if let Some(t) = &mut self.trace {
             let reason = match finish_reason {
                 FinishReason::Stop => "stop",

@@ -69,19 +69,28 @@ pub fn shared(i: usize) -> GenerateRequest {
 
 /// Runs one request to the end: its text and finish reason.
 pub async fn run(s: &Scheduler, r: GenerateRequest) -> (String, Option<FinishReason>) {
+    let (text, finish, _) = run_counted(s, r).await;
+    (text, finish)
+}
+
+/// [`run`], with the prompt tokens the prefix cache served.
+pub async fn run_counted(s: &Scheduler, r: GenerateRequest) -> (String, Option<FinishReason>, u32) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
     let n = policies::tokens::count(&r.prompt);
     s.enqueue(r, n, tx).await.unwrap();
-    let (mut text, mut finish) = (String::new(), None);
+    let (mut text, mut finish, mut cached) = (String::new(), None, 0);
     while let Some(line) = rx.recv().await {
         match serde_json::from_slice(&line).unwrap() {
             Event::Token { text: t } => text.push_str(&t),
-            Event::Done { finish_reason, .. } => finish = Some(finish_reason),
+            Event::Done { finish_reason, usage, .. } => {
+                finish = Some(finish_reason);
+                cached = usage.cached_tokens;
+            }
             Event::Error { code, message } => panic!("{code}: {message}"),
             other => panic!("an engine never sends {other:?}"),
         }
     }
-    (text, finish)
+    (text, finish, cached)
 }
 
 /// The `shared` prompts one after the other, with and without the prefix

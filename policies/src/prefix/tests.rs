@@ -128,3 +128,22 @@ fn an_evicted_block_is_forgotten_for_that_engine_only() {
     assert_eq!(idx.matched(&p, 2), vec![0, 0]);
     assert_eq!(idx.len(), 3, "a block no engine holds is dropped");
 }
+
+#[test]
+fn a_chain_continued_with_generated_pieces_names_what_the_resent_text_looks_up() {
+    let prompt = words(21, "s"); // one piece each
+    let (prompt_blocks, mut chain) = Chain::of(&prompt, 16);
+    assert_eq!(prompt_blocks, blocks(&prompt, 16));
+    assert_eq!(chain.pieces(), 21);
+    // The engine generates eleven one-piece words after the prompt.
+    let answer: Vec<String> = (0..11).map(|i| format!("w{i:02}")).collect();
+    let mut all = prompt_blocks.clone();
+    all.extend(answer.iter().filter_map(|w| chain.push(w)));
+    assert_eq!(chain.pieces(), 32);
+    // The next turn resends the prompt, the answer and a new message.
+    let next = format!("{prompt}\n{}\nand more", answer.join(" "));
+    let resent = blocks(&next, 16);
+    assert_eq!(all.len(), 2);
+    assert_eq!(&resent[..2], &all[..], "same hashes and content");
+    assert_eq!(block_hashes(&next, 16), resent.iter().map(|b| b.hash).collect::<Vec<_>>());
+}

@@ -108,6 +108,10 @@ impl Backend for Cpu {
         self.step(batch, true);
         Duration::ZERO
     }
+
+    fn output_round_trips(&self) -> bool {
+        true // one vocabulary word per token (`vocab::ROUND_TRIP_IDS`)
+    }
 }
 
 /// One sequence's tokens (prompt, then output) and sampler.
