@@ -151,8 +151,8 @@ async fn answers_are_named_only_after_they_are_computed_and_preemption_keeps_the
         want.push(run(&off, conversation_turn(&firsts[i..=i], i)).await.0);
     }
     let (small, kv) = scheduler_with(60, 8, true);
-    for i in 0..6 {
-        assert_eq!(run(&small, conversation_turn(&[], i)).await.0, firsts[i]);
+    for (i, first) in firsts.iter().enumerate() {
+        assert_eq!(&run(&small, conversation_turn(&[], i)).await.0, first);
     }
     let runs: Vec<_> = (0..6)
         .map(|i| {

@@ -15,13 +15,19 @@ struct Cli {
     run: loadtest::run::RunArgs,
 }
 
+const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+
 fn args(sys: &System, out: &std::path::Path, extra: &[&str]) -> loadtest::run::RunArgs {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    args_for(sys, out, &format!("{ROOT}/loadtest/workloads/chat.toml"), extra)
+}
+
+fn args_for(sys: &System, out: &std::path::Path, workload: &str, extra: &[&str]) -> loadtest::run::RunArgs {
+    let root = ROOT;
     let mut argv = vec![
         "loadtest".to_string(),
         format!("--target={}", sys.base),
         format!("--ca={}", sys.ca.display()),
-        format!("--workload={root}/loadtest/workloads/chat.toml"),
+        format!("--workload={workload}"),
         format!("--policies={root}/policies/default.toml"),
         format!("--out={}", out.display()),
         "--seed=3".into(),
@@ -68,6 +74,68 @@ async fn a_short_run_writes_valid_results_and_report() {
     }
     assert_eq!(html.matches("<svg").count(), 6);
     assert_eq!(html.matches("no data").count(), 0, "every plot has data");
+}
+
+/// `answers = "received"` against a real cpu engine: each turn of a
+/// conversation resends the previous prompt and the answer the engine
+/// gave, and the engine, which named the pages its answer filled, serves
+/// that whole history from its prefix cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversation_turns_resend_received_answers_and_find_them_cached() {
+    let model = [
+        "--backend=cpu",
+        "--engine-arg=--model-layers=2",
+        "--engine-arg=--model-hidden=64",
+        "--engine-arg=--model-heads=4",
+        "--engine-arg=--model-ffn=128",
+        "--engine-arg=--model-vocab=512",
+        "--engine-arg=--kv-cache-mb=8",
+    ];
+    let sys = System::start_with(&paced(0, 0), 1, &model).await;
+    // Two users, short messages, answers of about 24 tokens.
+    let shipped = std::fs::read_to_string(format!("{ROOT}/loadtest/workloads/multi-turn.toml")).unwrap();
+    let small = shipped
+        .replace("users = 64", "users = 2")
+        .replace("turn_tokens = 150", "answers = \"received\"\nturn_tokens = 150")
+        .replace("p50 = 40\np95 = 160", "p50 = 8\np95 = 16")
+        .replace("p50 = 100\np95 = 400", "p50 = 24\np95 = 40");
+    assert_ne!(small, shipped);
+    let path = sys.dir.join("conversation.toml");
+    std::fs::write(&path, small).unwrap();
+    let out = sys.dir.join("run-conversation");
+    let a = args_for(&sys, &out, path.to_str().unwrap(), &["--rate=3", "--duration=4s"]);
+    let r = loadtest::run::run(&a).await.expect("run");
+    assert!(r.records.iter().all(|x| x.outcome == Outcome::Ok), "every turn served");
+
+    // Pair each turn with the one it follows (the same plan the run made).
+    let (schedule, _) = loadtest::run::schedule(&a.load).unwrap();
+    let plan = loadtest::arrival::plan(
+        &loadtest::workload::Workload::load(path.to_str().unwrap()).unwrap(),
+        &schedule,
+        3,
+    );
+    let rec: std::collections::HashMap<u64, &loadtest::record::Record> =
+        r.records.iter().map(|x| (x.id, x)).collect();
+    let (mut follows, mut history_blocks, mut prompt_blocks) = (0, 0, 0);
+    for p in &plan {
+        let Some((prev, own)) = p.after else { continue };
+        let (before, now) = (rec[&prev], rec[&p.id]);
+        let answered = before.scheduled_at_ms + before.done_ms.unwrap();
+        assert!(now.scheduled_at_ms >= answered - 1.0, "a turn waits for the answer it resends");
+        assert_eq!(now.tokens_in, before.tokens_in + before.tokens_out + own, "prompt, answer, message");
+        // Cached: every full page of 16 up to the answer's last token (no
+        // K/V yet); naming prompts alone would give the prompt's pages.
+        history_blocks += (before.tokens_in + before.tokens_out - 1) / 16 * 16;
+        prompt_blocks += before.tokens_in / 16 * 16;
+        follows += 1;
+    }
+    assert!(follows >= 4, "the run reached later turns: {follows}");
+    let load = sys.engine_load(&sys.engines[0].id).await;
+    assert!(
+        load.prefix_hit_tokens >= u64::from(history_blocks) && history_blocks > prompt_blocks,
+        "{} tokens served from the cache, {history_blocks} expected ({prompt_blocks} from prompts alone)",
+        load.prefix_hit_tokens
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -221,6 +221,12 @@ pub struct Planned {
     /// The prompt's shared start: the seed of its words and its tokens
     /// (`[prefix]` group or `[conversation]` history).
     pub prefix: Option<(u64, u32)>,
+    /// In a conversation whose answers are resent as received
+    /// ([`crate::workload::Answers::Received`]), a turn after the first:
+    /// the previous turn's id and this turn's new message, in tokens. The
+    /// live runner sends the previous prompt, its answer as received, then
+    /// [`Planned::message`].
+    pub after: Option<(u64, u32)>,
 }
 
 impl Planned {
@@ -229,6 +235,12 @@ impl Planned {
     pub fn prompt(&self, seed: u64) -> String {
         let own = self.input_tokens - self.prefix.map_or(0, |(_, n)| n);
         crate::workload::prompt(self.prefix, own, seed.wrapping_mul(0x9E37_79B9).wrapping_add(self.id))
+    }
+
+    /// The new message of a turn sent after a received answer (`after`).
+    pub fn message(&self, seed: u64) -> String {
+        let own = self.after.map_or(0, |(_, n)| n);
+        crate::workload::synth_prompt(own, seed.wrapping_mul(0x9E37_79B9).wrapping_add(self.id) ^ 0x4D53_4700)
     }
 }
 
@@ -240,7 +252,7 @@ pub fn plan(workload: &Workload, schedule: &Schedule, seed: u64) -> Vec<Planned>
     let mut tenants = SplitMix(seed ^ 0xA5A5_0002);
     let mut sizes = SplitMix(seed ^ 0xA5A5_0003);
     let mut shared = SplitMix(seed ^ 0xA5A5_0004);
-    let mut turns: Vec<(u32, u32)> = vec![(0, 0); workload.conversation.map_or(0, |c| c.users as usize)];
+    let mut turns = vec![Turns::default(); workload.conversation.map_or(0, |c| c.users as usize)];
     let timed: Vec<(f64, Option<TraceRow>)> = match schedule {
         Schedule::Rate(spec) => spec.times(&mut arrivals).into_iter().map(|t| (t, None)).collect(),
         Schedule::Trace { rows, speed, duration_s } => {
@@ -257,43 +269,75 @@ pub fn plan(workload: &Workload, schedule: &Schedule, seed: u64) -> Vec<Planned>
                 None => (workload.input_tokens.sample(&mut sizes), workload.output_tokens.sample(&mut sizes)),
             };
             let max_tokens = workload.capped_output(&workload.mix[mix].tier, wanted);
-            let (prefix, input_tokens) = shared_start(workload, &mut shared, &mut turns, seed, input);
-            Planned { id: i as u64, at_s, mix, input_tokens, max_tokens, prefix }
+            let id = i as u64;
+            let Start { prefix, input_tokens, after } =
+                shared_start(workload, &mut shared, &mut turns, seed, (id, input, max_tokens));
+            Planned { id, at_s, mix, input_tokens, max_tokens, prefix, after }
         })
         .collect()
 }
 
+/// One user's place in its conversations.
+#[derive(Debug, Clone, Copy, Default)]
+struct Turns {
+    /// Requests so far (all its conversations).
+    sent: u32,
+    /// Tokens of the conversation so far, the last answer included.
+    history: u32,
+    /// The last request's id.
+    last: u64,
+}
+
+/// How a request's prompt starts: [`Planned::prefix`], the whole prompt's
+/// tokens and [`Planned::after`].
+struct Start {
+    prefix: Option<(u64, u32)>,
+    input_tokens: u32,
+    after: Option<(u64, u32)>,
+}
+
 /// The shared start of the next request's prompt, if its workload has one,
-/// and the whole prompt's size for a message of `own` tokens: a `[prefix]`
-/// group's prefix (seeded by the group) ahead of the message; or, in a
-/// conversation, the whole prompt, which is the conversation so far (every
-/// earlier prompt, each followed by `turn_tokens` standing for its answer)
-/// and then the new message, all one stream seeded by the user and the
+/// the whole prompt's size for a message of `own` tokens, and in a
+/// conversation whose answers are received the turn it follows: a
+/// `[prefix]` group's prefix (seeded by the group) ahead of the message; or,
+/// in a conversation, the whole prompt, which is the conversation so far
+/// (every earlier prompt, each followed by its answer: `turn_tokens`
+/// standing for it, or a received answer planned as `max_tokens` long) and
+/// then the new message, all one stream seeded by the user and the
 /// conversation's number, so each turn's prompt is a prefix of the next's.
 fn shared_start(
     w: &Workload,
     rng: &mut SplitMix,
-    turns: &mut [(u32, u32)],
+    turns: &mut [Turns],
     seed: u64,
-    own: u32,
-) -> (Option<(u64, u32)>, u32) {
+    (id, own, max_tokens): (u64, u32, u32),
+) -> Start {
+    let alone = Start { prefix: None, input_tokens: own, after: None };
     if let Some(p) = w.prefix {
         if rng.unit_f64() >= p.share {
-            return (None, own);
+            return alone;
         }
         let group = rng.next_u64() % u64::from(p.groups);
         let key = seed ^ 0x5EED_0000_0000 ^ group.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        return (Some((key, p.tokens)), own.saturating_add(p.tokens));
+        return Start {
+            prefix: Some((key, p.tokens)),
+            input_tokens: own.saturating_add(p.tokens),
+            after: None,
+        };
     }
-    let Some(c) = w.conversation else { return (None, own) };
+    let Some(c) = w.conversation else { return alone };
     let user = (rng.next_u64() % u64::from(c.users)) as usize;
-    let (n, history) = turns[user];
-    let (conversation, turn) = (n / c.turns, n % c.turns);
-    let history = if turn == 0 { 0 } else { history };
+    let t = turns[user];
+    let (conversation, turn) = (t.sent / c.turns, t.sent % c.turns);
+    let history = if turn == 0 { 0 } else { t.history };
     let whole = history.saturating_add(own);
-    turns[user] = (n + 1, whole.saturating_add(c.turn_tokens));
+    let received = c.answers == crate::workload::Answers::Received;
+    let answer = if received { max_tokens } else { c.turn_tokens };
+    turns[user] = Turns { sent: t.sent + 1, history: whole.saturating_add(answer), last: id };
     let key = (user as u64) << 32 | u64::from(conversation);
-    (Some((seed ^ 0xC0DE_0000_0000 ^ key.wrapping_mul(0x9E37_79B9_7F4A_7C15), whole)), whole)
+    let after = (received && turn > 0).then_some((t.last, own));
+    let prefix = Some((seed ^ 0xC0DE_0000_0000 ^ key.wrapping_mul(0x9E37_79B9_7F4A_7C15), whole));
+    Start { prefix, input_tokens: whole, after }
 }
 
 #[cfg(test)]
@@ -361,6 +405,29 @@ mod tests {
                 t[1].input_tokens
             );
             assert_eq!(policies::tokens::count(&b), t[1].input_tokens);
+        }
+    }
+
+    #[test]
+    fn a_conversation_with_received_answers_names_each_turns_predecessor() {
+        let mut w = shipped("multi-turn");
+        let mut c = w.conversation.unwrap();
+        c.answers = crate::workload::Answers::Received;
+        w.conversation = Some(c);
+        let reqs = requests(&w, 2000);
+        let mut by_seed: std::collections::HashMap<u64, Vec<&Planned>> = Default::default();
+        for p in &reqs {
+            by_seed.entry(p.prefix.unwrap().0).or_default().push(p);
+        }
+        let long = by_seed.values().find(|turns| turns.len() == 8).expect("a whole conversation");
+        assert_eq!(long[0].after, None, "a first turn follows nothing");
+        for t in long.windows(2) {
+            let (prev, own) = t[1].after.expect("a later turn follows its predecessor");
+            assert_eq!(prev, t[0].id);
+            // Planned as the previous prompt, an answer of its max_tokens
+            // and the new message.
+            assert_eq!(t[1].input_tokens, t[0].input_tokens + t[0].max_tokens + own);
+            assert_eq!(policies::tokens::count(&t[1].message(7)), own);
         }
     }
 

@@ -1,7 +1,10 @@
 //! Executes a plan against a target: each request is spawned at its
 //! scheduled time whatever the target is doing (open loop), streamed, and
 //! turned into a [`Record`]. Latencies count from the scheduled time, so
-//! queueing anywhere — target or harness — shows up in them.
+//! queueing anywhere — target or harness — shows up in them. The one
+//! exception is a conversation's turn that resends the previous answer as
+//! received (`answers = "received"`): it waits for that answer, as its user
+//! would, and its latencies count from when it could be sent.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -138,7 +141,7 @@ pub async fn execute(
     live: Arc<Live>,
 ) -> Result<Vec<Record>, ClientError> {
     let pool = Arc::new(Pool::open(target).await?);
-    let shared = Arc::new((target.clone(), workload.clone(), plan.to_vec()));
+    let shared = Arc::new((target.clone(), workload.clone(), plan.to_vec(), Handoffs::new(plan)));
     // A short lead so the first arrivals are not late because of set-up.
     let start = Instant::now() + Duration::from_millis(20);
     // The dispatcher is its own OS thread: `thread::sleep` wakes within tens
@@ -159,8 +162,9 @@ pub async fn execute(
                 }
                 let (pool, shared, live) = (pool.clone(), dispatch_shared.clone(), dispatch_live.clone());
                 tasks.push(handle.spawn(async move {
-                    let (target, workload, plan) = &*shared;
-                    one(&pool, target, workload, &plan[i], seed, start, &live).await
+                    let (target, workload, plan, handoffs) = &*shared;
+                    let turn = Turn { plan: &plan[i], at: i, handoffs };
+                    one(&pool, target, workload, turn, seed, start, &live).await
                 }));
             }
             tasks
@@ -177,31 +181,126 @@ pub async fn execute(
     Ok(records)
 }
 
+/// Received answers handed from a conversation's turn to the next
+/// ([`Planned::after`]), by plan position: each channel is used once.
+struct Handoffs {
+    /// Where a turn that a later one follows sends its prompt and answer.
+    send: Vec<Mutex<Option<tokio::sync::oneshot::Sender<String>>>>,
+    /// Where a turn after a received answer waits for it.
+    recv: Vec<Mutex<Option<tokio::sync::oneshot::Receiver<String>>>>,
+}
+
+impl Handoffs {
+    fn new(plan: &[Planned]) -> Self {
+        let (mut send, mut recv): (Vec<_>, Vec<_>) =
+            plan.iter().map(|_| (Mutex::new(None), Mutex::new(None))).unzip();
+        let at: std::collections::HashMap<u64, usize> =
+            plan.iter().enumerate().map(|(i, p)| (p.id, i)).collect();
+        for (i, p) in plan.iter().enumerate() {
+            if let Some(&j) = p.after.and_then(|(prev, _)| at.get(&prev)) {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                send[j] = Mutex::new(Some(tx));
+                recv[i] = Mutex::new(Some(rx));
+            }
+        }
+        Handoffs { send, recv }
+    }
+
+    fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
+        slot.lock().expect("handoff lock").take()
+    }
+}
+
+/// One request of the plan, with what it needs from the turn before it.
+struct Turn<'a> {
+    plan: &'a Planned,
+    /// Its position in the plan.
+    at: usize,
+    handoffs: &'a Handoffs,
+}
+
+impl Turn<'_> {
+    /// The prompt to send, and when it could be sent: after a received
+    /// answer, the previous prompt, that answer and the new message, once
+    /// the answer is in (`None` if it is not by `deadline`: the previous
+    /// turn outlived its own deadline, which comes first). A previous turn
+    /// that ended without sending (it cannot: every turn sends) would leave
+    /// the planned stand-in prompt.
+    async fn prompt(&self, seed: u64, scheduled: Instant, deadline: Instant) -> Option<(String, Instant)> {
+        let Some(rx) = Handoffs::take(&self.handoffs.recv[self.at]) else {
+            return Some((self.plan.prompt(seed), scheduled));
+        };
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(history)) => {
+                Some((format!("{history} {}", self.plan.message(seed)), scheduled.max(Instant::now())))
+            }
+            Ok(Err(_)) => Some((self.plan.prompt(seed), scheduled)),
+            Err(_) => None,
+        }
+    }
+
+    /// Whether a later turn resends this one's answer.
+    fn followed(&self) -> bool {
+        self.handoffs.send[self.at].lock().expect("handoff lock").is_some()
+    }
+
+    /// Hands the prompt and its answer (none if it failed) to the next turn.
+    fn hand_on(&self, prompt: String, answer: Option<String>) {
+        if let Some(tx) = Handoffs::take(&self.handoffs.send[self.at]) {
+            let history = match answer {
+                Some(a) => format!("{prompt} {a}"),
+                None => prompt,
+            };
+            let _ = tx.send(history); // the next turn may have timed out
+        }
+    }
+}
+
 /// Sends one request and records what happened.
 async fn one(
     pool: &Pool,
     t: &Target,
     w: &Workload,
-    p: &Planned,
+    turn: Turn<'_>,
     seed: u64,
     start: Instant,
     live: &Live,
 ) -> Record {
+    let p = turn.plan;
     let mix = &w.mix[p.mix];
     let mut rec = Record::planned(p.id, &mix.tier, p.mix, p.at_s * 1e3, p.input_tokens, p.max_tokens);
     live.inflight.fetch_add(1, Ordering::Relaxed);
-    let scheduled = start + Duration::from_secs_f64(p.at_s);
-    let req = Exchange {
-        api: t.api,
-        key: t.key.as_deref().unwrap_or(&mix.key),
-        body: request_body(t.api, &w.model, p, seed),
-        scheduled,
-        start,
-    };
-    match tokio::time::timeout_at(scheduled + t.timeout, req.run(pool, &mut rec, live)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => fail(&mut rec, transport_label(&e)),
-        Err(_) => fail(&mut rec, "timeout".into()),
+    let planned = start + Duration::from_secs_f64(p.at_s);
+    let deadline = planned + t.timeout;
+    match turn.prompt(seed, planned, deadline).await {
+        None => fail(&mut rec, "timeout".into()),
+        Some((prompt, scheduled)) => {
+            if scheduled > planned {
+                // A turn that waited for its answer counts from when it is sent.
+                rec.scheduled_at_ms = scheduled.saturating_duration_since(start).as_secs_f64() * 1e3;
+            }
+            rec.tokens_in = policies::tokens::count(&prompt);
+            let req = Exchange {
+                api: t.api,
+                key: t.key.as_deref().unwrap_or(&mix.key),
+                body: request_body(t.api, &w.model, &prompt, p),
+                capture: turn.followed(),
+                scheduled,
+                start,
+            };
+            let answer = match tokio::time::timeout_at(deadline, req.run(pool, &mut rec, live)).await {
+                Ok(Ok(answer)) => answer,
+                Ok(Err(e)) => {
+                    fail(&mut rec, transport_label(&e));
+                    None
+                }
+                Err(_) => {
+                    fail(&mut rec, "timeout".into());
+                    None
+                }
+            };
+            turn.hand_on(prompt, answer.filter(|_| rec.outcome == Outcome::Ok));
+        }
     }
     live.inflight.fetch_sub(1, Ordering::Relaxed);
     live.done.fetch_add(1, Ordering::Relaxed);
@@ -222,12 +321,15 @@ struct Exchange<'a> {
     api: Api,
     key: &'a str,
     body: Bytes,
+    /// Keep the answer's text (a later turn resends it).
+    capture: bool,
     scheduled: Instant,
     start: Instant,
 }
 
 impl Exchange<'_> {
-    async fn run(self, pool: &Pool, rec: &mut Record, live: &Live) -> Result<(), ClientError> {
+    /// Sends it; the answer's text if `capture`.
+    async fn run(self, pool: &Pool, rec: &mut Record, live: &Live) -> Result<Option<String>, ClientError> {
         let path = match self.api {
             Api::Openai => "/v1/completions",
             Api::Engine => "/engine/v1/generate",
@@ -249,7 +351,7 @@ impl Exchange<'_> {
             }
             Err(e) => return Err(e),
         };
-        let r = read_response(resp, self.api, self.scheduled, rec).await;
+        let r = read_response(resp, self.api, self.scheduled, self.capture, rec).await;
         if reusable && r.is_ok() {
             pool.give_back(conn);
         }
@@ -271,8 +373,7 @@ fn transport_label(e: &ClientError) -> String {
     }
 }
 
-fn request_body(api: Api, model: &str, p: &Planned, seed: u64) -> Bytes {
-    let prompt = p.prompt(seed);
+fn request_body(api: Api, model: &str, prompt: &str, p: &Planned) -> Bytes {
     let v = match api {
         Api::Openai => json!({
             "model": model, "prompt": prompt, "max_tokens": p.max_tokens,
@@ -290,8 +391,9 @@ async fn read_response(
     resp: http::Response<Incoming>,
     api: Api,
     scheduled: Instant,
+    capture: bool,
     rec: &mut Record,
-) -> Result<(), ClientError> {
+) -> Result<Option<String>, ClientError> {
     rec.status = resp.status().as_u16();
     rec.admission = admission(resp.headers());
     let since = |i: Instant| i.saturating_duration_since(scheduled).as_secs_f64() * 1e3;
@@ -300,9 +402,9 @@ async fn read_response(
         rec.outcome = Outcome::Rejected;
         rec.reason = Some(rejection_reason(rec, &body));
         rec.done_ms = Some(since(Instant::now())); // how long the refusal took
-        return Ok(());
+        return Ok(None);
     }
-    let mut stream = TokenStream::new(api);
+    let mut stream = if capture { TokenStream::capturing(api) } else { TokenStream::new(api) };
     let mut body = resp.into_body();
     let mut last: Option<Instant> = None;
     while let Some(frame) = body.frame().await {
@@ -324,7 +426,7 @@ async fn read_response(
         (None, true) => rec.outcome = Outcome::Ok,
         (None, false) => fail(rec, "stream_truncated".into()),
     }
-    Ok(())
+    Ok(stream.text)
 }
 
 fn admission(h: &http::HeaderMap) -> Admission {

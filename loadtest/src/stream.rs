@@ -21,7 +21,13 @@ pub struct TokenStream {
     pub finished: bool,
     /// The error event's code, if the stream carried one.
     pub error: Option<String>,
+    /// The answer's text, when asked for ([`TokenStream::capturing`]): its
+    /// leading tokens up to [`MAX_ANSWER_BYTES`] (and one token past it).
+    pub text: Option<String>,
 }
+
+/// The most of an answer's text a stream keeps (a conversation resends it).
+pub const MAX_ANSWER_BYTES: usize = 1 << 20;
 
 impl TokenStream {
     pub fn new(api: Api) -> Self {
@@ -33,6 +39,18 @@ impl TokenStream {
             usage: None,
             finished: false,
             error: None,
+            text: None,
+        }
+    }
+
+    /// A stream that also keeps the answer's text.
+    pub fn capturing(api: Api) -> Self {
+        Self { text: Some(String::new()), ..Self::new(api) }
+    }
+
+    fn keep(&mut self, t: &str) {
+        if let Some(text) = self.text.as_mut().filter(|x| x.len() < MAX_ANSWER_BYTES) {
+            text.push_str(t);
         }
     }
 
@@ -68,8 +86,9 @@ impl TokenStream {
         }
         let choice = &v["choices"][0];
         let text = choice["text"].as_str().or(choice["delta"]["content"].as_str());
-        if text.is_some_and(|t| !t.is_empty()) {
+        if let Some(t) = text.filter(|t| !t.is_empty()) {
             self.tokens += 1;
+            self.keep(t);
         }
         if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
             self.usage = Some(u32::try_from(n).unwrap_or(u32::MAX));
@@ -79,7 +98,10 @@ impl TokenStream {
     fn engine_line(&mut self, line: &[u8]) {
         let v: Value = serde_json::from_slice(line).unwrap_or_default();
         match v["event"].as_str() {
-            Some("token") => self.tokens += 1,
+            Some("token") => {
+                self.tokens += 1;
+                self.keep(v["text"].as_str().unwrap_or_default());
+            }
             Some("done") => {
                 self.finished = true;
                 self.usage = v["usage"]["completion_tokens"].as_u64().map(|n| n as u32);
@@ -107,6 +129,16 @@ mod tests {
             0
         );
         assert_eq!((s.tokens, s.usage, s.finished), (2, Some(7), true));
+        assert_eq!(s.text, None, "text is kept only when asked for");
+        let mut kept = TokenStream::capturing(Api::Openai);
+        kept.push(wire.as_bytes());
+        assert_eq!(kept.text.as_deref(), Some("ab"));
+        let mut long = TokenStream::capturing(Api::Openai);
+        let big = "x".repeat(MAX_ANSWER_BYTES / 2 + 1);
+        for _ in 0..4 {
+            long.push(chunk(&big).as_bytes());
+        }
+        assert_eq!(long.text.map(|t| t.len()), Some(2 * big.len()), "bounded: no more after the cap");
         let mut e = TokenStream::new(Api::Openai);
         e.push(b"data: {\"error\":{\"code\":\"engine_failed\",\"message\":\"x\"}}\n\n");
         assert_eq!(e.error.as_deref(), Some("engine_failed"));

@@ -70,8 +70,32 @@ pub struct ConversationSpec {
     pub turns: u32,
     /// Tokens each earlier turn's answer left in the history: a turn's
     /// prompt is the previous turn's prompt, this many tokens standing for
-    /// its answer, then the new message.
+    /// its answer, then the new message (with `answers = "stand_in"`).
     pub turn_tokens: u32,
+    /// What stands in the history for an earlier answer: `stand_in` (the
+    /// default), `turn_tokens` of seeded text, or `received`, the answer
+    /// the engine gave, resent as it came (what a chat client does). With
+    /// `received` a turn waits for the previous turn's answer before it is
+    /// sent (a user reads before typing; latencies count from the send),
+    /// and the plan and the simulator take each answer to be the turn's
+    /// `max_tokens` long.
+    #[serde(default, skip_serializing_if = "Answers::is_stand_in")]
+    pub answers: Answers,
+}
+
+/// See [`ConversationSpec::answers`].
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Answers {
+    #[default]
+    StandIn,
+    Received,
+}
+
+impl Answers {
+    fn is_stand_in(&self) -> bool {
+        *self == Answers::StandIn
+    }
 }
 
 /// One tenant (API key) in the mix.
