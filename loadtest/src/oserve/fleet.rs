@@ -311,6 +311,7 @@ impl<'a> Sim<'a> {
             enqueued_at: now,
             ttft_budget_ms: 10_000.0,
             blocks: std::sync::Arc::from(Vec::new()),
+            answer: std::sync::Arc::from(Vec::new()),
             cached: 0,
         };
         let cfg = &self.configs[self.replicas[k].cfg].1;

@@ -30,7 +30,10 @@
 //! token and is charged prefill only for the rest, and named blocks are
 //! evicted least recently used first when the pages not held by admitted
 //! sequences cannot hold them all. Evictions are reported (the KV events)
-//! for the fleet's prefix index.
+//! for the fleet's prefix index. A sequence whose answer a later prompt
+//! resends (a conversation with `answers = "received"`) carries the blocks
+//! of its prompt and answer together, and names those its K/V filled when
+//! it ends, as the engine names a generated answer's pages.
 
 use std::time::Duration;
 
@@ -65,6 +68,9 @@ pub struct SimSeq {
     pub ttft_budget_ms: f64,
     /// The prompt's full blocks (chained hashes, `policies::prefix`).
     pub blocks: std::sync::Arc<[u64]>,
+    /// The full blocks of prompt and answer, when a later prompt resends
+    /// the answer (else empty): named as the sequence ends.
+    pub answer: std::sync::Arc<[u64]>,
     /// Leading prompt tokens found cached at admission (set by the engine).
     pub cached: u32,
 }
@@ -136,6 +142,8 @@ pub struct SimEngine {
     tick: u64,
     /// Blocks evicted since the fleet last drained them (its KV events).
     pub evicted: Vec<u64>,
+    /// The [`SimSeq::answer`] blocks of running sequences that have them.
+    answers: std::collections::HashMap<usize, std::sync::Arc<[u64]>>,
     /// Prompt tokens prefilled, and of those found cached.
     pub lookup_tokens: u64,
     pub hit_tokens: u64,
@@ -162,6 +170,7 @@ impl Default for SimEngine {
             lru: std::collections::BTreeMap::new(),
             tick: 0,
             evicted: Vec::new(),
+            answers: std::collections::HashMap::new(),
             lookup_tokens: 0,
             hit_tokens: 0,
             tokens_at: 0.0,
@@ -309,7 +318,7 @@ impl SimEngine {
     pub fn wake(&mut self, now: f64, cfg: &EngineConfig, outs: &mut Vec<Out>) -> Option<f64> {
         self.complete_phase(now, cfg, outs);
         self.leave_cancelled();
-        self.leave_finished(now, outs);
+        self.leave_finished(now, cfg, outs);
         self.next_turn(now, cfg)
     }
 
@@ -331,6 +340,9 @@ impl SimEngine {
                     }
                     outs.push(Out::FirstToken { req: s.req });
                     self.name_blocks(&s.blocks, cfg);
+                    if !s.answer.is_empty() {
+                        self.answers.insert(s.req, s.answer);
+                    }
                     let r = Running {
                         req: s.req,
                         prompt: s.prompt,
@@ -369,6 +381,7 @@ impl SimEngine {
                     let produced = (steps_done - r.start_step + 1).min(r.end_step - r.start_step + 1);
                     self.ctx_sum -= u64::from(r.prompt) + produced;
                     self.kv_used -= r.kv;
+                    self.answers.remove(&r.req);
                 }
                 None => i += 1,
             }
@@ -376,7 +389,7 @@ impl SimEngine {
     }
 
     /// Finished sequences leave at this boundary.
-    fn leave_finished(&mut self, now: f64, outs: &mut Vec<Out>) {
+    fn leave_finished(&mut self, now: f64, cfg: &EngineConfig, outs: &mut Vec<Out>) {
         let steps_done = self.steps_done;
         let batch = self.batch_avg.max(1.0);
         let mut i = 0;
@@ -387,6 +400,11 @@ impl SimEngine {
                 let produced = r.end_step - r.start_step + 1;
                 self.ctx_sum -= u64::from(r.prompt) + produced;
                 self.kv_used -= r.kv;
+                if let Some(blocks) = self.answers.remove(&r.req) {
+                    // Every position but the last token's holds K/V.
+                    let n = (u64::from(r.prompt) + produced - 1) / u64::from(cfg.page_tokens.max(1));
+                    self.name_blocks(&blocks[..blocks.len().min(n as usize)], cfg);
+                }
                 outs.push(Out::Finished {
                     req: r.req,
                     tokens: produced as u32,

@@ -77,6 +77,9 @@ pub struct SimRequest {
     pub natural_len: u32,
     /// The prompt's full blocks (`policies::prefix` hashes).
     pub blocks: std::sync::Arc<[u64]>,
+    /// The full blocks of prompt and answer when a later prompt resends the
+    /// answer (`answers = "received"`), else empty.
+    pub answer: std::sync::Arc<[u64]>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -451,6 +454,21 @@ impl<'a> Sim<'a> {
         let Ok(e) = u16::try_from(engine) else { return };
         for h in self.slots[engine].engine.evicted.drain(..) {
             self.index.remove(e, h);
+        }
+    }
+
+    /// The engine named the pages `r`'s answer of `tokens` filled: its KV
+    /// events tell the prefix index (every position but the last token's).
+    fn learn_answer(&mut self, r: usize, engine: Option<usize>, tokens: u32) {
+        let req = &self.reqs[r];
+        let (Some(e), true) =
+            (engine.and_then(|e| u16::try_from(e).ok()), self.policy.routing.prefix.enabled)
+        else {
+            return;
+        };
+        let n = (req.prompt + tokens).saturating_sub(1) / self.cfg.page_tokens.max(1);
+        if self.cfg.prefix_cache && !req.answer.is_empty() {
+            self.index.record(e, &req.answer[..req.answer.len().min(n as usize)]);
         }
     }
 

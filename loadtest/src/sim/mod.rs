@@ -249,10 +249,25 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
     // The emulated model ends by itself after 16..=272 tokens (a hash of
     // the prompt; here the same distribution from the seed).
     let mut natural = SplitMix(a.load.seed ^ 0x5EED_0000_0001);
+    // A conversation resending received answers: each answer is planned as
+    // its turn's max_tokens of the conversation's stream (the next prompt
+    // continues it), and the engine that wrote it names its pages.
+    let received = workload.conversation.is_some_and(|c| c.answers == crate::workload::Answers::Received);
     let reqs: Vec<SimRequest> = planned
         .iter()
         .map(|p| {
-            let natural_len = 16 + (natural.next_u64() % 257) as u32;
+            let natural_len = match received {
+                true => p.max_tokens,
+                false => 16 + (natural.next_u64() % 257) as u32,
+            };
+            let answer = match (received, p.prefix) {
+                (true, Some((key, _))) => policies::prefix::block_hashes(
+                    &crate::workload::synth_prompt(p.input_tokens + p.max_tokens, key),
+                    a.page_tokens,
+                )
+                .into(),
+                _ => std::sync::Arc::from(Vec::new()),
+            };
             let m = &workload.mix[p.mix];
             SimRequest {
                 at_s: p.at_s,
@@ -263,6 +278,7 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
                 max_tokens: p.max_tokens.max(1),
                 natural_len: natural_len.min(p.max_tokens.max(1)),
                 blocks: policies::prefix::block_hashes(&p.prompt(a.load.seed), a.page_tokens).into(),
+                answer,
             }
         })
         .collect();

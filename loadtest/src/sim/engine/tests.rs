@@ -24,7 +24,18 @@ fn cfg(max_batch: u32) -> EngineConfig {
 
 fn seq(req: usize, out: u32, at: f64) -> SimSeq {
     let blocks = std::sync::Arc::from(vec![]);
-    SimSeq { req, prompt: 100, out, key: at, enqueued_at: at, ttft_budget_ms: 1000.0, blocks, cached: 0 }
+    let answer = std::sync::Arc::from(vec![]);
+    SimSeq {
+        req,
+        prompt: 100,
+        out,
+        key: at,
+        enqueued_at: at,
+        ttft_budget_ms: 1000.0,
+        blocks,
+        answer,
+        cached: 0,
+    }
 }
 
 /// Runs the engine alone until idle; returns (time, out) in order.
@@ -187,4 +198,32 @@ fn a_cached_prefix_is_charged_no_prefill_and_evictions_are_reported() {
     drive(&mut e, &off, None, &[(0.0, prompt(0, vec![1, 2, 3, 4], 0.0))]);
     let log = drive(&mut e, &off, None, &[(1.0, prompt(1, vec![1, 2, 3, 4], 1.0))]);
     assert!((first_at(&log) - 1.065).abs() < 1e-9, "the cache off: all computed");
+}
+
+#[test]
+fn an_answer_a_later_prompt_resends_is_named_when_it_ends() {
+    // Prefill 1 ms per token. A 40-token prompt (2 full blocks) answers
+    // 30 tokens: at its end blocks 1-4 hold K/V (69 positions), block 5
+    // would need the last token's.
+    let text = "model = \"m\"\nengine_class = \"t\"\n[prefill]\npoints = [[0, 0.0], [1000, 1000.0]]\n\
+                [decode]\nbatch_points = [[1, 10.0]]\nms_per_1k_context = 0.0\n";
+    let c = EngineConfig { profile: LatencyProfile::parse("t", text).unwrap(), ..cfg(8) };
+    let first_at =
+        |log: &[(f64, Out)]| log.iter().find(|(_, o)| matches!(o, Out::FirstToken { .. })).unwrap().0;
+    let turn = |req: usize, prompt: u32, blocks: Vec<u64>, answer: Vec<u64>, at: f64| SimSeq {
+        prompt,
+        blocks: blocks.into(),
+        answer: answer.into(),
+        ..seq(req, 30, at)
+    };
+    for (resent, cached) in [(true, 64), (false, 32)] {
+        let mut e = SimEngine::default();
+        let answer = if resent { vec![1, 2, 3, 4, 5] } else { vec![] };
+        drive(&mut e, &c, None, &[(0.0, turn(0, 40, vec![1, 2], answer, 0.0))]);
+        // The next turn: prompt, answer and a 10-token message, 80 tokens.
+        let log = drive(&mut e, &c, None, &[(5.0, turn(1, 80, vec![1, 2, 3, 4, 5], vec![], 5.0))]);
+        assert_eq!(e.hit_tokens, cached, "answer resent: {resent}");
+        let computed = f64::from(80 - cached as u32) / 1e3;
+        assert!((first_at(&log) - 5.0 - computed).abs() < 1e-9, "{log:?}");
+    }
 }

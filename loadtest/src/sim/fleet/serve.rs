@@ -25,6 +25,7 @@ impl Sim<'_> {
             enqueued_at: now,
             ttft_budget_ms: admit.ttft_budget_ms,
             blocks: std::sync::Arc::clone(&self.reqs[r].blocks),
+            answer: std::sync::Arc::clone(&self.reqs[r].answer),
             cached: 0,
         };
         let enqueued = self.slots[engine].engine.enqueue(now, seq, self.cfg);
@@ -99,6 +100,7 @@ impl Sim<'_> {
     ) {
         let Some(r) = self.current(t) else { return };
         let engine = self.live[r].engine;
+        self.learn_answer(r, engine, tokens);
         self.unlease(r);
         let rec = &mut self.records[r];
         let end = (now + self.hops.client_s) * 1e3 - rec.scheduled_at_ms;
