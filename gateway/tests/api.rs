@@ -96,16 +96,7 @@ async fn non_streaming_chat_and_completions_return_one_body_with_usage() {
 /// gateway, deterministic at temperature 0, different for other prompts.
 #[tokio::test]
 async fn cpu_backend_engines_serve_model_text_through_the_gateway() {
-    let model = [
-        "--backend=cpu",
-        "--engine-arg=--model-layers=2",
-        "--engine-arg=--model-hidden=64",
-        "--engine-arg=--model-heads=4",
-        "--engine-arg=--model-ffn=128",
-        "--engine-arg=--model-vocab=512",
-        "--engine-arg=--kv-cache-mb=8",
-    ];
-    let sys = System::start_with(INSTANT, 1, &model).await;
+    let sys = System::start_with(INSTANT, 1, &TINY_CPU_MODEL).await;
     assert_eq!(sys.engine_load(&sys.engines[0].id).await.backend, "cpu");
     let conn = sys.conn(Proto::H2).await;
     let ask = |prompt: &str| {

@@ -5,7 +5,7 @@
 mod common;
 
 use clap::Parser;
-use common::{paced, System};
+use common::{paced, System, TINY_CPU_MODEL};
 use loadtest::record::Outcome;
 use loadtest::results::{Results, SCHEMA};
 
@@ -82,16 +82,7 @@ async fn a_short_run_writes_valid_results_and_report() {
 /// that whole history from its prefix cache.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversation_turns_resend_received_answers_and_find_them_cached() {
-    let model = [
-        "--backend=cpu",
-        "--engine-arg=--model-layers=2",
-        "--engine-arg=--model-hidden=64",
-        "--engine-arg=--model-heads=4",
-        "--engine-arg=--model-ffn=128",
-        "--engine-arg=--model-vocab=512",
-        "--engine-arg=--kv-cache-mb=8",
-    ];
-    let sys = System::start_with(&paced(0, 0), 1, &model).await;
+    let sys = System::start_with(&paced(0, 0), 1, &TINY_CPU_MODEL).await;
     // Two users, short messages, answers of about 24 tokens.
     let shipped = std::fs::read_to_string(format!("{ROOT}/loadtest/workloads/multi-turn.toml")).unwrap();
     let small = shipped

@@ -55,6 +55,18 @@ pub fn diffusion_profile(dir: &Path, scale: f64) -> String {
     format!("--engine-arg=--diffusion-profile={}", path.display())
 }
 
+/// `gateway up` arguments for cpu-backend engines running a tiny model
+/// (a real transformer, quick on this machine's cores).
+pub const TINY_CPU_MODEL: [&str; 7] = [
+    "--backend=cpu",
+    "--engine-arg=--model-layers=2",
+    "--engine-arg=--model-hidden=64",
+    "--engine-arg=--model-heads=4",
+    "--engine-arg=--model-ffn=128",
+    "--engine-arg=--model-vocab=512",
+    "--engine-arg=--kv-cache-mb=8",
+];
+
 /// One engine child as `gateway up` reported it.
 #[derive(Debug, Clone)]
 pub struct EngineInfo {
