@@ -376,7 +376,7 @@ async fn try_engine(
         .body(body)
         .expect("static request parts are valid");
     if let Ok(id) = http::HeaderValue::from_str(&out.gen.request_id) {
-        req.headers_mut().insert("x-request-id", id);
+        req.headers_mut().insert(crate::headers::X_REQUEST_ID, crate::headers::unique(id));
     }
     span.inject(req.headers_mut()); // the engine's spans hang below this attempt
     let sent_at = crate::clock::now();

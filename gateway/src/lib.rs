@@ -28,6 +28,7 @@ pub(crate) mod error;
 pub(crate) mod fleet;
 #[doc(hidden)]
 pub mod fuzzing;
+pub(crate) mod headers;
 pub(crate) mod hints;
 pub(crate) mod limits;
 pub mod metrics;

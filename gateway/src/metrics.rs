@@ -55,11 +55,16 @@
 //!   (over `limits.max_connections`), `gateway_connections_closed_total{listener,why}`
 //!   (`idle`, `header_timeout`)
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use engine_api::Usage;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+mod handles;
+pub use handles::TierMetrics;
+pub(crate) use handles::{admission, requests};
+use handles::{global, Slo};
 
 pub const REQUESTS: &str = "gateway_requests_total";
 pub const ERRORS: &str = "gateway_errors_total";
@@ -234,7 +239,8 @@ pub fn handle() -> &'static PrometheusHandle {
 #[derive(Debug)]
 pub struct RequestObserver {
     arrived: Instant,
-    tier: String,
+    /// The tier's metric handles (one cache lookup per request).
+    tier: Arc<TierMetrics>,
     first_seen: bool,
     /// The request's TTFT and end-to-end targets, and whether its end-to-end
     /// result is recorded (at the end, or as a miss if it never ends).
@@ -244,20 +250,19 @@ pub struct RequestObserver {
     /// to the last token as a span, the usage on the server span.
     trace: crate::trace::RequestTrace,
     relay: crate::trace::Child,
-    /// The last token's time (none before the first) and the tier's TBT
-    /// histogram (from the first token on: one label lookup per request,
-    /// not per token).
-    tbt: Option<(Option<Instant>, metrics::Histogram)>,
+    /// From the first token on: the last token's time (none before the
+    /// first gap is timed).
+    tbt: Option<Option<Instant>>,
 }
 
 impl RequestObserver {
     /// `slo`: the TTFT and end-to-end targets the request was admitted
     /// against (counted in `gateway_slo_requests_total`).
     pub fn new(arrived: Instant, tier: &str, slo: Option<(Duration, Duration)>) -> Self {
-        metrics::gauge!(INFLIGHT).increment(1.0);
+        global(|g| g.inflight.increment(1.0));
         Self {
             arrived,
-            tier: tier.to_string(),
+            tier: TierMetrics::of(tier),
             first_seen: false,
             slo,
             e2e_recorded: false,
@@ -273,12 +278,7 @@ impl RequestObserver {
         self
     }
 
-    fn slo_result(&self, slo: &'static str, met: bool) {
-        let result = if met { "met" } else { "missed" };
-        metrics::counter!(SLO, "tier" => self.tier.clone(), "slo" => slo, "result" => result).increment(1);
-    }
-
-    pub fn tier(&self) -> &str {
+    pub fn tier(&self) -> &TierMetrics {
         &self.tier
     }
 
@@ -288,11 +288,11 @@ impl RequestObserver {
             return None;
         }
         self.first_seen = true;
-        self.tbt = Some((None, metrics::histogram!(TBT, "tier" => self.tier.clone())));
         let ttft = crate::clock::since(self.arrived);
-        metrics::histogram!(TTFT, "tier" => self.tier.clone()).record(ttft.as_secs_f64());
+        self.tbt = Some(None);
+        self.tier.ttft().record(ttft.as_secs_f64());
         if let Some((target, _)) = self.slo {
-            self.slo_result("ttft", ttft <= target);
+            self.tier.slo(Slo::Ttft, ttft <= target);
         }
         self.trace.event("gen_ai.first_token", || {
             vec![telemetry::KeyValue::new("slo.ttft_ms", telemetry::ms(ttft))]
@@ -303,10 +303,10 @@ impl RequestObserver {
 
     /// A token was relayed: from the second on, the gap since the last.
     pub fn token(&mut self) {
-        if let Some((last, h)) = &mut self.tbt {
+        if let Some(last) = &mut self.tbt {
             let now = crate::clock::now();
             if let Some(t) = last {
-                h.record(now.saturating_duration_since(*t).as_secs_f64());
+                self.tier.tbt().record(now.saturating_duration_since(*t).as_secs_f64());
             }
             *last = Some(now);
         }
@@ -315,9 +315,9 @@ impl RequestObserver {
     /// The generation ended normally.
     pub fn finished(&mut self, usage: Usage) {
         let tlet = crate::clock::since(self.arrived);
-        metrics::histogram!(TLET, "tier" => self.tier.clone()).record(tlet.as_secs_f64());
+        self.tier.tlet().record(tlet.as_secs_f64());
         if let Some((_, target)) = self.slo {
-            self.slo_result("e2e", tlet <= target);
+            self.tier.slo(Slo::E2e, tlet <= target);
             self.e2e_recorded = true;
         }
         self.trace.set(|| {
@@ -328,7 +328,7 @@ impl RequestObserver {
             ]
         });
         self.relay = crate::trace::Child::default(); // ends the relay span
-        metrics::counter!(OUTPUT_TOKENS).increment(u64::from(usage.completion_tokens));
+        global(|g| g.output_tokens.increment(u64::from(usage.completion_tokens)));
         OUTPUT_TOKENS_SO_FAR
             .fetch_add(u64::from(usage.completion_tokens), std::sync::atomic::Ordering::Relaxed);
     }
@@ -343,13 +343,13 @@ impl Drop for RequestObserver {
         }
         if self.slo.is_some() {
             if !self.first_seen {
-                self.slo_result("ttft", false);
+                self.tier.slo(Slo::Ttft, false);
             }
             if !self.e2e_recorded {
-                self.slo_result("e2e", false);
+                self.tier.slo(Slo::E2e, false);
             }
         }
-        metrics::gauge!(INFLIGHT).decrement(1.0);
+        global(|g| g.inflight.decrement(1.0));
     }
 }
 

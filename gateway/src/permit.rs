@@ -14,7 +14,7 @@ use policies::PolicyDocument;
 
 use crate::admission::Ticket;
 use crate::cluster::Hold;
-use crate::metrics::{self, RequestObserver};
+use crate::metrics::RequestObserver;
 
 /// One admitted request's permit.
 #[derive(Debug)]
@@ -45,8 +45,7 @@ impl Permit {
         let Some(ttft) = self.observer.first_token() else { return };
         self.ticket.first_token(&self.policy, ttft);
         if let Some(p) = self.predicted_ttft_ms.filter(|p| *p > 0.0) {
-            ::metrics::histogram!(metrics::TTFT_PREDICTION, "tier" => self.observer.tier().to_string())
-                .record(ttft.as_secs_f64() * 1e3 / p);
+            self.observer.tier().ttft_prediction().record(ttft.as_secs_f64() * 1e3 / p);
         }
     }
 

@@ -21,6 +21,7 @@ use crate::admission::{AdmitRequest, Start, Verdict};
 use crate::body::GatewayBody;
 use crate::dispatch::{self, Attempts};
 use crate::error::ApiError;
+use crate::headers as hdr;
 use crate::metrics::RequestObserver;
 use crate::openai::{self, Kind};
 use crate::permit::Permit;
@@ -123,21 +124,22 @@ pub(crate) async fn route(
 /// `x-policy-version` always.
 pub(crate) fn decision_headers(h: &mut HeaderMap, version: &str, verdict: Option<&Verdict>) {
     if let Ok(v) = HeaderValue::from_str(version) {
-        h.insert("x-policy-version", v);
+        h.insert(hdr::X_POLICY_VERSION, v);
     }
     let Some(v) = verdict else { return };
-    h.insert("x-admission", HeaderValue::from_static(v.decision.as_str()));
+    h.insert(hdr::X_ADMISSION, HeaderValue::from_static(v.decision.as_str()));
     if let Ok(r) = HeaderValue::from_str(&v.reason) {
-        h.insert("x-admission-reason", r);
+        h.insert(hdr::X_ADMISSION_REASON, r);
     }
+    // Predictions vary per request: never indexed (headers.rs).
     let predicted =
-        [("x-predicted-ttft-ms", v.predicted_ttft_ms), ("x-predicted-e2e-ms", v.predicted_e2e_ms)];
+        [(hdr::X_PREDICTED_TTFT_MS, v.predicted_ttft_ms), (hdr::X_PREDICTED_E2E_MS, v.predicted_e2e_ms)];
     for (name, p) in predicted {
         if let Some(p) = p.and_then(|p| HeaderValue::from_str(&format!("{p:.1}")).ok()) {
-            h.insert(name, p);
+            h.insert(name, hdr::unique(p));
         }
     }
-    h.insert("x-brownout-level", HeaderValue::from(v.brownout_level));
+    h.insert(hdr::X_BROWNOUT_LEVEL, HeaderValue::from(v.brownout_level));
 }
 
 async fn completions(
@@ -268,7 +270,7 @@ pub(crate) async fn engine_slot(
 ) -> Result<Option<crate::engines::EngineLease>, Failed> {
     let waited = |since: Option<std::time::Instant>| {
         let s = since.map_or(0.0, |t| crate::clock::since(t).as_secs_f64());
-        ::metrics::histogram!(crate::metrics::QUEUE_WAIT, "tier" => tier.to_string()).record(s);
+        crate::metrics::TierMetrics::of(tier).queue_wait().record(s);
     };
     let (rx, deadline, v) = match start {
         Start::Now(lease) => {
@@ -438,10 +440,10 @@ pub(crate) fn insert_engine(
     engine_id: &str,
 ) {
     if let Ok(v) = HeaderValue::from_str(engine_id) {
-        h.insert("x-engine", v);
+        h.insert(hdr::X_ENGINE, v);
     }
     if let Some(v) = engines.slot(idx).profile().and_then(|p| HeaderValue::from_str(&p.engine_class).ok()) {
-        h.insert("x-engine-class", v);
+        h.insert(hdr::X_ENGINE_CLASS, v);
     }
 }
 
@@ -486,7 +488,7 @@ fn readyz(app: &App, policy: &PolicyDocument) -> Response<GatewayBody> {
 
 /// The client's `x-request-id` when it is a sane token, else a new one.
 pub(crate) fn request_id(app: &App, headers: &HeaderMap) -> String {
-    let given = headers.get("x-request-id").and_then(|v| v.to_str().ok()).filter(|s| {
+    let given = headers.get(hdr::X_REQUEST_ID).and_then(|v| v.to_str().ok()).filter(|s| {
         (1..=128).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
     });
     match given {

@@ -291,7 +291,7 @@ impl Around for RequestId {
 
     fn after((_, stamp): Self::State, resp: &mut Answer) {
         if let Some(v) = stamp {
-            resp.headers_mut().insert("x-request-id", v);
+            resp.headers_mut().insert(crate::headers::X_REQUEST_ID, crate::headers::unique(v));
         }
     }
 
@@ -323,8 +323,7 @@ impl Around for Metrics {
 
     fn after((route, trace): Self::State, resp: &mut Answer) {
         let status = resp.status();
-        ::metrics::counter!(metrics::REQUESTS, "route" => route, "status" => status.as_u16().to_string())
-            .increment(1);
+        metrics::requests(route, status.as_u16()).increment(1);
         trace.set(|| vec![KeyValue::new("http.response.status_code", i64::from(status.as_u16()))]);
         if status.is_server_error() {
             trace.fail(status.to_string());

@@ -118,27 +118,37 @@ impl EstimatorConfig {
 /// The most recent output lengths of one tenant and model.
 #[derive(Debug, Clone, Default)]
 pub struct OutputHistory {
+    /// In arrival order (the oldest leaves first).
     recent: VecDeque<u32>,
+    /// The same lengths sorted, so that a quantile is one index (admission
+    /// reads one per request; a window of 256 was copied and partially
+    /// sorted each time before).
+    sorted: Vec<u32>,
 }
 
 impl OutputHistory {
     /// Remembers one finished request's output length.
     pub fn observe(&mut self, tokens: u32, cfg: &EstimatorConfig) {
         if self.recent.len() >= cfg.output_window {
-            self.recent.pop_front();
+            if let Some(old) = self.recent.pop_front() {
+                let at = self.sorted.partition_point(|&x| x < old);
+                self.sorted.remove(at);
+            }
         }
         self.recent.push_back(tokens);
+        let at = self.sorted.partition_point(|&x| x < tokens);
+        self.sorted.insert(at, tokens);
     }
 
-    /// Expected output tokens of a request asking for `max_tokens`.
+    /// Expected output tokens of a request asking for `max_tokens`: the
+    /// window's `output_quantile`.
     pub fn expected(&self, max_tokens: u32, cfg: &EstimatorConfig) -> u32 {
-        if self.recent.len() < cfg.min_samples.max(1) {
+        let n = self.sorted.len();
+        if n < cfg.min_samples.max(1) {
             return max_tokens;
         }
-        let mut v: Vec<u32> = self.recent.iter().copied().collect();
-        let rank = ((v.len() as f64 * cfg.output_quantile).ceil() as usize).clamp(1, v.len()) - 1;
-        let (_, q, _) = v.select_nth_unstable(rank);
-        (*q).clamp(1, max_tokens.max(1))
+        let rank = ((n as f64 * cfg.output_quantile).ceil() as usize).clamp(1, n) - 1;
+        self.sorted[rank].clamp(1, max_tokens.max(1))
     }
 
     /// Mean output of a request asking for `max_tokens` (each remembered

@@ -347,8 +347,7 @@ impl Admission {
         };
         drop(guard);
         let verdict = Verdict::admitted(&admit);
-        ::metrics::counter!(m::ADMISSION, "tier" => tier.name.clone(), "decision" => verdict.decision.as_str(), "reason" => verdict.reason.clone())
-            .increment(1);
+        m::admission(&tier.name, verdict.decision.as_str(), &verdict.reason).increment(1);
         if let Some((j, t)) = admit.work_type.and_then(|j| policy.oserve.types.get(j).map(|t| (j, t))) {
             ::metrics::counter!(m::WORKLOAD_TYPE, "type" => t.name.clone()).increment(1);
             self.type_arrivals[j].fetch_add(1, std::sync::atomic::Ordering::Relaxed);

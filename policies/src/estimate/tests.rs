@@ -113,3 +113,40 @@ fn ratios_ignore_nonsense() {
     r.observe(1e9, 0.5);
     assert!(r.mean <= 20.0 && r.mean.is_finite());
 }
+
+/// The sorted window gives what selecting the quantile from the window
+/// itself gives, as lengths come and go (window shrinks included).
+#[test]
+fn output_quantile_from_the_sorted_window_matches_a_selection_over_the_window() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for (window, quantile) in [(1, 0.5), (7, 0.9), (64, 0.5), (256, 0.9), (256, 1.0)] {
+        let mut cfg = EstimatorConfig {
+            min_samples: 1,
+            output_window: window,
+            output_quantile: quantile,
+            ..Default::default()
+        };
+        let (mut h, mut plain) = (OutputHistory::default(), std::collections::VecDeque::new());
+        for i in 0..2_000 {
+            if i == 1_500 {
+                cfg.output_window = window.div_ceil(2); // a reload shrinks the window
+            }
+            let tokens = (next() % 40) as u32 * 16; // many repeats
+            h.observe(tokens, &cfg);
+            if plain.len() >= cfg.output_window {
+                plain.pop_front();
+            }
+            plain.push_back(tokens);
+            let mut v: Vec<u32> = plain.iter().copied().collect();
+            let rank = ((v.len() as f64 * quantile).ceil() as usize).clamp(1, v.len()) - 1;
+            let want = (*v.select_nth_unstable(rank).1).clamp(1, 500);
+            assert_eq!(h.expected(500, &cfg), want, "window {window}, quantile {quantile}, step {i}");
+        }
+    }
+}
