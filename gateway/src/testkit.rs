@@ -429,6 +429,8 @@ pub struct Harness {
     /// Each engine's counters, in the order given.
     pub engines: Vec<Arc<EngineStats>>,
     client: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    /// What the gateway wrote to the client (the first 4 MiB).
+    written: Arc<Mutex<Vec<u8>>>,
     _tasks: JoinSet<()>,
 }
 
@@ -476,6 +478,8 @@ impl Harness {
             gate.await;
         });
         let (client_io, server_io) = tokio::io::duplex(PIPE_BYTES);
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let server_io = tap::Tap { io: server_io, written: Arc::clone(&written) };
         let public = crate::stack::public(Arc::clone(&app));
         let service = hyper::service::service_fn(move |req| tower::ServiceExt::oneshot(public.clone(), req));
         let server = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
@@ -496,7 +500,7 @@ impl Harness {
         tasks.spawn(async move {
             let _ = conn.await;
         });
-        Self { app, engines: stats, client, _tasks: tasks }
+        Self { app, engines: stats, client, written, _tasks: tasks }
     }
 
     /// Sends `body` to `path` with `Authorization: Bearer <key>`.
@@ -509,6 +513,11 @@ impl Harness {
         let mut client = self.client.clone();
         client.ready().await.expect("the connection is up");
         client.send_request(req).await.expect("the gateway answers")
+    }
+
+    /// The HTTP/2 frames the gateway has written to the client so far.
+    pub fn frames(&self) -> Vec<tap::Frame> {
+        tap::frames(&self.written.lock().expect("tap lock"))
     }
 
     /// Sequences the gateway counts on engine `idx` (its leases).
@@ -530,6 +539,7 @@ pub async fn next_chunk(body: &mut Incoming) -> Option<Result<Bytes, hyper::Erro
     }
 }
 
+pub mod tap;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -233,3 +233,35 @@ async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: Vec<F>) 
     })
     .await;
 }
+
+/// Response heads keep their size on a long connection: the values unique
+/// to a request (`x-request-id`, the predictions) are never put in the
+/// connection's HPACK table, so they do not push out the headers that
+/// repeat (policy version, decision, engine), which stay one byte each
+/// (80 bytes a head here). Indexed, 60 answers' unique values filled the
+/// 4 KiB table and every eviction sent the repeating headers as literals
+/// again (heads of 33-48 bytes, then 82-188 at each eviction; and the
+/// table's upkeep was the costliest part of encoding a head).
+#[tokio::test(start_paused = true)]
+async fn response_heads_stay_small_on_a_long_connection() {
+    let script = Script::tokens(Duration::from_millis(1), 1, Duration::from_millis(1));
+    let h = Harness::start(POLICY, vec![("e0", vec![script; 60])], |_| {}).await;
+    let mut body = chat(1);
+    body["stream"] = json!(false);
+    for _ in 0..60 {
+        let resp = h.post("/v1/chat/completions", "sk-demo-gold", &body).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(header(&resp, "x-request-id").starts_with("req_"));
+        assert!(!header(&resp, "x-predicted-ttft-ms").is_empty());
+        resp.into_body().collect().await.expect("the answer");
+    }
+    let heads: Vec<usize> =
+        h.frames().iter().filter(|f| f.kind == tap::HEADERS && f.stream % 2 == 1).map(|f| f.len).collect();
+    assert_eq!(heads.len(), 60, "one head per answer");
+    // From the second answer on, the repeating headers are indexed. A
+    // `date` that moves to the next second is a new literal (~25 bytes):
+    // at most a few of those in a run.
+    let base = heads[1];
+    let larger = heads[1..].iter().filter(|&&n| n > base + 8).count();
+    assert!(larger <= 2, "heads grew on a long connection: {heads:?}");
+}
