@@ -64,7 +64,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 mod handles;
 pub use handles::TierMetrics;
 pub(crate) use handles::{admission, requests};
-use handles::{global, Slo};
+use handles::{inflight, output_tokens, Slo};
 
 pub const REQUESTS: &str = "gateway_requests_total";
 pub const ERRORS: &str = "gateway_errors_total";
@@ -259,7 +259,7 @@ impl RequestObserver {
     /// `slo`: the TTFT and end-to-end targets the request was admitted
     /// against (counted in `gateway_slo_requests_total`).
     pub fn new(arrived: Instant, tier: &str, slo: Option<(Duration, Duration)>) -> Self {
-        global(|g| g.inflight.increment(1.0));
+        inflight().increment(1.0);
         Self {
             arrived,
             tier: TierMetrics::of(tier),
@@ -328,7 +328,7 @@ impl RequestObserver {
             ]
         });
         self.relay = crate::trace::Child::default(); // ends the relay span
-        global(|g| g.output_tokens.increment(u64::from(usage.completion_tokens)));
+        output_tokens().increment(u64::from(usage.completion_tokens));
         OUTPUT_TOKENS_SO_FAR
             .fetch_add(u64::from(usage.completion_tokens), std::sync::atomic::Ordering::Relaxed);
     }
@@ -349,7 +349,7 @@ impl Drop for RequestObserver {
                 self.tier.slo(Slo::E2e, false);
             }
         }
-        global(|g| g.inflight.decrement(1.0));
+        inflight().decrement(1.0);
     }
 }
 

@@ -8,7 +8,7 @@
 //! (`Counter`, `Histogram`, `Gauge`) records with one atomic operation, so
 //! each worker thread keeps the handles of the label sets it has used:
 //! per tier ([`TierMetrics`]), per route and status, per admission
-//! decision. The caches are bounded ([`MAX_ENTRIES`] label sets each;
+//! decision; the two label-free ones are kept once per process. The caches are bounded ([`MAX_ENTRIES`] label sets each;
 //! cleared when full, after which handles are made again on first use):
 //! label values come from the policy file and the route table, never from
 //! a client, but a policy reload can rename tiers.
@@ -107,21 +107,16 @@ impl TierMetrics {
     }
 }
 
-/// The handles without labels the request path records.
-pub(crate) struct Global {
-    pub(crate) inflight: Gauge,
-    pub(crate) output_tokens: Counter,
+/// `gateway_inflight_requests`' handle, made at first use.
+pub(crate) fn inflight() -> &'static Gauge {
+    static INFLIGHT: OnceLock<Gauge> = OnceLock::new();
+    INFLIGHT.get_or_init(|| metrics::gauge!(super::INFLIGHT))
 }
 
-/// This thread's label-free handles.
-pub(crate) fn global<R>(f: impl FnOnce(&Global) -> R) -> R {
-    thread_local! {
-        static GLOBAL: Global = Global {
-            inflight: metrics::gauge!(super::INFLIGHT),
-            output_tokens: metrics::counter!(super::OUTPUT_TOKENS),
-        };
-    }
-    GLOBAL.with(f)
+/// `gateway_output_tokens_total`'s handle, made at first use.
+pub(crate) fn output_tokens() -> &'static Counter {
+    static OUTPUT_TOKENS: OnceLock<Counter> = OnceLock::new();
+    OUTPUT_TOKENS.get_or_init(|| metrics::counter!(super::OUTPUT_TOKENS))
 }
 
 /// A thread's counters by label set, found by a linear scan (a few dozen
