@@ -188,4 +188,26 @@ mod tests {
         assert!(!Arc::ptr_eq(&gold, &TierMetrics::of("gold")), "cleared when full, then made again");
         assert_eq!(&*TierMetrics::of("gold").name, "gold");
     }
+
+    /// A label set's counter is made once; past the bound the cache starts
+    /// over rather than growing.
+    #[test]
+    fn counters_are_made_once_per_label_set_and_the_cache_is_bounded() {
+        let cache: Counters<u16> = RefCell::new(Vec::new());
+        let mut made = 0;
+        for status in (0..MAX_ENTRIES as u16 + 10).chain(0..5) {
+            let _counter = counter_in(
+                &cache,
+                |&s| s == status,
+                || {
+                    made += 1;
+                    (status, Counter::noop())
+                },
+            );
+            assert!(cache.borrow().len() <= MAX_ENTRIES);
+        }
+        assert_eq!(made, MAX_ENTRIES + 10 + 5, "the first five were dropped at the clear, so made again");
+        let _counter =
+            counter_in(&cache, |&s| s == 4, || unreachable!("a cached label set is not made again"));
+    }
 }
