@@ -1,9 +1,10 @@
 """Median SAR per scheduler over seeds from `scripts/bench-diffusion`
 MODE=live results (DIR/<mode>-s<seed>/results.json), as Markdown.
 
-"late < 1%": requests that missed their deadline by less than 1% of it
-(at σ = 1 a deadline is the solo time, so a request that ran as if alone
-meets or misses it by sub-millisecond jitter); a diagnostic, not SAR."""
+"within ε": the share done by their deadline plus the harness's timing
+tolerance (`loadtest diffusion --tolerance-ms`, 2 ms unless told): at σ = 1
+a deadline is the solo time itself, so a request served as if alone lands
+within the testbed's timing noise of it, on either side. SAR is strict."""
 import json
 import pathlib
 import statistics
@@ -15,14 +16,26 @@ runs = {}
 for f in sorted(out.glob("*-s*/results.json")):
     mode = f.parent.name.rsplit("-s", 1)[0]
     runs.setdefault(mode, []).append(json.loads(f.read_text()))
-def near(r):
-    late = [x for x in r["records"] if x.get("latency_ms") is not None and not x["met"]]
-    return 100.0 * sum(x["latency_ms"] <= 1.01 * x["deadline_ms"] for x in late) / max(r["requests"], 1)
 
 
-print("| scheduler | runs | SAR | image SAR | video SAR | late < 1% | failed |")
-print("|---|---:|---:|---:|---:|---:|---:|")
+def tolerant(r):
+    if "sar_within_tolerance" in r:
+        return r["sar_within_tolerance"]
+    ok = [x for x in r["records"] if x.get("latency_ms") is not None and x["latency_ms"] <= x["deadline_ms"] + 2.0]
+    return 100.0 * len(ok) / max(r["requests"], 1)
+
+
+eps = {r.get("tolerance_ms", 2.0) for rs in runs.values() for r in rs}
+eps = "/".join(f"{e:g}" for e in sorted(eps))
+print(f"| scheduler | runs | SAR [per run] | image SAR | video SAR | SAR within {eps} ms [per run] | failed |")
+print("|---|---:|---|---:|---:|---|---:|")
 for mode in [m for m in order if m in runs]:
     rs = runs[mode]
-    med = lambda k: statistics.median(r[k] for r in rs)
-    print(f"| {mode} | {len(rs)} | {med('sar'):.0f}% | {med('image_sar'):.0f}% | {med('video_sar'):.0f}% | {statistics.median(near(r) for r in rs):.0f}% | {sum(r['failed'] for r in rs)} |")
+    med = lambda f: statistics.median(f(r) for r in rs)
+    each = lambda f: " ".join(f"{f(r):.0f}" for r in rs)
+    sar = lambda r: r["sar"]
+    print(
+        f"| {mode} | {len(rs)} | {med(sar):.0f}% [{each(sar)}] | {med(lambda r: r['image_sar']):.0f}% "
+        f"| {med(lambda r: r['video_sar']):.0f}% | {med(tolerant):.0f}% [{each(tolerant)}] "
+        f"| {sum(r['failed'] for r in rs)} |"
+    )

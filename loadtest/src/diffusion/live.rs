@@ -7,9 +7,13 @@
 //! every `--poll-ms`).
 //!
 //! The solo latency σ scales is measured first, as GenServe's profiler
-//! does: each (kind, size) of the trace alone on the idle system, best of
-//! two, so the deadlines include what serving costs beyond the model's
-//! steps (HTTP, PNG encoding, polling). Measure it once on the reference
+//! does: each (kind, size) of the trace alone on the idle system,
+//! `--solo-runs` times, the median, so the deadlines include what serving
+//! costs beyond the model's steps (HTTP, PNG encoding, the video's rounds).
+//! The median, not the best run: at σ = 1 a deadline is the solo latency
+//! itself, and a request served exactly as if alone meets the best of `n`
+//! idle runs with probability 1/(n + 1) by symmetry, whatever the scheduler
+//! (docs/benchmarks.md, "Live, 8 emulated engines"). Measure it once on the reference
 //! configuration (`[diffusion] mode = "fcfs"`: videos at the default SP)
 //! with `--solo-out FILE --calibrate-only`, and give every arm `--solo
 //! FILE`: an elastic-SP gateway would widen a lone video and tighten its
@@ -77,9 +81,19 @@ pub struct DiffusionArgs {
     /// Write the measured solo latencies here.
     #[arg(long)]
     pub solo_out: Option<PathBuf>,
+    /// Idle runs of each (kind, size) when measuring solo latencies; the
+    /// median is taken.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub solo_runs: u32,
     /// Measure the solo latencies and stop.
     #[arg(long)]
     pub calibrate_only: bool,
+    /// Timing tolerance of the testbed, ms: `sar_within_tolerance` also
+    /// counts requests that missed their deadline by at most this much (a
+    /// request served as if alone lands within the machine's timing noise
+    /// of its solo latency, on either side; the strict `sar` is the result).
+    #[arg(long, default_value_t = 2.0)]
+    pub tolerance_ms: f64,
     #[arg(long, default_value = "run")]
     pub label: String,
     #[arg(long, default_value = "bench-out/diffusion")]
@@ -108,6 +122,10 @@ pub struct LiveOutcome {
     pub sar: f64,
     pub image_sar: f64,
     pub video_sar: f64,
+    /// The tolerance `sar_within_tolerance` allows, ms.
+    pub tolerance_ms: f64,
+    /// Share done by their deadline plus `tolerance_ms`.
+    pub sar_within_tolerance: f64,
     pub refused: usize,
     pub failed: usize,
     pub records: Vec<Record>,
@@ -224,13 +242,14 @@ async fn poll_video(
     rec
 }
 
-/// Each (kind, size) of `trace` alone, best of two: the measured solo
-/// latencies.
+/// Each (kind, size) of `trace` alone, `runs` times: the median of its
+/// latencies (the measured solo latency).
 async fn calibrate(
     conn: &Arc<Conn>,
     key: &str,
     trace: &[Planned],
     poll: Duration,
+    runs: u32,
 ) -> Result<std::collections::HashMap<(bool, String), f64>, String> {
     let mut solo = std::collections::HashMap::new();
     for r in trace {
@@ -238,15 +257,16 @@ async fn calibrate(
         if solo.contains_key(&k) {
             continue;
         }
-        let mut best = f64::INFINITY;
-        for _ in 0..2 {
+        let mut ms = Vec::with_capacity(runs as usize);
+        for _ in 0..runs {
             let probe = Planned { at_ms: 0.0, deadline_ms: 3_600_000.0, ..r.clone() };
             let rec = one(Arc::clone(conn), key.to_string(), probe, poll, 0).await;
-            let ms = rec.latency_ms.ok_or_else(|| format!("calibrating {k:?}: {:?}", rec.error))?;
-            best = best.min(ms);
+            ms.push(rec.latency_ms.ok_or_else(|| format!("calibrating {k:?}: {:?}", rec.error))?);
         }
-        eprintln!("solo {} {}: {best:.1} ms", if r.video { "video" } else { "image" }, r.size);
-        solo.insert(k, best);
+        let median = crate::stats::median(ms.clone());
+        let kind = if r.video { "video" } else { "image" };
+        eprintln!("solo {kind} {}: {median:.1} ms (median of {ms:.1?})", r.size);
+        solo.insert(k, median);
     }
     Ok(solo)
 }
@@ -279,7 +299,7 @@ pub async fn main(args: &DiffusionArgs) -> Result<String, String> {
             }
             None => {
                 let poll = Duration::from_millis(args.poll_ms.max(5));
-                calibrate(&conn, &args.key, &trace, poll).await?.into_iter().collect()
+                calibrate(&conn, &args.key, &trace, poll, args.solo_runs).await?.into_iter().collect()
             }
         };
         if let Some(p) = &args.solo_out {
@@ -318,33 +338,70 @@ pub async fn main(args: &DiffusionArgs) -> Result<String, String> {
         progress.tick();
     }
     progress.done();
-    let out = summarize(&args.label, records);
+    let out = summarize(&args.label, records, args.tolerance_ms);
     std::fs::create_dir_all(&args.out).map_err(|e| e.to_string())?;
     let path = args.out.join("results.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&out).expect("serialises")).map_err(|e| e.to_string())?;
     Ok(format!(
-        "{}: SAR {:.0}% (images {:.0}%, videos {:.0}%), {} refused, {} failed of {}\n",
-        out.label, out.sar, out.image_sar, out.video_sar, out.refused, out.failed, out.requests
+        "{}: SAR {:.0}% (images {:.0}%, videos {:.0}%; {:.0}% within {} ms), {} refused, {} failed of {}\n",
+        out.label,
+        out.sar,
+        out.image_sar,
+        out.video_sar,
+        out.sar_within_tolerance,
+        out.tolerance_ms,
+        out.refused,
+        out.failed,
+        out.requests
     ))
 }
 
-fn summarize(label: &str, records: Vec<Record>) -> LiveOutcome {
-    let share = |f: &dyn Fn(&Record) -> bool| {
-        let all: Vec<&Record> = records.iter().filter(|r| f(r)).collect();
+fn summarize(label: &str, records: Vec<Record>, tolerance_ms: f64) -> LiveOutcome {
+    // The share of the records `of` selects that `met` counts as done in time.
+    let share = |of: &dyn Fn(&Record) -> bool, met: &dyn Fn(&Record) -> bool| {
+        let all: Vec<&Record> = records.iter().filter(|r| of(r)).collect();
         if all.is_empty() {
             0.0
         } else {
-            100.0 * all.iter().filter(|r| r.met).count() as f64 / all.len() as f64
+            100.0 * all.iter().filter(|r| met(r)).count() as f64 / all.len() as f64
         }
     };
+    let strict = |r: &Record| r.met;
+    let tolerant = |r: &Record| r.latency_ms.is_some_and(|l| l <= r.deadline_ms + tolerance_ms);
     LiveOutcome {
         label: label.to_string(),
         requests: records.len(),
-        sar: share(&|_| true),
-        image_sar: share(&|r| !r.video),
-        video_sar: share(&|r| r.video),
+        sar: share(&|_| true, &strict),
+        image_sar: share(&|r| !r.video, &strict),
+        video_sar: share(&|r| r.video, &strict),
+        tolerance_ms,
+        sar_within_tolerance: share(&|_| true, &tolerant),
         refused: records.iter().filter(|r| r.status == 503 || r.status == 429).count(),
         failed: records.iter().filter(|r| r.error.is_some() && r.status != 503 && r.status != 429).count(),
         records,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{summarize, Record};
+
+    #[test]
+    fn the_tolerance_counts_near_misses_and_nothing_else() {
+        let rec = |video, latency_ms: Option<f64>| Record {
+            video,
+            size: "512x512".into(),
+            deadline_ms: 100.0,
+            status: if latency_ms.is_some() { 200 } else { 502 },
+            latency_ms,
+            met: latency_ms.is_some_and(|l| l <= 100.0),
+            error: latency_ms.is_none().then(|| "engine_failed".into()),
+        };
+        let records =
+            vec![rec(false, Some(99.0)), rec(false, Some(101.5)), rec(true, Some(102.5)), rec(true, None)];
+        let out = summarize("t", records, 2.0);
+        assert_eq!((out.sar, out.image_sar, out.video_sar), (25.0, 50.0, 0.0));
+        assert_eq!(out.sar_within_tolerance, 50.0, "101.5 is within 2 ms, 102.5 and a failure are not");
+        assert_eq!(out.failed, 1);
     }
 }
