@@ -179,3 +179,86 @@ async fn images_preempt_a_long_video_and_both_keep_their_deadlines() {
     let took = v["completed_at_ms"].as_f64().unwrap() - created_ms;
     assert!(took <= 1.5 * (50.0 * 409.4 + 5000.0) / 10.0, "the video took {took} ms");
 }
+
+#[tokio::test]
+async fn the_harness_measures_solo_latencies_and_scores_a_trace_against_them() {
+    // `loadtest diffusion` as the benchmark runs it, small: solo latencies
+    // measured on the live system (the median of three idle runs), then a
+    // 12-request trace whose deadlines are σ × those, scored strictly and
+    // within the timing tolerance.
+    let scale = 0.02;
+    let sys = start_scaled(4, None, scale).await;
+    let out = sys.dir.join("harness");
+    let shipped =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/profiles/genserve-emulated.toml");
+    let args = loadtest::diffusion::live::DiffusionArgs {
+        target: sys.base.clone(),
+        ca: Some(sys.ca.clone()),
+        key: GOLD.to_string(),
+        mix: loadtest::diffusion::workload::Mix::Balanced,
+        resolutions: loadtest::diffusion::workload::Resolutions::Uniform,
+        rate: 2.0,
+        sigma: 3.0,
+        requests: 12,
+        seed: 7,
+        video_seconds: 5,
+        default_sp: 2,
+        profile: shipped.clone(),
+        time_scale: scale,
+        poll_ms: 20,
+        no_calibrate: false,
+        solo: None,
+        solo_out: Some(out.join("solo.json")),
+        solo_runs: 3,
+        calibrate_only: false,
+        tolerance_ms: 2.0,
+        label: "t".into(),
+        out: out.clone(),
+    };
+    std::fs::create_dir_all(&out).unwrap();
+    let line = loadtest::diffusion::live::main(&args).await.unwrap();
+    assert!(line.contains("0 failed of 12"), "{line}");
+
+    // The profile's solo time of each size, on the engines' clock: a
+    // measured solo latency is that plus what serving costs, never less.
+    let text = std::fs::read_to_string(&shipped).unwrap();
+    let profile = policies::diffusion::DiffusionProfile::parse("shipped", &text).unwrap().scaled(scale);
+    let spec = loadtest::diffusion::workload::Spec {
+        mix: args.mix,
+        resolutions: args.resolutions,
+        rate_per_min: args.rate / scale,
+        sigma: args.sigma,
+        requests: args.requests,
+        video_seconds: args.video_seconds,
+    };
+    let cfg = policies::diffusion::SchedConfig { default_sp: 2, ..Default::default() };
+    let trace = loadtest::diffusion::workload::generate(&spec, &profile, &cfg, args.seed);
+    let solo: Vec<((bool, String), f64)> =
+        serde_json::from_slice(&std::fs::read(out.join("solo.json")).unwrap()).unwrap();
+    let solo: std::collections::HashMap<_, _> = solo.into_iter().collect();
+    for r in &trace {
+        let measured = solo[&(r.video, r.size.clone())];
+        assert!(measured >= r.solo_ms, "{} {}: measured {measured} < profile {}", r.video, r.size, r.solo_ms);
+        assert!(measured < r.solo_ms + 1000.0, "{} {}: measured {measured} ms", r.video, r.size);
+    }
+
+    let results = json(&std::fs::read(out.join("results.json")).unwrap());
+    let records = results["records"].as_array().unwrap();
+    assert_eq!(records.len(), 12);
+    let mut met = 0;
+    for (rec, planned) in records.iter().zip(&trace) {
+        assert_eq!(rec["status"], 200, "{rec}");
+        let deadline = rec["deadline_ms"].as_f64().unwrap();
+        let measured = solo[&(planned.video, planned.size.clone())];
+        assert!(
+            (deadline - 3.0 * measured).abs() < 1e-6 * deadline,
+            "{rec}: deadline is σ × the measured solo"
+        );
+        let latency = rec["latency_ms"].as_f64().unwrap();
+        assert_eq!(rec["met"], latency <= deadline, "{rec}");
+        met += usize::from(latency <= deadline);
+    }
+    assert_eq!(results["sar"].as_f64().unwrap(), 100.0 * met as f64 / 12.0);
+    assert!(results["sar_within_tolerance"].as_f64().unwrap() >= results["sar"].as_f64().unwrap());
+    assert_eq!(results["tolerance_ms"], 2.0);
+}
