@@ -12,12 +12,13 @@
 //! costs beyond the model's steps (HTTP, PNG encoding, the video's rounds).
 //! The median, not the best run: at σ = 1 a deadline is the solo latency
 //! itself, and a request served exactly as if alone meets the best of `n`
-//! idle runs with probability 1/(n + 1) by symmetry, whatever the scheduler
-//! (docs/benchmarks.md, "Live, 8 emulated engines"). Measure it once on the reference
-//! configuration (`[diffusion] mode = "fcfs"`: videos at the default SP)
-//! with `--solo-out FILE --calibrate-only`, and give every arm `--solo
-//! FILE`: an elastic-SP gateway would widen a lone video and tighten its
-//! own deadlines. `--no-calibrate` takes the profile's numbers instead.
+//! idle runs with probability 1/(n + 1) by symmetry, whatever the
+//! scheduler (docs/benchmarks.md, "Live, 8 emulated engines"). Measure it
+//! once on the reference configuration (`[diffusion] mode = "fcfs"`:
+//! videos at the default SP) with `--solo-out FILE --calibrate-only`, and
+//! give every arm `--solo FILE`: an elastic-SP gateway would widen a lone
+//! video and tighten its own deadlines. `--no-calibrate` takes the
+//! profile's numbers instead.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -273,6 +274,9 @@ async fn calibrate(
 
 /// Runs the trace; returns a one-line summary (results.json under `--out`).
 pub async fn main(args: &DiffusionArgs) -> Result<String, String> {
+    if !(args.tolerance_ms.is_finite() && args.tolerance_ms >= 0.0) {
+        return Err(format!("--tolerance-ms must be 0 or more, not {}", args.tolerance_ms));
+    }
     let text =
         std::fs::read_to_string(&args.profile).map_err(|e| format!("{}: {e}", args.profile.display()))?;
     let profile = DiffusionProfile::parse(&args.profile.display().to_string(), &text)
