@@ -189,8 +189,6 @@ async fn the_harness_measures_solo_latencies_and_scores_a_trace_against_them() {
     let scale = 0.02;
     let sys = start_scaled(4, None, scale).await;
     let out = sys.dir.join("harness");
-    let shipped =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/profiles/genserve-emulated.toml");
     let args = loadtest::diffusion::live::DiffusionArgs {
         target: sys.base.clone(),
         ca: Some(sys.ca.clone()),
@@ -203,7 +201,8 @@ async fn the_harness_measures_solo_latencies_and_scores_a_trace_against_them() {
         seed: 7,
         video_seconds: 5,
         default_sp: 2,
-        profile: shipped.clone(),
+        profile: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../policies/profiles/genserve-emulated.toml"),
         time_scale: scale,
         poll_ms: 20,
         no_calibrate: false,
@@ -221,18 +220,7 @@ async fn the_harness_measures_solo_latencies_and_scores_a_trace_against_them() {
 
     // The profile's solo time of each size, on the engines' clock: a
     // measured solo latency is that plus what serving costs, never less.
-    let text = std::fs::read_to_string(&shipped).unwrap();
-    let profile = policies::diffusion::DiffusionProfile::parse("shipped", &text).unwrap().scaled(scale);
-    let spec = loadtest::diffusion::workload::Spec {
-        mix: args.mix,
-        resolutions: args.resolutions,
-        rate_per_min: args.rate / scale,
-        sigma: args.sigma,
-        requests: args.requests,
-        video_seconds: args.video_seconds,
-    };
-    let cfg = policies::diffusion::SchedConfig { default_sp: 2, ..Default::default() };
-    let trace = loadtest::diffusion::workload::generate(&spec, &profile, &cfg, args.seed);
+    let trace = loadtest::diffusion::live::plan(&args).unwrap();
     let solo: Vec<((bool, String), f64)> =
         serde_json::from_slice(&std::fs::read(out.join("solo.json")).unwrap()).unwrap();
     let solo: std::collections::HashMap<_, _> = solo.into_iter().collect();

@@ -272,8 +272,9 @@ async fn calibrate(
     Ok(solo)
 }
 
-/// Runs the trace; returns a one-line summary (results.json under `--out`).
-pub async fn main(args: &DiffusionArgs) -> Result<String, String> {
+/// The trace `args` asks for, each deadline σ × the profile's solo time
+/// (on the engines' clock) until measured ones replace it.
+pub fn plan(args: &DiffusionArgs) -> Result<Vec<Planned>, String> {
     if !(args.tolerance_ms.is_finite() && args.tolerance_ms >= 0.0) {
         return Err(format!("--tolerance-ms must be 0 or more, not {}", args.tolerance_ms));
     }
@@ -291,20 +292,23 @@ pub async fn main(args: &DiffusionArgs) -> Result<String, String> {
         requests: args.requests,
         video_seconds: args.video_seconds,
     };
-    let mut trace = workload::generate(&spec, &profile, &cfg, args.seed);
+    Ok(workload::generate(&spec, &profile, &cfg, args.seed))
+}
+
+/// Runs the trace; returns a one-line summary (results.json under `--out`).
+pub async fn main(args: &DiffusionArgs) -> Result<String, String> {
+    let mut trace = plan(args)?;
     let conn = Arc::new(
         Conn::connect(&args.target, args.ca.as_deref(), Proto::H2).await.map_err(|e| e.to_string())?,
     );
+    let poll = Duration::from_millis(args.poll_ms.max(5));
     if !args.no_calibrate {
         let solo: Vec<((bool, String), f64)> = match &args.solo {
             Some(p) => {
                 let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
                 serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?
             }
-            None => {
-                let poll = Duration::from_millis(args.poll_ms.max(5));
-                calibrate(&conn, &args.key, &trace, poll, args.solo_runs).await?.into_iter().collect()
-            }
+            None => calibrate(&conn, &args.key, &trace, poll, args.solo_runs).await?.into_iter().collect(),
         };
         if let Some(p) = &args.solo_out {
             std::fs::write(p, serde_json::to_vec_pretty(&solo).expect("serialises"))
@@ -313,35 +317,9 @@ pub async fn main(args: &DiffusionArgs) -> Result<String, String> {
         if args.calibrate_only {
             return Ok(format!("solo latencies: {solo:?}\n"));
         }
-        let solo: std::collections::HashMap<_, _> = solo.into_iter().collect();
-        for r in &mut trace {
-            let Some(&s) = solo.get(&(r.video, r.size.clone())) else {
-                return Err(format!(
-                    "no solo latency for {} {}",
-                    if r.video { "video" } else { "image" },
-                    r.size
-                ));
-            };
-            r.solo_ms = s;
-            r.deadline_ms = r.at_ms + args.sigma * r.solo_ms;
-        }
+        with_solo(&mut trace, &solo.into_iter().collect(), args.sigma)?;
     }
-    let t0 = crate::clock::now();
-    let mut tasks = Vec::with_capacity(trace.len());
-    for (k, r) in trace.into_iter().enumerate() {
-        let at = Duration::from_secs_f64(r.at_ms / 1000.0);
-        let wait = at.saturating_sub(crate::clock::since(t0));
-        tokio::time::sleep(wait).await;
-        let poll = Duration::from_millis(args.poll_ms.max(5));
-        tasks.push(tokio::spawn(one(Arc::clone(&conn), args.key.clone(), r, poll, k)));
-    }
-    let mut progress = Progress::new(tasks.len());
-    let mut records = Vec::with_capacity(tasks.len());
-    for t in tasks {
-        records.push(t.await.map_err(|e| e.to_string())?);
-        progress.tick();
-    }
-    progress.done();
+    let records = send(&conn, &args.key, trace, poll).await?;
     let out = summarize(&args.label, records, args.tolerance_ms);
     std::fs::create_dir_all(&args.out).map_err(|e| e.to_string())?;
     let path = args.out.join("results.json");
@@ -358,6 +336,47 @@ pub async fn main(args: &DiffusionArgs) -> Result<String, String> {
         out.failed,
         out.requests
     ))
+}
+
+/// Every request's deadline σ × its measured solo latency.
+fn with_solo(
+    trace: &mut [Planned],
+    solo: &std::collections::HashMap<(bool, String), f64>,
+    sigma: f64,
+) -> Result<(), String> {
+    for r in trace {
+        let Some(&s) = solo.get(&(r.video, r.size.clone())) else {
+            let kind = if r.video { "video" } else { "image" };
+            return Err(format!("no solo latency for {kind} {}", r.size));
+        };
+        r.solo_ms = s;
+        r.deadline_ms = r.at_ms + sigma * r.solo_ms;
+    }
+    Ok(())
+}
+
+/// Sends each request of `trace` at its time; their records, in order.
+async fn send(
+    conn: &Arc<Conn>,
+    key: &str,
+    trace: Vec<Planned>,
+    poll: Duration,
+) -> Result<Vec<Record>, String> {
+    let t0 = crate::clock::now();
+    let mut tasks = Vec::with_capacity(trace.len());
+    for (k, r) in trace.into_iter().enumerate() {
+        let at = Duration::from_secs_f64(r.at_ms / 1000.0);
+        tokio::time::sleep(at.saturating_sub(crate::clock::since(t0))).await;
+        tasks.push(tokio::spawn(one(Arc::clone(conn), key.to_string(), r, poll, k)));
+    }
+    let mut progress = Progress::new(tasks.len());
+    let mut records = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        records.push(t.await.map_err(|e| e.to_string())?);
+        progress.tick();
+    }
+    progress.done();
+    Ok(records)
 }
 
 fn summarize(label: &str, records: Vec<Record>, tolerance_ms: f64) -> LiveOutcome {
