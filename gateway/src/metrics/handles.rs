@@ -8,10 +8,11 @@
 //! (`Counter`, `Histogram`, `Gauge`) records with one atomic operation, so
 //! each worker thread keeps the handles of the label sets it has used:
 //! per tier ([`TierMetrics`]), per route and status, per admission
-//! decision; the two label-free ones are kept once per process. The caches are bounded ([`MAX_ENTRIES`] label sets each;
-//! cleared when full, after which handles are made again on first use):
-//! label values come from the policy file and the route table, never from
-//! a client, but a policy reload can rename tiers.
+//! decision; the two label-free ones are kept once per process. The caches
+//! are bounded ([`MAX_ENTRIES`] label sets each; cleared when full, after
+//! which handles are made again on first use): label values come from the
+//! policy file and the route table, never from a client, but a policy
+//! reload can rename tiers.
 
 use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
