@@ -185,6 +185,14 @@ pub struct EngineArgs {
     /// end of the pipe, so the engine never outlives it, even on SIGKILL.
     #[arg(long)]
     pub exit_on_stdin_eof: bool,
+    /// Open client connections at most; past it a new connection is closed
+    /// at once. Gateways multiplex over a few HTTP/2 connections each; a
+    /// proxy speaking HTTP/1.1 upstream (nginx) needs one per request in
+    /// flight, so put such a proxy in front with this raised (and the
+    /// process's file-descriptor limit with it).
+    #[arg(long, default_value_t = crate::server::MAX_CONNECTIONS,
+          value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u32).range(1..=1_048_576), |n| n as usize))]
+    pub max_connections: usize,
 }
 
 impl EngineArgs {

@@ -398,7 +398,7 @@ pub async fn run(args: EngineArgs) -> Result<(), StartError> {
             }
         }
     };
-    server::serve(engine, listener, stop).await;
+    server::serve(engine, listener, args.max_connections, stop).await;
     Ok(())
 }
 

@@ -3,8 +3,8 @@
 //! Served with hyper's auto builder on plain TCP: the gateway speaks HTTP/2
 //! with prior knowledge, and HTTP/1.1 works for curl and debugging.
 //!
-//! Bounds: [`MAX_CONNECTIONS`] open connections (past it new ones are
-//! closed at once), [`MAX_STREAMS`] concurrent streams per connection (a
+//! Bounds: `--max-connections` open connections ([`MAX_CONNECTIONS`] by
+//! default; past it new ones are closed at once), [`MAX_STREAMS`] concurrent streams per connection (a
 //! gateway multiplexes thousands of generations over a few connections),
 //! as many streams reset by the gateway before we accepted them (a burst of
 //! client cancellations arrives as a burst of resets and must not close
@@ -33,15 +33,21 @@ pub type EngineBody = Either<Full<Bytes>, ChannelBody>;
 
 /// Largest generate request body accepted (prompts are long, not huge).
 pub(crate) const MAX_REQUEST_BYTES: usize = 16 << 20;
-/// Open connections at most (gateways hold a few each).
+/// Open connections at most by default (gateways hold a few each).
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Concurrent HTTP/2 streams per connection.
 pub const MAX_STREAMS: u32 = 16_384;
 /// Accept errors (EMFILE: out of file descriptors) back off this long.
 const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// Serves `engine` on `listener` until `shutdown` resolves.
-pub async fn serve(engine: Arc<Engine>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+/// Serves `engine` on `listener`, at most `max_connections` connections at
+/// once, until `shutdown` resolves.
+pub async fn serve(
+    engine: Arc<Engine>,
+    listener: TcpListener,
+    max_connections: usize,
+    shutdown: impl Future<Output = ()>,
+) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
@@ -51,7 +57,7 @@ pub async fn serve(engine: Arc<Engine>, listener: TcpListener, shutdown: impl Fu
         .max_pending_accept_reset_streams(MAX_STREAMS as usize)
         .keep_alive_interval(std::time::Duration::from_secs(10))
         .keep_alive_timeout(std::time::Duration::from_secs(10));
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     tokio::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {

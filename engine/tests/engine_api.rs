@@ -13,6 +13,8 @@ use tokio::process::{Child, Command};
 struct Engine {
     child: Child,
     conn: Conn,
+    /// `http://host:port`
+    url: String,
     _dir: std::path::PathBuf,
 }
 
@@ -34,8 +36,9 @@ async fn start(args: &[&str]) -> Engine {
         .unwrap();
     let line = BufReader::new(child.stdout.take().unwrap()).lines().next_line().await.unwrap().unwrap();
     let addr = line.split_whitespace().find_map(|w| w.strip_prefix("listen=")).unwrap().to_string();
-    let conn = Conn::connect(&format!("http://{addr}"), None, Proto::H2).await.unwrap();
-    Engine { child, conn, _dir: dir }
+    let url = format!("http://{addr}");
+    let conn = Conn::connect(&url, None, Proto::H2).await.unwrap();
+    Engine { child, conn, url, _dir: dir }
 }
 
 fn rand_suffix() -> u128 {
@@ -337,4 +340,33 @@ async fn an_oversized_diffusion_state_is_refused_and_a_real_one_still_imports() 
         body_bytes(e.conn.get("/engine/v1/diffusion/videos/v0/state", None).await.unwrap()).await.unwrap();
     assert!(state.len() > 100 && state.len() < 16 << 20);
     assert_eq!(put(state.to_vec()).await.unwrap().status(), 200);
+}
+
+/// Whether a new connection to `e` is served (its health probe answered).
+async fn served(e: &Engine) -> Option<Conn> {
+    let conn = Conn::connect(&e.url, None, Proto::H2).await.ok()?;
+    let probe = tokio::time::timeout(Duration::from_secs(5), conn.get("/healthz", None)).await;
+    matches!(probe, Ok(Ok(r)) if r.status() == 200).then_some(conn)
+}
+
+#[tokio::test]
+async fn connections_past_the_bound_are_closed_and_a_freed_slot_is_taken_again() {
+    let e = start(&["--max-connections", "2"]).await; // `e.conn` holds one
+    let second = served(&e).await.expect("the second connection is within the bound");
+    for _ in 0..3 {
+        assert!(served(&e).await.is_none(), "a third connection is closed at once");
+    }
+    assert_eq!(e.conn.get("/healthz", None).await.unwrap().status(), 200, "the held ones still serve");
+    drop(second);
+    // The engine frees the slot when it sees the connection close.
+    let mut again = None;
+    for _ in 0..50 {
+        again = served(&e).await;
+        if again.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(again.is_some(), "a closed connection's slot is taken by a new one");
+    assert!(served(&e).await.is_none(), "and the bound holds again");
 }
