@@ -220,6 +220,30 @@ fn run(model: &CostModel, args: &SimOserveArgs, cv: f64, seed: u64) -> Run {
     Run { cv, measured_cv, capacity: sum.map(|s| s / segs), plan_ms, example }
 }
 
+/// Requests per second per GPU of each type on each configuration, and the
+/// most any deployment can gain over each homogeneous one in any mix
+/// ([`CostModel::gain_bound`]).
+fn bound_table(model: &CostModel) -> String {
+    let configs = model.configurations();
+    let mut md = String::from(
+        "\nRequests per second per GPU under the cost model, and the most any deployment of these configurations can sustain of any mix over the homogeneous one (`CostModel::gain_bound`):\n\n| configuration |",
+    );
+    for n in NAMES {
+        let _ = write!(md, " {n} |");
+    }
+    md.push_str(" gain bound |\n|---|");
+    md.push_str(&"---:|".repeat(NAMES.len() + 1));
+    md.push('\n');
+    for p in configs {
+        let _ = write!(md, "| {p} |");
+        for (i, o) in TYPES {
+            let _ = write!(md, " {:.3} |", model.capacity(p, i, o) / f64::from(p.gpus()));
+        }
+        let _ = writeln!(md, " {:.2}x |", model.gain_bound(p, &TYPES));
+    }
+    md
+}
+
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
@@ -397,6 +421,7 @@ pub fn main(args: &SimOserveArgs) -> Result<String, String> {
             let _ = writeln!(md, "| {} | {} | {} | {:.2} | {:.2} |", i + 1, shares.join(" / "), dep, s, o);
         }
     }
+    md.push_str(&bound_table(&model));
     let t = clock::now();
     let table = forecast_table(1, args.epochs);
     let _ = write!(

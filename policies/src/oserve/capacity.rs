@@ -153,6 +153,46 @@ impl CostModel {
     }
 }
 
+impl CostModel {
+    /// Every configuration of 1 to 16 GPUs (powers of two, TP up to 8) the
+    /// model fits on: the replicas a deployment is made of.
+    pub fn configurations(&self) -> Vec<Parallel> {
+        (0..=4).flat_map(|e| Parallel::splits(1 << e)).filter(|&p| self.fits(p)).collect()
+    }
+
+    /// The most that any deployment of [`CostModel::configurations`] can
+    /// sustain of any mix of `types` (input, output), as a multiple of what
+    /// the homogeneous deployment of `base` sustains on the same GPUs (a
+    /// multiple of `base`'s count): the largest, over the types, of the
+    /// best configuration's requests per second per GPU over `base`'s.
+    ///
+    /// Why it bounds every mix: serving a type-`j` request on a replica of
+    /// `g` GPUs costs `g / n_j` GPU-seconds (constraint C3 shares a
+    /// replica's time between types), so at rate `R` in shares `s_j` a
+    /// deployment of `G` GPUs needs `R · Σ s_j / ρ_j ≤ G`, where `ρ_j` is
+    /// the per-GPU rate of the replica serving it; the best configuration
+    /// per type gives the most, `G / Σ s_j / ρ*_j`, and the homogeneous
+    /// deployment of `base` reaches `G / Σ s_j / ρ_base,j` exactly (each
+    /// replica serves the mix). Their ratio is at most `max_j ρ*_j /
+    /// ρ_base,j`. Infinite when `base` cannot serve some type at all.
+    pub fn gain_bound(&self, base: Parallel, types: &[(f64, f64)]) -> f64 {
+        let per_gpu = |p: Parallel, (i, o): (f64, f64)| self.capacity(p, i, o) / f64::from(p.gpus());
+        let all = self.configurations();
+        types
+            .iter()
+            .map(|&t| {
+                let best = all.iter().map(|&p| per_gpu(p, t)).fold(0.0, f64::max);
+                let own = per_gpu(base, t);
+                if own > 0.0 {
+                    best / own
+                } else {
+                    f64::INFINITY
+                }
+            })
+            .fold(1.0, f64::max)
+    }
+}
+
 /// A replica's parallel configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Parallel {

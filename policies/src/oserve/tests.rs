@@ -269,6 +269,72 @@ mod planning {
     }
 }
 
+mod bound {
+    use super::super::capacity::{CostModel, Parallel};
+    use super::super::deploy::{mix_capacity, search_mix, Deployment};
+    use super::SplitMix;
+
+    const TYPES: [(f64, f64); 4] = [(200.0, 100.0), (200.0, 1500.0), (6000.0, 100.0), (6000.0, 1500.0)];
+
+    fn per_gpu(m: &CostModel, p: Parallel, t: (f64, f64)) -> f64 {
+        m.capacity(p, t.0, t.1) / f64::from(p.gpus())
+    }
+
+    #[test]
+    fn the_bound_is_the_worst_per_gpu_shortfall_of_the_base() {
+        let m = CostModel::LLAMA70B_H200;
+        let (tp2, tp4) = (Parallel { tp: 2, pp: 1 }, Parallel { tp: 4, pp: 1 });
+        let lilo = (6000.0, 1500.0);
+        let best = m.configurations().into_iter().map(|p| per_gpu(&m, p, lilo)).fold(0.0, f64::max);
+        assert_eq!(best, per_gpu(&m, tp4, lilo), "TP4 is the best per GPU for long work on H200");
+        assert_eq!(m.gain_bound(tp4, &[lilo]), 1.0, "nothing beats the best configuration");
+        let expected = per_gpu(&m, tp4, lilo) / per_gpu(&m, tp2, lilo);
+        assert!((m.gain_bound(tp2, &[lilo]) - expected).abs() < 1e-12);
+        // A configuration that cannot hold a long sequence bounds nothing.
+        let h100 = CostModel::LLAMA70B_H100;
+        assert_eq!(h100.gain_bound(tp2, &[(20_000.0, 1500.0)]), f64::INFINITY);
+    }
+
+    /// A deployment of `gpus` GPUs from random configurations.
+    fn random_deployment(m: &CostModel, rng: &mut SplitMix, gpus: u32) -> Deployment {
+        let all = m.configurations();
+        let mut replicas = Vec::new();
+        let mut left = gpus;
+        while left > 0 {
+            let fit: Vec<Parallel> = all.iter().copied().filter(|p| p.gpus() <= left).collect();
+            let Some(&p) = fit.get((rng.next_u64() % fit.len().max(1) as u64) as usize) else { break };
+            replicas.push(p);
+            left -= p.gpus();
+        }
+        Deployment { replicas }
+    }
+
+    #[test]
+    fn no_deployment_beats_the_static_one_by_more_than_the_bound() {
+        for m in [CostModel::LLAMA70B_H200, CostModel::LLAMA70B_H100] {
+            let mut rng = SplitMix(7);
+            for _ in 0..2 {
+                let mix: Vec<f64> = (0..TYPES.len()).map(|_| 0.05 + rng.unit_f64()).collect();
+                let mut candidates =
+                    vec![search_mix(&m, 16, &TYPES, &mix, 10).expect("a replica fits").deployment];
+                candidates.extend((0..3).map(|_| random_deployment(&m, &mut rng, 16)));
+                for base in m.configurations().into_iter().filter(|p| 16 % p.gpus() == 0) {
+                    let fixed = Deployment { replicas: vec![base; (16 / base.gpus()) as usize] };
+                    let own = mix_capacity(&m, &fixed, &TYPES, &mix);
+                    let bound = m.gain_bound(base, &TYPES);
+                    for d in &candidates {
+                        let ratio = mix_capacity(&m, d, &TYPES, &mix) / own;
+                        assert!(
+                            ratio <= bound * (1.0 + 1e-6),
+                            "{d} vs {base}: {ratio} > bound {bound} ({mix:?})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 mod switching {
     use super::super::capacity::{CostModel, Parallel};
     use super::super::deploy::{evaluate, search, switch_plan, Deployment, Step};
