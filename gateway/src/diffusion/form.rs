@@ -77,4 +77,27 @@ mod tests {
         assert_eq!(fields(b"--xyz\r\nbroken", &b), Err(None));
         assert_eq!(boundary("application/json"), None);
     }
+
+    fn form(n: usize) -> String {
+        let mut body: String = (0..n)
+            .map(|i| format!("--b\r\nContent-Disposition: form-data; name=\"f{i}\"\r\n\r\nv\r\n"))
+            .collect();
+        body.push_str("--b--\r\n");
+        body
+    }
+
+    #[test]
+    fn fields_and_the_boundary_are_bounded() {
+        assert_eq!(fields(form(MAX_FIELDS).as_bytes(), "b").map(|f| f.len()), Ok(MAX_FIELDS));
+        assert_eq!(fields(form(MAX_FIELDS + 1).as_bytes(), "b"), Err(None), "one field too many");
+        let long = "x".repeat(71);
+        let body =
+            format!("--{long}\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\nv\r\n--{long}--\r\n");
+        assert_eq!(
+            fields(body.as_bytes(), &long),
+            Err(None),
+            "RFC 2046 boundaries are at most 70 characters"
+        );
+        assert!(fields(body.replace(&long, &long[..70]).as_bytes(), &long[..70]).is_ok());
+    }
 }

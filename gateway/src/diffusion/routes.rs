@@ -79,16 +79,18 @@ fn unsupported(param: &str, message: &str) -> ApiError {
 fn due(req: &Req, policy: &PolicyDocument, tier: &Tier) -> Result<Due, ApiError> {
     match req.headers().get("x-slo-e2e-ms") {
         None => Ok(Due::Scale(policy.diffusion.slo_scale_of(&tier.name))),
-        Some(v) => {
-            let ms = v.to_str().ok().and_then(|s| s.trim().parse::<f64>().ok());
-            match ms {
-                Some(ms) if ms.is_finite() && ms > 0.0 && ms <= MAX_DEADLINE_MS => Ok(Due::In(ms)),
-                _ => Err(ApiError::InvalidHeader {
-                    header: "x-slo-e2e-ms",
-                    message: "milliseconds, a number > 0 and at most a day".into(),
-                }),
-            }
-        }
+        Some(v) => explicit_deadline(v).map(Due::In),
+    }
+}
+
+/// An explicit `x-slo-e2e-ms`: milliseconds, finite, above 0, at most a day.
+fn explicit_deadline(v: &HeaderValue) -> Result<f64, ApiError> {
+    match v.to_str().ok().and_then(|s| s.trim().parse::<f64>().ok()) {
+        Some(ms) if ms.is_finite() && ms > 0.0 && ms <= MAX_DEADLINE_MS => Ok(ms),
+        _ => Err(ApiError::InvalidHeader {
+            header: "x-slo-e2e-ms",
+            message: "milliseconds, a number > 0 and at most a day".into(),
+        }),
     }
 }
 
@@ -296,4 +298,29 @@ fn content(record: &VideoRecord, variant: Option<String>) -> Result<Response<Gat
     let mut resp = Response::new(crate::body::full(bytes));
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("image/apng"));
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_are_bounded_in_characters_not_bytes() {
+        assert!(prompt_ok(&"é".repeat(MAX_PROMPT_CHARS)).is_ok(), "64,000 bytes, 32,000 characters");
+        let Err(ApiError::InvalidField { param, .. }) = prompt_ok(&"a".repeat(MAX_PROMPT_CHARS + 1)) else {
+            panic!("one character too many is refused");
+        };
+        assert_eq!(param, "prompt");
+        assert!(matches!(prompt_ok(" \n\t"), Err(ApiError::InvalidField { .. })), "blank");
+    }
+
+    #[test]
+    fn an_explicit_deadline_is_a_positive_finite_number_of_ms_up_to_a_day() {
+        let parse = |s: &str| explicit_deadline(&HeaderValue::from_str(s).unwrap()).ok();
+        assert_eq!(parse(" 1500 "), Some(1500.0));
+        assert_eq!(parse("86400000"), Some(MAX_DEADLINE_MS));
+        for bad in ["0", "-5", "86400001", "NaN", "inf", "1e400", "soon", ""] {
+            assert_eq!(parse(bad), None, "{bad:?}");
+        }
+    }
 }
