@@ -99,6 +99,21 @@ async fn an_engine_that_refuses_costs_no_time_the_next_one_serves() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_request_tries_at_most_three_engines_and_answers_with_the_last_ones_reason() {
+    let broken = || vec![Script::Refuse(StatusCode::INTERNAL_SERVER_ERROR, "internal")];
+    let ids = ["e0", "e1", "e2", "e3", "e4"];
+    let h = Harness::start(POLICY, ids.iter().map(|&id| (id, broken())).collect(), |_| {}).await;
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(2)).await;
+    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+    let body = String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(body.contains("\"engine_failed\"") && body.contains("internal"), "{body}");
+    let tried: Vec<usize> = h.engines.iter().map(|e| e.requests()).collect();
+    assert_eq!(tried.iter().sum::<usize>(), 3, "three engines of five, once each: {tried:?}");
+    assert!(tried.iter().all(|&n| n <= 1), "{tried:?}");
+    assert!((0..ids.len()).all(|i| h.engine_sequences(i) == 0), "every lease is back");
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_engine_silent_before_its_first_token_is_left_for_the_next_at_the_first_token_timeout() {
     let (h, took) = moved_to_e1(Script::Stream(vec![Step::Hang]), Duration::from_millis(5)).await;
     // Nothing reached the client while e0 was silent, so the request moved
