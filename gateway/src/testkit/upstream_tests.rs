@@ -375,6 +375,27 @@ async fn tool_calls_are_relayed_as_the_upstream_wrote_them_under_the_gateways_id
     assert!(up.get("stream_options").is_none());
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_whole_answer_past_the_bound_is_a_typed_error_not_a_buffer_without_end() {
+    let policy = POLICY.replace(
+        "id = \"synthetic-small\"",
+        "id = \"synthetic-small\"\npassthrough = [\"tools\", \"tool_choice\"]",
+    );
+    // A syntactically fine answer one byte over the bound.
+    let head = br#"{"object":"chat.completion","choices":[],"pad":""#;
+    let mut answer = head.to_vec();
+    answer.resize(crate::upstream::MAX_ANSWER_BYTES + 1 - 2, b'x');
+    answer.extend_from_slice(b"\"}");
+    assert_eq!(answer.len(), crate::upstream::MAX_ANSWER_BYTES + 1);
+    let answer: &'static [u8] = Box::leak(answer.into_boxed_slice());
+    let scripts = vec![Script::Stream(vec![Step::Raw(answer)])];
+    let h = Harness::start_with(&policy, vec![llama(4, &llamacpp_metrics(0, 0), scripts)], |_| {}).await;
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &tool_request(false)).await;
+    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+    let text = body_text(resp).await;
+    assert!(text.contains("\"engine_failed\"") && text.len() < 4096, "{}", &text[..text.len().min(400)]);
+}
+
 const EMBEDDING_JSON: &[u8] = b"{\"object\":\"list\",\"data\":[{\"object\":\"embedding\",\"index\":0,\"embedding\":[0.25,-0.5,0.125]}],\"model\":\"bge-small\",\"usage\":{\"prompt_tokens\":3,\"total_tokens\":3}}";
 
 #[tokio::test(start_paused = true)]
