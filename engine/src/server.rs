@@ -4,12 +4,13 @@
 //! with prior knowledge, and HTTP/1.1 works for curl and debugging.
 //!
 //! Bounds: `--max-connections` open connections ([`MAX_CONNECTIONS`] by
-//! default; past it new ones are closed at once), [`MAX_STREAMS`] concurrent streams per connection (a
-//! gateway multiplexes thousands of generations over a few connections),
-//! as many streams reset by the gateway before we accepted them (a burst of
-//! client cancellations arrives as a burst of resets and must not close
-//! the connection that carries everyone else's streams), HTTP/2 keepalive
-//! PINGs, and a back-off after accept errors.
+//! default; past it new ones are closed at once), [`MAX_STREAMS`]
+//! concurrent streams per connection (a gateway multiplexes thousands of
+//! generations over a few connections), as many streams reset by the
+//! gateway before we accepted them (a burst of client cancellations
+//! arrives as a burst of resets and must not close the connection that
+//! carries everyone else's streams), HTTP/2 keepalive PINGs, and a
+//! back-off after accept errors.
 
 use std::convert::Infallible;
 use std::future::Future;
