@@ -370,3 +370,17 @@ async fn connections_past_the_bound_are_closed_and_a_freed_slot_is_taken_again()
     assert!(again.is_some(), "a closed connection's slot is taken by a new one");
     assert!(served(&e).await.is_none(), "and the bound holds again");
 }
+
+#[tokio::test]
+async fn a_request_body_past_16_mib_is_a_typed_400_and_the_connection_serves_on() {
+    let e = start(&[]).await;
+    // Valid JSON (leading whitespace) up to the bound: only the size is wrong.
+    let request = generate(4, 1);
+    let at = format!("{}{request}", " ".repeat((16 << 20) - request.len()));
+    let resp = e.conn.post_json("/engine/v1/generate", None, format!(" {at}")).await.unwrap();
+    assert_eq!(resp.status(), 400);
+    let body: serde_json::Value = serde_json::from_slice(&body_bytes(resp).await.unwrap()).unwrap();
+    assert_eq!(body["code"], "invalid_request", "{body}");
+    let resp = e.conn.post_json("/engine/v1/generate", None, at).await.unwrap();
+    assert_eq!(resp.status(), 200, "exactly 16 MiB is accepted, on the same connection");
+}
