@@ -343,6 +343,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_large_push_leaves_in_frames_of_at_most_16_kib_in_order() {
+        let (out, mut body) = outbox(1024);
+        let big: Vec<u8> = (0..40 << 10).map(|i| (i % 251) as u8).collect();
+        out.push(&big).unwrap();
+        out.finish();
+        let mut sizes = Vec::new();
+        let mut read = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let data = frame.unwrap().into_data().unwrap();
+            sizes.push(data.len());
+            read.extend_from_slice(&data);
+        }
+        assert_eq!(sizes, [MAX_FRAME, MAX_FRAME, (40 << 10) - 2 * MAX_FRAME]);
+        assert_eq!(read, big);
+        assert_eq!(out.shared.lock().buf.capacity(), 0, "a large push does not pin its allocation");
+    }
+
+    #[tokio::test]
     async fn finish_ends_after_the_buffer_and_reset_ends_with_an_error() {
         let (out, body) = outbox(1024);
         out.push(b"data: 1\n\n").unwrap();
