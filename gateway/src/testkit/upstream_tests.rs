@@ -305,6 +305,15 @@ data: [DONE]\n\n";
 /// The same call as one answer.
 const TOOL_CALL_JSON: &[u8] = b"{\"id\":\"up-2\",\"object\":\"chat.completion\",\"model\":\"tiny-llama\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Oslo\\\"}\"}}]},\"finish_reason\":\"tool_calls\"}],\"usage\":{\"prompt_tokens\":30,\"completion_tokens\":12,\"total_tokens\":42}}";
 
+/// The shipped policy with `tools` and `tool_choice` passed through for the
+/// model.
+fn tools_policy() -> String {
+    POLICY.replace(
+        "id = \"synthetic-small\"",
+        "id = \"synthetic-small\"\npassthrough = [\"tools\", \"tool_choice\"]",
+    )
+}
+
 fn tool_request(stream: bool) -> serde_json::Value {
     let mut ask = chat(stream, 64);
     if stream {
@@ -318,10 +327,7 @@ fn tool_request(stream: bool) -> serde_json::Value {
 
 #[tokio::test(start_paused = true)]
 async fn tool_calls_are_relayed_as_the_upstream_wrote_them_under_the_gateways_id() {
-    let policy = POLICY.replace(
-        "id = \"synthetic-small\"",
-        "id = \"synthetic-small\"\npassthrough = [\"tools\", \"tool_choice\"]",
-    );
+    let policy = tools_policy();
     let scripts = vec![
         Script::Stream(vec![Step::Wait(Duration::from_millis(20)), Step::Raw(TOOL_CALL_SSE)]),
         Script::Stream(vec![Step::Wait(Duration::from_millis(20)), Step::Raw(TOOL_CALL_JSON)]),
@@ -377,10 +383,7 @@ async fn tool_calls_are_relayed_as_the_upstream_wrote_them_under_the_gateways_id
 
 #[tokio::test(start_paused = true)]
 async fn a_whole_answer_past_the_bound_is_a_typed_error_not_a_buffer_without_end() {
-    let policy = POLICY.replace(
-        "id = \"synthetic-small\"",
-        "id = \"synthetic-small\"\npassthrough = [\"tools\", \"tool_choice\"]",
-    );
+    let policy = tools_policy();
     // A syntactically fine answer one byte over the bound.
     let head = br#"{"object":"chat.completion","choices":[],"pad":""#;
     let mut answer = head.to_vec();
