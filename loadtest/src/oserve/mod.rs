@@ -153,18 +153,15 @@ pub fn trace(seed: u64, segments: usize, cv: f64, shift: f64) -> Vec<Vec<f64>> {
     out
 }
 
-/// Every homogeneous deployment of `gpus` GPUs the model fits.
+/// Every homogeneous deployment of `gpus` GPUs the model fits: as many
+/// replicas of each configuration as fit.
 pub(crate) fn homogeneous(model: &CostModel, gpus: u32) -> Vec<Deployment> {
-    let Some(g0) = min_gpus(model) else { return Vec::new() };
-    let mut out = Vec::new();
-    let mut g = g0;
-    while g <= gpus.min(16) {
-        for p in Parallel::splits(g).into_iter().filter(|&p| model.fits(p)) {
-            out.push(Deployment { replicas: vec![p; (gpus / g) as usize] });
-        }
-        g *= 2;
-    }
-    out
+    model
+        .configurations()
+        .into_iter()
+        .filter(|p| p.gpus() <= gpus)
+        .map(|p| Deployment { replicas: vec![p; (gpus / p.gpus()) as usize] })
+        .collect()
 }
 
 pub(crate) fn best_static(model: &CostModel, gpus: u32, mix: &[f64]) -> (Deployment, f64) {
