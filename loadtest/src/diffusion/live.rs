@@ -265,8 +265,7 @@ async fn calibrate(
             ms.push(rec.latency_ms.ok_or_else(|| format!("calibrating {k:?}: {:?}", rec.error))?);
         }
         let median = crate::stats::median(ms.clone());
-        let kind = if r.video { "video" } else { "image" };
-        eprintln!("solo {kind} {}: {median:.1} ms (median of {ms:.1?})", r.size);
+        eprintln!("solo {} {}: {median:.1} ms (median of {ms:.1?})", r.kind_name(), r.size);
         solo.insert(k, median);
     }
     Ok(solo)
@@ -346,8 +345,7 @@ fn with_solo(
 ) -> Result<(), String> {
     for r in trace {
         let Some(&s) = solo.get(&(r.video, r.size.clone())) else {
-            let kind = if r.video { "video" } else { "image" };
-            return Err(format!("no solo latency for {kind} {}", r.size));
+            return Err(format!("no solo latency for {} {}", r.kind_name(), r.size));
         };
         r.solo_ms = s;
         r.deadline_ms = r.at_ms + sigma * r.solo_ms;

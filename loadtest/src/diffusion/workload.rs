@@ -77,6 +77,17 @@ pub struct Request {
     pub deadline_ms: f64,
 }
 
+impl Request {
+    /// `video` or `image`, for messages.
+    pub fn kind_name(&self) -> &'static str {
+        if self.video {
+            "video"
+        } else {
+            "image"
+        }
+    }
+}
+
 fn pick(rng: &mut SplitMix, n: usize, resolutions: Resolutions) -> usize {
     let u = rng.unit_f64();
     match resolutions {
