@@ -1,7 +1,8 @@
 //! The gateway crate's modules depend on each other without cycles: each
 //! top-level module's `crate::` paths (tests and comments aside) form a
 //! graph that must be acyclic, so any module can be read, tested and
-//! replaced from the bottom up.
+//! replaced from the bottom up. Also the tree-wide rule that no script,
+//! test or CI step ends a process by its name.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -101,4 +102,47 @@ fn the_gateway_modules_form_no_cycle() {
         let cycle = visit(m, &graph, &mut Vec::new(), &mut done);
         assert!(cycle.is_none(), "module cycle: {}", cycle.unwrap().join(" -> "));
     }
+}
+
+/// Every file of the repository a script, test or CI step can live in (build
+/// outputs, benchmark outputs and fetched tools aside).
+fn tree_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        if p.is_dir() {
+            if !matches!(name.as_str(), "target" | ".git" | "bench-out" | "certs" | "node_modules" | "work" | "artifacts")
+            {
+                tree_files(&p, out);
+            }
+        } else {
+            out.push(p);
+        }
+    }
+}
+
+/// On a shared machine a name can match a process the script did not
+/// start: scripts, tests and CI end only the process ids (or groups) they
+/// started, or stop a service through its own control. Any use of the
+/// by-name tools fails this test, with the file and line.
+#[test]
+fn no_process_is_ended_by_its_name() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    // Spelled in pieces so that this file does not match itself.
+    let banned = [["p", "kill"].concat(), ["kill", "all"].concat(), ["pid", "of"].concat()];
+    let by_name_pgrep = ["pgrep -", "f"].concat();
+    let mut files = Vec::new();
+    tree_files(root, &mut files);
+    assert!(files.iter().any(|f| f.ends_with("scripts/test-all")), "walked the repository from {root:?}");
+    let mut found = Vec::new();
+    for f in &files {
+        let Ok(text) = std::fs::read_to_string(f) else { continue };
+        for (n, line) in text.lines().enumerate() {
+            let words = line.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '-'));
+            if words.clone().any(|w| banned.iter().any(|b| w == b)) || line.contains(&by_name_pgrep) {
+                found.push(format!("{}:{}: {}", f.strip_prefix(root).unwrap().display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "processes ended by name:\n{}", found.join("\n"));
 }
