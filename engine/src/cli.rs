@@ -193,6 +193,16 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = crate::server::MAX_CONNECTIONS,
           value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u32).range(1..=1_048_576), |n| n as usize))]
     pub max_connections: usize,
+    /// The model name the OpenAI surface (`/v1/chat/completions`,
+    /// `/v1/completions`, `/v1/models`) serves, as vLLM's flag of the same
+    /// name; a request naming another model is a 404 `model_not_found`.
+    #[arg(long, default_value = "synthetic-small")]
+    pub served_model_name: String,
+    /// Output tokens of an OpenAI chat request that sets no `max_tokens`
+    /// (text completions default to 16, as OpenAI's do).
+    #[arg(long, default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(engine_api::bounds::MAX_TOKENS)))]
+    pub default_max_tokens: u32,
 }
 
 impl EngineArgs {

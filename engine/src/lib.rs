@@ -20,6 +20,7 @@ pub mod diffusion;
 pub mod gpu;
 pub mod kv;
 pub mod metrics;
+mod openai;
 pub mod profile;
 pub mod registry;
 mod routes;
@@ -87,6 +88,11 @@ pub struct Engine {
     pub api_token: Option<String>,
     /// Bytes of each video session's KV window (`--video-state-mib`).
     pub video_state_bytes: usize,
+    /// The OpenAI surface's model name and chat default output cap.
+    pub served_model: String,
+    pub default_max_tokens: u32,
+    /// Numbers the OpenAI surface's response ids.
+    openai_ids: std::sync::atomic::AtomicU64,
     ready: AtomicBool,
     draining: AtomicBool,
     /// Origin of the times fed to the KV slope (the allocator takes time as
@@ -315,6 +321,9 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
         video_profile_toml,
         api_token: args.api_token().map_err(StartError::Token)?,
         video_state_bytes,
+        served_model: args.served_model_name.clone(),
+        default_max_tokens: args.default_max_tokens,
+        openai_ids: std::sync::atomic::AtomicU64::new(0),
         ready: AtomicBool::new(false),
         draining: AtomicBool::new(false),
         started: crate::clock::now(),

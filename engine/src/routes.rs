@@ -22,6 +22,12 @@ pub(crate) enum Endpoint {
     Video,
     /// `/engine/v1/diffusion/...` (`diffusion::routes`).
     Diffusion,
+    /// The OpenAI surface (`openai`): chat and text completions, the
+    /// model list, and vLLM's `/health` probe.
+    ChatCompletions,
+    Completions,
+    Models,
+    Health,
 }
 
 /// A path's endpoint, with the `{id}` it names and its action (the last
@@ -49,6 +55,10 @@ fn table() -> &'static matchit::Router<(Endpoint, &'static str)> {
             ("/metrics", E::Metrics),
             ("/healthz", E::Healthz),
             ("/readyz", E::Readyz),
+            ("/v1/chat/completions", E::ChatCompletions),
+            ("/v1/completions", E::Completions),
+            ("/v1/models", E::Models),
+            ("/health", E::Health),
         ];
         let families = [
             ("/engine/v1/video/profile", E::Video, "profile"),
@@ -96,6 +106,9 @@ mod tests {
         assert_eq!(find("/engine/v1/video/sessions/s1/chunk"), t(Endpoint::Video, Some("s1"), "chunk"));
         assert_eq!(find("/engine/v1/diffusion/videos/v9/state"), t(Endpoint::Diffusion, Some("v9"), "state"));
         assert_eq!(find("/engine/v1/diffusion/images"), t(Endpoint::Diffusion, None, "images"));
+        assert_eq!(find("/v1/chat/completions"), t(Endpoint::ChatCompletions, None, ""));
+        assert_eq!(find("/v1/models"), t(Endpoint::Models, None, ""));
+        assert_eq!(find("/health"), t(Endpoint::Health, None, ""));
         for path in ["/", "/engine/v1", "/engine/v1/video/sessions/s1/chunk/x", "/engine/v1/diffusion/videos"]
         {
             assert_eq!(find(path), None, "{path}");

@@ -1,4 +1,5 @@
-//! The engine's internal HTTP/2 API (see [`crate::api`] for the routes).
+//! The engine's internal HTTP/2 API (see [`crate::api`] for the routes),
+//! and its OpenAI-compatible surface beside it ([`crate::openai`]).
 //!
 //! Served with hyper's auto builder on plain TCP: the gateway speaks HTTP/2
 //! with prior knowledge, and HTTP/1.1 works for curl and debugging.
@@ -23,6 +24,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
+
+use openai_wire::Kind;
 
 use crate::api::{self, ErrorBody, GenerateRequest};
 use crate::body::ChannelBody;
@@ -99,7 +102,7 @@ fn authorized(engine: &Engine, req: &Request<Incoming>, target: crate::routes::T
     let snapshot = req.method() == Method::GET
         && (target.endpoint, target.action) == (Endpoint::Video, "snapshot")
         && req.headers().contains_key(crate::video::transfer::TOKEN_HEADER);
-    let open = matches!(target.endpoint, Endpoint::Healthz | Endpoint::Readyz) || snapshot;
+    let open = matches!(target.endpoint, Endpoint::Healthz | Endpoint::Readyz | Endpoint::Health) || snapshot;
     let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     open || api::bearer_matches(token, given)
 }
@@ -143,7 +146,9 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
             let kv = engine.kv.snapshot();
             ::metrics::gauge!(crate::metrics::KV_FREE).set(f64::from(kv.free));
             ::metrics::gauge!(crate::metrics::PREFIX_CACHED_PAGES).set(f64::from(kv.cached_pages));
-            let text = crate::metrics::handle().render();
+            let mut text = crate::metrics::handle().render();
+            let report = engine.load_report().await;
+            text.push_str(&crate::openai::vllm_metrics(&report, &engine.served_model));
             Response::builder()
                 .header(header::CONTENT_TYPE, "text/plain; version=0.0.4")
                 .body(Either::Left(Full::new(Bytes::from(text))))
@@ -155,6 +160,14 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
             let status = if engine.accepting() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
             json(status, &report)
         }
+        (Endpoint::ChatCompletions, &Method::POST) => {
+            crate::openai::completions(engine, req, Kind::Chat).await
+        }
+        (Endpoint::Completions, &Method::POST) => {
+            crate::openai::completions(engine, req, Kind::Completion).await
+        }
+        (Endpoint::Models, &Method::GET) => crate::openai::models(&engine),
+        (Endpoint::Health, &Method::GET) => crate::openai::health(&engine),
         (Endpoint::Video, _) => crate::video::routes::handle(&engine, req, target).await,
         (Endpoint::Diffusion, _) => crate::diffusion::routes::handle(&engine, req, target).await,
         (_, method) => error(

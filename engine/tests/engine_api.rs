@@ -1,5 +1,6 @@
-//! The engine binary's internal API, run as a real process: KV admission
-//! and its typed refusals, cancellation, drain.
+//! The engine binary's APIs, run as a real process: the internal API (KV
+//! admission and its typed refusals, cancellation, drain) and the OpenAI
+//! surface beside it (bytes on the wire, the official Python client).
 // Process-level code: it measures real time on purpose.
 #![allow(clippy::disallowed_methods)]
 
@@ -20,10 +21,22 @@ struct Engine {
 
 /// Starts `engine` with a slow decode (so sequences stay resident) and `args`.
 async fn start(args: &[&str]) -> Engine {
+    start_with(SLOW, args).await
+}
+
+/// A profile whose decode step takes 200 ms (sequences stay resident).
+const SLOW: &str =
+    "model = \"m\"\nengine_class = \"t\"\n[prefill]\npoints = [[0, 0.0]]\n[decode]\nbatch_points = [[1, 200.0]]\n";
+/// A profile whose decode step takes 2 ms.
+const FAST: &str =
+    "model = \"m\"\nengine_class = \"t\"\n[prefill]\npoints = [[0, 0.0]]\n[decode]\nbatch_points = [[1, 2.0]]\n";
+
+/// Starts `engine` with the latency `profile` (TOML text) and `args`.
+async fn start_with(profile_text: &str, args: &[&str]) -> Engine {
     let dir = std::env::temp_dir().join(format!("engine-test-{}-{}", std::process::id(), rand_suffix()));
     std::fs::create_dir_all(&dir).unwrap();
     let profile = dir.join("p.toml");
-    std::fs::write(&profile, "model = \"m\"\nengine_class = \"t\"\n[prefill]\npoints = [[0, 0.0]]\n[decode]\nbatch_points = [[1, 200.0]]\n").unwrap();
+    std::fs::write(&profile, profile_text).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_engine"))
         .args(["--listen", "127.0.0.1:0", "--id", "t0", "--exit-on-stdin-eof", "--profile"])
         .arg(&profile)
@@ -383,4 +396,174 @@ async fn a_request_body_past_16_mib_is_a_typed_400_and_the_connection_serves_on(
     assert_eq!(body["code"], "invalid_request", "{body}");
     let resp = e.conn.post_json("/engine/v1/generate", None, at).await.unwrap();
     assert_eq!(resp.status(), 200, "exactly 16 MiB is accepted, on the same connection");
+}
+
+// The OpenAI surface.
+
+fn chat(extra: serde_json::Value) -> String {
+    let mut body =
+        serde_json::json!({"model": "synthetic-small", "messages": [{"role": "user", "content": "hello"}]});
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    body.to_string()
+}
+
+async fn json_of(resp: http::Response<hyper::body::Incoming>) -> (u16, serde_json::Value) {
+    let status = resp.status().as_u16();
+    (status, serde_json::from_slice(&body_bytes(resp).await.unwrap()).unwrap())
+}
+
+#[tokio::test]
+async fn the_openai_surface_answers_whole_and_streamed_with_usage() {
+    let e = start_with(FAST, &[]).await;
+    let resp =
+        e.conn.post_json("/v1/chat/completions", None, chat(serde_json::json!({"max_tokens": 5}))).await;
+    let (status, body) = json_of(resp.unwrap()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], "synthetic-small");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert_eq!(body["usage"]["completion_tokens"], 5);
+    assert_eq!(body["usage"]["prompt_tokens"], policies::tokens::count("<|user|>\nhello\n<|assistant|>\n"));
+    let whole = body["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(!whole.is_empty());
+
+    let streamed =
+        chat(serde_json::json!({"max_tokens": 5, "stream": true, "stream_options": {"include_usage": true}}));
+    let resp = e.conn.post_json("/v1/chat/completions", None, streamed).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let text = String::from_utf8(body_bytes(resp).await.unwrap().to_vec()).unwrap();
+    let events: Vec<&str> = text.split("\n\n").filter(|s| !s.is_empty()).collect();
+    assert_eq!(events.last(), Some(&"data: [DONE]"), "{text}");
+    let chunks: Vec<serde_json::Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant", "the opening chunk");
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect::<Vec<_>>()
+        .concat();
+    assert_eq!(content, whole, "the same greedy text, streamed");
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    let last = chunks.last().unwrap();
+    assert_eq!(
+        (last["choices"].as_array().unwrap().len(), &last["usage"]["completion_tokens"]),
+        (0, &serde_json::json!(5))
+    );
+
+    let resp = e
+        .conn
+        .post_json("/v1/completions", None, r#"{"model":"synthetic-small","prompt":"once"}"#.to_string())
+        .await;
+    let (status, body) = json_of(resp.unwrap()).await;
+    assert_eq!((status, &body["object"]), (200, &serde_json::json!("text_completion")), "{body}");
+    assert!(body["usage"]["completion_tokens"].as_u64().unwrap() <= 16, "OpenAI's default cap of 16");
+
+    let (status, models) = json_of(e.conn.get("/v1/models", None).await.unwrap()).await;
+    assert_eq!((status, &models["data"][0]["id"]), (200, &serde_json::json!("synthetic-small")));
+    let health = e.conn.get("/health", None).await.unwrap();
+    assert_eq!(health.status(), 200);
+    assert!(body_bytes(health).await.unwrap().is_empty(), "vLLM's probe answers an empty 200");
+}
+
+#[tokio::test]
+async fn the_openai_surface_refuses_bad_input_with_typed_openai_errors() {
+    let e = start_with(FAST, &["--served-model-name", "served-one"]).await;
+    let post = |path: &'static str, body: String| e.conn.post_json(path, None, body);
+    let body = |model: &str, extra: serde_json::Value| {
+        let mut b = serde_json::json!({"model": model, "messages": [{"role": "user", "content": "x"}]});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b.to_string()
+    };
+    let cases = [
+        (body("served-one", serde_json::json!({"zeta": 1})), 400, "unknown_parameter", Some("zeta")),
+        (body("served-one", serde_json::json!({"n": 3})), 400, "unsupported_parameter", Some("n")),
+        (
+            body("served-one", serde_json::json!({"temperature": 9})),
+            400,
+            "invalid_value",
+            Some("temperature"),
+        ),
+        (
+            body("served-one", serde_json::json!({"stop": ["a", "b", "c", "d", "e"]})),
+            400,
+            "invalid_value",
+            Some("stop"),
+        ),
+        (body("served-one", serde_json::json!({"max_tokens": 200_000})), 400, "invalid_value", None),
+        (body("synthetic-small", serde_json::json!({})), 404, "model_not_found", Some("model")),
+        ("{\"model\":".to_string(), 400, "invalid_json", None),
+    ];
+    for (request, status, code, param) in cases {
+        let (got, b) = json_of(post("/v1/chat/completions", request.clone()).await.unwrap()).await;
+        assert_eq!(
+            (got, b["error"]["code"].as_str(), b["error"]["param"].as_str()),
+            (status, Some(code), param),
+            "{request}: {b}"
+        );
+        assert!(
+            b["error"]["message"].as_str().is_some_and(|m| !m.is_empty()) && b["error"]["type"].is_string(),
+            "{b}"
+        );
+    }
+    // The body bound: one byte past 16 MiB is refused, the connection serves on.
+    let request = body("served-one", serde_json::json!({"max_tokens": 1}));
+    let over = format!("{}{request}", " ".repeat((16 << 20) + 1 - request.len()));
+    let (status, b) = json_of(post("/v1/chat/completions", over).await.unwrap()).await;
+    assert_eq!((status, b["error"]["code"].as_str()), (413, Some("request_too_large")));
+    let (status, _) = json_of(post("/v1/chat/completions", request).await.unwrap()).await;
+    assert_eq!(status, 200, "served on the same connection");
+}
+
+#[tokio::test]
+async fn a_client_gone_mid_stream_frees_its_sequence_and_the_metrics_say_so_in_vllms_names() {
+    use http_body_util::BodyExt;
+    let e = start(&[]).await; // 200 ms a token: the sequence is still running when the client goes
+    let request = chat(serde_json::json!({"max_tokens": 500, "stream": true}));
+    let mut resp = e.conn.post_json("/v1/chat/completions", None, request).await.unwrap();
+    let first = resp.body_mut().frame().await.unwrap().unwrap().into_data().unwrap();
+    assert!(first.starts_with(b"data: {"), "{first:?}");
+    let metrics =
+        String::from_utf8(body_bytes(e.conn.get("/metrics", None).await.unwrap()).await.unwrap().to_vec())
+            .unwrap();
+    assert!(metrics.contains("vllm:num_requests_running{model_name=\"synthetic-small\"} 1\n"), "{metrics}");
+    assert!(metrics.contains("# TYPE vllm:kv_cache_usage_perc gauge"), "{metrics}");
+    drop(resp);
+    let mut running = u64::MAX;
+    for _ in 0..50 {
+        running = load(&e).await["inflight_sequences"].as_u64().unwrap();
+        if running == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(running, 0, "the reset stream cancelled its sequence");
+    assert_eq!(load(&e).await["kv_pages_free"], load(&e).await["kv_pages_total"], "and its pages are back");
+}
+
+/// The official OpenAI Python client, unmodified, against the engine's own
+/// OpenAI surface (scripts/test-all installs it and sets OPENAI_PYTHON).
+#[tokio::test]
+async fn the_official_openai_python_client_talks_to_the_engine() {
+    let Some(python) = std::env::var_os("OPENAI_PYTHON") else {
+        assert!(std::env::var_os("CI").is_none(), "CI must set OPENAI_PYTHON (see scripts/test-all)");
+        eprintln!("SKIPPED: set OPENAI_PYTHON to a python with `openai` installed");
+        return;
+    };
+    let e = start_with(FAST, &[]).await;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_engine.py");
+    let out = Command::new(python)
+        .arg(script)
+        .env("OPENAI_BASE_URL", format!("{}/v1", e.url))
+        .env("OPENAI_API_KEY", "unused-by-an-engine-without-a-token")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("OK"), "{stdout}");
 }

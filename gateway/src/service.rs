@@ -155,7 +155,7 @@ async fn completions(
     let ttft_hint = slo_hint(req.headers(), "x-slo-ttft-ms", tier.ttft, min_hint)?; // per-request SLO, clamped to the tier
     let e2e_hint = slo_hint(req.headers(), "x-slo-e2e-ms", tier.e2e, min_hint)?;
     let body = req.take_read(); // read by the body layer: bounded memory and time
-    let parsed = openai::parse_for(kind, &body, &policy.models)?; // typed and validated; unknown parameters named
+    let parsed = openai::parse_for(kind, &body, &policy.models).map_err(ApiError::from)?; // typed and validated; unknown parameters named
     if policy.model(&parsed.model).is_none() {
         return Err(ApiError::ModelNotFound(parsed.model).into());
     }

@@ -111,8 +111,10 @@ fn tree_files(dir: &Path, out: &mut Vec<PathBuf>) {
         let p = e.unwrap().path();
         let name = p.file_name().unwrap().to_string_lossy().to_string();
         if p.is_dir() {
-            if !matches!(name.as_str(), "target" | ".git" | "bench-out" | "certs" | "node_modules" | "work" | "artifacts")
-            {
+            if !matches!(
+                name.as_str(),
+                "target" | ".git" | "bench-out" | "certs" | "node_modules" | "work" | "artifacts"
+            ) {
                 tree_files(&p, out);
             }
         } else {

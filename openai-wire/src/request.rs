@@ -1,4 +1,7 @@
-//! The OpenAI-compatible request schema: parsing, validation, prompt rendering.
+//! The OpenAI-compatible request schema: parsing, validation, prompt
+//! rendering. The gateway's public routes and the engine's OpenAI surface
+//! parse with this one function, so both have the same bounds and answer
+//! the same typed 400s.
 //!
 //! Every top-level parameter of a request is in exactly one class:
 //! - honoured: it changes what the gateway does (model, messages/prompt,
@@ -13,7 +16,7 @@
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::error::ApiError;
+use crate::error::ParseError;
 
 /// Which endpoint a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,13 +148,13 @@ struct StreamOptions {
     include_usage: Option<bool>,
 }
 
-fn field(param: impl Into<String>, message: impl Into<String>) -> ApiError {
-    ApiError::InvalidField { param: param.into(), message: message.into() }
+fn field(param: impl Into<String>, message: impl Into<String>) -> ParseError {
+    ParseError::InvalidField { param: param.into(), message: message.into() }
 }
 
 /// Parses and validates a request body for `kind` (no model passes
 /// parameters through).
-pub fn parse(kind: Kind, body: &[u8]) -> Result<CompletionRequest, ApiError> {
+pub fn parse(kind: Kind, body: &[u8]) -> Result<CompletionRequest, ParseError> {
     parse_for(kind, body, &[])
 }
 
@@ -161,10 +164,10 @@ pub fn parse_for(
     kind: Kind,
     body: &[u8],
     models: &[policies::config::Model],
-) -> Result<CompletionRequest, ApiError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
+) -> Result<CompletionRequest, ParseError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| ParseError::InvalidJson(e.to_string()))?;
     let Value::Object(object) = value else {
-        return Err(ApiError::InvalidJson("the body must be a JSON object".into()));
+        return Err(ParseError::InvalidJson("the body must be a JSON object".into()));
     };
     let requested = object.get("model").and_then(Value::as_str);
     let passthrough = models
@@ -223,7 +226,7 @@ fn classify(
     kind: Kind,
     object: Map<String, Value>,
     passthrough: &[String],
-) -> Result<(RawRequest, Option<String>, bool), ApiError> {
+) -> Result<(RawRequest, Option<String>, bool), ParseError> {
     let (honoured, ignored) = match kind {
         Kind::Chat => (CHAT_HONOURED, CHAT_IGNORED),
         Kind::Completion => (COMPLETION_HONOURED, COMPLETION_IGNORED),
@@ -245,7 +248,7 @@ fn classify(
             kept.insert(key, value);
         } else if let Some(neutral) = neutral_values(kind, &key) {
             if !neutral.contains(&value) {
-                return Err(ApiError::UnsupportedParameter {
+                return Err(ParseError::UnsupportedParameter {
                     param: key,
                     message: "is not supported by this gateway".into(),
                 });
@@ -256,7 +259,7 @@ fn classify(
     }
     if !unknown.is_empty() {
         unknown.sort();
-        return Err(ApiError::UnknownParameters(unknown));
+        return Err(ParseError::UnknownParameters(unknown));
     }
     let raw = serde_path_to_error::deserialize(Value::Object(kept)).map_err(|e| {
         let param = e.path().to_string();
@@ -278,7 +281,7 @@ fn render_chat(
     messages: Vec<Message>,
     passthrough: &[String],
     upstream_param: &mut Option<String>,
-) -> Result<String, ApiError> {
+) -> Result<String, ParseError> {
     if messages.is_empty() {
         return Err(field("messages", "must contain at least one message"));
     }
@@ -306,7 +309,7 @@ fn content_parts(
     parts: Vec<Value>,
     passthrough: &[String],
     upstream_param: &mut Option<String>,
-) -> Result<String, ApiError> {
+) -> Result<String, ParseError> {
     if parts.len() > MAX_PARTS {
         return Err(field(
             format!("messages[{i}].content"),
@@ -325,7 +328,7 @@ fn content_parts(
                 text.push_str(&format!("[{other}]"));
             }
             (Some(other), _) => {
-                return Err(ApiError::UnsupportedParameter {
+                return Err(ParseError::UnsupportedParameter {
                     param: format!("messages[{i}].content[{j}].type"),
                     message: format!("content parts of type `{other}` are not supported; use `text`"),
                 })
@@ -336,13 +339,13 @@ fn content_parts(
     Ok(text)
 }
 
-fn prompt_text(prompt: Value) -> Result<String, ApiError> {
+fn prompt_text(prompt: Value) -> Result<String, ParseError> {
     match prompt {
         Value::String(s) => Ok(s),
         Value::Array(mut items) if items.len() == 1 && items[0].is_string() => {
             Ok(items.pop().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default())
         }
-        Value::Array(items) if items.iter().all(Value::is_string) => Err(ApiError::UnsupportedParameter {
+        Value::Array(items) if items.iter().all(Value::is_string) => Err(ParseError::UnsupportedParameter {
             param: "prompt".into(),
             message: "batched prompts are not supported; send one prompt per request".into(),
         }),
@@ -350,7 +353,7 @@ fn prompt_text(prompt: Value) -> Result<String, ApiError> {
     }
 }
 
-fn stop_list(stop: Option<Value>) -> Result<Vec<String>, ApiError> {
+fn stop_list(stop: Option<Value>) -> Result<Vec<String>, ParseError> {
     let list = match stop {
         None => Vec::new(),
         Some(Value::String(s)) => vec![s],
@@ -379,7 +382,7 @@ fn stop_list(stop: Option<Value>) -> Result<Vec<String>, ApiError> {
 mod tests {
     use super::*;
 
-    fn chat(body: Value) -> Result<CompletionRequest, ApiError> {
+    fn chat(body: Value) -> Result<CompletionRequest, ParseError> {
         parse(Kind::Chat, body.to_string().as_bytes())
     }
 
@@ -413,7 +416,7 @@ mod tests {
         ];
         for (body, param) in cases {
             let e = chat(body).unwrap_err();
-            assert_eq!((e.param(), e.status().as_u16()), (Some(param), 400), "{e}");
+            assert_eq!((e.param(), e.status()), (Some(param), 400), "{e}");
         }
     }
 
@@ -445,7 +448,7 @@ mod tests {
     #[test]
     fn unknown_and_unsupported_parameters_are_named() {
         let e = chat(json!({"model": "m", "messages": [], "zeta": 1, "alpha": 2})).unwrap_err();
-        assert_eq!(e, ApiError::UnknownParameters(vec!["alpha".into(), "zeta".into()]));
+        assert_eq!(e, ParseError::UnknownParameters(vec!["alpha".into(), "zeta".into()]));
         let e =
             chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2})).unwrap_err();
         assert_eq!(e.param(), Some("n"));
