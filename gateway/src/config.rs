@@ -17,6 +17,11 @@ use crate::engines::EngineSpec;
 pub struct GatewayConfig {
     /// Public HTTPS listener.
     pub listen: SocketAddr,
+    /// An opt-in second public listener without TLS (HTTP/1.1 and h2c),
+    /// for a gateway behind a TLS-terminating load balancer (a Kubernetes
+    /// ingress or cloud load balancer). Same routes, auth and bounds; its
+    /// connections count under `listener="plaintext"`. Unset: none.
+    pub plaintext_listen: Option<SocketAddr>,
     pub tls: TlsFiles,
     /// Largest request body accepted; larger gets 413.
     pub max_body_bytes: usize,
@@ -140,6 +145,7 @@ impl Default for GatewayConfig {
     fn default() -> Self {
         Self {
             listen: ([127, 0, 0, 1], 8443).into(),
+            plaintext_listen: None,
             tls: TlsFiles::default(),
             max_body_bytes: 1 << 20,
             policies: "policies/default.toml".into(),

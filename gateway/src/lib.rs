@@ -362,11 +362,23 @@ async fn serve_until_signal(
     let admin_limits = server::ListenerLimits::admin(&app.config.limits);
     let admin_task = tokio::spawn(async move {
         let mut stop = stop_rx;
-        server::serve(admin_handler, admin_listener, admin_tls, admin_limits, None, async move {
+        server::serve(admin_handler, admin_listener, Some(admin_tls), admin_limits, None, async move {
             let _ = stop.wait_for(|s| *s).await;
         })
         .await;
     });
+    let plaintext = match app.config.plaintext_listen {
+        Some(at) => {
+            let l = tokio::net::TcpListener::bind(at).await.map_err(|e| StartError::Bind(at, e))?;
+            let plain_addr = l.local_addr().map_err(|e| StartError::Bind(at, e))?;
+            if !plain_addr.ip().is_loopback() {
+                tracing::warn!(event = "plaintext_listener", addr = %plain_addr, "API keys cross this listener unencrypted: put it behind a TLS-terminating load balancer only");
+            }
+            println!("gateway listening on http://{plain_addr} (plaintext: HTTP/1.1 and h2c)");
+            Some(l)
+        }
+        None => None,
+    };
     let signal = shutdown_signal();
     println!("gateway listening on https://{addr} (HTTP/2 and HTTP/1.1 over TLS)");
     println!("ready: {ready}/{total} engines");
@@ -377,11 +389,31 @@ async fn serve_until_signal(
     let public = stack::public(Arc::clone(&app));
     let handler = move |req| tower::ServiceExt::oneshot(public.clone(), req);
     let public_limits = server::ListenerLimits::public(&app.config.limits);
+    let plain_limits = server::ListenerLimits::plaintext(&app.config.limits);
     let workers = workers::Workers::start(app.config.limits.workers()).map_err(StartError::Workers)?;
-    server::serve(handler, listener, tls, public_limits, Some(&workers), async {
+    // Both public listeners stop on the one signal.
+    let (quit_tx, quit_rx) = tokio::sync::watch::channel(false);
+    let quit = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|q| *q).await;
+    };
+    let plain = async {
+        if let Some(l) = plaintext {
+            server::serve(handler.clone(), l, None, plain_limits, Some(&workers), quit(quit_rx.clone()))
+                .await;
+        }
+    };
+    let public = server::serve(
+        handler.clone(),
+        listener,
+        Some(tls),
+        public_limits,
+        Some(&workers),
+        quit(quit_rx.clone()),
+    );
+    tokio::join!(public, plain, async {
         signal.await;
-    })
-    .await;
+        let _ = quit_tx.send(true);
+    });
     drop(workers); // joins the worker threads
     let _ = stop_tx.send(true);
     let _ = admin_task.await;

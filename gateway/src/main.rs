@@ -81,6 +81,11 @@ enum Command {
         /// (`redis://127.0.0.1:6379`); engines register there too.
         #[arg(long)]
         redis: Option<String>,
+        /// Also serve the public API without TLS on this address (HTTP/1.1
+        /// and h2c), for a gateway behind a TLS-terminating load balancer.
+        /// Off unless given.
+        #[arg(long)]
+        plaintext_listen: Option<SocketAddr>,
     },
     /// Policy document tools.
     Policy {
@@ -96,6 +101,11 @@ enum Command {
         /// discover the engines registered there.
         #[arg(long)]
         redis: Option<String>,
+        /// Also serve the public API without TLS on this address (HTTP/1.1
+        /// and h2c), for a gateway behind a TLS-terminating load balancer.
+        /// Off unless given.
+        #[arg(long)]
+        plaintext_listen: Option<SocketAddr>,
     },
     /// Write a development CA (ca.pem) and a server certificate for
     /// localhost / 127.0.0.1 / ::1 signed by it.
@@ -149,6 +159,7 @@ fn main() -> ExitCode {
                 overflow_profile,
                 admin_listen,
                 redis,
+                plaintext_listen,
             } => {
                 let mut cfg = GatewayConfig::load(config.as_deref()).map_err(|e| e.to_string())?;
                 cfg.listen = listen;
@@ -156,6 +167,7 @@ fn main() -> ExitCode {
                 if let Some(a) = admin_listen {
                     cfg.admin.listen = a;
                 }
+                cfg.plaintext_listen = plaintext_listen.or(cfg.plaintext_listen);
                 if let Some(url) = redis {
                     cfg.cluster.redis = Some(url); // the children get it in their environment
                 }
@@ -183,8 +195,9 @@ fn main() -> ExitCode {
                 let opts = gateway::UpOptions { launch, certs_dir: certs, bounds };
                 gateway::run_up(cfg, opts).await.map_err(|e| e.to_string())
             }
-            Command::Serve { config, redis } => {
+            Command::Serve { config, redis, plaintext_listen } => {
                 let mut cfg = GatewayConfig::load(Some(&config)).map_err(|e| e.to_string())?;
+                cfg.plaintext_listen = plaintext_listen.or(cfg.plaintext_listen);
                 if redis.is_some() {
                     cfg.cluster.redis = redis;
                 }

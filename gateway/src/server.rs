@@ -1,5 +1,8 @@
 //! An HTTPS listener: TCP accept, TLS handshake, HTTP/1.1 or HTTP/2 by
 //! ALPN, bounded connections, idle and header timeouts, graceful shutdown.
+//! Without TLS (the opt-in plaintext listener, for a gateway behind a
+//! TLS-terminating load balancer) the same listener speaks HTTP/1.1 and
+//! h2c (HTTP/2 with prior knowledge), told apart by the connection preface.
 //! The public listener serves [`service::handle`](crate::service::handle),
 //! the admin listener [`admin::handle`](crate::admin::handle).
 //!
@@ -66,16 +69,22 @@ impl ListenerLimits {
     pub fn admin(l: &Limits) -> Self {
         Self { name: "admin", max_connections: l.max_admin_connections, ..Self::public(l) }
     }
+
+    /// The plaintext public listener: the public bounds, its own count.
+    pub fn plaintext(l: &Limits) -> Self {
+        Self { name: "plaintext", ..Self::public(l) }
+    }
 }
 
 /// Serves `handler` on `listener` until `shutdown` resolves, then lets open
-/// connections finish (bounded by [`DRAIN_TIMEOUT`]).
+/// connections finish (bounded by [`DRAIN_TIMEOUT`]). `tls: None` serves
+/// plaintext HTTP/1.1 and h2c.
 /// With `workers`, each connection runs on the next connection worker
 /// (`workers.rs`); without, on this runtime.
 pub async fn serve<H, F>(
     handler: H,
     listener: TcpListener,
-    tls: Arc<rustls::ServerConfig>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     limits: ListenerLimits,
     workers: Option<&crate::workers::Workers>,
     shutdown: impl Future<Output = ()>,
@@ -83,7 +92,7 @@ pub async fn serve<H, F>(
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<GatewayBody>, Infallible>> + Send + 'static,
 {
-    let acceptor = TlsAcceptor::from(tls);
+    let acceptor = tls.map(TlsAcceptor::from);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
     builder
@@ -124,6 +133,12 @@ pub async fn serve<H, F>(
             let _permit = permit;
             let Ok(tcp) = tokio::net::TcpStream::from_std(tcp) else { return };
             let _open = OpenGauge::new(limits.name);
+            let activity = Activity::new();
+            let svc = tracked(handler, Arc::clone(&activity));
+            let Some(acceptor) = acceptor else {
+                let conn = builder.serve_connection(TokioIo::new(tcp), svc).into_owned();
+                return connection(conn, |c| c.graceful_shutdown(), activity, stop, &limits, peer).await;
+            };
             let tls = match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => return tracing::debug!(event = "tls_handshake_failed", %peer, error = %e),
@@ -133,8 +148,6 @@ pub async fn serve<H, F>(
                     return tracing::debug!(event = "tls_handshake_timeout", %peer);
                 }
             };
-            let activity = Activity::new();
-            let svc = tracked(handler, Arc::clone(&activity));
             let conn = builder.serve_connection(TokioIo::new(tls), svc).into_owned();
             connection(conn, |c| c.graceful_shutdown(), activity, stop, &limits, peer).await;
         };

@@ -299,3 +299,34 @@ async fn official_openai_python_client_works_streaming_and_not() {
     let sys = System::start(INSTANT, 2).await;
     run_openai_script(&sys, "openai_client.py").await;
 }
+
+/// The gateway in front of this project's engine through the engine's
+/// OpenAI surface (`kind = "openai"`, vLLM flavour): a second gateway over
+/// the first one's engine, reaching it as it would reach vLLM, with the
+/// engine's API token as the upstream's key. The official OpenAI Python
+/// client runs through it unmodified, and the gateway reads the engine's
+/// vLLM-named metrics into its load report.
+#[tokio::test]
+async fn the_gateway_fronts_its_own_engines_openai_surface_as_an_openai_upstream() {
+    let native = System::start(INSTANT, 1).await;
+    let engine_url = &native.engines[0].url;
+    // A name of this test's own: the variable is read by the gateway child.
+    std::env::set_var("OWN_ENGINE_TOKEN_FOR_OPENAI_TEST", native.engine_token());
+    let engines = format!(
+        "[[engines]]\nid = \"own-openai\"\nurl = \"{engine_url}\"\nkind = \"openai\"\n\
+         upstream = {{ flavour = \"vllm\", max_batch = 16, api_key_env = \"OWN_ENGINE_TOKEN_FOR_OPENAI_TEST\" }}\n"
+    );
+    let sys = System::serve(&engines, &default_policy()).await;
+    run_openai_script(&sys, "openai_client.py").await;
+    let conn = sys.conn(Proto::H2).await;
+    let resp = conn.post_json("/v1/chat/completions", Some(GOLD), chat_body("hi", 3, true)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{}", sys.log());
+    assert_eq!(header(&resp, "x-engine"), "own-openai");
+    let text = String::from_utf8(body_bytes(resp).await.unwrap().to_vec()).unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let ready = sys.readyz().await;
+    let engine = &ready["detail"]["engines"][0];
+    assert_eq!((&engine["id"], &engine["ready"]), (&json!("own-openai"), &json!(true)), "{ready}");
+    assert_eq!(engine["load"]["backend"], "external", "{ready}");
+    assert!(engine["load"]["kv_pages_total"].as_u64().is_some(), "{ready}");
+}

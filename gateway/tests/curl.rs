@@ -172,3 +172,42 @@ async fn a_slow_upload_holds_an_early_answer_no_longer_than_the_drain_timeout() 
         out.status.code()
     );
 }
+
+/// The opt-in plaintext listener serves the same API, with the same auth
+/// and decision headers, to the real curl over HTTP/1.1 and over h2c (prior
+/// knowledge); the TLS listener is unchanged beside it.
+#[tokio::test]
+async fn the_plaintext_listener_serves_http1_and_h2c_with_the_same_auth() {
+    let sys = System::start_with(INSTANT, 1, &["--plaintext-listen", "127.0.0.1:0"]).await;
+    let plain = sys.plain.clone().expect("a plaintext listening line");
+    let body = sys.dir.join("stream.json");
+    std::fs::write(&body, chat_body("hi", 4, true)).unwrap();
+    for (flag, version) in [("--http1.1", "1.1"), ("--http2-prior-knowledge", "2")] {
+        let run = |key: &str| {
+            let out = Command::new("curl")
+                .args(["-s", "-i", "--max-time", "20", flag])
+                .args(["-H", &format!("Authorization: Bearer {key}"), "-H", "Content-Type: application/json"])
+                .arg("--data-binary")
+                .arg(format!("@{}", body.display()))
+                .arg(format!("{plain}/v1/chat/completions"))
+                .output()
+                .expect("curl runs");
+            assert_eq!(out.status.code(), Some(0), "curl {flag}");
+            String::from_utf8_lossy(&out.stdout).to_string()
+        };
+        let answer = run(GOLD);
+        let head = answer.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
+        assert!(head.starts_with(&format!("http/{version} 200")), "{flag}: {head}");
+        assert!(head.contains("x-admission: admitted"), "{flag}: {head}");
+        assert!(answer.trim_end().ends_with("data: [DONE]"), "{flag}: {answer}");
+        let refused = run("sk-wrong-key-0000");
+        assert!(
+            refused.to_ascii_lowercase().starts_with(&format!("http/{version} 401")),
+            "{flag}: {refused}"
+        );
+    }
+    let (code, status) = curl(&sys, true, "/v1/chat/completions", GOLD, &body);
+    assert_eq!((code, status.as_str()), (0, "200"), "TLS still serves");
+    let metrics = sys.metrics().await;
+    assert!(metrics.contains("listener=\"plaintext\""), "connections counted per listener:\n{metrics}");
+}

@@ -79,6 +79,9 @@ pub struct EngineInfo {
 pub struct System {
     pub child: Child,
     pub base: String,
+    /// The plaintext listener (`http://127.0.0.1:PORT`), when started with
+    /// `--plaintext-listen`.
+    pub plain: Option<String>,
     /// The admin listener (`https://localhost:PORT`).
     pub admin: String,
     /// The policy file the gateway runs from.
@@ -177,6 +180,7 @@ impl System {
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut base = None;
         let mut admin = None;
+        let mut plain = None;
         let mut infos = Vec::new();
         let read = async {
             while let Some(line) = lines.next_line().await.unwrap() {
@@ -184,6 +188,8 @@ impl System {
                     let addr = rest.split_whitespace().next().unwrap();
                     let port = addr.rsplit(':').next().unwrap();
                     base = Some(format!("https://localhost:{port}"));
+                } else if let Some(rest) = line.strip_prefix("gateway listening on http://") {
+                    plain = Some(format!("http://{}", rest.split_whitespace().next().unwrap()));
                 } else if let Some(rest) = line.strip_prefix("admin listening on https://") {
                     let port = rest.split_whitespace().next().unwrap().rsplit(':').next().unwrap();
                     admin = Some(format!("https://localhost:{port}"));
@@ -206,6 +212,7 @@ impl System {
         System {
             child,
             base: base.expect("listening line"),
+            plain,
             admin: admin.expect("admin listening line"),
             policies,
             ca,
