@@ -62,7 +62,7 @@ pub(crate) async fn completions(
             return error(status, "invalid_request_error", None, code, &e.to_string());
         }
     };
-    let parsed = match openai_wire::parse(kind, &body) {
+    let parsed = match openai_wire::parse_engine(kind, &body) {
         Ok(p) => p,
         Err(e) => return with_body(StatusCode::BAD_REQUEST, e.body()),
     };

@@ -31,6 +31,7 @@ pub mod calibration;
 pub mod chaos;
 pub mod client;
 pub mod clock;
+pub mod cpu;
 pub mod decision_cost;
 pub mod diffusion;
 pub mod oserve;

@@ -11,4 +11,4 @@ pub mod error;
 pub mod request;
 
 pub use error::ParseError;
-pub use request::{parse, parse_for, CompletionRequest, Kind};
+pub use request::{parse, parse_engine, parse_for, CompletionRequest, Kind};

@@ -12,6 +12,12 @@
 //! - unsupported: accepted only at its neutral value (`n: 1`, `logprobs:
 //!   false`, `tools: []`, ...), anything else is a 400 naming it;
 //! - unknown: a 400 naming it, as OpenAI itself answers.
+//!
+//! The engine's surface ([`parse_engine`]) also takes the extensions that
+//! routers built for vLLM and SGLang add to every request they forward
+//! (SGLang's model gateway sends `ignore_eos: false`, `skip_special_tokens:
+//! true`, ...), at the values that leave the answer unchanged; any other
+//! value is a 400 naming it.
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -98,6 +104,37 @@ fn neutral_values(kind: Kind, key: &str) -> Option<Vec<Value>> {
     Some(v)
 }
 
+/// The vLLM and SGLang request extensions the engine's surface accepts,
+/// with the values that leave the answer unchanged. `separate_reasoning`,
+/// `stream_reasoning` and `include_reasoning` (the vLLM router's) only
+/// matter to reasoning models (ours is not one): either value is neutral.
+fn engine_extension_values(key: &str) -> Option<Vec<Value>> {
+    let v = match key {
+        "ignore_eos" | "no_stop_trim" | "continue_final_message" | "return_hidden_states" | "echo" => {
+            vec![json!(false)]
+        }
+        "include_stop_str_in_output" => vec![json!(false)],
+        "skip_special_tokens" | "spaces_between_special_tokens" | "add_generation_prompt" => {
+            vec![json!(true)]
+        }
+        "separate_reasoning" | "stream_reasoning" | "include_reasoning" => vec![json!(true), json!(false)],
+        "min_tokens" => vec![json!(0)],
+        "top_k" => vec![json!(-1), json!(0)],
+        "min_p" => vec![json!(0), json!(0.0)],
+        "repetition_penalty" => vec![json!(1), json!(1.0)],
+        _ => return None,
+    };
+    Some(v)
+}
+
+/// Which surface parses: the gateway's public API (OpenAI's parameters
+/// only) or an engine's (also the vLLM/SGLang extensions at neutral values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Surface {
+    Gateway,
+    Engine,
+}
+
 #[derive(Deserialize)]
 struct RawRequest {
     model: Option<String>,
@@ -158,9 +195,24 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<CompletionRequest, ParseError> {
     parse_for(kind, body, &[])
 }
 
+/// As [`parse`], for an engine's OpenAI surface: also the vLLM/SGLang
+/// extensions routers add, at their neutral values.
+pub fn parse_engine(kind: Kind, body: &[u8]) -> Result<CompletionRequest, ParseError> {
+    parse_on(Surface::Engine, kind, body, &[])
+}
+
 /// As [`parse`], accepting the parameters the requested model's
 /// `passthrough` list names (of `models`, the policy's).
 pub fn parse_for(
+    kind: Kind,
+    body: &[u8],
+    models: &[policies::config::Model],
+) -> Result<CompletionRequest, ParseError> {
+    parse_on(Surface::Gateway, kind, body, models)
+}
+
+fn parse_on(
+    surface: Surface,
     kind: Kind,
     body: &[u8],
     models: &[policies::config::Model],
@@ -174,7 +226,7 @@ pub fn parse_for(
         .iter()
         .find(|m| Some(m.id.as_str()) == requested)
         .map_or(&[][..], |m| m.passthrough.as_slice());
-    let (raw, mut upstream_param, verbatim) = classify(kind, object, passthrough)?;
+    let (raw, mut upstream_param, verbatim) = classify(surface, kind, object, passthrough)?;
     let model = raw.model.ok_or_else(|| field("model", "you must provide a model parameter"))?;
     if model.len() > engine_api::bounds::MAX_ID_BYTES {
         return Err(field("model", "is too long"));
@@ -223,6 +275,7 @@ pub fn parse_for(
 /// ones; also returns the first `passthrough` parameter used, and whether
 /// one changes the answer's shape.
 fn classify(
+    surface: Surface,
     kind: Kind,
     object: Map<String, Value>,
     passthrough: &[String],
@@ -246,7 +299,9 @@ fn classify(
         }
         if honoured.contains(&key.as_str()) {
             kept.insert(key, value);
-        } else if let Some(neutral) = neutral_values(kind, &key) {
+        } else if let Some(neutral) = neutral_values(kind, &key)
+            .or_else(|| engine_extension_values(&key).filter(|_| surface == Surface::Engine))
+        {
             if !neutral.contains(&value) {
                 return Err(ParseError::UnsupportedParameter {
                     param: key,
@@ -479,6 +534,24 @@ mod tests {
         let plain =
             json!({"model": "json-capable", "messages": [{"role": "user", "content": "x"}]}).to_string();
         assert_eq!(parse_for(Kind::Chat, plain.as_bytes(), &models).unwrap().upstream_param, None);
+    }
+
+    #[test]
+    fn the_engine_takes_the_router_extensions_at_neutral_values_and_the_gateway_does_not() {
+        // What SGLang's model gateway adds to a forwarded chat request.
+        let forwarded = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "logprobs": false, "max_completion_tokens": 5, "stream": false, "no_stop_trim": false,
+            "ignore_eos": false, "continue_final_message": false, "skip_special_tokens": true,
+            "separate_reasoning": true, "stream_reasoning": true, "return_hidden_states": false,
+            "include_reasoning": true})
+        .to_string();
+        let r = parse_engine(Kind::Chat, forwarded.as_bytes()).unwrap();
+        assert_eq!(r.max_tokens, Some(5));
+        let e = parse(Kind::Chat, forwarded.as_bytes()).unwrap_err();
+        assert_eq!(e.code(), "unknown_parameter", "the public API stays OpenAI's: {e}");
+        let changed = forwarded.replace("\"ignore_eos\":false", "\"ignore_eos\":true");
+        let e = parse_engine(Kind::Chat, changed.as_bytes()).unwrap_err();
+        assert_eq!((e.code(), e.param()), ("unsupported_parameter", Some("ignore_eos")));
     }
 
     #[test]
