@@ -28,6 +28,10 @@ use crate::workload::Workload;
 pub enum Api {
     /// The gateway's OpenAI `/v1/completions`, streamed as SSE.
     Openai,
+    /// OpenAI's `/v1/chat/completions` (the prompt as one user message),
+    /// streamed as SSE: the endpoint most clients use, and the one some
+    /// gateways serve on a faster path than text completions.
+    Chat,
     /// An engine's `/engine/v1/generate`, streamed as NDJSON (for measuring
     /// an engine directly, or a plain proxy in front of one).
     Engine,
@@ -332,9 +336,10 @@ impl Exchange<'_> {
     async fn run(self, pool: &Pool, rec: &mut Record, live: &Live) -> Result<Option<String>, ClientError> {
         let path = match self.api {
             Api::Openai => "/v1/completions",
+            Api::Chat => "/v1/chat/completions",
             Api::Engine => "/engine/v1/generate",
         };
-        let auth = (self.api == Api::Openai).then_some(self.key);
+        let auth = (self.api != Api::Engine).then_some(self.key);
         let pick = pool.pick();
         let (mut conn, mut reusable) = pool.take(pick).await?;
         rec.sent_at_ms = Instant::now().saturating_duration_since(self.start).as_secs_f64() * 1e3;
@@ -377,6 +382,10 @@ fn request_body(api: Api, model: &str, prompt: &str, p: &Planned) -> Bytes {
     let v = match api {
         Api::Openai => json!({
             "model": model, "prompt": prompt, "max_tokens": p.max_tokens,
+            "stream": true, "stream_options": {"include_usage": true},
+        }),
+        Api::Chat => json!({
+            "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": p.max_tokens,
             "stream": true, "stream_options": {"include_usage": true},
         }),
         Api::Engine => json!({

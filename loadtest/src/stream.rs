@@ -58,7 +58,7 @@ impl TokenStream {
     pub fn push(&mut self, data: &[u8]) -> u32 {
         let before = self.tokens;
         match self.api {
-            Api::Openai => {
+            Api::Openai | Api::Chat => {
                 for ev in self.sse.push(data) {
                     self.openai_event(&ev.data);
                 }

@@ -18,7 +18,8 @@ use crate::stats::Summary;
 /// Options of `loadtest sweep`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SweepArgs {
-    /// An arm: `LABEL=URL@API` with API `openai` or `engine`, e.g.
+    /// An arm: `LABEL=URL@API` with API `openai` (text completions),
+    /// `chat` (chat completions) or `engine`, e.g.
     /// `direct=http://127.0.0.1:9100@engine`, optionally followed by
     /// `;proto=http1` or `;proto=h2` (this arm's HTTP version, else
     /// --proto), `;key=KEY` (this arm's API key, else --key or the
@@ -71,8 +72,9 @@ fn parse_arm(s: &str) -> Result<Arm, String> {
     let (url, api) = rest.rsplit_once('@').ok_or("expected LABEL=URL@API")?;
     let api = match api {
         "openai" => Api::Openai,
+        "chat" => Api::Chat,
         "engine" => Api::Engine,
-        other => return Err(format!("unknown API {other:?} (openai or engine)")),
+        other => return Err(format!("unknown API {other:?} (openai, chat or engine)")),
     };
     let mut arm = Arm { label: label.into(), url: url.into(), api, proto: None, key: None, pid: None };
     for option in parts {
