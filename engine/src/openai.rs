@@ -129,6 +129,9 @@ fn generate_request(id: String, parsed: CompletionRequest, default_max_tokens: u
 /// Streams the sequence as SSE: a task turns each event line into its
 /// chunk as it arrives. Dropping the body (the client went away) ends the
 /// task, which drops the scheduler's receiver: the sequence is cancelled.
+/// The body's channel is unbounded like the scheduler's (the scheduler must
+/// never wait on one slow client): it holds at most one frame per event,
+/// and a sequence has at most `max_tokens` + 1 events.
 fn stream(encoder: Encoder, mut events: mpsc::UnboundedReceiver<Bytes>) -> Response<EngineBody> {
     let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
     tokio::spawn(async move {
@@ -169,9 +172,12 @@ fn stream(encoder: Encoder, mut events: mpsc::UnboundedReceiver<Bytes>) -> Respo
 }
 
 /// The last SSE frame of a stream: `[DONE]`, or an error event (no
-/// `[DONE]` after it, as the gateway ends a failed stream).
+/// `[DONE]` after it, as the gateway ends a failed stream), which may
+/// follow the opening chunk in the same frame. Generated text is
+/// JSON-escaped inside its chunk, so it cannot spell either marker.
 fn is_last_chunk(frame: &[u8]) -> bool {
-    frame.ends_with(b"data: [DONE]\n\n") || frame.starts_with(b"data: {\"error\"")
+    const ERROR: &[u8] = b"data: {\"error\"";
+    frame.ends_with(b"data: [DONE]\n\n") || frame.windows(ERROR.len()).any(|w| w == ERROR)
 }
 
 fn stream_error(out: &mut BytesMut, code: &str, message: &str) {
@@ -348,6 +354,9 @@ mod tests {
         let mut out = BytesMut::new();
         stream_error(&mut out, "engine_failed", "x");
         assert!(is_last_chunk(&out));
+        let mut opened = BytesMut::from(&b"data: {\"choices\":[]}\n\n"[..]);
+        stream_error(&mut opened, "engine_failed", "x");
+        assert!(is_last_chunk(&opened), "an error right after the opening chunk");
         assert!(!is_last_chunk(b"data: {\"choices\":[{\"delta\":{\"content\":\"[DONE]\"}}]}\n\n"));
     }
 }
