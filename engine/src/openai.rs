@@ -28,7 +28,7 @@ use openai_wire::error::error_body;
 use openai_wire::{CompletionRequest, Kind};
 use tokio::sync::mpsc;
 
-use crate::api::{self, Event, GenerateRequest};
+use crate::api::{Event, GenerateRequest};
 use crate::body::ChannelBody;
 use crate::server::{EngineBody, MAX_REQUEST_BYTES};
 use crate::Engine;
@@ -233,11 +233,22 @@ pub(crate) fn health(engine: &Engine) -> Response<EngineBody> {
         .expect("static response parts are valid")
 }
 
+/// What vLLM's metric families say of an engine.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct VllmLoad {
+    pub running: u32,
+    pub waiting: u32,
+    pub kv_pages_free: u32,
+    pub kv_pages_total: u32,
+    pub prefix_lookup_tokens: u64,
+    pub prefix_hit_tokens: u64,
+}
+
 /// vLLM's metric families (v1 names, and the v0 name of KV usage that
-/// older routers read) from a load report, labelled with the served model:
-/// requests running and waiting, KV-cache usage (a fraction), and the
-/// prefix cache's queried and hit prompt tokens.
-pub(crate) fn vllm_metrics(report: &api::LoadReport, model: &str) -> String {
+/// older routers read), labelled with the served model: requests running
+/// and waiting, KV-cache usage (a fraction), and the prefix cache's queried
+/// and hit prompt tokens.
+pub(crate) fn vllm_metrics(report: &VllmLoad, model: &str) -> String {
     let usage = if report.kv_pages_total == 0 {
         0.0
     } else {
@@ -245,18 +256,8 @@ pub(crate) fn vllm_metrics(report: &api::LoadReport, model: &str) -> String {
     };
     let label = serde_json::to_string(model).expect("a string always serialises");
     let families: [(&str, &str, &str, f64); 6] = [
-        (
-            "vllm:num_requests_running",
-            "gauge",
-            "Requests in model execution batches.",
-            report.inflight_sequences.into(),
-        ),
-        (
-            "vllm:num_requests_waiting",
-            "gauge",
-            "Requests waiting to be processed.",
-            report.queued_sequences.into(),
-        ),
+        ("vllm:num_requests_running", "gauge", "Requests in model execution batches.", report.running.into()),
+        ("vllm:num_requests_waiting", "gauge", "Requests waiting to be processed.", report.waiting.into()),
         ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage),
         (
             "vllm:gpu_cache_usage_perc",
@@ -310,14 +311,13 @@ mod tests {
 
     #[test]
     fn the_metrics_carry_vllms_names_and_values() {
-        let report = api::LoadReport {
-            inflight_sequences: 7,
-            queued_sequences: 3,
+        let report = VllmLoad {
+            running: 7,
+            waiting: 3,
             kv_pages_free: 58,
             kv_pages_total: 100,
             prefix_lookup_tokens: 1000,
             prefix_hit_tokens: 250,
-            ..Default::default()
         };
         let text = vllm_metrics(&report, "m\"1");
         for want in [
@@ -330,8 +330,7 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want:?} in\n{text}");
         }
-        assert!(vllm_metrics(&api::LoadReport::default(), "m")
-            .contains("kv_cache_usage_perc{model_name=\"m\"} 0\n"));
+        assert!(vllm_metrics(&VllmLoad::default(), "m").contains("kv_cache_usage_perc{model_name=\"m\"} 0\n"));
     }
 
     #[test]

@@ -147,8 +147,18 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
             ::metrics::gauge!(crate::metrics::KV_FREE).set(f64::from(kv.free));
             ::metrics::gauge!(crate::metrics::PREFIX_CACHED_PAGES).set(f64::from(kv.cached_pages));
             let mut text = crate::metrics::handle().render();
-            let report = engine.load_report().await;
-            text.push_str(&crate::openai::vllm_metrics(&report, &engine.served_model));
+            // Not `load_report()`: that also feeds the KV slope sampler,
+            // which a scrape must not do.
+            let sched = engine.scheduler.snapshot().await;
+            let load = crate::openai::VllmLoad {
+                running: sched.inflight_sequences,
+                waiting: sched.queued_sequences,
+                kv_pages_free: kv.free,
+                kv_pages_total: kv.total,
+                prefix_lookup_tokens: sched.prompt_tokens,
+                prefix_hit_tokens: sched.cached_tokens,
+            };
+            text.push_str(&crate::openai::vllm_metrics(&load, &engine.served_model));
             Response::builder()
                 .header(header::CONTENT_TYPE, "text/plain; version=0.0.4")
                 .body(Either::Left(Full::new(Bytes::from(text))))
