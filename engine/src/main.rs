@@ -33,6 +33,9 @@ enum Command {
     /// Measure the GPU: dense bf16 GEMM rate, the video model's achieved
     /// rate, coalescing, pinned offload/restore bandwidth, LM decode.
     GpuBench(engine::gpu::bench::BenchArgs),
+    /// Write the DiT-shaped video model's profile from rates `engine
+    /// gpu-bench` measured on a GPU (runs anywhere).
+    DitProfile(engine::gpu::dit::ModelledProfileArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -67,6 +70,10 @@ fn main() -> std::process::ExitCode {
         Some(Command::GpuBench(b)) => {
             engine::gpu::run_bench(&b).map_err(|e| engine::StartError::Gpu(e).into())
         }
+        Some(Command::DitProfile(a)) => engine::gpu::dit::modelled_profile(&a)
+            .and_then(|text| std::fs::write(&a.out, text).map_err(|e| format!("{}: {e}", a.out.display())))
+            .map(|()| eprintln!("wrote {}", a.out.display()))
+            .map_err(|e| engine::StartError::Gpu(e).into()),
         None => match tokio::runtime::Runtime::new() {
             Ok(rt) => rt.block_on(serve(cli.args)).map_err(Into::into),
             Err(e) => {

@@ -209,10 +209,37 @@ fn the_gpu_benchmark_harness_runs_end_to_end_on_the_emulator() {
         "32",
         "--lm-vocab",
         "64",
+        "--lm-batches",
+        "1,2",
+        "--bandwidth-mib",
+        "1",
+        "--dit-config",
+        "tiny",
+        "--dit-coalesce",
+        "2",
     ])
     .b;
     let results = engine::gpu::bench::run(Arc::new(Emu::new()), &args, |_| {}).unwrap();
     let names: Vec<&str> = results.iter().map(|m| m.name.as_str()).collect();
-    assert_eq!(results.len(), 9, "{names:?}");
+    // GEMM, bandwidth; video: chunk, rate, cpu, coalescing; DiT: forward,
+    // rate, both attention kernels, chunk, the W3 chunk, coalescing;
+    // offload 2; LM 2.
+    assert_eq!(results.len(), 17, "{names:?}");
     assert!(results.iter().all(|m| m.value.is_finite() && m.value > 0.0), "{results:#?}");
+}
+
+/// The DiT's two flash-attention kernels against the f64 reference on
+/// random inputs:
+/// ragged members in one launch (queries and keys not multiples of the
+/// 64-wide tiles, so the last query tile is partial and the last key tile
+/// masked; a member with fewer keys than one tile), two heads, the output
+/// poisoned first. Then the tiny DiT (the same code as the 1.3B
+/// configuration) against the host reference of the same network: two
+/// members of different context coalesced, two forwards (the second reads
+/// the keys and values the first wrote).
+#[test]
+fn the_dit_on_the_emulated_gpu_matches_its_host_reference() {
+    let r = check::dit_vs_reference(Arc::new(Emu::new()), None).unwrap();
+    assert_eq!(r.len(), 4);
+    assert_all_ok(&r);
 }

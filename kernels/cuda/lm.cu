@@ -52,52 +52,92 @@ extern "C" __global__ void lm_rope_store(float* qkv, const int* pos, const int* 
     }
 }
 
+// Widest head lm_attention takes (GpuLm::new checks).
+#define LM_MAX_HEAD_DIM 256
+
 // Attention of one row and one head (grid: rows x heads) over the sink and
 // positions 0..=pos[r] of the row's sequence, read through its page table
 // (`pages + table_off[r]`). Scores go to `scores` (rows x heads x stride),
 // then softmax, then the weighted sum of V.
+//
+// Decode reads the whole context once per step, so the reads are what
+// costs: each warp takes every (BLOCK/32)-th position and its 32 lanes
+// read that position's K (then V) row together, coalesced, four positions
+// in flight per warp; the warps' partial sums of V meet in shared memory.
 extern "C" __global__ void lm_attention(const float* qkv, const float* kcache, const float* vcache,
                                         const float* bos_k, const float* bos_v, const int* pos,
                                         const int* pages, const int* table_off, float* scores, float* out,
                                         int hidden, int head_dim, int page_tokens, long long layer_slots, int stride) {
     __shared__ float red[BLOCK];
-    int r = blockIdx.x, head = blockIdx.y;
-    int ctx = pos[r] + 2;
+    __shared__ float part[BLOCK / 32][LM_MAX_HEAD_DIM];
+    const int r = blockIdx.x, head = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warps = BLOCK / 32;
+    const int ctx = pos[r] + 2;
     const float* q = qkv + (size_t)r * 3 * hidden + head * head_dim;
     const int* table = pages + table_off[r];
     float* sc = scores + ((size_t)r * gridDim.y + head) * stride;
-    float scale = 1.0f / sqrtf((float)head_dim);
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    // Position j's row of this head in `cache` (j = 0: the sink's).
+    auto row = [&](const float* cache, const float* bos, int j) -> const float* {
+        if (j == 0) return bos + head * head_dim;
+        const int p = j - 1;
+        const long long s = layer_slots + (long long)table[p / page_tokens] * page_tokens + p % page_tokens;
+        return cache + (size_t)s * hidden + head * head_dim;
+    };
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j < ctx; j += BLOCK) {
-        const float* k;
-        if (j == 0) {
-            k = bos_k + head * head_dim;
-        } else {
-            int p = j - 1;
-            long long s = layer_slots + (long long)table[p / page_tokens] * page_tokens + p % page_tokens;
-            k = kcache + (size_t)s * hidden + head * head_dim;
+    for (int j0 = warp; j0 < ctx; j0 += 4 * warps) {
+        float d[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int j = j0 + u * warps;
+            float acc = 0.0f;
+            if (j < ctx) {
+                const float* k = row(kcache, bos_k, j);
+                for (int i = lane; i < head_dim; i += 32) acc += q[i] * k[i];
+            }
+            d[u] = acc;
         }
-        float d = 0.0f;
-        for (int i = 0; i < head_dim; i++) d += q[i] * k[i];
-        d *= scale;
-        sc[j] = d;
-        mx = fmaxf(mx, d);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int j = j0 + u * warps;
+            const float dot = warp_sum(d[u]) * scale;  // every lane takes part
+            if (j < ctx) {
+                if (lane == 0) sc[j] = dot;
+                mx = fmaxf(mx, dot);
+            }
+        }
     }
-    mx = block_max(mx, red);
+    mx = block_max(mx, red);  // its barriers also publish sc[]
     float sum = 0.0f;
     for (int j = threadIdx.x; j < ctx; j += BLOCK) {
-        float e = expf(sc[j] - mx);
+        const float e = expf(sc[j] - mx);
         sc[j] = e;
         sum += e;
     }
     sum = block_sum(sum, red);
-    for (int d = threadIdx.x; d < head_dim; d += BLOCK) {
-        float acc = sc[0] * bos_v[head * head_dim + d];
-        for (int p = 0; p + 1 < ctx; p++) {
-            long long s = layer_slots + (long long)table[p / page_tokens] * page_tokens + p % page_tokens;
-            acc += sc[p + 1] * vcache[(size_t)s * hidden + head * head_dim + d];
+    float acc[LM_MAX_HEAD_DIM / 32];
+#pragma unroll
+    for (int u = 0; u < LM_MAX_HEAD_DIM / 32; u++) acc[u] = 0.0f;
+#pragma unroll 4
+    for (int j = warp; j < ctx; j += warps) {
+        const float p = sc[j];
+        const float* v = row(vcache, bos_v, j);
+#pragma unroll
+        for (int u = 0; u < LM_MAX_HEAD_DIM / 32; u++) {
+            const int i = lane + 32 * u;
+            if (i < head_dim) acc[u] += p * v[i];
         }
-        out[(size_t)r * hidden + head * head_dim + d] = acc / sum;
+    }
+#pragma unroll
+    for (int u = 0; u < LM_MAX_HEAD_DIM / 32; u++) {
+        const int i = lane + 32 * u;
+        if (i < head_dim) part[warp][i] = acc[u];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < head_dim; i += BLOCK) {
+        float o = 0.0f;
+        for (int w = 0; w < warps; w++) o += part[w][i];
+        out[(size_t)r * hidden + head * head_dim + i] = o / sum;
     }
 }
 
@@ -107,5 +147,50 @@ extern "C" __global__ void lm_swiglu(const float* gu, float* act, int ffn) {
     for (int i = threadIdx.x; i < ffn; i += BLOCK) {
         float g = gu[(size_t)r * 2 * ffn + i], u = gu[(size_t)r * 2 * ffn + ffn + i];
         act[(size_t)r * ffn + i] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+// y = x · wᵀ for a few rows (decode): x `rows` × k f32 (rows ≤ GEMV_ROWS),
+// w n × k bf16 row-major, y rows × n f32. Bandwidth-bound: one warp per
+// output column streams the column's weights once with 16-byte loads and
+// applies them to every row; k is a multiple of 8. The rows are rounded to
+// bf16 on the fly, so the product is the cuBLAS path's (bf16 operands, f32
+// accumulation) with no conversion pass.
+//
+// With `accumulate`, y += x · wᵀ (a residual add fused into the product).
+extern "C" __global__ void lm_gemv(const float* x, const unsigned short* w, float* y, int rows, int n, int k,
+                                   int accumulate) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int col = blockIdx.x * (BLOCK / 32) + warp;
+    if (col >= n) return;  // the whole warp
+    float acc[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) acc[r] = 0.0f;
+    const uint4* wr = (const uint4*)(w + (size_t)col * k);
+    for (int i = lane; i < k / 8; i += 32) {
+        const uint4 p = wr[i];
+        const unsigned words[4] = {p.x, p.y, p.z, p.w};
+        float wf[8];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            wf[2 * j] = __int_as_float((int)(words[j] << 16));
+            wf[2 * j + 1] = __int_as_float((int)(words[j] & 0xffff0000u));
+        }
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            if (r < rows) {
+                const float4* xr = (const float4*)(x + (size_t)r * k + i * 8);
+                const float4 a = xr[0], b = xr[1];
+                // The rows rounded to bf16, as the cuBLAS path's inputs are.
+                const float xs[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[r] += bf16_float(bf16_bits(xs[j])) * wf[j];
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) {
+        const float s = warp_sum(acc[r]);  // every lane takes part
+        if (r < rows && lane == 0) y[(size_t)r * n + col] = accumulate ? y[(size_t)r * n + col] + s : s;
     }
 }

@@ -50,14 +50,15 @@ pub mod video {
 }
 
 /// The source files, in compile order.
-pub const FILES: [(&str, &str); 3] = [
+pub const FILES: [(&str, &str); 4] = [
     ("common.cuh", include_str!("../cuda/common.cuh")),
     ("lm.cu", include_str!("../cuda/lm.cu")),
     ("video.cu", include_str!("../cuda/video.cu")),
+    ("dit.cu", include_str!("../cuda/dit.cu")),
 ];
 
 /// Every kernel entry point (`extern "C" __global__`) in [`FILES`].
-pub const KERNELS: [&str; 16] = [
+pub const KERNELS: [&str; 25] = [
     "to_bf16",
     "add_into",
     "gather_rows",
@@ -66,6 +67,7 @@ pub const KERNELS: [&str; 16] = [
     "lm_rope_store",
     "lm_attention",
     "lm_swiglu",
+    "lm_gemv",
     "video_project",
     "video_query_mean",
     "video_key_dots",
@@ -74,7 +76,35 @@ pub const KERNELS: [&str; 16] = [
     "video_attend_merge",
     "video_update",
     "video_decode",
+    "dit_attention",
+    "dit_attention_async",
+    "dit_modulate",
+    "dit_to_heads",
+    "dit_set",
+    "dit_gelu",
+    "dit_gated_add",
+    "dit_fill",
 ];
+
+/// The DiT video model's kernels (`dit.cu`): its attention's tile shape.
+pub mod dit {
+    /// Head width the attention kernel is written for.
+    pub const HEAD_DIM: usize = 128;
+    /// Query rows per attention block (16 per warp).
+    pub const QUERIES: usize = 64;
+    /// Keys `dit_attention` stages in shared memory per step.
+    pub const KEYS: usize = 64;
+    /// Keys `dit_attention_async` stages per step (two stages deep).
+    pub const ASYNC_KEYS: usize = 32;
+    /// i64 words per member row of the attention's `meta`: q offset, q
+    /// head stride, queries, k/v offset, k/v head stride, keys, output
+    /// offset, spare (offsets and strides in elements).
+    pub const META: usize = 8;
+}
+
+/// Rows up to which the LM's products run as a bandwidth-bound GEMV
+/// (`lm_gemv`) rather than through cuBLAS.
+pub const GEMV_ROWS: usize = 8;
 
 /// Preprocessor defines every build of the sources gets (NVRTC and the
 /// host emulator alike).
@@ -86,6 +116,11 @@ pub fn defines() -> Vec<(&'static str, String)> {
         ("HIDDEN", video::HIDDEN.to_string()),
         ("AQ", video::ATTEND_QUERIES.to_string()),
         ("AK", video::ATTEND_COLUMNS.to_string()),
+        ("HD", dit::HEAD_DIM.to_string()),
+        ("FA_Q", dit::QUERIES.to_string()),
+        ("FA_K", dit::KEYS.to_string()),
+        ("FA_KA", dit::ASYNC_KEYS.to_string()),
+        ("GEMV_ROWS", GEMV_ROWS.to_string()),
     ]
 }
 
@@ -135,7 +170,8 @@ pub enum Arg<'a, B> {
 }
 
 /// `C = A · Bᵀ` with A `m × k` and B `n × k` as row-major bf16 bits, C
-/// `m × n` row-major f32 (fp32 accumulation). Offsets in elements.
+/// `m × n` row-major f32, or bf16 bits when `bf16_out` (fp32 accumulation
+/// either way). Offsets in elements.
 #[derive(Debug, Clone, Copy)]
 pub struct Gemm<'a, B> {
     pub a: (&'a B, usize),
@@ -144,6 +180,7 @@ pub struct Gemm<'a, B> {
     pub m: usize,
     pub n: usize,
     pub k: usize,
+    pub bf16_out: bool,
 }
 
 /// What a model needs from a GPU. Work is issued in order on one compute

@@ -378,3 +378,51 @@ pub fn offload_round_trip<D: Device>(dev: Arc<D>) -> Result<Vec<Comparison>> {
         at_least: true,
     }])
 }
+
+/// The DiT's attention kernel and its whole network against their host
+/// references (`gpu::dit`): ragged attention members (tails of both tiles,
+/// a member shorter than a tile) plus, with `real_keys`, one member that
+/// attends over a full window of the 1.3B configuration; then the tiny DiT
+/// (two members of different context, two forwards) against
+/// [`super::dit::reference_forward`]. Limits: relative L2 error, bf16
+/// probabilities and activations (measured on the emulator: attention
+/// ~2e-3, network ~5e-3).
+pub fn dit_vs_reference<D: Device>(dev: Arc<D>, real_keys: Option<usize>) -> Result<Vec<Comparison>> {
+    use super::dit::{
+        check_attention, reference_forward, rel_l2, AttentionKernel, ChunkShape, DitBatch, DitConfig, GpuDit,
+    };
+    let mut out = Vec::new();
+    let mut members = vec![(70, 150), (16, 9), (64, 64), (1, 200), (3, 33)];
+    if let Some(keys) = real_keys {
+        members.push((100, keys));
+    }
+    for kernel in [AttentionKernel::Staged, AttentionKernel::Async] {
+        let worst = check_attention(&*dev, kernel, &members, 2, 5)?;
+        out.push(Comparison {
+            name: format!("{} ragged members {members:?}: relative L2", kernel.kernel()),
+            value: worst,
+            limit: 8e-3,
+            at_least: false,
+        });
+    }
+    let cfg = DitConfig::TINY;
+    let model = GpuDit::new(Arc::clone(&dev), cfg)?;
+    let shapes = [ChunkShape { tokens: 90, context: 60 }, ChunkShape { tokens: 90, context: 150 }];
+    let batch = DitBatch::new(&model, &shapes, &[1, 2])?;
+    model.start(&batch)?;
+    model.forward(&batch)?;
+    model.forward(&batch)?;
+    let got = batch.output(&*dev)?;
+    let h = cfg.hidden;
+    for (i, s) in shapes.iter().enumerate() {
+        let want = reference_forward(&cfg, *s, i as u32 + 1, i * s.tokens, 2);
+        let rows = &got[i * s.tokens * h..(i + 1) * s.tokens * h];
+        out.push(Comparison {
+            name: format!("dit tiny, member {i} (context {}): relative L2", s.context),
+            value: rel_l2(rows, &want),
+            limit: 2e-2,
+            at_least: false,
+        });
+    }
+    Ok(out)
+}

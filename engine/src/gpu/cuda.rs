@@ -272,7 +272,12 @@ impl Device for CudaDevice {
         self.bind()?;
         let a = g.a.0.at(g.a.1 * 2, g.m * g.k * 2)?;
         let b = g.b.0.at(g.b.1 * 2, g.n * g.k * 2)?;
-        let c = g.c.0.at(g.c.1 * 4, g.m * g.n * 4)?;
+        let (c_width, c_type) = if g.bf16_out {
+            (2, blas_sys::cudaDataType::CUDA_R_16BF)
+        } else {
+            (4, blas_sys::cudaDataType::CUDA_R_32F)
+        };
+        let c = g.c.0.at(g.c.1 * c_width, g.m * g.n * c_width)?;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
         // Row-major C (m × n) = A · Bᵀ is column-major Cᵀ (n × m) = B · Aᵀ:
@@ -298,7 +303,7 @@ impl Device for CudaDevice {
                 g.k as i32,
                 &beta as *const f32 as *const c_void,
                 c as *mut c_void,
-                blas_sys::cudaDataType::CUDA_R_32F,
+                c_type,
                 g.n as i32,
                 blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,

@@ -38,6 +38,11 @@ pub struct GpuLm<D: Device> {
     pages: usize,
     page_tokens: usize,
     bos_logits: Vec<f32>,
+    /// Work buffers kept between steps (their row capacity), and the
+    /// scores buffer (its bytes): decode would otherwise allocate and zero
+    /// ten buffers a step.
+    scratch: std::sync::Mutex<Option<(usize, Act<D::Buf>)>>,
+    scores: std::sync::Mutex<Option<(usize, D::Buf)>>,
 }
 
 fn bf16_upload<D: Device>(dev: &D, w: &[f32]) -> Result<D::Buf> {
@@ -76,6 +81,9 @@ impl<D: Device> GpuLm<D> {
     /// Uploads the weights of `cfg` and allocates a cache of `pages` pages
     /// of `page_tokens` tokens; runs the begin-of-sequence token once.
     pub fn new(dev: Arc<D>, cfg: ModelConfig, pages: u32, page_tokens: u32) -> Result<Self> {
+        if cfg.head_dim() > 256 {
+            return Err(DeviceError(format!("head width {} is over lm_attention's 256", cfg.head_dim())));
+        }
         let w = Weights::generate(&cfg);
         let h = cfg.hidden;
         let layers = w
@@ -104,6 +112,8 @@ impl<D: Device> GpuLm<D> {
             pages,
             page_tokens,
             bos_logits: Vec::new(),
+            scratch: std::sync::Mutex::new(None),
+            scores: std::sync::Mutex::new(None),
             cfg,
             dev,
         };
@@ -131,8 +141,9 @@ impl<D: Device> GpuLm<D> {
         })
     }
 
-    /// `out = bf16(x) · wᵀ` for `rows` rows of `k` (w: n × k), through the
-    /// bf16 scratch `xb`.
+    /// `out = bf16(x) · wᵀ` for `rows` rows of `k` (w: n × k): up to
+    /// [`kernels::GEMV_ROWS`] rows (decode) in `lm_gemv`, which reads the
+    /// f32 rows as they are; more through the bf16 scratch `xb` and cuBLAS.
     fn linear(
         &self,
         x: &D::Buf,
@@ -141,13 +152,57 @@ impl<D: Device> GpuLm<D> {
         out: &D::Buf,
         (rows, n, k): (usize, usize, usize),
     ) -> Result<()> {
+        if rows <= kernels::GEMV_ROWS && k % 8 == 0 {
+            return self.gemv(x, w, out, (rows, n, k), false);
+        }
         let count = rows * k;
         self.dev.launch(
             "to_bf16",
             ((count as u32).div_ceil(BLOCK).max(1), 1, 1),
             &[Arg::Buf(x, 0), Arg::Buf(xb, 0), Arg::I32(count as i32)],
         )?;
-        self.dev.gemm(Gemm { a: (xb, 0), b: (w, 0), c: (out, 0), m: rows, n, k })
+        self.dev.gemm(Gemm { a: (xb, 0), b: (w, 0), c: (out, 0), m: rows, n, k, bf16_out: false })
+    }
+
+    /// Decode's product: streams the weights once, straight from the f32
+    /// rows; with `accumulate`, adds into `out` (the residual).
+    fn gemv(
+        &self,
+        x: &D::Buf,
+        w: &D::Buf,
+        out: &D::Buf,
+        (rows, n, k): (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        self.dev.launch(
+            "lm_gemv",
+            ((n as u32).div_ceil(BLOCK / 32), 1, 1),
+            &[
+                Arg::Buf(x, 0),
+                Arg::Buf(w, 0),
+                Arg::Buf(out, 0),
+                Arg::I32(rows as i32),
+                Arg::I32(n as i32),
+                Arg::I32(k as i32),
+                Arg::I32(i32::from(accumulate)),
+            ],
+        )
+    }
+
+    /// `residual += x · wᵀ` (through `tmp` when the product is cuBLAS's).
+    fn linear_add(
+        &self,
+        x: &D::Buf,
+        a: &Act<D::Buf>,
+        w: &D::Buf,
+        residual: &D::Buf,
+        (rows, n, k): (usize, usize, usize),
+    ) -> Result<()> {
+        if rows <= kernels::GEMV_ROWS && k % 8 == 0 {
+            return self.gemv(x, w, residual, (rows, n, k), true);
+        }
+        self.linear(x, &a.xb, w, &a.tmp, (rows, n, k))?;
+        self.add(residual, &a.tmp, rows * n)
     }
 
     fn add(&self, x: &D::Buf, y: &D::Buf, n: usize) -> Result<()> {
@@ -176,8 +231,7 @@ impl<D: Device> GpuLm<D> {
             (rows as u32, 1, 1),
             &[Arg::Buf(&a.gu, 0), Arg::Buf(&a.act, 0), Arg::I32(f as i32)],
         )?;
-        self.linear(&a.act, &a.xb, &l.w_down, &a.tmp, (rows, h, f))?;
-        self.add(&a.x, &a.tmp, rows * h)
+        self.linear_add(&a.act, a, &l.w_down, &a.x, (rows, h, f))
     }
 
     /// Final norm and head over `rows` rows of `x`: logits on the host.
@@ -220,8 +274,15 @@ impl<D: Device> GpuLm<D> {
         let Some(t) = self.tables(seqs)? else {
             return Ok(per_sequence(seqs, &[], self.cfg.vocab, &self.bos_logits));
         };
-        let scores = dev.alloc(t.rows * heads * t.stride * 4)?;
-        let a = self.act(t.rows)?;
+        let (cap, a) = match self.scratch.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some((cap, a)) if cap >= t.rows => (cap, a),
+            _ => (t.rows.next_power_of_two(), self.act(t.rows.next_power_of_two())?),
+        };
+        let want = t.rows * heads * t.stride * 4;
+        let (scores_cap, scores) = match self.scores.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some((bytes, b)) if bytes >= want => (bytes, b),
+            _ => (want.next_power_of_two(), dev.alloc(want.next_power_of_two())?),
+        };
         dev.launch(
             "lm_embed",
             (t.rows as u32, 1, 1),
@@ -237,8 +298,7 @@ impl<D: Device> GpuLm<D> {
             self.rmsnorm(&a.x, &a.xn, t.rows)?;
             self.linear(&a.xn, &a.xb, &l.wqkv, &a.qkv, (t.rows, 3 * h, h))?;
             self.attention(li, l, &t, &a, &scores)?;
-            self.linear(&a.att, &a.xb, &l.wo, &a.tmp, (t.rows, h, h))?;
-            self.add(&a.x, &a.tmp, t.rows * h)?;
+            self.linear_add(&a.att, &a, &l.wo, &a.x, (t.rows, h, h))?;
             self.mlp(l, &a, t.rows)?;
         }
         let lasts = dev.alloc(t.lasts.max(1) * h * 4)?;
@@ -248,6 +308,8 @@ impl<D: Device> GpuLm<D> {
             &[Arg::Buf(&a.x, 0), Arg::Buf(&t.buf, t.last), Arg::Buf(&lasts, 0), Arg::I32(h as i32)],
         )?;
         let logits = self.head(&a, &lasts, t.lasts)?;
+        *self.scratch.lock().unwrap_or_else(|p| p.into_inner()) = Some((cap, a));
+        *self.scores.lock().unwrap_or_else(|p| p.into_inner()) = Some((scores_cap, scores));
         Ok(per_sequence(seqs, &logits, self.cfg.vocab, &self.bos_logits))
     }
 

@@ -16,6 +16,7 @@ pub mod bench;
 pub mod check;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod dit;
 pub mod lm;
 pub mod offload;
 pub mod video;
@@ -186,6 +187,8 @@ pub fn run_check() -> Result<bool, String> {
         ("lm, cached prefix", check::lm_prefix_reuse(Arc::clone(&dev), tol, lm, 8)),
         ("offload", check::offload_round_trip(Arc::clone(&dev))),
         ("diffusion", check::diffusion_vs_cpu(Arc::clone(&dev), tol)),
+        // One member over a full W7 window of the 1.3B DiT (42,120 keys).
+        ("dit", check::dit_vs_reference(Arc::clone(&dev), Some(42_120))),
     ];
     let mut failed = Vec::new();
     for (what, result) in results {

@@ -166,7 +166,8 @@ impl Device for Emu {
     fn gemm(&self, g: Gemm<'_, EmuBuf>) -> Result<()> {
         let _l = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let (a, b) = (range(g.a.0, g.a.1 * 2, g.m * g.k * 2)?, range(g.b.0, g.b.1 * 2, g.n * g.k * 2)?);
-        let c = range(g.c.0, g.c.1 * 4, g.m * g.n * 4)?;
+        let width = if g.bf16_out { 2 } else { 4 };
+        let c = range(g.c.0, g.c.1 * width, g.m * g.n * width)?;
         let bf = |bytes: &[u8]| -> Vec<f32> {
             bytes.chunks_exact(2).map(|p| bf16_to_f32(u16::from_le_bytes([p[0], p[1]]))).collect()
         };
@@ -175,7 +176,12 @@ impl Device for Emu {
         for i in 0..g.m {
             for j in 0..g.n {
                 let s: f32 = (0..g.k).map(|t| av[i * g.k + t] * bv[j * g.k + t]).sum();
-                out[(i * g.n + j) * 4..(i * g.n + j + 1) * 4].copy_from_slice(&s.to_le_bytes());
+                let at = (i * g.n + j) * width;
+                if g.bf16_out {
+                    out[at..at + 2].copy_from_slice(&kernels::bf16_bits(s).to_le_bytes());
+                } else {
+                    out[at..at + 4].copy_from_slice(&s.to_le_bytes());
+                }
             }
         }
         Ok(())
