@@ -266,3 +266,86 @@ async fn every_public_operation_answers_as_the_openapi_document_says() {
     assert!(out.status.success(), "scripts/check-openapi:\n{said}");
     assert!(said.contains("operations answered successfully"), "{said}");
 }
+
+/// The engine's own OpenAI surface (what LiteLLM, smg or the vLLM router
+/// front when they front our engines; issue 47) answers with the
+/// document's schemas: a real engine process, called directly with its
+/// token, chat and completions whole and streamed with usage, the model
+/// list, and its typed errors (unknown parameter, bad JSON, unknown model);
+/// every exchange validated by scripts/check-openapi like the gateway's.
+/// The engine has only these operations: the rest are listed as not
+/// exercised.
+#[tokio::test]
+async fn the_engines_openai_surface_answers_with_the_documents_schemas() {
+    let dir = std::env::temp_dir().join(format!("openapi-engine-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sys = System::start(INSTANT, 1).await;
+    let key = sys.engine_token();
+    let conn =
+        Conn::connect(&sys.engines[0].url, Some(&sys.ca), Proto::H2).await.expect("connects to the engine");
+    let mut r = Recorder { conn, exchanges: Vec::new() };
+    let chat = |stream: bool| {
+        json!({"model": MODEL, "max_tokens": 4, "stream": stream,
+               "stream_options": if stream { json!({"include_usage": true}) } else { Value::Null },
+               "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]})
+    };
+    let whole = r.post("/v1/chat/completions", Some(&key), chat(false)).await;
+    assert_eq!(status(&whole), 200, "{whole}");
+    assert!(whole["body"]["usage"]["completion_tokens"].as_u64().unwrap() >= 1, "{whole}");
+    let streamed = r.post("/v1/chat/completions", Some(&key), chat(true)).await;
+    assert_eq!(streamed["events"].as_array().unwrap().last().unwrap()["data"], "[DONE]", "{streamed}");
+    let completion =
+        |stream: bool| json!({"model": MODEL, "prompt": "hello", "max_tokens": 3, "stream": stream});
+    assert_eq!(status(&r.post("/v1/completions", Some(&key), completion(false)).await), 200);
+    assert_eq!(status(&r.post("/v1/completions", Some(&key), completion(true)).await), 200);
+    assert_eq!(status(&r.get("/v1/models", Some(&key)).await), 200);
+    let mut unknown = chat(false);
+    unknown["frobnicate"] = json!(1);
+    assert_eq!(status(&r.post("/v1/chat/completions", Some(&key), unknown).await), 400);
+    let mut missing = chat(false);
+    missing["model"] = json!("no-such-model");
+    assert_eq!(status(&r.post("/v1/chat/completions", Some(&key), missing).await), 404);
+    let mut bad = chat(false);
+    bad["max_tokens"] = json!(-1);
+    assert_eq!(status(&r.post("/v1/completions", Some(&key), bad).await), 400);
+
+    let file = dir.join("exchanges.jsonl");
+    let lines: Vec<String> = r.exchanges.iter().map(Value::to_string).collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/check-openapi");
+    let not_on_engines = [
+        "createEmbedding",
+        "retrieveModel",
+        "createImage",
+        "createVideo",
+        "listVideos",
+        "retrieveVideo",
+        "deleteVideo",
+        "downloadVideoContent",
+        "createVideoStream",
+        "retrieveVideoStream",
+        "deleteVideoStream",
+        "watchVideoStream",
+        "pauseVideoStream",
+        "resumeVideoStream",
+        "switchVideoStreamPrompt",
+        "playerPage",
+        "playerScript",
+        "playerStyle",
+        "healthz",
+        "readyz",
+    ];
+    // The engine makes no admission decisions: the gateway's own `x-`
+    // headers are not asked of it (everything else is).
+    let out = tokio::process::Command::new(script)
+        .arg(&file)
+        .args(not_on_engines)
+        .env("GATEWAY_HEADERS", "0")
+        .output()
+        .await
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(out.status.success(), "scripts/check-openapi:\n{said}");
+    assert!(said.contains("operations answered successfully"), "{said}");
+}
