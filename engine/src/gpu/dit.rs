@@ -284,8 +284,8 @@ impl<D: Device> DitBatch<D> {
     /// `model`; member i's context is generated from seed `seeds[i]`.
     pub fn new(model: &GpuDit<D>, shapes: &[ChunkShape], seeds: &[u32]) -> Result<Self> {
         let (cfg, dev) = (&model.cfg, &*model.dev);
-        if shapes.is_empty() || shapes.len() != seeds.len() {
-            return Err(DeviceError("a batch needs one seed per member, and a member".into()));
+        if shapes.is_empty() || shapes.len() != seeds.len() || shapes.iter().any(|s| s.tokens == 0) {
+            return Err(DeviceError("a batch needs a member, one seed per member, and tokens in each".into()));
         }
         let (h, heads, t) = (cfg.hidden, cfg.heads, cfg.text_tokens);
         let per_block = |s: &ChunkShape| heads * (s.context + s.tokens) * HEAD_DIM;
@@ -376,9 +376,11 @@ impl<D: Device> DitBatch<D> {
 }
 
 impl<D: Device> GpuDit<D> {
-    /// One chunk of every member of `batch` at `fid`: the input latents
-    /// (random from each member's seed), `steps` denoising forwards, and the
-    /// cache pass. Issued on the compute stream; not waited for.
+    /// One chunk of every member of `batch`: the input latents (one random
+    /// draw over the batch's rows), `fid.steps` denoising forwards and the
+    /// cache pass. The window and sparsity are the batch's shapes'
+    /// (`ChunkShape::at` the same `fid`). Issued on the compute stream; not
+    /// waited for.
     pub fn chunk(&self, batch: &DitBatch<D>, fid: &Fidelity) -> Result<()> {
         self.start(batch)?;
         for _ in 0..forwards(fid) {
