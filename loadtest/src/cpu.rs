@@ -36,6 +36,41 @@ pub fn tree_ticks(root: u32) -> Option<u64> {
     Some(ticks.iter().filter(|(&pid, _)| descends(pid)).map(|(_, &t)| t).sum())
 }
 
+/// Resident set size (`VmRSS`) summed over `root` and every process
+/// descended from it, KiB; `None` when `root` is not running.
+pub fn tree_rss_kib(root: u32) -> Option<u64> {
+    let mut parent = HashMap::new();
+    let mut rss = HashMap::new();
+    for entry in std::fs::read_dir("/proc").ok()? {
+        let Ok(entry) = entry else { continue };
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        let Some((ppid, _)) = parse_stat(&stat) else { continue };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else { continue };
+        let kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        parent.insert(pid, ppid);
+        rss.insert(pid, kib);
+    }
+    rss.get(&root)?;
+    let descends = |mut pid: u32| {
+        for _ in 0..64 {
+            if pid == root {
+                return true;
+            }
+            match parent.get(&pid) {
+                Some(&p) if p != 0 && p != pid => pid = p,
+                _ => return false,
+            }
+        }
+        false
+    };
+    Some(rss.iter().filter(|(&pid, _)| descends(pid)).map(|(_, &k)| k).sum())
+}
+
 /// Clock ticks per second (`getconf CLK_TCK`: 100 on Linux).
 pub const TICKS_PER_S: f64 = 100.0;
 
@@ -72,5 +107,8 @@ mod tests {
         assert!(x > 0);
         assert!(tree_ticks(std::process::id()).is_some());
         assert_eq!(tree_ticks(u32::MAX - 1), None);
+        // This process holds at least a few MiB resident.
+        assert!(tree_rss_kib(std::process::id()).is_some_and(|k| k > 1024));
+        assert_eq!(tree_rss_kib(u32::MAX - 1), None);
     }
 }

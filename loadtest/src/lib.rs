@@ -49,6 +49,7 @@ pub mod sink;
 pub mod sse;
 pub mod stats;
 pub mod stream;
+pub mod streams;
 pub mod summary;
 pub mod svg;
 pub mod sweep;

@@ -76,6 +76,10 @@ enum Command {
     /// interleaved: added latency over the first target and the highest
     /// sustainable rate of each (the proxy-overhead benchmark).
     Sweep(loadtest::sweep::SweepArgs),
+    /// Many concurrent streamed chat completions held open against one
+    /// target, and the resident memory of the target's process tree: idle,
+    /// held, per stream (one JSON line on stdout)
+    Streams(loadtest::streams::StreamsArgs),
     /// Video streams: a workload (steady, burst, prompt-switch, pause) of
     /// streams created, played out in real time and measured (CPR, TTFC,
     /// stalls, quality); writes results.json to --out.
@@ -189,6 +193,13 @@ async fn main() -> ExitCode {
         Command::Report { results, out } => report(&results, out),
         Command::Regimes { dir } => regimes(&dir),
         Command::Sweep(args) => sweep(&args).await,
+        Command::Streams(args) => match loadtest::streams::run(&args).await {
+            Ok(r) => {
+                println!("{}", serde_json::to_string(&r).unwrap_or_default());
+                Ok(())
+            }
+            Err(e) => Err(e),
+        },
         Command::Video(args) => video(args).await,
         Command::VideoTable { files } => video_table(&files),
         Command::Sink(args) => loadtest::sink::serve(args).await,
