@@ -21,6 +21,11 @@ pub mod gpu;
 pub mod kv;
 pub mod metrics;
 mod openai;
+
+/// Entry points for the fuzz targets (`fuzz/`).
+pub mod fuzzing {
+    pub use crate::openai::fuzz_request as openai_request;
+}
 pub mod profile;
 pub mod registry;
 mod routes;
