@@ -2,12 +2,15 @@
 //! the GPU models are written against.
 //!
 //! - The CUDA C sources in `kernels/cuda/` (`common.cuh`, `lm.cu`,
-//!   `video.cu`) are one program, compiled at run time with NVRTC for the
-//!   device's architecture during the engine's warm-up ([`source`],
+//!   `video.cu`, `dit.cu`) are one program, compiled at run time with NVRTC
+//!   for the device's architecture during the engine's warm-up ([`source`],
 //!   [`nvrtc_options`]). They cover what the models need beyond matrix
-//!   products: paged-KV attention, RMSNorm, rotary positions, SwiGLU,
-//!   windowed chunk attention with block sparsity, fp8 e4m3 round trips and
-//!   frame decoding. Matrix products go through cuBLAS ([`Device::gemm`]).
+//!   products: paged-KV attention and the decode GEMV, RMSNorm, rotary
+//!   positions, SwiGLU, windowed chunk attention with block sparsity, fp8
+//!   e4m3 round trips, frame decoding, and the DiT's adaLN, GELU and fused
+//!   flash attention on the tensor cores (`mma.sync`, `ldmatrix`,
+//!   `cp.async` through helpers the emulator implements warp by warp).
+//!   Matrix products go through cuBLAS ([`Device::gemm`]).
 //! - [`Device`] is what a model needs from a GPU: buffers, copies, kernel
 //!   launches by name with `cuLaunchKernel`-style arguments, a GEMM, and
 //!   asynchronous offload/restore to pinned host memory. The engine
