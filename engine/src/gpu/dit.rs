@@ -285,7 +285,9 @@ impl<D: Device> DitBatch<D> {
     pub fn new(model: &GpuDit<D>, shapes: &[ChunkShape], seeds: &[u32]) -> Result<Self> {
         let (cfg, dev) = (&model.cfg, &*model.dev);
         if shapes.is_empty() || shapes.len() != seeds.len() || shapes.iter().any(|s| s.tokens == 0) {
-            return Err(DeviceError("a batch needs a member, one seed per member, and tokens in each".into()));
+            return Err(DeviceError(
+                "a batch needs a member, one seed per member, and tokens in each".into(),
+            ));
         }
         let (h, heads, t) = (cfg.hidden, cfg.heads, cfg.text_tokens);
         let per_block = |s: &ChunkShape| heads * (s.context + s.tokens) * HEAD_DIM;
