@@ -213,18 +213,18 @@ fn the_gpu_benchmark_harness_runs_end_to_end_on_the_emulator() {
         "1,2",
         "--bandwidth-mib",
         "1",
-        "--dit-config",
-        "tiny",
-        "--dit-coalesce",
-        "2",
+        // The DiT section runs on a GPU only: on the emulator its
+        // forwards take minutes (128 real threads meeting at a barrier per
+        // tensor-core product); its model is checked here by
+        // `the_dit_on_the_emulated_gpu_matches_its_host_reference`.
+        "--only",
+        "video,offload,lm",
     ])
     .b;
     let results = engine::gpu::bench::run(Arc::new(Emu::new()), &args, |_| {}).unwrap();
     let names: Vec<&str> = results.iter().map(|m| m.name.as_str()).collect();
-    // GEMM, bandwidth; video: chunk, rate, cpu, coalescing; DiT: forward,
-    // rate, both attention kernels, chunk, the W3 chunk, coalescing;
-    // offload 2; LM 2.
-    assert_eq!(results.len(), 17, "{names:?}");
+    // GEMM, bandwidth; video: chunk, rate, cpu, coalescing; offload 2; LM 2.
+    assert_eq!(results.len(), 10, "{names:?}");
     assert!(results.iter().all(|m| m.value.is_finite() && m.value > 0.0), "{results:#?}");
 }
 
