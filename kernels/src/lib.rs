@@ -265,7 +265,14 @@ mod tests {
         let found: Vec<&str> = src
             .split("extern \"C\" __global__ void ")
             .skip(1)
-            .map(|rest| rest.split('(').next().unwrap_or_default().trim())
+            .map(|rest| {
+                // `__launch_bounds__(...)` may stand between `void` and the name.
+                let rest = match rest.strip_prefix("__launch_bounds__(") {
+                    Some(r) => r.split_once(')').map_or(r, |(_, after)| after),
+                    None => rest,
+                };
+                rest.split('(').next().unwrap_or_default().trim()
+            })
             .collect();
         let mut want = KERNELS.to_vec();
         want.sort_unstable();
