@@ -38,6 +38,8 @@ pub struct GatewayConfig {
     pub cluster: crate::cluster::ClusterConfig,
     /// Bounds on connections, streams, buffers and waits.
     pub limits: crate::limits::Limits,
+    /// What the Responses API stores (count, bytes, time per tenant).
+    pub responses: crate::wire::responses::ResponsesConfig,
 }
 
 /// The admin API (its own listener) and how policy changes are picked up.
@@ -154,6 +156,7 @@ impl Default for GatewayConfig {
             admin: AdminConfig::default(),
             cluster: crate::cluster::ClusterConfig::default(),
             limits: crate::limits::Limits::default(),
+            responses: Default::default(),
         }
     }
 }

@@ -9,6 +9,7 @@ use http::{header, HeaderValue, Response, StatusCode};
 use serde_json::json;
 
 use crate::body::{full, GatewayBody};
+use crate::wire::Dialect;
 
 /// Whose fault an error was: drives alerting (only `Gateway` and `Upstream`
 /// page anyone).
@@ -31,7 +32,7 @@ pub struct PolicyProblem {
 /// A public API error.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
-    #[error("missing API key: send `Authorization: Bearer <key>`")]
+    #[error("missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)")]
     MissingKey,
     #[error("invalid API key")]
     InvalidKey,
@@ -83,6 +84,9 @@ pub enum ApiError {
     // Images and video jobs.
     #[error("no video `{0}`")]
     VideoNotFound(String),
+    /// A Responses API id this tenant has not stored (or that expired).
+    #[error("no response `{0}` is stored for your organization")]
+    ResponseNotFound(String),
     #[error("video `{id}` is {status}: its content is there once it is completed")]
     VideoNotReady { id: String, status: &'static str },
     // Video streams.
@@ -141,6 +145,7 @@ impl ApiError {
             ApiError::Overloaded { reason, .. } => reason,
             ApiError::StreamNotFound(_) => "stream_not_found",
             ApiError::VideoNotFound(_) => "video_not_found",
+            ApiError::ResponseNotFound(_) => "response_not_found",
             ApiError::VideoNotReady { .. } => "video_not_ready",
             ApiError::StreamEnded => "stream_ended",
             ApiError::StreamAlreadyWatched => "stream_already_watched",
@@ -162,9 +167,10 @@ impl ApiError {
             | ApiError::InvalidAdminToken => StatusCode::UNAUTHORIZED,
             ApiError::InvalidPolicy(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::AdminApiOff => StatusCode::FORBIDDEN,
-            ApiError::UnknownPolicyVersion(_) | ApiError::StreamNotFound(_) | ApiError::VideoNotFound(_) => {
-                StatusCode::NOT_FOUND
-            }
+            ApiError::UnknownPolicyVersion(_)
+            | ApiError::StreamNotFound(_)
+            | ApiError::VideoNotFound(_)
+            | ApiError::ResponseNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::VideoNotReady { .. } => StatusCode::CONFLICT,
             ApiError::StreamEnded | ApiError::StreamAlreadyWatched => StatusCode::CONFLICT,
             ApiError::VideoCapacity { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -240,6 +246,7 @@ impl ApiError {
             }
             ApiError::UnknownParameters(p) => p.first().map(String::as_str),
             ApiError::ModelNotFound(_) => Some("model"),
+            ApiError::ResponseNotFound(_) => Some("previous_response_id"),
             ApiError::ContextLengthExceeded { .. } => Some("messages"),
             ApiError::InvalidHeader { header, .. } => Some(header),
             ApiError::InvalidPolicy(p) if !p.key.is_empty() => Some(&p.key),
@@ -261,9 +268,55 @@ impl ApiError {
         body
     }
 
+    /// The status in `dialect`: Anthropic answers a capacity refusal with
+    /// its own 529 (`overloaded_error`), which its SDKs retry.
+    pub(crate) fn status_as(&self, dialect: Dialect) -> StatusCode {
+        match (dialect, self.status()) {
+            (Dialect::Anthropic, StatusCode::SERVICE_UNAVAILABLE) => {
+                StatusCode::from_u16(529).expect("529 is a valid status")
+            }
+            (_, status) => status,
+        }
+    }
+
+    /// Anthropic's error `type` for this error.
+    fn anthropic_kind(&self) -> &'static str {
+        match self.status_as(Dialect::Anthropic).as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            529 => "overloaded_error",
+            500.. => "api_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The error body in `dialect`'s shape: OpenAI's `{"error": {...}}`,
+    /// or Anthropic's `{"type": "error", "error": {"type", "message"}}`.
+    pub(crate) fn body_as(&self, dialect: Dialect) -> serde_json::Value {
+        match dialect {
+            Dialect::OpenAi => self.body(),
+            // Anthropic's messages name the field they are about.
+            Dialect::Anthropic => json!({"type": "error", "error": {
+                "type": self.anthropic_kind(),
+                "message": match (self, self.param()) {
+                    (ApiError::InvalidField { .. }, Some(p)) => format!("{p}: {self}"),
+                    _ => self.to_string(),
+                },
+            }}),
+        }
+    }
+
     pub fn into_response(self) -> Response<GatewayBody> {
-        let mut resp = Response::new(full(Bytes::from(self.body().to_string())));
-        *resp.status_mut() = self.status();
+        self.into_response_as(Dialect::OpenAi)
+    }
+
+    /// The error's answer in `dialect`'s shape (status, body, headers).
+    pub(crate) fn into_response_as(self, dialect: Dialect) -> Response<GatewayBody> {
+        let mut resp = Response::new(full(Bytes::from(self.body_as(dialect).to_string())));
+        *resp.status_mut() = self.status_as(dialect);
         let h = resp.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(s) = self.retry_after_s() {

@@ -51,6 +51,7 @@ pub(crate) mod tls;
 mod trace;
 pub(crate) mod upstream;
 pub(crate) mod video;
+pub mod wire;
 pub(crate) mod workers;
 
 use std::path::{Path, PathBuf};
@@ -84,6 +85,8 @@ pub struct App {
     pub cluster: Arc<cluster::Cluster>,
     /// Capacity: the autoscaler, warm pool and (embedded mode) supervisor.
     pub fleet: Arc<fleet::FleetControl>,
+    /// The Responses API's stored responses.
+    pub(crate) responses: Arc<wire::responses::ResponseStore>,
     id_prefix: u32,
     next_id: AtomicU64,
 }
@@ -110,7 +113,9 @@ impl App {
             control.supervisor,
             control.bounds,
         );
+        let responses = Arc::new(wire::responses::ResponseStore::new(config.responses.clone()));
         Self {
+            responses,
             config,
             policies,
             engines,

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use engine_api::{Event, FinishReason, Usage};
-use openai_wire::encode::sse;
 pub use openai_wire::encode::Encoder;
 
 use crate::dispatch::{self, Attempts, Started};
@@ -20,6 +19,7 @@ use crate::engines::{EngineLease, EnginePool, Work};
 use crate::error::ApiError;
 use crate::outbox::{outbox, Outbox, OutboxBody, Stall, Stop};
 use crate::permit::Permit;
+use crate::wire::Wire;
 
 /// What a streamed response may cost: its buffer and stall rule for the
 /// client, and the longest engine silence after the first token.
@@ -37,7 +37,7 @@ pub struct StreamBounds {
 /// fails, falls silent past `event_timeout`, or the client goes away or
 /// stalls, whichever comes first; a stalled client's stream is reset.
 pub fn spawn_sse(
-    encoder: Encoder,
+    encoder: Wire,
     started: Started,
     mut permit: Permit,
     pool: Arc<EnginePool>,
@@ -63,7 +63,7 @@ pub fn spawn_sse(
 /// The relay task's state.
 #[derive(Debug)]
 struct SseRelay {
-    encoder: Encoder,
+    encoder: Wire,
     /// What the engine side holds (the event stream, the engine lease, the
     /// admission ticket, tenant hold and metrics in the permit) until it ends.
     engine: Option<(Started, Permit)>,
@@ -131,7 +131,8 @@ impl SseRelay {
         }
     }
 
-    /// Ends the stream with an OpenAI-style error event (no `[DONE]`) and
+    /// Ends the stream with an error event in the answer's format (OpenAI's:
+    /// no `[DONE]`) and
     /// cancels the engine side. `transport`: the engine connection failed,
     /// so the engine leaves rotation until its next good probe.
     fn fail(&mut self, message: String, transport: bool) {
@@ -141,7 +142,7 @@ impl SseRelay {
             self.pool.mark_unreachable(started.inflight.engine_idx());
         }
         let err = ApiError::EngineFailed(format!("engine {} failed mid-stream: {message}", self.engine_id));
-        sse(&mut self.pending, &err.body());
+        self.encoder.failed(&mut self.pending, &err);
         // Dropping the event stream resets it at the engine; the lease and
         // the holds go with it.
         self.engine = None;

@@ -101,6 +101,12 @@ const HTTP1_DRAIN_BYTES: usize = 64 << 20;
 const HTTP1_DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The credential of `Authorization: Bearer <credential>`, if well-formed.
+/// A tenant's API key: `Authorization: Bearer <key>`, else Anthropic's
+/// `x-api-key: <key>` (what its SDKs send; accepted on every route).
+pub(crate) fn api_key(headers: &HeaderMap) -> Option<&str> {
+    bearer(headers).or_else(|| headers.get("x-api-key")?.to_str().ok().map(str::trim))
+}
+
 pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")).map(str::trim)

@@ -26,15 +26,25 @@ use crate::metrics::RequestObserver;
 use crate::openai::{self, Kind};
 use crate::permit::Permit;
 use crate::relay::{self, Encoder, StreamBounds};
-use crate::request::{bearer, json_response, Req};
+use crate::request::{api_key, json_response, Req};
 use crate::trace::RequestTrace;
+use crate::wire::{anthropic, responses, Wire};
 use crate::App;
 
 mod embeddings;
 mod route;
 mod traced;
 
-pub(crate) use route::Route;
+pub(crate) use route::{ResponsesRoute, Route};
+
+/// The API a generation request came in on: one request path, several
+/// wire formats (`wire`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Front {
+    OpenAi(Kind),
+    Anthropic,
+    Responses,
+}
 
 /// A request answered with an error, with admission's verdict when it got
 /// that far (for the decision headers). The stack's error layer turns it
@@ -89,9 +99,26 @@ pub(crate) async fn route(
     let policy = &policy;
     let result = match route {
         Route::Completions(kind) => match caller(policy, &req, found) {
-            Ok(who) => completions(&app, policy, who, &mut req, kind, &ctx).await,
+            Ok(who) => completions(&app, policy, who, &mut req, Front::OpenAi(kind), &ctx).await,
             Err(e) => Err(e.into()),
         },
+        Route::Messages => match caller(policy, &req, found) {
+            Ok(who) => completions(&app, policy, who, &mut req, Front::Anthropic, &ctx).await,
+            Err(e) => Err(e.into()),
+        },
+        Route::CountTokens => {
+            caller(policy, &req, found).and_then(|_| count_tokens(policy, &mut req)).map_err(Failed::from)
+        }
+        Route::Responses(ResponsesRoute::Create) => match caller(policy, &req, found) {
+            Ok(who) => completions(&app, policy, who, &mut req, Front::Responses, &ctx).await,
+            Err(e) => Err(e.into()),
+        },
+        Route::Responses(ResponsesRoute::Get(id) | ResponsesRoute::Delete(id)) => {
+            let delete = req.method() == http::Method::DELETE;
+            caller(policy, &req, found)
+                .and_then(|(t, _)| stored_response(&app, t, &id, delete))
+                .map_err(Failed::from)
+        }
         Route::Embeddings => match caller(policy, &req, found) {
             Ok(who) => embeddings::serve(&app, policy, who, &mut req, &ctx).await,
             Err(e) => Err(e.into()),
@@ -147,7 +174,7 @@ async fn completions(
     policy: &Arc<PolicyDocument>,
     (tenant, tier): (&Tenant, &Tier),
     req: &mut Req,
-    kind: Kind,
+    front: Front,
     ctx: &Ident,
 ) -> Result<Response<GatewayBody>, Failed> {
     let (request_id, arrived) = (ctx.request_id.as_str(), ctx.arrived);
@@ -155,7 +182,9 @@ async fn completions(
     let ttft_hint = slo_hint(req.headers(), "x-slo-ttft-ms", tier.ttft, min_hint)?; // per-request SLO, clamped to the tier
     let e2e_hint = slo_hint(req.headers(), "x-slo-e2e-ms", tier.e2e, min_hint)?;
     let body = req.take_read(); // read by the body layer: bounded memory and time
-    let parsed = openai::parse_for(kind, &body, &policy.models).map_err(ApiError::from)?; // typed and validated; unknown parameters named
+                                // Any API's request as OpenAI's; typed and validated, unknown parameters named.
+    let Inbound { parsed, body, form } = inbound(app, policy, tenant, front, req.headers(), body)?;
+    let kind = parsed.kind;
     if policy.model(&parsed.model).is_none() {
         return Err(ApiError::ModelNotFound(parsed.model).into());
     }
@@ -168,14 +197,32 @@ async fn completions(
         Some(_) => true,
         None => false,
     };
-    let (encoder, mut gen, prompt_tokens) = plan(parsed, tier, request_id)?; // tier ceiling and cap
+    let (mut encoder, mut gen, prompt_tokens) = plan(parsed, tier, request_id)?; // tier ceiling and cap
+    let mut wire = match form {
+        Form::OpenAi => Wire::OpenAi(encoder),
+        Form::Anthropic => Wire::Anthropic(anthropic::Encoder {
+            id: format!("msg_{request_id}"),
+            model: std::mem::take(&mut encoder.model),
+            stream: encoder.stream,
+            input_tokens: prompt_tokens,
+        }),
+        Form::Responses(t) => {
+            let id = format!("resp_{}", fresh_id(app)); // store keys: never a client-chosen request id
+            let saver = t.echo.store.then(|| responses::Saver {
+                store: Arc::clone(&app.responses),
+                tenant: tenant.name.clone(),
+                conversation: t.conversation,
+            });
+            Wire::Responses(Box::new(responses::Encoder::new(id, encoder.stream, t.echo, saver)))
+        }
+    };
     let affinity = &policy.routing.prefix;
     let prefix = match affinity.enabled {
         true => policies::prefix::block_hashes(&gen.prompt, affinity.block_tokens), // where it may be cached
         false => Vec::new(),
     };
     let trace = req.parts.extensions.get::<RequestTrace>().cloned().unwrap_or_default();
-    traced::describe(&trace, kind, &gen.model, (gen.max_tokens, encoder.stream), (tenant, tier));
+    traced::describe(&trace, kind, &gen.model, (gen.max_tokens, wire.stream()), (tenant, tier));
     // This gateway's or fleet-wide tenant limits.
     let hold = tenant_limits(app, tenant, tier, u64::from(prompt_tokens) + u64::from(gen.max_tokens)).await?;
     // Admission: admit, degrade or refuse against the tier's SLO, fast.
@@ -202,12 +249,7 @@ async fn completions(
     }
     gen.priority_key = Some(admitted.key);
     gen.ttft_budget_ms = u32::try_from(admitted.ttft_budget.as_millis()).ok();
-    let stamp = encoder.verbatim.then(|| crate::upstream::Stamp {
-        id: encoder.id.clone(),
-        model: encoder.model.clone(),
-        stream: encoder.stream,
-        include_usage: encoder.include_usage,
-    });
+    let stamp = wire.stamp();
     let mut out = dispatch::Outbound::new(gen, (kind.into(), body), upstream_only, stamp); // as each kind of engine is sent it
     out.prefix = prefix;
     out.trace = trace.clone();
@@ -223,7 +265,7 @@ async fn completions(
     let first = traced::gate(&trace, slot).await?;
     let timeout = admitted.e2e_budget.max(tier.e2e);
     let limits = &app.config.limits;
-    if encoder.stream {
+    if wire.stream() {
         let started = dispatch::start(&app.engines, &out, first, work, timeout, &mut Attempts::default())
             .await
             .map_err(failed)?;
@@ -235,7 +277,7 @@ async fn completions(
             stall: limits.stall(),
             event_timeout: limits.event_timeout(step_ms),
         };
-        let body = relay::spawn_sse(encoder, started, permit, Arc::clone(&app.engines), bounds);
+        let body = relay::spawn_sse(wire, started, permit, Arc::clone(&app.engines), bounds);
         let mut resp = Response::new(body.boxed_unsync());
         let h = resp.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -250,7 +292,7 @@ async fn completions(
             .map_err(failed)?;
         let body = match done.verbatim {
             Some(answer) => crate::body::full(answer),
-            None => crate::body::full(encoder.complete(&done.text, done.finish_reason, done.usage)),
+            None => crate::body::full(wire.complete(&done.text, done.finish_reason, done.usage)),
         };
         let mut resp = Response::new(body);
         resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -452,7 +494,7 @@ fn authenticate<'a>(
     policy: &'a PolicyDocument,
     headers: &HeaderMap,
 ) -> Result<(&'a Tenant, &'a Tier), ApiError> {
-    let key = bearer(headers).ok_or(ApiError::MissingKey)?;
+    let key = api_key(headers).ok_or(ApiError::MissingKey)?;
     policy.authenticate(key).ok_or(ApiError::InvalidKey)
 }
 
@@ -493,6 +535,93 @@ pub(crate) fn request_id(app: &App, headers: &HeaderMap) -> String {
     });
     match given {
         Some(s) => s.to_string(),
-        None => format!("req_{:08x}{:08x}", app.id_prefix, app.next_id.fetch_add(1, Ordering::Relaxed)),
+        None => format!("req_{}", fresh_id(app)),
+    }
+}
+
+/// An id unique to this process start (no coordination).
+fn fresh_id(app: &App) -> String {
+    format!("{:08x}{:08x}", app.id_prefix, app.next_id.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A generation request in OpenAI's form, whatever API it came in on.
+struct Inbound {
+    parsed: openai::CompletionRequest,
+    /// The body an OpenAI-speaking upstream is sent (the client's own for
+    /// OpenAI's routes, the translated chat request for the others).
+    body: bytes::Bytes,
+    form: Form,
+}
+
+/// What the answer's format needs beyond the OpenAI request.
+enum Form {
+    OpenAi,
+    Anthropic,
+    Responses(responses::Translated),
+}
+
+/// Parses the request of `front` and translates it into OpenAI's chat
+/// request (the Messages and Responses APIs), which the one chat parser
+/// then bounds and validates.
+fn inbound(
+    app: &App,
+    policy: &PolicyDocument,
+    tenant: &Tenant,
+    front: Front,
+    headers: &HeaderMap,
+    body: bytes::Bytes,
+) -> Result<Inbound, ApiError> {
+    let (chat, form) = match front {
+        Front::OpenAi(kind) => {
+            let parsed = openai::parse_for(kind, &body, &policy.models)?;
+            return Ok(Inbound { parsed, body, form: Form::OpenAi });
+        }
+        Front::Anthropic => {
+            anthropic::check_version(headers)?;
+            (anthropic::to_chat(&body, false)?.chat, Form::Anthropic)
+        }
+        Front::Responses => {
+            let previous = |id: &str| app.responses.get(&tenant.name, id).map(|s| s.conversation);
+            let mut t = responses::to_chat(&body, previous)?;
+            (std::mem::take(&mut t.chat), Form::Responses(t))
+        }
+    };
+    let parsed = openai::parse_for(Kind::Chat, &chat, &policy.models)?;
+    Ok(Inbound { parsed, body: bytes::Bytes::from(chat), form })
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's tokens as admission
+/// counts them (the chat template applied), Anthropic's shape.
+fn count_tokens(policy: &PolicyDocument, req: &mut Req) -> Result<Response<GatewayBody>, ApiError> {
+    anthropic::check_version(req.headers())?;
+    let body = req.take_read();
+    let t = anthropic::to_chat(&body, true)?;
+    let parsed = openai::parse_for(Kind::Chat, &t.chat, &policy.models)?;
+    if policy.model(&t.model).is_none() {
+        return Err(ApiError::ModelNotFound(t.model));
+    }
+    let tokens = policies::tokens::count(&parsed.prompt);
+    Ok(json_response(StatusCode::OK, &json!({"input_tokens": tokens})))
+}
+
+/// `GET` / `DELETE /v1/responses/{id}`: the caller's tenant's stored
+/// response (another tenant's is not found).
+fn stored_response(
+    app: &App,
+    tenant: &Tenant,
+    id: &str,
+    delete: bool,
+) -> Result<Response<GatewayBody>, ApiError> {
+    if delete {
+        return match app.responses.delete(&tenant.name, id) {
+            true => {
+                Ok(json_response(StatusCode::OK, &json!({"id": id, "object": "response", "deleted": true})))
+            }
+            false => Err(ApiError::ResponseNotFound(id.to_string())),
+        };
+    }
+    match app.responses.get(&tenant.name, id) {
+        Some(stored) => Ok(json_response(StatusCode::OK, &stored.response)),
+        None => Err(ApiError::ResponseNotFound(id.to_string())),
     }
 }

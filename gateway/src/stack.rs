@@ -9,9 +9,10 @@
 //!             traceparent) and its status (trace.rs)
 //! Policy      one policy version for the whole request (and its stream);
 //!             x-policy-version and admission's decision headers on the answer
-//! Errors      the one place an error becomes an HTTP answer (OpenAI-style
-//!             body, gateway_errors_total, the verdict kept for the headers)
-//! Auth        the bearer key of a route that needs one -> the tenant
+//! Errors      the one place an error becomes an HTTP answer (OpenAI's body,
+//!             or Anthropic's on its routes; gateway_errors_total, the
+//!             verdict kept for the headers)
+//! Auth        the key (bearer or x-api-key) of a route that needs one -> the tenant
 //!             (`Caller`), else 401 after the upload is drained
 //! BodyLimit   the body of a route that takes one, read whole within
 //!             max_body_bytes and body_read_timeout_ms (413 / 408)
@@ -185,7 +186,7 @@ impl Check for Auth {
         }
         let trace = ext.get::<RequestTrace>().cloned().unwrap_or_default();
         let span = trace.child("auth", telemetry::SpanKind::Internal, Vec::new);
-        let key = crate::request::bearer(req.headers()).ok_or(crate::error::ApiError::MissingKey);
+        let key = crate::request::api_key(req.headers()).ok_or(crate::error::ApiError::MissingKey);
         let tenant = key.and_then(|k| policy.key_owner(k).ok_or(crate::error::ApiError::InvalidKey));
         match tenant {
             Ok(tenant) => {
@@ -404,12 +405,14 @@ where
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let dialect =
+            req.extensions().get::<Route>().map(|r| r.dialect(req.uri().path())).unwrap_or_default();
         let answer = self.inner.call(Req::new(req));
         Box::pin(async move {
             Ok(answer.await.unwrap_or_else(|Failed { error, verdict }| {
                 tracing::info!(event = "request_error", code = error.code(), error = %error);
                 ::metrics::counter!(metrics::ERRORS, "code" => error.code()).increment(1);
-                let mut resp = error.into_response();
+                let mut resp = error.into_response_as(dialect);
                 if let Some(v) = verdict {
                     resp.extensions_mut().insert(v);
                 }

@@ -330,3 +330,108 @@ async fn the_gateway_fronts_its_own_engines_openai_surface_as_an_openai_upstream
     assert_eq!(engine["load"]["backend"], "external", "{ready}");
     assert!(engine["load"]["kv_pages_total"].as_u64().is_some(), "{ready}");
 }
+
+/// The official Anthropic Python SDK, unmodified, on the Messages API:
+/// `messages.create`, `messages.stream` (text deltas, the final message),
+/// `count_tokens`, and its typed exceptions, the 429 among them with the
+/// gateway's Retry-After honoured by the SDK's own retry (bronze here
+/// allows one request at a time; the script holds it with a paced stream).
+#[tokio::test]
+async fn official_anthropic_sdk_speaks_the_messages_api() {
+    let policy = default_policy();
+    let bronze = policy.find("[tiers.bronze]").unwrap();
+    let policy = format!(
+        "{}{}",
+        &policy[..bronze],
+        policy[bronze..].replacen("max_concurrency = 256", "max_concurrency = 1", 1)
+    );
+    let sys = System::start_with_policy(&paced(1, 20), 1, &[], Some(&policy)).await;
+    run_sdk_script(&sys, "anthropic_client.py", &[("HELD_KEY", BRONZE)]).await;
+}
+
+/// The official OpenAI Python client, unmodified, on the Responses API:
+/// `responses.create` (cut at `max_output_tokens` and whole), `retrieve`,
+/// chaining with `previous_response_id`, `responses.stream`, `delete`, and
+/// another tenant's 404.
+#[tokio::test]
+async fn official_openai_client_speaks_the_responses_api() {
+    let sys = System::start(INSTANT, 1).await;
+    run_sdk_script(&sys, "openai_responses.py", &[("OTHER_KEY", SILVER)]).await;
+}
+
+/// The Messages API on the wire: `x-api-key` authenticates, a stream is
+/// Anthropic's named events, and every error (auth, version, schema,
+/// method) is Anthropic's shape, on both HTTP versions.
+#[tokio::test]
+async fn the_messages_api_on_the_wire_has_anthropics_events_and_errors() {
+    let sys = System::start(INSTANT, 1).await;
+    let body = |stream: bool| {
+        json!({"model": MODEL, "max_tokens": 3, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+            .to_string()
+    };
+    let post = |key: Option<&str>, version: Option<&str>, body: String| {
+        let mut req = http::Request::post("/v1/messages").header("content-type", "application/json");
+        if let Some(k) = key {
+            req = req.header("x-api-key", k);
+        }
+        if let Some(v) = version {
+            req = req.header("anthropic-version", v);
+        }
+        req.body(http_body_util::Full::new(bytes::Bytes::from(body))).unwrap()
+    };
+    for proto in [Proto::H2, Proto::Http1] {
+        let conn = sys.conn(proto).await;
+        let resp = conn.send(post(Some(GOLD), Some("2023-06-01"), body(true))).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(header(&resp, "content-type"), "text/event-stream");
+        let text = String::from_utf8(body_bytes(resp).await.unwrap().to_vec()).unwrap();
+        let names: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "ping",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ],
+            "{text}"
+        );
+        assert!(!text.contains("[DONE]"), "no OpenAI terminator: {text}");
+        let cases = [
+            (post(None, Some("2023-06-01"), body(false)), 401, "authentication_error"),
+            (post(Some("sk-wrong"), Some("2023-06-01"), body(false)), 401, "authentication_error"),
+            (post(Some(GOLD), None, body(false)), 400, "invalid_request_error"),
+            (post(Some(GOLD), Some("1999-01-01"), body(false)), 400, "invalid_request_error"),
+            (post(Some(GOLD), Some("2023-06-01"), "{\"model\":".into()), 400, "invalid_request_error"),
+            (
+                post(
+                    Some(GOLD),
+                    Some("2023-06-01"),
+                    json!({"model": "nope", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]})
+                        .to_string(),
+                ),
+                404,
+                "not_found_error",
+            ),
+        ];
+        for (req, status, kind) in cases {
+            let resp = conn.send(req).await.unwrap();
+            assert_eq!(resp.status().as_u16(), status, "{kind}");
+            let v = json(&body_bytes(resp).await.unwrap());
+            assert_eq!((&v["type"], &v["error"]["type"]), (&json!("error"), &json!(kind)), "{v}");
+            assert!(v["error"]["message"].is_string(), "{v}");
+        }
+        let get = http::Request::get("/v1/messages")
+            .header("x-api-key", GOLD)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let resp = conn.send(get).await.unwrap();
+        assert_eq!((resp.status(), header(&resp, "allow")), (StatusCode::METHOD_NOT_ALLOWED, "POST"));
+        assert_eq!(json(&body_bytes(resp).await.unwrap())["type"], "error");
+    }
+}

@@ -10,6 +10,12 @@ use crate::video::routes::VideoRoute;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Route {
     Completions(Kind),
+    /// Anthropic's Messages API (`POST /v1/messages`).
+    Messages,
+    /// `POST /v1/messages/count_tokens`.
+    CountTokens,
+    /// OpenAI's Responses API.
+    Responses(ResponsesRoute),
     Embeddings,
     Models,
     Model(String),
@@ -24,10 +30,22 @@ pub(crate) enum Route {
     Unknown,
 }
 
+/// The Responses API's routes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ResponsesRoute {
+    Create,
+    Get(String),
+    Delete(String),
+}
+
 /// What a public path names, before its method is checked.
 #[derive(Debug, Clone, Copy)]
 enum Endpoint {
     ChatCompletions,
+    Messages,
+    CountTokens,
+    Responses,
+    Response,
     Completions,
     Embeddings,
     Models,
@@ -52,6 +70,9 @@ impl Endpoint {
     fn methods(self) -> &'static str {
         match self {
             Endpoint::ChatCompletions
+            | Endpoint::Messages
+            | Endpoint::CountTokens
+            | Endpoint::Responses
             | Endpoint::Completions
             | Endpoint::Embeddings
             | Endpoint::Images
@@ -60,7 +81,7 @@ impl Endpoint {
             | Endpoint::StreamResume
             | Endpoint::StreamPrompt => "POST",
             Endpoint::Videos => "GET, POST",
-            Endpoint::Video | Endpoint::Stream => "GET, DELETE",
+            Endpoint::Video | Endpoint::Stream | Endpoint::Response => "GET, DELETE",
             Endpoint::Models
             | Endpoint::Model
             | Endpoint::Healthz
@@ -81,6 +102,10 @@ fn endpoints() -> &'static matchit::Router<Endpoint> {
         crate::request::route_table([
             ("/v1/chat/completions", E::ChatCompletions),
             ("/v1/completions", E::Completions),
+            ("/v1/messages", E::Messages),
+            ("/v1/messages/count_tokens", E::CountTokens),
+            ("/v1/responses", E::Responses),
+            ("/v1/responses/{id}", E::Response),
             ("/v1/embeddings", E::Embeddings),
             ("/v1/models", E::Models),
             ("/v1/models/{*model}", E::Model),
@@ -114,6 +139,11 @@ impl Route {
         match (*found.value, method) {
             (E::ChatCompletions, &Method::POST) => Route::Completions(Kind::Chat),
             (E::Completions, &Method::POST) => Route::Completions(Kind::Completion),
+            (E::Messages, &Method::POST) => Route::Messages,
+            (E::CountTokens, &Method::POST) => Route::CountTokens,
+            (E::Responses, &Method::POST) => Route::Responses(ResponsesRoute::Create),
+            (E::Response, &Method::GET) => Route::Responses(ResponsesRoute::Get(id())),
+            (E::Response, &Method::DELETE) => Route::Responses(ResponsesRoute::Delete(id())),
             (E::Embeddings, &Method::POST) => Route::Embeddings,
             (E::Models, &Method::GET) => Route::Models,
             (E::Model, &Method::GET) => Route::Model(param("model")),
@@ -141,6 +171,9 @@ impl Route {
         match self {
             Route::Completions(Kind::Chat) => "chat_completions",
             Route::Completions(Kind::Completion) => "completions",
+            Route::Messages => "messages",
+            Route::CountTokens => "count_tokens",
+            Route::Responses(_) => "responses",
             Route::Embeddings => "embeddings",
             Route::Models | Route::Model(_) => "models",
             Route::Healthz => "healthz",
@@ -155,11 +188,24 @@ impl Route {
 }
 
 impl Route {
+    /// The API whose shapes the route's answers and errors take (`path`:
+    /// a wrong method on a Messages path is answered in Anthropic's shape).
+    pub(crate) fn dialect(&self, path: &str) -> crate::wire::Dialect {
+        match self {
+            Route::Messages | Route::CountTokens => crate::wire::Dialect::Anthropic,
+            Route::WrongMethod(_) if path.starts_with("/v1/messages") => crate::wire::Dialect::Anthropic,
+            _ => crate::wire::Dialect::OpenAi,
+        }
+    }
+
     /// Whether the route answers only to a tenant's key (the auth layer).
     pub(crate) fn needs_key(&self) -> bool {
         matches!(
             self,
             Route::Completions(_)
+                | Route::Messages
+                | Route::CountTokens
+                | Route::Responses(_)
                 | Route::Embeddings
                 | Route::Models
                 | Route::Model(_)
@@ -173,6 +219,9 @@ impl Route {
         matches!(
             self,
             Route::Completions(_)
+                | Route::Messages
+                | Route::CountTokens
+                | Route::Responses(ResponsesRoute::Create)
                 | Route::Embeddings
                 | Route::Video(VideoRoute::Create | VideoRoute::Prompt(_))
         ) || matches!(self, Route::Diffusion(d) if d.takes_body())
@@ -190,6 +239,14 @@ mod tests {
         assert_eq!(of("POST", "/v1/chat/completions"), Route::Completions(Kind::Chat));
         assert_eq!(of("POST", "/v1/completions"), Route::Completions(Kind::Completion));
         assert_eq!(of("GET", "/v1/models"), Route::Models);
+        assert_eq!(of("POST", "/v1/messages"), Route::Messages);
+        assert_eq!(of("POST", "/v1/messages/count_tokens"), Route::CountTokens);
+        assert_eq!(of("POST", "/v1/responses"), Route::Responses(ResponsesRoute::Create));
+        assert_eq!(
+            of("DELETE", "/v1/responses/resp_1"),
+            Route::Responses(ResponsesRoute::Delete("resp_1".into()))
+        );
+        assert_eq!(of("GET", "/v1/messages"), Route::WrongMethod("POST"));
         // Model ids may hold slashes (`org/name`); an empty one is no model.
         assert_eq!(
             of("GET", "/v1/models/meta-llama/Llama-3.1-8B"),

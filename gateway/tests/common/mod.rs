@@ -458,6 +458,13 @@ pub fn start_redis() -> Redis {
 /// base URL, a gold key and the dev CA; asserts it exits 0 printing `OK`.
 /// Without `OPENAI_PYTHON` it skips, except under CI.
 pub async fn run_openai_script(sys: &System, script: &str) {
+    run_sdk_script(sys, script, &[]).await;
+}
+
+/// As [`run_openai_script`], with these further environment variables; the
+/// Anthropic SDK is configured beside the OpenAI client (ANTHROPIC_BASE_URL,
+/// ANTHROPIC_API_KEY: the environment it reads).
+pub async fn run_sdk_script(sys: &System, script: &str, env: &[(&str, &str)]) {
     let Some(python) = std::env::var_os("OPENAI_PYTHON") else {
         assert!(std::env::var_os("CI").is_none(), "CI must set OPENAI_PYTHON (see .ci/run)");
         eprintln!("SKIPPED {script}: set OPENAI_PYTHON to a python with `openai` and `h2` installed");
@@ -468,7 +475,10 @@ pub async fn run_openai_script(sys: &System, script: &str) {
         .arg(path)
         .env("OPENAI_BASE_URL", format!("{}/v1", sys.base))
         .env("OPENAI_API_KEY", GOLD)
+        .env("ANTHROPIC_BASE_URL", &sys.base)
+        .env("ANTHROPIC_API_KEY", GOLD)
         .env("SSL_CERT_FILE", &sys.ca)
+        .envs(env.iter().copied())
         .output()
         .await
         .unwrap();
