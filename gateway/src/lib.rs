@@ -38,6 +38,7 @@ pub(crate) mod outbox;
 pub(crate) mod permit;
 mod player;
 pub(crate) mod policy_watch;
+pub(crate) mod ratelimit;
 pub(crate) mod relay;
 pub(crate) mod reload;
 pub(crate) mod request;

@@ -224,7 +224,8 @@ async fn completions(
     let trace = req.parts.extensions.get::<RequestTrace>().cloned().unwrap_or_default();
     traced::describe(&trace, kind, &gen.model, (gen.max_tokens, wire.stream()), (tenant, tier));
     // This gateway's or fleet-wide tenant limits.
-    let hold = tenant_limits(app, tenant, tier, u64::from(prompt_tokens) + u64::from(gen.max_tokens)).await?;
+    let hold =
+        tenant_limits(app, (tenant, tier), u64::from(prompt_tokens) + u64::from(gen.max_tokens), req).await?;
     // Admission: admit, degrade or refuse against the tier's SLO, fast.
     let ask = AdmitRequest {
         tenant,
@@ -359,7 +360,7 @@ async fn video(
     req: &mut Req,
 ) -> Result<Response<GatewayBody>, Failed> {
     let hold = match route {
-        crate::video::routes::VideoRoute::Create => Some(tenant_limits(app, tenant, tier, 0).await?),
+        crate::video::routes::VideoRoute::Create => Some(tenant_limits(app, (tenant, tier), 0, req).await?),
         _ => None,
     };
     crate::video::routes::handle(app, policy, (tenant, tier), route, req, hold).await.map_err(Failed::from)
@@ -378,7 +379,8 @@ async fn diffusion(
     route: crate::diffusion::routes::DiffusionRoute,
     req: &mut Req,
 ) -> Result<Response<GatewayBody>, Failed> {
-    let _hold = if route.takes_body() { Some(tenant_limits(app, tenant, tier, 0).await?) } else { None };
+    let _hold =
+        if route.takes_body() { Some(tenant_limits(app, (tenant, tier), 0, req).await?) } else { None };
     crate::diffusion::routes::handle(app, policy, (tenant, tier), route, req).await.map_err(Failed::from)
 }
 
@@ -388,16 +390,41 @@ async fn diffusion(
 /// concurrency refusal is an admission decision in both (headers, metric).
 pub(crate) async fn tenant_limits(
     app: &App,
-    tenant: &Tenant,
-    tier: &Tier,
+    (tenant, tier): (&Tenant, &Tier),
     tokens: u64,
+    req: &Req,
 ) -> Result<crate::cluster::Hold, Failed> {
     let limits = crate::cluster::Limits {
         max_concurrency: tier.max_concurrency.map(|v| v.get()),
         requests_per_minute: tier.requests_per_minute.map(|v| v.get()),
         tokens_per_minute: tier.tokens_per_minute.map(|v| v.get()),
     };
-    match app.cluster.acquire(&tenant.name, limits, tokens, crate::cluster::wall_ms()).await {
+    let now_ms = crate::cluster::wall_ms();
+    let result = app.cluster.acquire(&tenant.name, limits, tokens, now_ms).await;
+    // The caller's standing, for the rate-limit headers (ratelimit.rs).
+    if let Some(slot) = req.parts.extensions.get::<crate::ratelimit::RateSlot>() {
+        let window =
+            |limit: Option<u32>, used: u64| limit.map(|limit| crate::ratelimit::Window { limit, used });
+        let used = match &result {
+            Ok(grant) => grant.used,
+            Err(crate::cluster::Denied::Requests { limit, .. }) => {
+                crate::cluster::Used { requests: u64::from(*limit), tokens: 0 }
+            }
+            Err(crate::cluster::Denied::Tokens { limit, .. }) => {
+                crate::cluster::Used { requests: 0, tokens: u64::from(*limit) }
+            }
+            Err(crate::cluster::Denied::Concurrency { .. }) => crate::cluster::Used::default(),
+        };
+        let standing = crate::ratelimit::Standing {
+            requests: window(limits.requests_per_minute, used.requests),
+            tokens: window(limits.tokens_per_minute, used.tokens),
+            reset_s: crate::cluster::retry_after_window(now_ms),
+        };
+        if !matches!(result, Err(crate::cluster::Denied::Concurrency { .. })) {
+            slot.set(standing); // a concurrency refusal says nothing of the windows
+        }
+    }
+    match result {
         Ok(grant) => Ok(crate::cluster::Hold::new(Arc::clone(&app.cluster), grant)),
         Err(crate::cluster::Denied::Concurrency { limit }) => {
             let verdict = app.admission.tenant_concurrency(tier);
@@ -498,15 +525,27 @@ fn authenticate<'a>(
     policy.authenticate(key).ok_or(ApiError::InvalidKey)
 }
 
+/// `GET /v1/models`: every model the gateway serves: the text models
+/// (chat, completions, embeddings, Messages, Responses) and the images and
+/// videos APIs' models (`[diffusion] models`).
 fn models(policy: &PolicyDocument, only: Option<&str>) -> Response<GatewayBody> {
-    let object = |m: &policies::config::Model| json!({"id": m.id, "object": "model", "created": 0, "owned_by": m.owned_by});
+    let object =
+        |id: &str, owned_by: &str| json!({"id": id, "object": "model", "created": 0, "owned_by": owned_by});
+    let text = policy.models.iter().map(|m| (m.id.as_str(), m.owned_by.as_str()));
+    let media = policy.diffusion.models.iter().map(|id| (id.as_str(), "slo-gateway"));
+    let mut all: Vec<(&str, &str)> = Vec::new();
+    for (id, owner) in text.chain(media) {
+        if !all.iter().any(|(seen, _)| *seen == id) {
+            all.push((id, owner));
+        }
+    }
     match only {
         None => {
-            let data: Vec<_> = policy.models.iter().map(object).collect();
+            let data: Vec<_> = all.iter().map(|(id, owner)| object(id, owner)).collect();
             json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
         }
-        Some(id) => match policy.model(id) {
-            Some(m) => json_response(StatusCode::OK, &object(m)),
+        Some(id) => match all.iter().find(|(m, _)| *m == id) {
+            Some((id, owner)) => json_response(StatusCode::OK, &object(id, owner)),
             None => ApiError::ModelNotFound(id.to_string()).into_response(),
         },
     }

@@ -8,7 +8,8 @@
 //!             the OpenTelemetry server span (under the client's
 //!             traceparent) and its status (trace.rs)
 //! Policy      one policy version for the whole request (and its stream);
-//!             x-policy-version and admission's decision headers on the answer
+//!             x-policy-version, admission's decision headers and the
+//!             rate-limit headers (ratelimit.rs) on the answer
 //! Errors      the one place an error becomes an HTTP answer (OpenAI's body,
 //!             or Anthropic's on its routes; gateway_errors_total, the
 //!             verdict kept for the headers)
@@ -47,6 +48,7 @@ use tower::{Layer, Service, ServiceBuilder};
 use crate::admission::Verdict;
 use crate::body::GatewayBody;
 use crate::metrics;
+use crate::ratelimit::RateSlot;
 use crate::reload::PolicyStore;
 use crate::request::Req;
 use crate::service::{self, Caller, Failed, Ident, Route};
@@ -358,17 +360,22 @@ struct Policy {
 }
 
 impl Around for Policy {
-    type State = Arc<PolicyDocument>;
+    type State = (Arc<PolicyDocument>, RateSlot, crate::wire::Dialect);
 
-    fn before(&self, req: &mut Request<Incoming>) -> Arc<PolicyDocument> {
+    fn before(&self, req: &mut Request<Incoming>) -> Self::State {
         let policy = self.store.current();
         req.extensions_mut().insert(Snapshot(Arc::clone(&policy)));
-        policy
+        let slot = RateSlot::default(); // the router fills it (tenant limits)
+        req.extensions_mut().insert(slot.clone());
+        let dialect =
+            req.extensions().get::<Route>().map(|r| r.dialect(req.uri().path())).unwrap_or_default();
+        (policy, slot, dialect)
     }
 
-    fn after(policy: Arc<PolicyDocument>, resp: &mut Answer) {
+    fn after((policy, slot, dialect): Self::State, resp: &mut Answer) {
         let verdict = resp.extensions_mut().remove::<Verdict>();
         service::decision_headers(resp.headers_mut(), &policy.version, verdict.as_ref());
+        slot.write(resp.headers_mut(), dialect);
     }
 }
 

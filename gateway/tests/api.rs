@@ -435,3 +435,56 @@ async fn the_messages_api_on_the_wire_has_anthropics_events_and_errors() {
         assert_eq!(json(&body_bytes(resp).await.unwrap())["type"], "error");
     }
 }
+
+/// OpenAI's `x-ratelimit-*` headers on every answer of a tier with
+/// per-minute limits (the refusal too), and Anthropic's
+/// `anthropic-ratelimit-*` on the Messages API's.
+#[tokio::test]
+async fn answers_carry_the_callers_rate_limit_headers() {
+    let policy = default_policy().replacen(
+        "priority_weight = 2\n",
+        "priority_weight = 2\nrequests_per_minute = 4\ntokens_per_minute = 100000\n",
+        1,
+    );
+    let sys = System::start_with_policy(INSTANT, 1, &[], Some(&policy)).await;
+    let conn = sys.conn(Proto::H2).await;
+    for _attempt in 0..2 {
+        let minute =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 60;
+        let mut seen = Vec::new();
+        for i in 0..5 {
+            let req = if i == 2 {
+                let body =
+                    json!({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
+                request("/v1/messages", SILVER, body.to_string(), &[("anthropic-version", "2023-06-01")])
+            } else {
+                request("/v1/chat/completions", SILVER, chat_body("hi", 2, false), &[])
+            };
+            let resp = conn.send(req).await.unwrap();
+            let h = |name: &str| resp.headers().get(name).map(|v| v.to_str().unwrap().to_string());
+            seen.push((
+                resp.status().as_u16(),
+                h("x-ratelimit-remaining-requests").or(h("anthropic-ratelimit-requests-remaining")),
+                h("x-ratelimit-limit-tokens").or(h("anthropic-ratelimit-tokens-limit")),
+                h("x-ratelimit-reset-requests").or(h("anthropic-ratelimit-requests-reset")),
+            ));
+            let _ = body_bytes(resp).await;
+        }
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 60;
+        if now != minute {
+            continue; // the window turned over mid-run
+        }
+        let statuses: Vec<_> = seen.iter().map(|s| s.0).collect();
+        assert_eq!(statuses, [200, 200, 200, 200, 429], "{seen:?}");
+        let remaining: Vec<_> = seen.iter().map(|s| s.1.as_deref().unwrap_or("-")).collect();
+        assert_eq!(remaining, ["3", "2", "1", "0", "0"], "{seen:?}");
+        assert!(seen[..4].iter().all(|s| s.2.as_deref() == Some("100000")), "{seen:?}");
+        assert!(seen[0].3.as_deref().is_some_and(|r| r.ends_with('s')), "OpenAI: a duration: {seen:?}");
+        assert!(seen[2].3.as_deref().is_some_and(|r| r.ends_with('Z')), "Anthropic: RFC 3339: {seen:?}");
+        let gold =
+            conn.send(request("/v1/chat/completions", GOLD, chat_body("hi", 2, false), &[])).await.unwrap();
+        assert!(gold.headers().get("x-ratelimit-limit-requests").is_none(), "gold has no per-minute limit");
+        return;
+    }
+    panic!("two attempts straddled minute boundaries");
+}

@@ -12,6 +12,9 @@ MODEL = "synthetic-small"
 
 models = [m.id for m in client.models.list()]
 assert MODEL in models, models
+# The images and videos APIs' models are listed too, and each is found.
+assert "gpt-image-1" in models and "sora-2" in models, models
+assert client.models.retrieve("sora-2").id == "sora-2"
 
 chat = client.chat.completions.create(
     model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=6

@@ -160,6 +160,51 @@ async fn text_routes(r: &mut Recorder) {
         )
         .await;
     assert_eq!(status(&bad_hint), 400);
+    // Anthropic's Messages API: its shapes, its errors.
+    let v = [("anthropic-version", "2023-06-01")];
+    let message = |stream: bool| {
+        json!({"model": MODEL, "max_tokens": 3, "stream": stream, "system": "be brief",
+               "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
+    };
+    for stream in [false, true] {
+        let m = r.call("POST", "/v1/messages", Some(GOLD), Body::Json(message(stream)), &v).await;
+        assert_eq!(status(&m), 200, "{m}");
+    }
+    let count = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(
+        status(&r.call("POST", "/v1/messages/count_tokens", Some(GOLD), Body::Json(count), &v).await),
+        200
+    );
+    assert_eq!(status(&r.call("POST", "/v1/messages", None, Body::Json(message(false)), &v).await), 401);
+    assert_eq!(
+        status(&r.call("POST", "/v1/messages", Some(GOLD), Body::Json(message(false)), &[]).await),
+        400
+    );
+    let mut nope = message(false);
+    nope["model"] = json!("no-such-model");
+    assert_eq!(status(&r.call("POST", "/v1/messages", Some(GOLD), Body::Json(nope), &v).await), 404);
+    // OpenAI's Responses API: created (whole and streamed), read, chained,
+    // deleted; another tenant's is not found.
+    let created = r
+        .post("/v1/responses", Some(GOLD), json!({"model": MODEL, "input": "hi", "instructions": "be brief"}))
+        .await;
+    assert_eq!(status(&created), 200, "{created}");
+    let id = created["body"]["id"].as_str().unwrap().to_string();
+    let streamed = r
+        .post(
+            "/v1/responses",
+            Some(GOLD),
+            json!({"model": MODEL, "input": "again?", "previous_response_id": id, "stream": true}),
+        )
+        .await;
+    assert_eq!(status(&streamed), 200, "{streamed}");
+    assert_eq!(status(&r.get(&format!("/v1/responses/{id}"), Some(GOLD)).await), 200);
+    assert_eq!(status(&r.get(&format!("/v1/responses/{id}"), Some(SILVER)).await), 404);
+    assert_eq!(
+        status(&r.call("DELETE", &format!("/v1/responses/{id}"), Some(GOLD), Body::None, &[]).await),
+        200
+    );
+    assert_eq!(status(&r.post("/v1/responses", Some(GOLD), json!({"model": MODEL})).await), 400);
     // Embeddings: no engine of this fleet computes them (the 200 is
     // exercised against llama.cpp in llamacpp.rs).
     let e = r.post("/v1/embeddings", Some(GOLD), json!({"model": MODEL, "input": "hi"})).await;
@@ -313,7 +358,14 @@ async fn the_engines_openai_surface_answers_with_the_documents_schemas() {
     let lines: Vec<String> = r.exchanges.iter().map(Value::to_string).collect();
     std::fs::write(&file, lines.join("\n")).unwrap();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/check-openapi");
+    // The Messages and Responses APIs are the gateway's (translated to chat
+    // before an engine sees them).
     let not_on_engines = [
+        "createMessage",
+        "countMessageTokens",
+        "createResponse",
+        "getResponse",
+        "deleteResponse",
         "createEmbedding",
         "retrieveModel",
         "createImage",

@@ -47,7 +47,8 @@ impl Local {
         if counted {
             t.open += 1;
         }
-        Ok(Grant { tenant: tenant.to_string(), lease: None, local: counted })
+        let used = super::Used { requests: u64::from(t.requests), tokens: t.tokens };
+        Ok(Grant { tenant: tenant.to_string(), used, lease: None, local: counted })
     }
 
     pub fn release(&self, tenant: &str) {

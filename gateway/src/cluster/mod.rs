@@ -99,6 +99,13 @@ impl Limits {
     }
 }
 
+/// A tenant's use of its per-minute windows, this request counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Used {
+    pub requests: u64,
+    pub tokens: u64,
+}
+
 /// Why a request is over its tenant's limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Denied {
@@ -134,6 +141,9 @@ impl Drop for Hold {
 #[derive(Debug)]
 pub struct Grant {
     pub(crate) tenant: String,
+    /// The tenant's per-minute windows after this request was counted
+    /// (OpenAI's `x-ratelimit-*` headers).
+    pub(crate) used: Used,
     /// The Redis lease id, when the grant came from Redis.
     pub(crate) lease: Option<String>,
     /// Held in the local fallback counters.
@@ -195,7 +205,12 @@ impl Cluster {
         now_ms: u64,
     ) -> Result<Grant, Denied> {
         if limits == Limits::default() {
-            return Ok(Grant { tenant: tenant.to_string(), lease: None, local: false });
+            return Ok(Grant {
+                tenant: tenant.to_string(),
+                used: Used::default(),
+                lease: None,
+                local: false,
+            });
         }
         if let Some(r) = &self.redis {
             if r.is_up() {

@@ -30,22 +30,24 @@ use crate::metrics as m;
 /// Concurrency lease, request window and token window in one step.
 /// KEYS: lease zset, rpm counter, tpm counter. ARGV: now ms, lease id,
 /// lease ttl ms, max concurrency, rpm, tpm, tokens (0 = no limit).
-/// Returns {0} granted, {1} concurrency, {2} requests, {3} tokens.
+/// Returns {0, requests, tokens} granted (the windows' counts with this
+/// request), {1} concurrency, {2} requests, {3} tokens.
 const ACQUIRE: &str = r"
 local now = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[3])
 local conc, rpm, tpm, tokens = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if conc > 0 and redis.call('ZCARD', KEYS[1]) >= conc then return 1 end
-if rpm > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') + 1 > rpm then return 2 end
-if tpm > 0 and tonumber(redis.call('GET', KEYS[3]) or '0') + tokens > tpm then return 3 end
-if rpm > 0 then redis.call('INCR', KEYS[2]); redis.call('PEXPIRE', KEYS[2], 61000) end
-if tpm > 0 then redis.call('INCRBY', KEYS[3], tokens); redis.call('PEXPIRE', KEYS[3], 61000) end
+if conc > 0 and redis.call('ZCARD', KEYS[1]) >= conc then return {1} end
+if rpm > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') + 1 > rpm then return {2} end
+if tpm > 0 and tonumber(redis.call('GET', KEYS[3]) or '0') + tokens > tpm then return {3} end
+local used_r, used_t = 0, 0
+if rpm > 0 then used_r = redis.call('INCR', KEYS[2]); redis.call('PEXPIRE', KEYS[2], 61000) end
+if tpm > 0 then used_t = redis.call('INCRBY', KEYS[3], tokens); redis.call('PEXPIRE', KEYS[3], 61000) end
 if conc > 0 then
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ttl)
 end
-return 0
+return {0, used_r, used_t}
 ";
 
 /// Take or keep the leader lease. KEYS: leader key. ARGV: node id, ttl ms.
@@ -160,7 +162,7 @@ impl RedisState {
         let lease = format!("{}-{}", self.lease_prefix, self.next_lease.fetch_add(1, Ordering::Relaxed));
         let minute = now_ms / 60_000;
         let mut conn = self.timed(self.conn()).await?;
-        let code: i64 = self
+        let reply: Vec<i64> = self
             .timed(
                 self.acquire
                     .key(format!("slo:lease:{tenant}"))
@@ -177,7 +179,8 @@ impl RedisState {
             )
             .await?;
         let retry_after_s = retry_after_window(now_ms);
-        Ok(match code {
+        let at = |i: usize| reply.get(i).copied().unwrap_or(0).max(0) as u64;
+        Ok(match reply.first().copied().unwrap_or(0) {
             0 => {
                 let lease = limits.max_concurrency.map(|_| lease);
                 if let Some(l) = &lease {
@@ -186,7 +189,8 @@ impl RedisState {
                         .unwrap_or_else(|p| p.into_inner())
                         .insert((tenant.to_string(), l.clone()));
                 }
-                Ok(Grant { tenant: tenant.to_string(), lease, local: false })
+                let used = super::Used { requests: at(1), tokens: at(2) };
+                Ok(Grant { tenant: tenant.to_string(), used, lease, local: false })
             }
             1 => Err(Denied::Concurrency { limit: limits.max_concurrency.unwrap_or(0) }),
             2 => Err(Denied::Requests { limit: limits.requests_per_minute.unwrap_or(0), retry_after_s }),

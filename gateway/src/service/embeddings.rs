@@ -96,7 +96,7 @@ pub(crate) async fn serve(
         let message = "no engine serving this model computes embeddings".into();
         return Err(ApiError::UnsupportedParameter { param: "model".into(), message }.into());
     }
-    let hold = service::tenant_limits(app, tenant, tier, u64::from(e.tokens)).await?;
+    let hold = service::tenant_limits(app, (tenant, tier), u64::from(e.tokens), req).await?;
     let ask = AdmitRequest {
         prefix: &[],
         tenant,
