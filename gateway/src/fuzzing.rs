@@ -18,6 +18,32 @@ pub fn openai_request(data: &[u8]) {
     }
 }
 
+/// The Anthropic Messages parser (both bodies): what it accepts becomes a
+/// chat request the chat parser takes, with the bounds kept.
+pub fn anthropic_request(data: &[u8]) {
+    for count_only in [false, true] {
+        if let Ok(t) = crate::wire::anthropic::to_chat(data, count_only) {
+            if let Ok(r) = openai::parse(Kind::Chat, &t.chat) {
+                assert!(r.stop.len() <= engine_api::bounds::MAX_STOPS);
+                assert!(count_only || r.max_tokens.is_some_and(|m| m >= 1), "max_tokens is required");
+            }
+        }
+    }
+}
+
+/// The Responses parser, with and without a stored conversation to
+/// continue: what it accepts becomes a chat request.
+pub fn responses_request(data: &[u8]) {
+    for previous in [None, Some(vec![serde_json::json!({"role": "user", "content": "earlier"})])] {
+        if let Ok(t) = crate::wire::responses::to_chat(data, |_| previous.clone()) {
+            assert!(t.conversation.len() <= 4096);
+            if let Ok(r) = openai::parse(Kind::Chat, &t.chat) {
+                assert!(r.max_tokens != Some(0));
+            }
+        }
+    }
+}
+
 /// The policy document parser and validator: a document that parses
 /// parses again to the same version.
 pub fn policy_document(data: &[u8]) {

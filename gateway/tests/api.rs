@@ -470,8 +470,7 @@ async fn answers_carry_the_callers_rate_limit_headers() {
             ));
             let _ = body_bytes(resp).await;
         }
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 60;
-        if now != minute {
+        if wall_minute() != minute {
             continue; // the window turned over mid-run
         }
         let statuses: Vec<_> = seen.iter().map(|s| s.0).collect();
@@ -487,4 +486,10 @@ async fn answers_carry_the_callers_rate_limit_headers() {
         return;
     }
     panic!("two attempts straddled minute boundaries");
+}
+
+/// The wall-clock minute: the tenant windows' boundaries.
+#[allow(clippy::disallowed_methods)] // the gateway's windows are wall-clock minutes
+fn wall_minute() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 60
 }

@@ -136,6 +136,16 @@ fn openai_requests_never_panic_the_parser() {
 }
 
 #[test]
+fn anthropic_requests_never_panic_the_parser() {
+    property("anthropic_request", corpus("anthropic_request"), gateway::fuzzing::anthropic_request);
+}
+
+#[test]
+fn responses_requests_never_panic_the_parser() {
+    property("responses_request", corpus("responses_request"), gateway::fuzzing::responses_request);
+}
+
+#[test]
 fn policy_documents_never_panic_the_parser() {
     property("policy_document", corpus("policy_document"), gateway::fuzzing::policy_document);
 }

@@ -1,0 +1,5 @@
+//! The Anthropic Messages request parser and its translation to chat.
+#![no_main]
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    gateway::fuzzing::anthropic_request(data);
+});
