@@ -12,6 +12,10 @@
 //!   recent version again
 //! - `GET  /admin/policies/history`: recent versions, newest first
 //! - `GET  /admin/policies/audit`: recent applied and rejected changes
+//! - `POST /admin/keys`, `GET /admin/keys[/{id}]`, `DELETE /admin/keys/{id}`,
+//!   `POST /admin/keys/{id}/rotate`: API keys made at run time (the secret
+//!   is in the answer to POST and rotate only)
+//! - `GET  /admin/usage?from=&to=&group_by=&format=`: usage and spend
 //! - `GET  /admin/video/streams`: every live video stream's status
 //! - `POST /admin/video/streams/{id}/move?engine=ID`: move a stream to
 //!   another engine at its next chunk boundary (drain an engine by hand)
@@ -117,6 +121,40 @@ async fn route(
             Ok(json_response(StatusCode::OK, &json!({"entries": store.audit()})))
         }
         (Endpoint::Fleet, Method::GET) => Ok(json_response(StatusCode::OK, &app.fleet.detail())),
+        (Endpoint::Keys, Method::GET) => {
+            let data: Vec<_> = app.keys.list().iter().map(|k| k.public()).collect();
+            Ok(json_response(StatusCode::OK, &json!({"object": "list", "data": data})))
+        }
+        (Endpoint::Keys, Method::POST) => {
+            let body = read_request_body(req, &app.config).await?;
+            create_key(app, &body, &token_id).await
+        }
+        (Endpoint::Key, Method::GET) => {
+            let id = found.params.get("id").unwrap_or_default();
+            let k = app.keys.get(id).ok_or_else(|| ApiError::KeyNotFound(id.to_string()))?;
+            Ok(json_response(StatusCode::OK, &k.public()))
+        }
+        (Endpoint::Key, Method::DELETE) => {
+            let id = found.params.get("id").unwrap_or_default().to_string();
+            let now = crate::clock::unix_s() as u64;
+            let r = app.keys.revoke(&id, now).map_err(key_error)?;
+            audit_key(app, &token_id, &r.id, format!("API key {} of tenant {} revoked", r.id, r.tenant));
+            crate::usage::sync_keys(app).await;
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"id": r.id, "object": "api_key", "deleted": true, "revoked_at": r.revoked_at}),
+            ))
+        }
+        (Endpoint::Rotate, Method::POST) => {
+            let id = found.params.get("id").unwrap_or_default().to_string();
+            let (r, secret) = app.keys.rotate(&id).map_err(key_error)?;
+            audit_key(app, &token_id, &r.id, format!("API key {} of tenant {} rotated", r.id, r.tenant));
+            crate::usage::sync_keys(app).await;
+            let mut v = r.public();
+            v["key"] = json!(secret);
+            Ok(json_response(StatusCode::OK, &v))
+        }
+        (Endpoint::Usage, Method::GET) => usage_report(app, &req).await,
         (Endpoint::Streams, Method::GET) => {
             let now = app.video.now();
             let all: Vec<_> = app.video.all().iter().map(|s| s.status(now)).collect();
@@ -142,6 +180,10 @@ enum Endpoint {
     Fleet,
     Streams,
     StreamMove,
+    Keys,
+    Key,
+    Rotate,
+    Usage,
 }
 
 impl Endpoint {
@@ -149,10 +191,15 @@ impl Endpoint {
     fn methods(self) -> &'static str {
         match self {
             Endpoint::Policies => "GET, PUT",
-            Endpoint::Reload | Endpoint::Rollback | Endpoint::StreamMove => "POST",
-            Endpoint::Metrics | Endpoint::History | Endpoint::Audit | Endpoint::Fleet | Endpoint::Streams => {
-                "GET"
-            }
+            Endpoint::Reload | Endpoint::Rollback | Endpoint::StreamMove | Endpoint::Rotate => "POST",
+            Endpoint::Keys => "GET, POST",
+            Endpoint::Key => "GET, DELETE",
+            Endpoint::Metrics
+            | Endpoint::History
+            | Endpoint::Audit
+            | Endpoint::Fleet
+            | Endpoint::Streams
+            | Endpoint::Usage => "GET",
         }
     }
 }
@@ -171,8 +218,140 @@ fn endpoints() -> &'static matchit::Router<Endpoint> {
             ("/admin/fleet", Endpoint::Fleet),
             ("/admin/video/streams", Endpoint::Streams),
             ("/admin/video/streams/{id}/move", Endpoint::StreamMove),
+            ("/admin/keys", Endpoint::Keys),
+            ("/admin/keys/{id}", Endpoint::Key),
+            ("/admin/keys/{id}/rotate", Endpoint::Rotate),
+            ("/admin/usage", Endpoint::Usage),
         ])
     })
+}
+
+/// `POST /admin/keys`: a key for a tenant of the policy in force; the
+/// secret is in this answer only.
+async fn create_key(app: &App, body: &[u8], token_id: &str) -> Result<Response<GatewayBody>, ApiError> {
+    let req: crate::keys::NewKey =
+        serde_json::from_slice(body).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
+    let policy = app.policies.current();
+    let now = crate::clock::unix_s() as u64;
+    let (record, secret) = app.keys.create(req, &policy, now).map_err(key_error)?;
+    let summary = format!(
+        "API key {} made for tenant {} (tier {}, expires {}, models {}, budget {})",
+        record.id,
+        record.tenant,
+        record.tier.as_deref().unwrap_or("the tenant's"),
+        record.expires_at.map_or("never".to_string(), |e| crate::audit::rfc3339(
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(e)
+        )),
+        record.models.as_ref().map_or("all".to_string(), |m| m.join(",")),
+        serde_json::to_string(&record.budget).unwrap_or_default(),
+    );
+    audit_key(app, token_id, &record.id, summary);
+    crate::usage::sync_keys(app).await;
+    let mut v = record.public();
+    v["key"] = json!(secret); // shown once
+    Ok(json_response(StatusCode::CREATED, &v))
+}
+
+fn key_error(e: crate::keys::KeyError) -> ApiError {
+    match e {
+        crate::keys::KeyError::Invalid(param, message) => ApiError::InvalidField { param, message },
+        crate::keys::KeyError::NotFound(id) => ApiError::KeyNotFound(id),
+        crate::keys::KeyError::Full => ApiError::InvalidField {
+            param: "tenant".into(),
+            message: format!("the gateway holds {} keys, its most", crate::keys::MAX_KEYS),
+        },
+    }
+}
+
+/// A key change in the policy audit trail (its version is the key id).
+fn audit_key(app: &App, token_id: &str, id: &str, summary: String) {
+    let source = Source::Api { token_id: token_id.to_string() };
+    let entry = crate::audit::AuditEntry::new(crate::audit::Outcome::Applied, &source, id, "-", summary);
+    app.policies.record_audit(entry);
+}
+
+/// `GET /admin/usage?from=YYYY-MM-DD&to=YYYY-MM-DD&group_by=key,model&format=csv`:
+/// usage and spend of days `from..=to` (default: this month to today),
+/// summed by the dimensions asked (`key`, `tenant`, `model`, `day`;
+/// default `tenant`), as JSON or CSV.
+async fn usage_report(app: &App, req: &Request<Incoming>) -> Result<Response<GatewayBody>, ApiError> {
+    use crate::usage::{day_of, day_string, parse_day, Dimension};
+    let today = day_of(crate::clock::unix_s() as u64);
+    let day = |name: &str, default: u32| -> Result<u32, ApiError> {
+        match query(req, name) {
+            None => Ok(default),
+            Some(v) => parse_day(&v).ok_or_else(|| ApiError::InvalidField {
+                param: name.into(),
+                message: "a date, YYYY-MM-DD".into(),
+            }),
+        }
+    };
+    let first = crate::usage::UsageStore::refresh_days(crate::clock::unix_s() as u64)[0];
+    let (from, to) = (day("from", first)?, day("to", today)?);
+    if from > to || to - from >= crate::usage::KEEP_DAYS {
+        return Err(ApiError::InvalidField {
+            param: "from".into(),
+            message: format!("from must be before to, at most {} days apart", crate::usage::KEEP_DAYS),
+        });
+    }
+    let group_by = query(req, "group_by").unwrap_or_else(|| "tenant".into());
+    let dims = group_by
+        .split(',')
+        .map(|d| {
+            Dimension::parse(d).ok_or_else(|| ApiError::InvalidField {
+                param: "group_by".into(),
+                message: format!("`{d}`: group by key, tenant, model or day (comma-separated)"),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    crate::usage::refresh_range(app, from, to).await;
+    let rows = app.usage.report(from, to, &dims);
+    if query(req, "format").as_deref() == Some("csv") {
+        let mut csv = dims.iter().map(|d| d.name()).collect::<Vec<_>>().join(",");
+        csv.push_str(",requests,prompt_tokens,completion_tokens,cached_tokens,cost_usd\n");
+        for (group, c) in &rows {
+            let cells: Vec<String> = group.iter().map(|g| csv_cell(g)).collect();
+            csv.push_str(&format!(
+                "{},{},{},{},{},{:.6}\n",
+                cells.join(","),
+                c.requests,
+                c.prompt_tokens,
+                c.completion_tokens,
+                c.cached_tokens,
+                c.cost_micro_usd as f64 / 1e6
+            ));
+        }
+        let mut resp = Response::new(full(csv));
+        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/csv; charset=utf-8"));
+        return Ok(resp);
+    }
+    let data: Vec<_> = rows
+        .iter()
+        .map(|(group, c)| {
+            let mut row = serde_json::Map::new();
+            for (d, g) in dims.iter().zip(group) {
+                row.insert(d.name().into(), json!(g));
+            }
+            row.insert("requests".into(), json!(c.requests));
+            row.insert("prompt_tokens".into(), json!(c.prompt_tokens));
+            row.insert("completion_tokens".into(), json!(c.completion_tokens));
+            row.insert("cached_tokens".into(), json!(c.cached_tokens));
+            row.insert("cost_usd".into(), json!(c.cost_micro_usd as f64 / 1e6));
+            serde_json::Value::Object(row)
+        })
+        .collect();
+    let body = json!({"object": "usage", "from": day_string(from), "to": day_string(to),
+                      "group_by": dims.iter().map(|d| d.name()).collect::<Vec<_>>(), "data": data});
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+/// A CSV cell: quoted when it holds a comma, quote or line break.
+fn csv_cell(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
 }
 
 /// Plans a move of stream `id` to engine `engine` (by engine id); the

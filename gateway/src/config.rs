@@ -40,6 +40,10 @@ pub struct GatewayConfig {
     pub limits: crate::limits::Limits,
     /// What the Responses API stores (count, bytes, time per tenant).
     pub responses: crate::wire::responses::ResponsesConfig,
+    /// Where the gateway keeps what must survive a restart when no Redis
+    /// holds it: the API keys made at run time (`keys.json`) and the usage
+    /// counts (`usage.json`). Unset: in memory only (a warning at start).
+    pub state_dir: Option<PathBuf>,
 }
 
 /// The admin API (its own listener) and how policy changes are picked up.
@@ -157,6 +161,7 @@ impl Default for GatewayConfig {
             cluster: crate::cluster::ClusterConfig::default(),
             limits: crate::limits::Limits::default(),
             responses: Default::default(),
+            state_dir: None,
         }
     }
 }

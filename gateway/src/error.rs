@@ -36,6 +36,14 @@ pub enum ApiError {
     MissingKey,
     #[error("invalid API key")]
     InvalidKey,
+    #[error("this API key expired")]
+    ExpiredKey,
+    /// The caller's key is limited to other models.
+    #[error("your API key may not use the model `{0}`")]
+    ModelNotAllowed(String),
+    /// A tenant's or key's budget is spent until it resets.
+    #[error("the {budget} budget ({limit}) is spent; it resets on {resets} (UTC)")]
+    BudgetExceeded { budget: String, limit: String, resets: String, retry_after_s: u32 },
     #[error("we could not parse the JSON body of your request: {0}")]
     InvalidJson(String),
     #[error("{message}")]
@@ -110,6 +118,8 @@ pub enum ApiError {
     /// unchanged.
     #[error("{}", .0.message)]
     InvalidPolicy(Box<PolicyProblem>),
+    #[error("no API key `{0}`")]
+    KeyNotFound(String),
     #[error("policy version `{0}` is not in the recent history (GET /admin/policies/history)")]
     UnknownPolicyVersion(String),
     #[error("{0}")]
@@ -122,6 +132,9 @@ impl ApiError {
         match self {
             ApiError::MissingKey => "missing_api_key",
             ApiError::InvalidKey => "invalid_api_key",
+            ApiError::ExpiredKey => "expired_api_key",
+            ApiError::ModelNotAllowed(_) => "model_not_allowed",
+            ApiError::BudgetExceeded { .. } => "budget_exceeded",
             ApiError::InvalidJson(_) => "invalid_json",
             ApiError::InvalidField { .. } => "invalid_value",
             ApiError::UnknownParameters(_) => "unknown_parameter",
@@ -155,6 +168,7 @@ impl ApiError {
             ApiError::AdminApiOff => "admin_api_off",
             ApiError::InvalidPolicy(_) => "invalid_policy",
             ApiError::UnknownPolicyVersion(_) => "unknown_policy_version",
+            ApiError::KeyNotFound(_) => "key_not_found",
             ApiError::PolicyFileUnavailable(_) => "policy_file_unavailable",
         }
     }
@@ -163,14 +177,16 @@ impl ApiError {
         match self {
             ApiError::MissingKey
             | ApiError::InvalidKey
+            | ApiError::ExpiredKey
             | ApiError::MissingAdminToken
             | ApiError::InvalidAdminToken => StatusCode::UNAUTHORIZED,
             ApiError::InvalidPolicy(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            ApiError::AdminApiOff => StatusCode::FORBIDDEN,
+            ApiError::AdminApiOff | ApiError::ModelNotAllowed(_) => StatusCode::FORBIDDEN,
             ApiError::UnknownPolicyVersion(_)
             | ApiError::StreamNotFound(_)
             | ApiError::VideoNotFound(_)
-            | ApiError::ResponseNotFound(_) => StatusCode::NOT_FOUND,
+            | ApiError::ResponseNotFound(_)
+            | ApiError::KeyNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::VideoNotReady { .. } => StatusCode::CONFLICT,
             ApiError::StreamEnded | ApiError::StreamAlreadyWatched => StatusCode::CONFLICT,
             ApiError::VideoCapacity { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -184,6 +200,7 @@ impl ApiError {
             | ApiError::InvalidHeader { .. } => StatusCode::BAD_REQUEST,
             ApiError::TenantConcurrency { .. }
             | ApiError::RateLimited { .. }
+            | ApiError::BudgetExceeded { .. }
             | ApiError::VideoStreamLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::ModelNotFound(_) | ApiError::UnknownUrl(_) => StatusCode::NOT_FOUND,
@@ -200,6 +217,7 @@ impl ApiError {
         match self.fault() {
             Fault::Client if self.status() == StatusCode::UNAUTHORIZED => "authentication_error",
             Fault::Client if self.status() == StatusCode::NOT_FOUND => "not_found_error",
+            Fault::Client if self.status() == StatusCode::FORBIDDEN => "permission_error",
             Fault::Client if self.status() == StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
             Fault::Client => "invalid_request_error",
             Fault::Upstream | Fault::Gateway => "server_error",
@@ -233,7 +251,8 @@ impl ApiError {
             | ApiError::TenantConcurrency { .. } => Some(1),
             ApiError::Overloaded { retry_after_s, .. }
             | ApiError::VideoCapacity { retry_after_s, .. }
-            | ApiError::RateLimited { retry_after_s, .. } => Some(*retry_after_s),
+            | ApiError::RateLimited { retry_after_s, .. }
+            | ApiError::BudgetExceeded { retry_after_s, .. } => Some(*retry_after_s),
             _ => None,
         }
     }
@@ -245,7 +264,7 @@ impl ApiError {
                 Some(param)
             }
             ApiError::UnknownParameters(p) => p.first().map(String::as_str),
-            ApiError::ModelNotFound(_) => Some("model"),
+            ApiError::ModelNotFound(_) | ApiError::ModelNotAllowed(_) => Some("model"),
             ApiError::ResponseNotFound(_) => Some("previous_response_id"),
             ApiError::ContextLengthExceeded { .. } => Some("messages"),
             ApiError::InvalidHeader { header, .. } => Some(header),

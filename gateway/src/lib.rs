@@ -30,6 +30,7 @@ pub(crate) mod fleet;
 pub mod fuzzing;
 pub(crate) mod headers;
 pub(crate) mod hints;
+pub(crate) mod keys;
 pub(crate) mod limits;
 pub mod metrics;
 pub(crate) mod openai;
@@ -51,6 +52,7 @@ pub mod testkit;
 pub(crate) mod tls;
 mod trace;
 pub(crate) mod upstream;
+pub(crate) mod usage;
 pub(crate) mod video;
 pub mod wire;
 pub(crate) mod workers;
@@ -88,6 +90,10 @@ pub struct App {
     pub fleet: Arc<fleet::FleetControl>,
     /// The Responses API's stored responses.
     pub(crate) responses: Arc<wire::responses::ResponseStore>,
+    /// API keys made at run time (`/admin/keys`).
+    pub(crate) keys: Arc<keys::KeyStore>,
+    /// Usage and spend per tenant, key, model and day.
+    pub(crate) usage: Arc<usage::UsageStore>,
     id_prefix: u32,
     next_id: AtomicU64,
 }
@@ -115,8 +121,22 @@ impl App {
             control.bounds,
         );
         let responses = Arc::new(wire::responses::ResponseStore::new(config.responses.clone()));
+        let state = |file: &str| config.state_dir.as_ref().map(|d| d.join(file));
+        let keys = Arc::new(keys::KeyStore::open(state("keys.json")));
+        let usage = Arc::new(usage::UsageStore::open(state("usage.json")));
+        if config.cluster.redis.is_some() {
+            usage.set_clustered();
+        } else if config.state_dir.is_none() {
+            tracing::warn!(
+                event = "no_state_dir",
+                "API keys made at run time and usage counts live in memory only: \
+                set state_dir (or [cluster] redis) to keep them across restarts"
+            );
+        }
         Self {
             responses,
+            keys,
+            usage,
             config,
             policies,
             engines,
@@ -347,6 +367,7 @@ async fn serve_until_signal(
         Arc::clone(&store),
     ));
     background.spawn(policy_watch::on_sighup(Arc::clone(&store)));
+    background.spawn(usage::run(Arc::clone(&app)));
     if admin_cfg.watch {
         let interval = Duration::from_millis(admin_cfg.watch_interval_ms);
         let debounce = Duration::from_millis(admin_cfg.debounce_ms);
@@ -425,6 +446,9 @@ async fn serve_until_signal(
     let _ = admin_task.await;
     // Loops, not work: stopping them at an await point loses nothing.
     background.shutdown().await;
+    // What the last second counted: to Redis, or to the state file.
+    usage::sync_usage(&app).await;
+    app.usage.save();
     tracing::info!(event = "gateway_stopped");
     Ok(())
 }

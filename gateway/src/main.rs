@@ -86,6 +86,11 @@ enum Command {
         /// Off unless given.
         #[arg(long)]
         plaintext_listen: Option<SocketAddr>,
+        /// Keep the API keys made at run time and the usage counts in this
+        /// directory (`keys.json`, `usage.json`) across restarts, when no
+        /// Redis holds them.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
     },
     /// Policy document tools.
     Policy {
@@ -106,6 +111,11 @@ enum Command {
         /// Off unless given.
         #[arg(long)]
         plaintext_listen: Option<SocketAddr>,
+        /// Keep the API keys made at run time and the usage counts in this
+        /// directory (`keys.json`, `usage.json`) across restarts, when no
+        /// Redis holds them.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
     },
     /// Write a development CA (ca.pem) and a server certificate for
     /// localhost / 127.0.0.1 / ::1 signed by it.
@@ -160,8 +170,10 @@ fn main() -> ExitCode {
                 admin_listen,
                 redis,
                 plaintext_listen,
+                state_dir,
             } => {
                 let mut cfg = GatewayConfig::load(config.as_deref()).map_err(|e| e.to_string())?;
+                cfg.state_dir = state_dir.or(cfg.state_dir);
                 cfg.listen = listen;
                 cfg.policies = policies;
                 if let Some(a) = admin_listen {
@@ -195,8 +207,9 @@ fn main() -> ExitCode {
                 let opts = gateway::UpOptions { launch, certs_dir: certs, bounds };
                 gateway::run_up(cfg, opts).await.map_err(|e| e.to_string())
             }
-            Command::Serve { config, redis, plaintext_listen } => {
+            Command::Serve { config, redis, plaintext_listen, state_dir } => {
                 let mut cfg = GatewayConfig::load(Some(&config)).map_err(|e| e.to_string())?;
+                cfg.state_dir = state_dir.or(cfg.state_dir);
                 cfg.plaintext_listen = plaintext_listen.or(cfg.plaintext_listen);
                 if redis.is_some() {
                     cfg.cluster.redis = redis;

@@ -147,12 +147,18 @@ pub const CLUSTER_POLICY_REJECTED: &str = "gateway_cluster_policy_rejected_total
 pub const CONNECTIONS_OPEN: &str = "gateway_connections_open";
 pub const CONNECTIONS_REFUSED: &str = "gateway_connections_refused_total";
 pub const CONNECTIONS_CLOSED: &str = "gateway_connections_closed_total";
+pub const USAGE_REQUESTS: &str = "gateway_usage_requests_total";
+pub const USAGE_TOKENS: &str = "gateway_usage_tokens_total";
+pub const USAGE_COST: &str = "gateway_usage_cost_microdollars_total";
 
 /// `# HELP` text of every family (kind as the family is recorded). A test
 /// checks that every name above is here.
 pub const HELP: &[(&str, &str)] = &[
     (REQUESTS, "Requests answered, by route, tier and HTTP status."),
     (ERRORS, "Requests that ended in an error, by kind."),
+    (USAGE_REQUESTS, "Generations counted in usage (what the client saw), by tenant and model."),
+    (USAGE_TOKENS, "Tokens counted in usage, by tenant, model and kind (prompt, completion)."),
+    (USAGE_COST, "What the usage cost at [cost.tokens] prices, millionths of a dollar, by tenant and model."),
     (TTFT, "Time from arrival to the first token, seconds, by tier."),
     (TLET, "Time from arrival to the last token, seconds, by tier."),
     (TBT, "Time between successive tokens of a generation as relayed, seconds, by tier."),

@@ -26,6 +26,8 @@ pub struct Permit {
     predicted_ttft_ms: Option<f64>,
     _hold: Hold,
     observer: RequestObserver,
+    /// The usage it counts when it ends (generations).
+    meter: Option<crate::usage::Meter>,
 }
 
 impl Permit {
@@ -36,7 +38,13 @@ impl Permit {
         policy: Arc<PolicyDocument>,
         predicted_ttft_ms: Option<f64>,
     ) -> Self {
-        Self { ticket, policy, predicted_ttft_ms, _hold: hold, observer }
+        Self { ticket, policy, predicted_ttft_ms, _hold: hold, observer, meter: None }
+    }
+
+    /// Counts the request's usage when it ends (what the client saw).
+    pub fn metered(mut self, meter: crate::usage::Meter) -> Self {
+        self.meter = Some(meter);
+        self
     }
 
     /// The first token reached the client's stream: TTFT, its prediction
@@ -52,12 +60,27 @@ impl Permit {
     /// Another token was relayed (time between tokens).
     pub fn token(&mut self) {
         self.observer.token();
+        if let Some(m) = &mut self.meter {
+            m.token();
+        }
     }
 
     /// The generation ended normally on engine `engine`.
     pub fn finished(&mut self, engine: usize, usage: Usage, prefill_ms: f64) {
         self.observer.finished(usage);
+        if let Some(m) = &mut self.meter {
+            m.finished(&self.policy, usage);
+        }
         let tokens = (usage.completion_tokens, usage.cached_tokens);
         self.ticket.finished(&self.policy, engine, tokens, prefill_ms);
+    }
+}
+
+impl Drop for Permit {
+    /// A response that ends without finishing counts what its client saw.
+    fn drop(&mut self) {
+        if let Some(m) = &mut self.meter {
+            m.ended(&self.policy);
+        }
     }
 }

@@ -178,6 +178,12 @@ impl PolicyStore {
         self.lock().audit.recent()
     }
 
+    /// Records a change made beside the document (an API key made,
+    /// rotated or revoked) in the same audit trail.
+    pub fn record_audit(&self, entry: AuditEntry) {
+        self.lock().audit.record(entry);
+    }
+
     /// Validates `text` and, in [`Mode::Apply`], swaps it in. `label` names
     /// the document in errors (a path, or the admin API).
     pub fn apply(

@@ -69,21 +69,51 @@ pub(crate) struct Ident {
     pub arrived: Instant,
 }
 
-/// The tenant the auth layer found for the request's key: an index into
-/// the request's policy snapshot (a request extension).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Caller(pub usize);
+/// Who the request's key belongs to (a request extension, set by the auth
+/// layer): a tenant of the request's policy snapshot (an index), the tier
+/// the key names if not the tenant's, and the key's record when it was
+/// made at run time (`/admin/keys`).
+#[derive(Debug, Clone)]
+pub(crate) struct Caller {
+    pub tenant: usize,
+    pub tier: Option<usize>,
+    pub key: Option<Arc<crate::keys::KeyRecord>>,
+}
 
-/// The key's tenant and tier: the auth layer's [`Caller`] if it ran.
+/// The caller's tenant and tier.
 pub(crate) fn caller<'a>(
     policy: &'a PolicyDocument,
-    req: &Req,
-    found: Option<Caller>,
+    found: Option<&Caller>,
 ) -> Result<(&'a Tenant, &'a Tier), ApiError> {
-    match found {
-        Some(Caller(i)) => Ok(policy.tenant_at(i)),
-        None => authenticate(policy, req.headers()),
+    let c = found.ok_or(ApiError::MissingKey)?;
+    let (tenant, tier) = policy.tenant_at(c.tenant);
+    Ok((tenant, c.tier.map_or(tier, |t| &policy.tiers[t])))
+}
+
+/// The owner of a key: a policy document key (as written, or by its
+/// SHA-256 in `key_hashes`), else a live key made at run time whose tenant
+/// (and tier) the document still has.
+pub(crate) fn identify(app: &App, policy: &PolicyDocument, secret: &str) -> Result<Caller, ApiError> {
+    if let Some(tenant) = policy.key_owner(secret) {
+        return Ok(Caller { tenant, tier: None, key: None });
     }
+    let hash = crate::keys::hash(secret);
+    if let Some(tenant) = policy.hashed_key_owner(&hash) {
+        return Ok(Caller { tenant, tier: None, key: None });
+    }
+    let record = app.keys.by_hash(&hash).ok_or(ApiError::InvalidKey)?;
+    if record.revoked_at.is_some() {
+        return Err(ApiError::InvalidKey);
+    }
+    if !record.live(crate::clock::unix_s() as u64) {
+        return Err(ApiError::ExpiredKey);
+    }
+    let tenant = policy.tenant_index(&record.tenant).ok_or(ApiError::InvalidKey)?;
+    let tier = match record.tier.as_deref() {
+        Some(name) => Some(policy.tiers.iter().position(|t| t.name == name).ok_or(ApiError::InvalidKey)?),
+        None => None,
+    };
+    Ok(Caller { tenant, tier, key: Some(record) })
 }
 
 /// The router, innermost in the stack (`stack.rs`): the route's work, under
@@ -97,43 +127,63 @@ pub(crate) async fn route(
     found: Option<Caller>,
 ) -> Result<Response<GatewayBody>, Failed> {
     let policy = &policy;
+    let found = match found {
+        // A router used alone authenticates itself.
+        None if route.needs_key() => {
+            match api_key(req.headers()).ok_or(ApiError::MissingKey).and_then(|k| identify(&app, policy, k)) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    req.drain_unread(&app.config.limits).await;
+                    return Err(e.into());
+                }
+            }
+        }
+        found => found,
+    };
+    let key = found.as_ref().and_then(|c| c.key.clone());
     let result = match route {
-        Route::Completions(kind) => match caller(policy, &req, found) {
-            Ok(who) => completions(&app, policy, who, &mut req, Front::OpenAi(kind), &ctx).await,
+        Route::Completions(kind) => match caller(policy, found.as_ref()) {
+            Ok(who) => {
+                completions(&app, policy, who, &mut req, (Front::OpenAi(kind), key.as_deref()), &ctx).await
+            }
             Err(e) => Err(e.into()),
         },
-        Route::Messages => match caller(policy, &req, found) {
-            Ok(who) => completions(&app, policy, who, &mut req, Front::Anthropic, &ctx).await,
+        Route::Messages => match caller(policy, found.as_ref()) {
+            Ok(who) => {
+                completions(&app, policy, who, &mut req, (Front::Anthropic, key.as_deref()), &ctx).await
+            }
             Err(e) => Err(e.into()),
         },
         Route::CountTokens => {
-            caller(policy, &req, found).and_then(|_| count_tokens(policy, &mut req)).map_err(Failed::from)
+            caller(policy, found.as_ref()).and_then(|_| count_tokens(policy, &mut req)).map_err(Failed::from)
         }
-        Route::Responses(ResponsesRoute::Create) => match caller(policy, &req, found) {
-            Ok(who) => completions(&app, policy, who, &mut req, Front::Responses, &ctx).await,
+        Route::Responses(ResponsesRoute::Create) => match caller(policy, found.as_ref()) {
+            Ok(who) => {
+                completions(&app, policy, who, &mut req, (Front::Responses, key.as_deref()), &ctx).await
+            }
             Err(e) => Err(e.into()),
         },
         Route::Responses(ResponsesRoute::Get(id) | ResponsesRoute::Delete(id)) => {
             let delete = req.method() == http::Method::DELETE;
-            caller(policy, &req, found)
+            caller(policy, found.as_ref())
                 .and_then(|(t, _)| stored_response(&app, t, &id, delete))
                 .map_err(Failed::from)
         }
-        Route::Embeddings => match caller(policy, &req, found) {
-            Ok(who) => embeddings::serve(&app, policy, who, &mut req, &ctx).await,
+        Route::Embeddings => match caller(policy, found.as_ref()) {
+            Ok(who) => embeddings::serve(&app, policy, who, &mut req, (&ctx, key.as_deref())).await,
             Err(e) => Err(e.into()),
         },
-        Route::Models | Route::Model(_) => caller(policy, &req, found)
+        Route::Models | Route::Model(_) => caller(policy, found.as_ref())
             .map(|_| models(policy, if let Route::Model(id) = &route { Some(id) } else { None }))
             .map_err(Failed::from),
         Route::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "alive"}))),
         Route::Readyz => Ok(readyz(&app, policy)),
         Route::Player(asset) => Ok(crate::player::serve(asset)),
-        Route::Video(v) => match caller(policy, &req, found) {
+        Route::Video(v) => match caller(policy, found.as_ref()) {
             Ok(who) => video(&app, policy, who, v, &mut req).await,
             Err(e) => Err(e.into()),
         },
-        Route::Diffusion(d) => match caller(policy, &req, found) {
+        Route::Diffusion(d) => match caller(policy, found.as_ref()) {
             Ok(who) => diffusion(&app, policy, who, d, &mut req).await,
             Err(e) => Err(e.into()),
         },
@@ -174,7 +224,7 @@ async fn completions(
     policy: &Arc<PolicyDocument>,
     (tenant, tier): (&Tenant, &Tier),
     req: &mut Req,
-    front: Front,
+    (front, key): (Front, Option<&crate::keys::KeyRecord>),
     ctx: &Ident,
 ) -> Result<Response<GatewayBody>, Failed> {
     let (request_id, arrived) = (ctx.request_id.as_str(), ctx.arrived);
@@ -188,6 +238,11 @@ async fn completions(
     if policy.model(&parsed.model).is_none() {
         return Err(ApiError::ModelNotFound(parsed.model).into());
     }
+    if key.and_then(|k| k.models.as_ref()).is_some_and(|allowed| !allowed.contains(&parsed.model)) {
+        return Err(ApiError::ModelNotAllowed(parsed.model).into());
+    }
+    // A spent budget (the tenant's or the key's) refuses before any work.
+    app.usage.check(tenant, key, crate::clock::unix_s() as u64)?;
     let upstream_only = match parsed.upstream_param.clone() {
         // A passthrough parameter: only a third-party engine can honour it.
         Some(param) if !app.engines.has_upstream_for(&parsed.model) => {
@@ -261,7 +316,14 @@ async fn completions(
         RequestObserver::new(arrived, &tier.name, Some((admitted.ttft_budget, admitted.e2e_budget)))
             .traced(trace.clone());
     let predicted = admitted.verdict.predicted_ttft_ms;
-    let mut permit = Permit::new(observer, hold, admitted.ticket, Arc::clone(policy), predicted);
+    let meter = crate::usage::Meter::new(
+        Arc::clone(&app.usage),
+        (&tenant.name, key.map_or(crate::usage::POLICY_KEY, |k| k.id.as_str()), &out.gen.model),
+        prompt_tokens,
+        wire.stream(),
+    );
+    let mut permit =
+        Permit::new(observer, hold, admitted.ticket, Arc::clone(policy), predicted).metered(meter);
     let slot = engine_slot(admitted.start, admitted.ttft_budget, (policy, &tier.name), &verdict);
     let first = traced::gate(&trace, slot).await?;
     let timeout = admitted.e2e_budget.max(tier.e2e);
@@ -514,15 +576,6 @@ pub(crate) fn insert_engine(
     if let Some(v) = engines.slot(idx).profile().and_then(|p| HeaderValue::from_str(&p.engine_class).ok()) {
         h.insert(hdr::X_ENGINE_CLASS, v);
     }
-}
-
-/// `Authorization: Bearer <key>` -> tenant and tier.
-fn authenticate<'a>(
-    policy: &'a PolicyDocument,
-    headers: &HeaderMap,
-) -> Result<(&'a Tenant, &'a Tier), ApiError> {
-    let key = api_key(headers).ok_or(ApiError::MissingKey)?;
-    policy.authenticate(key).ok_or(ApiError::InvalidKey)
 }
 
 /// `GET /v1/models`: every model the gateway serves: the text models

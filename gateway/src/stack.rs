@@ -178,7 +178,7 @@ where
 struct Auth;
 
 impl Check for Auth {
-    async fn check(&self, _: &App, req: &mut Req) -> Result<(), crate::error::ApiError> {
+    async fn check(&self, app: &App, req: &mut Req) -> Result<(), crate::error::ApiError> {
         let ext = &req.parts.extensions;
         let (Some(route), Some(Snapshot(policy))) = (ext.get::<Route>(), ext.get::<Snapshot>()) else {
             return Ok(()); // the router authenticates itself
@@ -189,11 +189,13 @@ impl Check for Auth {
         let trace = ext.get::<RequestTrace>().cloned().unwrap_or_default();
         let span = trace.child("auth", telemetry::SpanKind::Internal, Vec::new);
         let key = crate::request::api_key(req.headers()).ok_or(crate::error::ApiError::MissingKey);
-        let tenant = key.and_then(|k| policy.key_owner(k).ok_or(crate::error::ApiError::InvalidKey));
-        match tenant {
-            Ok(tenant) => {
-                span.set(|| vec![KeyValue::new("slo.tenant", policy.tenant_at(tenant).0.name.clone())]);
-                req.extensions_mut().insert(Caller(tenant));
+        let caller = key.and_then(|k| service::identify(app, policy, k));
+        match caller {
+            Ok(caller) => {
+                span.set(|| {
+                    vec![KeyValue::new("slo.tenant", policy.tenant_at(caller.tenant).0.name.clone())]
+                });
+                req.extensions_mut().insert(caller);
                 Ok(())
             }
             Err(e) => {

@@ -8,6 +8,7 @@ use common::*;
 use http::StatusCode;
 use loadtest::client::{body_bytes, Proto};
 use serde_json::{json, Value};
+use std::time::Duration;
 
 fn data(events: &[loadtest::sse::SseEvent]) -> Vec<String> {
     events.iter().map(|e| e.data.clone()).collect()
@@ -491,4 +492,181 @@ async fn answers_carry_the_callers_rate_limit_headers() {
 #[allow(clippy::disallowed_methods)] // the gateway's windows are wall-clock minutes
 fn wall_minute() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 60
+}
+
+/// An admin API call (JSON in and out).
+async fn admin_json(
+    sys: &System,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value, String) {
+    let conn = sys.admin_conn().await;
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("authorization", format!("Bearer {}", sys.admin_token()))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body.map_or(String::new(), |b| b.to_string()))))
+        .unwrap();
+    let resp = conn.send(req).await.unwrap();
+    let status = resp.status();
+    let text = String::from_utf8(body_bytes(resp).await.unwrap().to_vec()).unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null), text)
+}
+
+/// The usage export's rows for one key, grouped by key.
+async fn key_usage(sys: &System, id: &str) -> Value {
+    let (status, v, _) = admin_json(sys, "GET", "/admin/usage?group_by=key", None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    v["data"].as_array().unwrap().iter().find(|r| r["key"] == id).cloned().unwrap_or(Value::Null)
+}
+
+/// Keys made at run time: shown once, kept as hashes, used through both
+/// headers, limited to their models, counted (finished and cancelled
+/// streams as the client saw them) and priced, refused once their budget is
+/// spent, rotated and revoked with an audit entry each, and still there
+/// with their usage after a restart (the state directory).
+#[tokio::test]
+async fn keys_made_at_run_time_are_counted_budgeted_revoked_and_survive_a_restart() {
+    let state = std::env::temp_dir().join(format!("gateway-state-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&state);
+    let policy = default_policy()
+        .replacen(
+            "[cost]\n",
+            "[cost]\ntokens = { synthetic-small = { input_per_mtok = 1000.0, output_per_mtok = 2000.0 } }\n",
+            1,
+        )
+        .replacen("[[models]]\n", "[[models]]\nid = \"other-model\"\n\n[[models]]\n", 1);
+    let state_arg = state.display().to_string();
+    let mut sys =
+        System::start_with_policy(&paced(0, 10), 1, &["--state-dir", &state_arg], Some(&policy)).await;
+    let (status, made, _) = admin_json(
+        &sys,
+        "POST",
+        "/admin/keys",
+        Some(json!({"tenant": "demo-silver", "name": "ci", "models": [MODEL], "budget": {"tokens_per_day": 120}})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    let (id, secret) = (made["id"].as_str().unwrap().to_string(), made["key"].as_str().unwrap().to_string());
+    assert!(made.get("hash").is_none(), "{made}");
+    let (_, listed, text) = admin_json(&sys, "GET", "/admin/keys", None).await;
+    assert_eq!(listed["data"][0]["id"], id.as_str());
+    assert!(!text.contains(&secret), "the secret is shown once: {text}");
+    let saved = std::fs::read_to_string(state.join("keys.json")).unwrap();
+    assert!(!saved.contains(&secret), "only its hash is kept");
+
+    let conn = sys.conn(Proto::H2).await;
+    let chat =
+        |key: &str, stream: bool| request("/v1/chat/completions", key, chat_body("hi", 5, stream), &[]);
+    for stream in [false, true] {
+        let resp = conn.send(chat(&secret, stream)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let _ = body_bytes(resp).await.unwrap();
+    }
+    // Anthropic's header works for the same key; another model does not.
+    let body = json!({"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+    let req = http::Request::post("/v1/messages")
+        .header("x-api-key", &secret)
+        .header("anthropic-version", "2023-06-01")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))
+        .unwrap();
+    assert_eq!(conn.send(req).await.unwrap().status(), StatusCode::OK);
+    let other =
+        json!({"model": "other-model", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+    let resp = conn.send(request("/v1/chat/completions", &secret, other.to_string(), &[])).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    assert_eq!(json(&body_bytes(resp).await.unwrap())["error"]["code"], "model_not_allowed");
+
+    // A stream the client leaves after its first tokens counts what it saw.
+    let long = request("/v1/chat/completions", &secret, chat_body(&long_prompt(200), 200, true), &[]);
+    let resp = conn.send(long).await.unwrap();
+    let mut body = resp.into_body();
+    let mut seen = 0;
+    while seen < 3 {
+        let frame = http_body_util::BodyExt::frame(&mut body).await.unwrap().unwrap();
+        if let Ok(data) = frame.into_data() {
+            seen += String::from_utf8_lossy(&data).matches("\"content\":\"").count();
+        }
+    }
+    drop(body);
+    let mut usage = Value::Null;
+    for _ in 0..50 {
+        usage = key_usage(&sys, &id).await;
+        if usage["requests"] == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(usage["requests"], 4, "{usage}");
+    let completion = usage["completion_tokens"].as_u64().unwrap();
+    assert!((15 + 2..15 + 100).contains(&completion), "3 x 5 finished + the cancelled stream's few: {usage}");
+    let (p, c) = (usage["prompt_tokens"].as_f64().unwrap(), completion as f64);
+    let cost = usage["cost_usd"].as_f64().unwrap();
+    assert!((cost - (p * 1000.0 + c * 2000.0) / 1e6).abs() < 1e-6, "priced at [cost.tokens]: {usage}");
+    let (_, _, csv) = admin_json(&sys, "GET", "/admin/usage?group_by=key,model&format=csv", None).await;
+    assert!(
+        csv.starts_with("key,model,requests,prompt_tokens,completion_tokens,cached_tokens,cost_usd\n"),
+        "{csv}"
+    );
+    assert!(csv.contains(&format!("{id},{MODEL},4,")), "{csv}");
+
+    // The budget (120 tokens a day) is spent within a few more requests.
+    let mut refused = None;
+    for _ in 0..20 {
+        let resp = conn.send(chat(&secret, false)).await.unwrap();
+        if resp.status() == StatusCode::TOO_MANY_REQUESTS {
+            let retry = header(&resp, "retry-after").parse::<u64>().unwrap();
+            refused = Some((json(&body_bytes(resp).await.unwrap()), retry));
+            break;
+        }
+        let _ = body_bytes(resp).await;
+    }
+    let (err, retry) = refused.expect("the day's budget runs out");
+    assert_eq!(err["error"]["code"], "budget_exceeded", "{err}");
+    assert!(err["error"]["message"].as_str().unwrap().contains("key tokens_per_day"), "{err}");
+    assert!(retry > 0 && retry <= 86_400, "until midnight UTC: {retry}");
+
+    // Rotation retires the old secret; revocation the key.
+    let (status, rotated, _) = admin_json(&sys, "POST", &format!("/admin/keys/{id}/rotate"), None).await;
+    assert_eq!(status, StatusCode::OK, "{rotated}");
+    let fresh = rotated["key"].as_str().unwrap().to_string();
+    assert_eq!(conn.send(chat(&secret, false)).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    let (status, second, _) =
+        admin_json(&sys, "POST", "/admin/keys", Some(json!({"tenant": "demo-bronze", "expires_in_s": 3600})))
+            .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (id2, secret2) =
+        (second["id"].as_str().unwrap().to_string(), second["key"].as_str().unwrap().to_string());
+    assert_eq!(conn.send(chat(&secret2, false)).await.unwrap().status(), StatusCode::OK);
+    let (status, _, _) = admin_json(&sys, "DELETE", &format!("/admin/keys/{id2}"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let resp = conn.send(chat(&secret2, false)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    let (_, audit, _) = admin_json(&sys, "GET", "/admin/policies/audit", None).await;
+    let summaries: Vec<&str> =
+        audit["entries"].as_array().unwrap().iter().filter_map(|e| e["summary"].as_str()).collect();
+    for what in ["made", "rotated", "revoked"] {
+        assert!(
+            summaries.iter().any(|s| s.starts_with("API key") && s.contains(what)),
+            "{what}: {summaries:?}"
+        );
+    }
+    let (status, bad, _) = admin_json(&sys, "POST", "/admin/keys", Some(json!({"tenant": "nobody"}))).await;
+    assert_eq!((status, &bad["error"]["param"]), (StatusCode::BAD_REQUEST, &json!("tenant")));
+    let before = key_usage(&sys, &id).await;
+
+    // A restart (SIGTERM) keeps keys and usage.
+    signal(sys.child.id().unwrap(), "TERM");
+    tokio::time::timeout(Duration::from_secs(30), sys.child.wait()).await.expect("stops").unwrap();
+    drop(sys);
+    let sys = System::start_with_policy(INSTANT, 1, &["--state-dir", &state_arg], Some(&policy)).await;
+    assert_eq!(key_usage(&sys, &id).await, before, "usage survives the restart");
+    let conn = sys.conn(Proto::H2).await;
+    assert_eq!(conn.send(chat(&secret2, false)).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    let resp = conn.send(chat(&fresh, false)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS, "the rotated key, its budget still spent today");
+    drop(sys);
+    std::fs::remove_dir_all(&state).ok();
 }

@@ -71,7 +71,8 @@ impl fmt::Debug for ApiKey {
     }
 }
 
-/// `[cost]`: what an engine costs, for GPU-seconds in money.
+/// `[cost]`: what an engine costs, for GPU-seconds in money, and what a
+/// token costs a caller (usage and spend, budgets in dollars).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CostConfig {
@@ -79,15 +80,68 @@ pub struct CostConfig {
     pub default_gpu_hour: f64,
     /// Price per GPU-hour by engine class (`engine_class` of its profile).
     pub gpu_hour: BTreeMap<String, f64>,
+    /// Price per million tokens of a model not listed in `tokens`.
+    pub default_tokens: TokenPrice,
+    /// Price per million tokens by model id: what the usage export and the
+    /// dollar budgets count.
+    pub tokens: BTreeMap<String, TokenPrice>,
+}
+
+/// A model's price per million prompt (input) and completion (output)
+/// tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenPrice {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
 }
 
 impl Default for CostConfig {
     fn default() -> Self {
-        Self { default_gpu_hour: 2.0, gpu_hour: BTreeMap::new() }
+        Self {
+            default_gpu_hour: 2.0,
+            gpu_hour: BTreeMap::new(),
+            default_tokens: TokenPrice::default(),
+            tokens: BTreeMap::new(),
+        }
+    }
+}
+
+/// A spending limit (`budget` of a tenant, or of an API key made at run
+/// time): tokens (prompt + completion) per UTC day and month, dollars per
+/// UTC month at `[cost.tokens]` prices. Unset: no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_day: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_month: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usd_per_month: Option<f64>,
+}
+
+impl Budget {
+    /// What is wrong with it, if anything.
+    pub fn problem(&self) -> Option<&'static str> {
+        match self.usd_per_month {
+            Some(usd) if !(usd.is_finite() && usd >= 0.0) => Some("usd_per_month must be a price >= 0"),
+            _ => None,
+        }
+    }
+
+    pub fn is_set(&self) -> bool {
+        *self != Budget::default()
     }
 }
 
 impl CostConfig {
+    /// What `prompt` and `completion` tokens of `model` cost, in dollars.
+    pub fn token_cost(&self, model: &str, prompt: u64, completion: u64) -> f64 {
+        let p = self.tokens.get(model).unwrap_or(&self.default_tokens);
+        (prompt as f64 * p.input_per_mtok + completion as f64 * p.output_per_mtok) / 1e6
+    }
+
     /// Price of one GPU-hour of `class`.
     pub fn price(&self, class: &str) -> f64 {
         self.gpu_hour.get(class).copied().unwrap_or(self.default_gpu_hour)
@@ -97,6 +151,13 @@ impl CostConfig {
         let ok = |v: f64| v.is_finite() && v >= 0.0;
         if !ok(self.default_gpu_hour) {
             return Err(("cost.default_gpu_hour".into(), "must be a price >= 0".into()));
+        }
+        let price_ok = |p: &TokenPrice| ok(p.input_per_mtok) && ok(p.output_per_mtok);
+        if !price_ok(&self.default_tokens) {
+            return Err(("cost.default_tokens".into(), "prices must be >= 0".into()));
+        }
+        if let Some((model, _)) = self.tokens.iter().find(|(_, p)| !price_ok(p)) {
+            return Err((format!("cost.tokens.{model}"), "prices must be >= 0".into()));
         }
         match self.gpu_hour.iter().find(|(_, v)| !ok(**v)) {
             Some((class, _)) => Err((format!("cost.gpu_hour.{class}"), "must be a price >= 0".into())),
@@ -139,11 +200,13 @@ pub struct Tier {
 }
 
 /// A tenant: who is calling, and on which tier.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Tenant {
     pub name: String,
     /// Index into [`PolicyDocument::tiers`].
     pub tier: usize,
+    /// The tenant's spending limit (all its keys together).
+    pub budget: Budget,
 }
 
 /// A model the gateway serves.
@@ -228,6 +291,8 @@ pub struct PolicyDocument {
     /// response headers and metrics.
     pub version: String,
     keys: HashMap<ApiKey, usize>,
+    /// SHA-256 hex digests of keys (`key_hashes`) -> tenant.
+    key_hashes: HashMap<String, usize>,
 }
 
 #[derive(Deserialize)]
@@ -295,7 +360,14 @@ fn one() -> NonZeroU32 {
 struct RawTenant {
     name: String,
     tier: String,
+    #[serde(default)]
     keys: Vec<ApiKey>,
+    /// Keys given by their SHA-256 (`sha256:<64 hex>`), so the document
+    /// need not hold the secrets.
+    #[serde(default)]
+    key_hashes: Vec<String>,
+    #[serde(default)]
+    budget: Budget,
 }
 
 impl PolicyDocument {
@@ -371,7 +443,28 @@ impl PolicyDocument {
         }
         let mut tenants = Vec::new();
         let mut keys = HashMap::new();
+        let mut key_hashes = HashMap::new();
+        let mut names = std::collections::HashSet::new();
         for (i, t) in raw.tenants.into_iter().enumerate() {
+            if !names.insert(t.name.clone()) {
+                return Err(invalid(
+                    format!("tenants[{i}].name"),
+                    format!("tenant `{}` is defined twice", t.name),
+                ));
+            }
+            if let Some(why) = t.budget.problem() {
+                return Err(invalid(format!("tenants[{i}].budget"), why.into()));
+            }
+            for (k, h) in t.key_hashes.iter().enumerate() {
+                let path = format!("tenants[{i}].key_hashes[{k}]");
+                let hex = h.strip_prefix("sha256:").unwrap_or("");
+                if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(invalid(path, "must be `sha256:` and 64 hex digits".into()));
+                }
+                if key_hashes.insert(hex.to_ascii_lowercase(), i).is_some() {
+                    return Err(invalid(path, "key is already assigned to another tenant".into()));
+                }
+            }
             let tier = tiers
                 .iter()
                 .position(|x| x.name == t.tier)
@@ -385,7 +478,7 @@ impl PolicyDocument {
                     return Err(invalid(path, "key is already assigned to another tenant".into()));
                 }
             }
-            tenants.push(Tenant { name: t.name, tier });
+            tenants.push(Tenant { name: t.name, tier, budget: t.budget });
         }
         let section = |(key, message): (&str, String)| invalid(key.to_string(), message);
         raw.admission.validate().map_err(section)?;
@@ -431,6 +524,7 @@ impl PolicyDocument {
             oserve: raw.oserve,
             version: version_of(text),
             keys,
+            key_hashes,
         })
     }
 
@@ -452,6 +546,17 @@ impl PolicyDocument {
     /// The index of the tenant owning `key` (stable for this document).
     pub fn key_owner(&self, key: &str) -> Option<usize> {
         self.keys.get(key).copied()
+    }
+
+    /// The index of the tenant owning the key whose SHA-256 is `hex`
+    /// (lowercase), listed in its `key_hashes`.
+    pub fn hashed_key_owner(&self, hex: &str) -> Option<usize> {
+        self.key_hashes.get(hex).copied()
+    }
+
+    /// The index of the tenant named `name`.
+    pub fn tenant_index(&self, name: &str) -> Option<usize> {
+        self.tenants.iter().position(|t| t.name == name)
     }
 
     /// Tenant `i` of this document ([`Self::key_owner`]), with its tier.

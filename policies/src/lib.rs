@@ -48,5 +48,5 @@ pub mod text;
 pub mod tokens;
 pub mod video;
 
-pub use config::{PolicyDocument, PolicyError, Tenant, Tier};
+pub use config::{Budget, PolicyDocument, PolicyError, Tenant, Tier, TokenPrice};
 pub use profile::LatencyProfile;

@@ -302,6 +302,53 @@ impl RedisState {
         pipe.query_async(&mut conn).await
     }
 
+    /// Writes API key records (`slo:keys`: id -> JSON, no secrets).
+    pub async fn put_keys(&self, records: &[(String, String)]) -> redis::RedisResult<()> {
+        let mut conn = self.timed(self.conn()).await?;
+        let mut pipe = redis::pipe();
+        for (id, json) in records {
+            pipe.hset("slo:keys", id, json).ignore();
+        }
+        self.timed(pipe.query_async(&mut conn)).await
+    }
+
+    /// Every API key record of the fleet.
+    pub async fn keys(&self) -> redis::RedisResult<Vec<String>> {
+        let mut conn = self.timed(self.conn()).await?;
+        self.timed(redis::cmd("HVALS").arg("slo:keys").query_async(&mut conn)).await
+    }
+
+    /// Adds usage counts: per day, `field -> increment` in `slo:usage:{day}`
+    /// (kept `keep_days`).
+    pub async fn add_usage(
+        &self,
+        days: &[(u32, Vec<(String, u64)>)],
+        keep_days: u32,
+    ) -> redis::RedisResult<()> {
+        let mut conn = self.timed(self.conn()).await?;
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for (day, fields) in days {
+            let key = format!("slo:usage:{day}");
+            for (field, v) in fields {
+                pipe.hincr(&key, field, *v).ignore();
+            }
+            pipe.expire(&key, i64::from(keep_days) * 86_400).ignore();
+        }
+        self.timed(pipe.query_async(&mut conn)).await
+    }
+
+    /// The usage hashes of `days`.
+    pub async fn usage_days(&self, days: &[u32]) -> redis::RedisResult<Vec<(u32, Vec<(String, u64)>)>> {
+        let mut conn = self.timed(self.conn()).await?;
+        let mut pipe = redis::pipe();
+        for day in days {
+            pipe.hgetall(format!("slo:usage:{day}"));
+        }
+        let all: Vec<Vec<(String, u64)>> = self.timed(pipe.query_async(&mut conn)).await?;
+        Ok(days.iter().copied().zip(all).collect())
+    }
+
     /// Records a video stream's home engine and owner.
     pub async fn set_stream(&self, id: &str, engine: &str, tenant: &str) -> redis::RedisResult<()> {
         let mut conn = self.conn().await?;

@@ -85,13 +85,17 @@ pub(crate) async fn serve(
     policy: &Arc<PolicyDocument>,
     (tenant, tier): (&Tenant, &Tier),
     req: &mut Req,
-    ctx: &Ident,
+    (ctx, key): (&Ident, Option<&crate::keys::KeyRecord>),
 ) -> Result<Response<GatewayBody>, Failed> {
     let body = req.take_read(); // read by the body layer: bounded memory and time
     let e = parse(&body)?;
     if policy.model(&e.model).is_none() {
         return Err(ApiError::ModelNotFound(e.model).into());
     }
+    if key.and_then(|k| k.models.as_ref()).is_some_and(|allowed| !allowed.contains(&e.model)) {
+        return Err(ApiError::ModelNotAllowed(e.model).into());
+    }
+    app.usage.check(tenant, key, crate::clock::unix_s() as u64)?;
     if !app.engines.has_upstream_for(&e.model) {
         let message = "no engine serving this model computes embeddings".into();
         return Err(ApiError::UnsupportedParameter { param: "model".into(), message }.into());
@@ -117,7 +121,14 @@ pub(crate) async fn serve(
     let observer =
         RequestObserver::new(ctx.arrived, &tier.name, Some((admitted.ttft_budget, admitted.e2e_budget)));
     let mut permit =
-        Permit::new(observer, hold, admitted.ticket, Arc::clone(policy), verdict.predicted_ttft_ms);
+        Permit::new(observer, hold, admitted.ticket, Arc::clone(policy), verdict.predicted_ttft_ms).metered(
+            crate::usage::Meter::new(
+                Arc::clone(&app.usage),
+                (&tenant.name, key.map_or(crate::usage::POLICY_KEY, |k| k.id.as_str()), &e.model),
+                e.tokens,
+                false,
+            ),
+        );
     let slot = service::engine_slot(admitted.start, admitted.ttft_budget, (policy, &tier.name), &verdict);
     let first = super::traced::gate(&trace, slot).await?;
     let gen = GenerateRequest {
