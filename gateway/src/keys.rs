@@ -155,6 +155,12 @@ struct Keys {
     by_hash: HashMap<String, Arc<KeyRecord>>,
     /// Changed here, not yet written to Redis.
     unsynced: std::collections::HashSet<String>,
+    /// Redis answered the last sync (a sync after an outage, or the first,
+    /// writes every record: a Redis without persistence comes back empty).
+    synced_once: bool,
+    /// Records to write back where Redis has none (never over a newer
+    /// change made elsewhere, such as a revocation).
+    resync: std::collections::HashSet<String>,
 }
 
 impl Keys {
@@ -275,6 +281,24 @@ impl KeyStore {
         for id in ids {
             keys.unsynced.remove(id);
         }
+    }
+
+    /// Redis did not answer: the next sync writes every record again.
+    pub fn sync_failed(&self) {
+        self.write().synced_once = false;
+    }
+
+    /// Every record goes back to Redis where it has none (first sync, or
+    /// after an outage): taken once.
+    pub fn take_resync(&self) -> Vec<KeyRecord> {
+        let mut keys = self.write();
+        if !keys.synced_once {
+            let ids: Vec<String> = keys.by_id.keys().cloned().collect();
+            keys.resync.extend(ids);
+            keys.synced_once = true;
+        }
+        let ids: Vec<String> = keys.resync.drain().collect();
+        ids.iter().filter_map(|id| keys.by_id.get(id)).map(|r| (**r).clone()).collect()
     }
 
     /// The fleet's records (Redis): each replaces this store's record of

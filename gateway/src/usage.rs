@@ -430,17 +430,34 @@ pub fn to_redis(row: &Row, c: &Counts) -> Vec<(String, u64)> {
 /// Writes the keys changed here to Redis and reads the fleet's back (no
 /// Redis: nothing to do). Called every second and after each change.
 pub async fn sync_keys(app: &crate::App) {
-    let Some(redis) = app.cluster.redis.as_ref().filter(|r| r.is_up()) else { return };
+    let Some(redis) = app.cluster.redis.as_ref() else { return };
+    if !redis.is_up() {
+        app.keys.sync_failed();
+        return;
+    }
+    let as_json = |rs: Vec<crate::keys::KeyRecord>| -> Vec<(String, String)> {
+        rs.iter()
+            .map(|r| (r.id.clone(), serde_json::to_string(r).expect("a key record serialises")))
+            .collect()
+    };
+    // Where Redis lost them (a restart without persistence): written back
+    // only where it has none, never over a change made elsewhere since.
+    let resync = as_json(app.keys.take_resync());
+    if !resync.is_empty() {
+        if let Err(e) = redis.put_keys(&resync, true).await {
+            redis.mark_down(&e);
+            app.keys.sync_failed();
+            return;
+        }
+    }
     let changed = app.keys.unsynced();
     if !changed.is_empty() {
-        let records: Vec<(String, String)> = changed
-            .iter()
-            .map(|r| (r.id.clone(), serde_json::to_string(r).expect("a key record serialises")))
-            .collect();
-        match redis.put_keys(&records).await {
+        let records = as_json(changed);
+        match redis.put_keys(&records, false).await {
             Ok(()) => app.keys.synced(&records.into_iter().map(|(id, _)| id).collect::<Vec<_>>()),
             Err(e) => {
                 redis.mark_down(&e);
+                app.keys.sync_failed();
                 return;
             }
         }

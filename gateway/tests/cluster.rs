@@ -12,10 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use common::*;
 use http::StatusCode;
+use http_body_util::Full;
 use loadtest::client::{body_bytes, Proto};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// Polls `check` on `sys`'s `/readyz` until it holds (10 s at most).
 async fn wait_ready(sys: &System, what: &str, check: impl Fn(&Value) -> bool) -> Value {
@@ -268,4 +270,102 @@ async fn redis_dying_under_load_fails_no_request_and_state_comes_back() {
     }
     assert!(sent > 50, "only {sent} requests");
     assert!(failed.is_empty(), "{} of {sent} failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
+}
+
+/// An admin API call on `sys` (JSON in and out).
+async fn admin_json(sys: &System, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    let conn = sys.admin_conn().await;
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("authorization", format!("Bearer {}", sys.admin_token()))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.map_or(String::new(), |b| b.to_string()))))
+        .unwrap();
+    let resp = conn.send(req).await.unwrap();
+    let status = resp.status();
+    (status, json(&body_bytes(resp).await.unwrap()))
+}
+
+/// Polls `ok` every 100 ms for at most `within`; how long it took.
+async fn within(within: Duration, what: &str, mut ok: impl AsyncFnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !ok().await {
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    started.elapsed()
+}
+
+/// Keys and usage across a fleet: a key made on one gateway works on the
+/// other within 2 s, its revocation is refused there within 2 s, usage
+/// counted on both gateways adds up in Redis, and counts made while Redis
+/// is down reach it when it is back (nothing lost, nothing counted twice).
+#[tokio::test]
+async fn keys_and_usage_are_fleet_wide_and_survive_a_redis_outage() {
+    let mut redis = start_redis();
+    let url = redis.url();
+    let a = System::start_with_policy(INSTANT, 1, &["--redis", &url], Some(&default_policy())).await;
+    let b = System::serve_beside(&a, &default_policy(), &["--redis", &url]).await;
+    wait_ready(&b, "B discovers the engine", |r| ready_engines(r) == 1).await;
+    let (status, made) = admin_json(&a, "POST", "/admin/keys", Some(json!({"tenant": "demo-gold"}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    let (id, secret) = (made["id"].as_str().unwrap().to_string(), made["key"].as_str().unwrap().to_string());
+    let (ca, cb) = (a.conn(Proto::H2).await, b.conn(Proto::H2).await);
+    let chat = || request("/v1/chat/completions", &secret, chat_body("hi", 3, false), &[]);
+    within(Duration::from_secs(2), "B knows the new key", async || {
+        let r = cb.send(chat()).await.unwrap();
+        let ok = r.status() == StatusCode::OK;
+        let _ = body_bytes(r).await;
+        ok
+    })
+    .await;
+    let r = ca.send(chat()).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let _ = body_bytes(r).await;
+    // Both gateways' counts add up in Redis (A reads them back).
+    let requests = async |sys: &System| {
+        let (_, v) = admin_json(sys, "GET", "/admin/usage?group_by=key", None).await;
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["key"] == id.as_str())
+            .map_or(0, |r| r["requests"].as_u64().unwrap())
+    };
+    within(Duration::from_secs(3), "A sees both gateways' usage", async || requests(&a).await == 2).await;
+
+    // Redis down: both keep serving the key; the counts wait, then land.
+    redis.kill();
+    wait_ready(&a, "A sees Redis down", |r| r["detail"]["cluster"]["redis_up"] == false).await;
+    for _ in 0..3 {
+        let r = ca.send(chat()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "served without Redis");
+        let _ = body_bytes(r).await;
+    }
+    redis.restart().unwrap();
+    wait_ready(&a, "Redis back", |r| r["detail"]["cluster"]["redis_up"] == true).await;
+    // This Redis came back empty: what reaches it is what A held pending.
+    let day = std::time::SystemTime::UNIX_EPOCH.elapsed().unwrap().as_secs() / 86_400;
+    let field = format!("demo-gold\u{1f}{id}\u{1f}{MODEL}\u{1f}requests");
+    within(Duration::from_secs(5), "the outage's counts reach Redis, once", async || {
+        redis.command(&["HINCRBY", &format!("slo:usage:{day}"), &field, "0"]) == ":3"
+    })
+    .await;
+    within(Duration::from_secs(3), "the keys are written back to the empty Redis", async || {
+        redis.command(&["HEXISTS", "slo:keys", &id]) == ":1"
+    })
+    .await;
+
+    // Revoked on A, refused by B within 2 s.
+    let (status, _) = admin_json(&a, "DELETE", &format!("/admin/keys/{id}"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let took = within(Duration::from_secs(2), "B refuses the revoked key", async || {
+        let r = cb.send(chat()).await.unwrap();
+        let refused = r.status() == StatusCode::UNAUTHORIZED;
+        let _ = body_bytes(r).await;
+        refused
+    })
+    .await;
+    eprintln!("revocation reached B in {took:?}");
 }

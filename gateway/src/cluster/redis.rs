@@ -302,12 +302,17 @@ impl RedisState {
         pipe.query_async(&mut conn).await
     }
 
-    /// Writes API key records (`slo:keys`: id -> JSON, no secrets).
-    pub async fn put_keys(&self, records: &[(String, String)]) -> redis::RedisResult<()> {
+    /// Writes API key records (`slo:keys`: id -> JSON, no secrets);
+    /// `only_new`: only those Redis does not have.
+    pub async fn put_keys(&self, records: &[(String, String)], only_new: bool) -> redis::RedisResult<()> {
         let mut conn = self.timed(self.conn()).await?;
         let mut pipe = redis::pipe();
         for (id, json) in records {
-            pipe.hset("slo:keys", id, json).ignore();
+            if only_new {
+                pipe.hset_nx("slo:keys", id, json).ignore();
+            } else {
+                pipe.hset("slo:keys", id, json).ignore();
+            }
         }
         self.timed(pipe.query_async(&mut conn)).await
     }
