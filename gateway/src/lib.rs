@@ -120,7 +120,8 @@ impl App {
             control.supervisor,
             control.bounds,
         );
-        let responses = Arc::new(wire::responses::ResponseStore::new(config.responses.clone()));
+        let responses =
+            Arc::new(wire::responses::ResponseStore::shared(config.responses.clone(), Arc::clone(&cluster)));
         let state = |file: &str| config.state_dir.as_ref().map(|d| d.join(file));
         let keys = Arc::new(keys::KeyStore::open(state("keys.json")));
         let usage = Arc::new(usage::UsageStore::open(state("usage.json")));

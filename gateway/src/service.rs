@@ -165,9 +165,10 @@ pub(crate) async fn route(
         },
         Route::Responses(ResponsesRoute::Get(id) | ResponsesRoute::Delete(id)) => {
             let delete = req.method() == http::Method::DELETE;
-            caller(policy, found.as_ref())
-                .and_then(|(t, _)| stored_response(&app, t, &id, delete))
-                .map_err(Failed::from)
+            match caller(policy, found.as_ref()) {
+                Ok((t, _)) => stored_response(&app, t, &id, delete).await.map_err(Failed::from),
+                Err(e) => Err(e.into()),
+            }
         }
         Route::Embeddings => match caller(policy, found.as_ref()) {
             Ok(who) => embeddings::serve(&app, policy, who, &mut req, (&ctx, key.as_deref())).await,
@@ -233,7 +234,7 @@ async fn completions(
     let e2e_hint = slo_hint(req.headers(), "x-slo-e2e-ms", tier.e2e, min_hint)?;
     let body = req.take_read(); // read by the body layer: bounded memory and time
                                 // Any API's request as OpenAI's; typed and validated, unknown parameters named.
-    let Inbound { parsed, body, form } = inbound(app, policy, tenant, front, req.headers(), body)?;
+    let Inbound { parsed, body, form } = inbound(app, policy, tenant, front, req.headers(), body).await?;
     let kind = parsed.kind;
     if policy.model(&parsed.model).is_none() {
         return Err(ApiError::ModelNotFound(parsed.model).into());
@@ -655,7 +656,7 @@ enum Form {
 /// Parses the request of `front` and translates it into OpenAI's chat
 /// request (the Messages and Responses APIs), which the one chat parser
 /// then bounds and validates.
-fn inbound(
+async fn inbound(
     app: &App,
     policy: &PolicyDocument,
     tenant: &Tenant,
@@ -673,8 +674,11 @@ fn inbound(
             (anthropic::to_chat(&body, false)?.chat, Form::Anthropic)
         }
         Front::Responses => {
-            let previous = |id: &str| app.responses.get(&tenant.name, id).map(|s| s.conversation);
-            let mut t = responses::to_chat(&body, previous)?;
+            let previous = match responses::previous_id(&body) {
+                Some(id) => app.responses.fetch(&tenant.name, &id).await.map(|s| s.conversation),
+                None => None,
+            };
+            let mut t = responses::to_chat(&body, |_| previous)?;
             (std::mem::take(&mut t.chat), Form::Responses(t))
         }
     };
@@ -698,21 +702,21 @@ fn count_tokens(policy: &PolicyDocument, req: &mut Req) -> Result<Response<Gatew
 
 /// `GET` / `DELETE /v1/responses/{id}`: the caller's tenant's stored
 /// response (another tenant's is not found).
-fn stored_response(
+async fn stored_response(
     app: &App,
     tenant: &Tenant,
     id: &str,
     delete: bool,
 ) -> Result<Response<GatewayBody>, ApiError> {
     if delete {
-        return match app.responses.delete(&tenant.name, id) {
+        return match app.responses.remove(&tenant.name, id).await {
             true => {
                 Ok(json_response(StatusCode::OK, &json!({"id": id, "object": "response", "deleted": true})))
             }
             false => Err(ApiError::ResponseNotFound(id.to_string())),
         };
     }
-    match app.responses.get(&tenant.name, id) {
+    match app.responses.fetch(&tenant.name, id).await {
         Some(stored) => Ok(json_response(StatusCode::OK, &stored.response)),
         None => Err(ApiError::ResponseNotFound(id.to_string())),
     }

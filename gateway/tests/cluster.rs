@@ -369,3 +369,50 @@ async fn keys_and_usage_are_fleet_wide_and_survive_a_redis_outage() {
     .await;
     eprintln!("revocation reached B in {took:?}");
 }
+
+/// The Responses API across a fleet: a response stored through one gateway
+/// is read, continued and deleted through another (Redis holds it), and
+/// stays the tenant's own.
+#[tokio::test]
+async fn a_stored_response_continues_on_another_gateway() {
+    let redis = start_redis();
+    let url = redis.url();
+    let a = System::start_with_policy(INSTANT, 1, &["--redis", &url], Some(&default_policy())).await;
+    let b = System::serve_beside(&a, &default_policy(), &["--redis", &url]).await;
+    wait_ready(&b, "B discovers the engine", |r| ready_engines(r) == 1).await;
+    let (ca, cb) = (a.conn(Proto::H2).await, b.conn(Proto::H2).await);
+    let body = json!({"model": MODEL, "input": "Tell me a story", "instructions": "be brief"});
+    let resp = ca.send(request("/v1/responses", GOLD, body.to_string(), &[])).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let first = json(&body_bytes(resp).await.unwrap());
+    let id = first["id"].as_str().unwrap().to_string();
+    let get = |key: &str| {
+        http::Request::get(format!("/v1/responses/{id}"))
+            .header("authorization", format!("Bearer {key}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    within(Duration::from_secs(2), "B reads A's stored response", async || {
+        cb.send(get(GOLD)).await.unwrap().status() == StatusCode::OK
+    })
+    .await;
+    assert_eq!(cb.send(get(SILVER)).await.unwrap().status(), StatusCode::NOT_FOUND, "another tenant's");
+    let next =
+        json!({"model": MODEL, "input": "And then?", "previous_response_id": id, "instructions": "be brief"});
+    let resp = cb.send(request("/v1/responses", GOLD, next.to_string(), &[])).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let second = json(&body_bytes(resp).await.unwrap());
+    let before =
+        first["usage"]["input_tokens"].as_u64().unwrap() + first["usage"]["output_tokens"].as_u64().unwrap();
+    assert!(
+        second["usage"]["input_tokens"].as_u64().unwrap() > before,
+        "the conversation is the prefix: {second}"
+    );
+    let delete = http::Request::delete(format!("/v1/responses/{id}"))
+        .header("authorization", format!("Bearer {GOLD}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(cb.send(delete).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(redis.command(&["EXISTS", &format!("slo:resp:demo-gold:{id}")]), ":0");
+    assert_eq!(ca.send(get(GOLD)).await.unwrap().status(), StatusCode::NOT_FOUND, "deleted fleet-wide");
+}

@@ -27,6 +27,23 @@ use tokio::sync::OnceCell;
 use super::{retry_after_window, ClusterConfig, Denied, Grant, Limits};
 use crate::metrics as m;
 
+/// A stored response and its tenant's index. KEYS: the response, the
+/// index. ARGV: JSON, ttl ms, now ms, id, most kept, the responses' key
+/// prefix.
+const PUT_RESPONSE: &str = r"
+local ttl, now = tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
+redis.call('ZADD', KEYS[2], now, ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - ttl)
+local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[5])
+if excess > 0 then
+  local old = redis.call('ZPOPMIN', KEYS[2], excess)
+  for i = 1, #old, 2 do redis.call('DEL', ARGV[6] .. old[i]) end
+end
+redis.call('PEXPIRE', KEYS[2], ttl)
+return 0
+";
+
 /// Concurrency lease, request window and token window in one step.
 /// KEYS: lease zset, rpm counter, tpm counter. ARGV: now ms, lease id,
 /// lease ttl ms, max concurrency, rpm, tpm, tokens (0 = no limit).
@@ -300,6 +317,53 @@ impl RedisState {
             pipe.cmd("SET").arg(format!("slo:load:{id}")).arg(json).arg("PX").arg(5000).ignore();
         }
         pipe.query_async(&mut conn).await
+    }
+
+    /// Stores a Responses API response for `ttl_ms`, keeping the tenant's
+    /// newest `max` (an index by time; the oldest are dropped).
+    pub async fn put_response(
+        &self,
+        tenant: &str,
+        id: &str,
+        json: &str,
+        ttl_ms: u64,
+        max: usize,
+    ) -> redis::RedisResult<()> {
+        let mut conn = self.timed(self.conn()).await?;
+        let now = super::wall_ms();
+        let prefix = format!("slo:resp:{tenant}:");
+        self.timed(
+            redis::Script::new(PUT_RESPONSE)
+                .key(format!("{prefix}{id}"))
+                .key(format!("slo:resp-idx:{tenant}"))
+                .arg(json)
+                .arg(ttl_ms.max(1))
+                .arg(now)
+                .arg(id)
+                .arg(max)
+                .arg(&prefix)
+                .invoke_async(&mut conn),
+        )
+        .await
+    }
+
+    pub async fn get_response(&self, tenant: &str, id: &str) -> redis::RedisResult<Option<String>> {
+        let mut conn = self.timed(self.conn()).await?;
+        self.timed(redis::cmd("GET").arg(format!("slo:resp:{tenant}:{id}")).query_async(&mut conn)).await
+    }
+
+    /// Whether it was there.
+    pub async fn delete_response(&self, tenant: &str, id: &str) -> redis::RedisResult<bool> {
+        let mut conn = self.timed(self.conn()).await?;
+        let (n, _): (i64, i64) = self
+            .timed(
+                redis::pipe()
+                    .del(format!("slo:resp:{tenant}:{id}"))
+                    .zrem(format!("slo:resp-idx:{tenant}"), id)
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(n > 0)
     }
 
     /// Writes API key records (`slo:keys`: id -> JSON, no secrets);

@@ -405,7 +405,7 @@ impl Encoder {
         let Some(saver) = self.saver.take() else { return };
         let mut conversation = saver.conversation;
         conversation.push(json!({"role": "assistant", "content": self.text}));
-        saver.store.put(&saver.tenant, Stored { response: response.clone(), conversation });
+        saver.store.save(&saver.tenant, Stored { response: response.clone(), conversation });
     }
 }
 
@@ -428,9 +428,19 @@ impl Default for ResponsesConfig {
     }
 }
 
+/// The `previous_response_id` of a request body, if it names one (read
+/// before the stored conversation is fetched).
+pub(crate) fn previous_id(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Peek {
+        previous_response_id: Option<String>,
+    }
+    serde_json::from_slice::<Peek>(body).ok()?.previous_response_id
+}
+
 /// A stored response: the object `GET` answers, and the conversation a
 /// `previous_response_id` continues.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, Deserialize)]
 pub(crate) struct Stored {
     pub response: Value,
     pub conversation: Vec<Value>,
@@ -443,12 +453,15 @@ impl Stored {
 }
 
 /// Stored responses, per tenant: bounded in count and bytes (the oldest
-/// are forgotten first) and in time (a TTL). In this gateway's memory: a
-/// conversation continues on the gateway that stored it (docs/api.md).
+/// are forgotten first) and in time (a TTL). In this gateway's memory, and
+/// with Redis also there (`slo:resp:{tenant}:{id}`, the tenant's count
+/// bound kept by an index), so any gateway of the fleet continues a
+/// conversation; this gateway's copy is a cache.
 #[derive(Debug)]
 pub(crate) struct ResponseStore {
     config: ResponsesConfig,
     tenants: Mutex<HashMap<String, TenantResponses>>,
+    cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 #[derive(Debug, Default)]
@@ -461,8 +474,69 @@ struct TenantResponses {
 }
 
 impl ResponseStore {
+    /// A store in this gateway's memory only.
+    #[cfg(test)]
     pub fn new(config: ResponsesConfig) -> Self {
-        Self { config, tenants: Mutex::new(HashMap::new()) }
+        Self { config, tenants: Mutex::new(HashMap::new()), cluster: None }
+    }
+
+    /// The store, shared through the fleet's Redis when it has one.
+    pub fn shared(config: ResponsesConfig, cluster: Arc<crate::cluster::Cluster>) -> Self {
+        let cluster = cluster.redis.is_some().then_some(cluster);
+        Self { config, tenants: Mutex::new(HashMap::new()), cluster }
+    }
+
+    fn redis(&self) -> Option<&crate::cluster::redis::RedisState> {
+        self.cluster.as_ref()?.redis.as_ref().filter(|r| r.is_up())
+    }
+
+    /// Stores `stored` here and, in the background, in Redis.
+    pub fn save(self: &Arc<Self>, tenant: &str, stored: Stored) {
+        if self.redis().is_some() {
+            let (store, tenant, stored) = (Arc::clone(self), tenant.to_string(), stored.clone());
+            tokio::spawn(async move {
+                let Some(redis) = store.redis() else { return };
+                let Some(id) = stored.response["id"].as_str() else { return };
+                let json = serde_json::to_string(&stored).expect("a stored response serialises");
+                if json.len() > store.config.max_bytes_per_tenant {
+                    return;
+                }
+                let ttl_ms = store.config.ttl_s.saturating_mul(1000);
+                if let Err(e) =
+                    redis.put_response(&tenant, id, &json, ttl_ms, store.config.max_per_tenant).await
+                {
+                    redis.mark_down(&e);
+                }
+            });
+        }
+        self.put(tenant, stored);
+    }
+
+    /// The tenant's stored response `id`: Redis's (the fleet's, so a
+    /// delete through another gateway holds), else this gateway's while
+    /// Redis does not answer.
+    pub async fn fetch(&self, tenant: &str, id: &str) -> Option<Stored> {
+        let Some(redis) = self.redis() else { return self.get(tenant, id) };
+        match redis.get_response(tenant, id).await {
+            Ok(json) => serde_json::from_str(&json?).ok(),
+            Err(e) => {
+                redis.mark_down(&e);
+                self.get(tenant, id)
+            }
+        }
+    }
+
+    /// Forgets the tenant's response `id` here and in Redis.
+    pub async fn remove(&self, tenant: &str, id: &str) -> bool {
+        let here = self.delete(tenant, id);
+        let there = match self.redis() {
+            Some(redis) => redis.delete_response(tenant, id).await.unwrap_or_else(|e| {
+                redis.mark_down(&e);
+                false
+            }),
+            None => false,
+        };
+        here || there
     }
 
     fn ttl(&self) -> Duration {
