@@ -280,3 +280,41 @@ async fn response_heads_stay_small_on_a_long_connection() {
     let larger = heads[1..].iter().filter(|&&n| n > base + 8).count();
     assert!(larger <= 2, "heads grew on a long connection: {heads:?}");
 }
+
+/// Usage counts what the client saw, once: a request retried on another
+/// engine before its first byte is one request with the serving engine's
+/// usage; a stream that fails after its first token counts that token
+/// (and its prompt); a non-streamed request whose every engine failed
+/// counts nothing.
+#[tokio::test(start_paused = true)]
+async fn usage_counts_a_retried_request_once_and_a_failed_stream_as_far_as_it_went() {
+    let usage_of = |h: &Harness| {
+        h.app
+            .usage
+            .report(0, u32::MAX, &[crate::usage::Dimension::Tenant])
+            .first()
+            .map(|(_, c)| *c)
+            .unwrap_or_default()
+    };
+    let refuses = Script::Refuse(StatusCode::SERVICE_UNAVAILABLE, "kv_low_watermark");
+    let (h, _) = moved_to_e1(refuses, Duration::from_millis(25)).await;
+    let u = usage_of(&h);
+    assert_eq!((u.requests, u.prompt_tokens, u.completion_tokens), (1, 8, 2), "once, e1's usage: {u:?}");
+
+    let steps = vec![Step::Event(Event::Token { text: "t0".into() }), Step::Raw(b"garbage\n")];
+    let h = Harness::start(POLICY, vec![("e0", vec![Script::Stream(steps)])], |_| {}).await;
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(8)).await;
+    let rest = read_rest(&mut resp.into_body()).await.unwrap();
+    assert!(!rest.contains("[DONE]"), "{rest}");
+    let u = usage_of(&h);
+    assert_eq!((u.requests, u.completion_tokens), (1, 1), "the one token the client got: {u:?}");
+    assert!(u.prompt_tokens > 0, "{u:?}");
+
+    let broken = || vec![Script::Refuse(StatusCode::INTERNAL_SERVER_ERROR, "internal")];
+    let h = Harness::start(POLICY, vec![("e0", broken()), ("e1", broken()), ("e2", broken())], |_| {}).await;
+    let mut whole = chat(2);
+    whole["stream"] = json!(false);
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &whole).await;
+    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(usage_of(&h).requests, 0, "nothing reached the client");
+}
