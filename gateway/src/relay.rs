@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 use engine_api::{Event, FinishReason, Usage};
 pub use openai_wire::encode::Encoder;
 
@@ -122,11 +122,7 @@ impl SseRelay {
                 self.engine = None;
             }
             Ok(Event::Error { code, message }) => self.fail(format!("{code}: {message}"), false),
-            Ok(Event::Upstream { json }) => {
-                self.pending.put_slice(b"data: ");
-                self.pending.put_slice(json.as_bytes());
-                self.pending.put_slice(b"\n\n");
-            }
+            Ok(Event::Upstream { json }) => self.encoder.upstream(&mut self.pending, &json),
             Err(message) => self.fail(message, true),
         }
     }

@@ -256,12 +256,13 @@ async fn completions(
     let (mut encoder, mut gen, prompt_tokens) = plan(parsed, tier, request_id)?; // tier ceiling and cap
     let mut wire = match form {
         Form::OpenAi => Wire::OpenAi(encoder),
-        Form::Anthropic => Wire::Anthropic(anthropic::Encoder {
-            id: format!("msg_{request_id}"),
-            model: std::mem::take(&mut encoder.model),
-            stream: encoder.stream,
-            input_tokens: prompt_tokens,
-        }),
+        Form::Anthropic => Wire::Anthropic(anthropic::Encoder::new(
+            format!("msg_{request_id}"),
+            std::mem::take(&mut encoder.model),
+            encoder.stream,
+            prompt_tokens,
+            encoder.verbatim,
+        )),
         Form::Responses(t) => {
             let id = format!("resp_{}", fresh_id(app)); // store keys: never a client-chosen request id
             let saver = t.echo.store.then(|| responses::Saver {
@@ -355,7 +356,7 @@ async fn completions(
             .await
             .map_err(failed)?;
         let body = match done.verbatim {
-            Some(answer) => crate::body::full(answer),
+            Some(answer) => crate::body::full(wire.complete_upstream(answer)),
             None => crate::body::full(wire.complete(&done.text, done.finish_reason, done.usage)),
         };
         let mut resp = Response::new(body);

@@ -505,11 +505,24 @@ impl Harness {
 
     /// Sends `body` to `path` with `Authorization: Bearer <key>`.
     pub async fn post(&self, path: &str, key: &str, body: &serde_json::Value) -> Response<Incoming> {
-        let req = Request::post(format!("http://gateway.test{path}"))
+        self.post_with(path, key, body, &[]).await
+    }
+
+    /// As [`Harness::post`], with these request headers too.
+    pub async fn post_with(
+        &self,
+        path: &str,
+        key: &str,
+        body: &serde_json::Value,
+        headers: &[(&str, &str)],
+    ) -> Response<Incoming> {
+        let mut req = Request::post(format!("http://gateway.test{path}"))
             .header(http::header::AUTHORIZATION, format!("Bearer {key}"))
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body.to_string())))
-            .expect("a valid request");
+            .header(http::header::CONTENT_TYPE, "application/json");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(Bytes::from(body.to_string()))).expect("a valid request");
         let mut client = self.client.clone();
         client.ready().await.expect("the connection is up");
         client.send_request(req).await.expect("the gateway answers")

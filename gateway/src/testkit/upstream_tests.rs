@@ -470,3 +470,92 @@ async fn discovered_models_are_the_ones_an_upstream_gets() {
     }
     assert_eq!(h.engines[0].requests(), 0);
 }
+
+/// Anthropic's tool use through an OpenAI-speaking upstream: the request's
+/// tools, choice and `tool_use` / `tool_result` history go up as OpenAI's;
+/// the upstream's tool call comes back as a `tool_use` block (streamed:
+/// `input_json_delta`s; whole: the parsed input), `stop_reason: tool_use`.
+#[tokio::test(start_paused = true)]
+async fn anthropic_tool_use_is_translated_both_ways_through_an_openai_upstream() {
+    let policy = tools_policy();
+    let scripts = vec![
+        Script::Stream(vec![Step::Wait(Duration::from_millis(20)), Step::Raw(TOOL_CALL_SSE)]),
+        Script::Stream(vec![Step::Wait(Duration::from_millis(20)), Step::Raw(TOOL_CALL_JSON)]),
+    ];
+    let h = Harness::start_with(&policy, vec![llama(4, &llamacpp_metrics(0, 0), scripts)], |_| {}).await;
+    let ask = |stream: bool| {
+        json!({"model": "synthetic-small", "max_tokens": 64, "stream": stream,
+               "tools": [{"name": "get_weather", "description": "the weather",
+                          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+               "tool_choice": {"type": "any"},
+               "messages": [
+                   {"role": "user", "content": "weather in Paris, then Oslo?"},
+                   {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_0", "name": "get_weather", "input": {"city": "Paris"}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_0", "content": "sunny"}, {"type": "text", "text": "and Oslo?"}]}]})
+    };
+    let version = [("anthropic-version", "2023-06-01")];
+    let resp = h.post_with("/v1/messages", "sk-demo-gold", &ask(true), &version).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let text = body_text(resp).await;
+    let events: Vec<(String, serde_json::Value)> = text
+        .split("\n\n")
+        .filter(|b| !b.is_empty())
+        .map(|b| {
+            let (name, data) = b.split_once("\ndata: ").unwrap();
+            (name.trim_start_matches("event: ").to_string(), serde_json::from_str(data).unwrap())
+        })
+        .collect();
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "message_start",
+            "ping",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ],
+        "{text}"
+    );
+    assert_eq!(
+        events[2].1["content_block"],
+        json!({"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {}})
+    );
+    assert_eq!(
+        events[3].1["delta"],
+        json!({"type": "input_json_delta", "partial_json": "{\"city\": \"Oslo\"}"})
+    );
+    assert_eq!(events[5].1["delta"]["stop_reason"], "tool_use");
+    assert_eq!(events[5].1["usage"]["output_tokens"], 12, "the upstream's usage");
+    let up = h.engines[0].last_body.lock().unwrap().clone().unwrap();
+    assert_eq!(up["tools"][0]["function"]["name"], "get_weather");
+    assert_eq!(up["tools"][0]["function"]["parameters"]["properties"]["city"]["type"], "string");
+    assert_eq!(up["tool_choice"], "required");
+    let msgs = up["messages"].as_array().unwrap();
+    assert_eq!(msgs[1]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Paris\"}");
+    assert_eq!((msgs[2]["role"].as_str(), msgs[2]["tool_call_id"].as_str()), (Some("tool"), Some("toolu_0")));
+    assert_eq!((msgs[3]["role"].as_str(), msgs[3]["content"].as_str()), (Some("user"), Some("and Oslo?")));
+    // Not streamed: one message with the parsed input.
+    let resp = h.post_with("/v1/messages", "sk-demo-gold", &ask(false), &version).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let doc: serde_json::Value = serde_json::from_str(&body_text(resp).await).unwrap();
+    assert_eq!(doc["type"], "message");
+    assert_eq!(
+        doc["content"],
+        json!([{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Oslo"}}])
+    );
+    assert_eq!(
+        (doc["stop_reason"].as_str(), doc["usage"]["input_tokens"].as_u64()),
+        (Some("tool_use"), Some(30))
+    );
+    // A model without tools passed through: a typed 400 in Anthropic's shape.
+    let alone = Harness::start_with(POLICY, vec![TestEngine::native("e0", vec![])], |_| {}).await;
+    let resp = alone.post_with("/v1/messages", "sk-demo-gold", &ask(false), &version).await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let err: serde_json::Value = serde_json::from_str(&body_text(resp).await).unwrap();
+    assert_eq!(err["type"], "error");
+    assert_eq!(err["error"]["type"], "invalid_request_error");
+    assert!(err["error"]["message"].as_str().unwrap().contains("tool"), "{err}");
+}

@@ -12,10 +12,14 @@
 //!   temperature only), `metadata` (`user_id` a string of at most 256
 //!   bytes), `service_tier`, a block's `cache_control` (prefix caching is
 //!   automatic here);
-//! - at their neutral values only: `tools: []`, `tool_choice` `auto` or
-//!   `none`, `thinking` disabled: tool use and extended thinking are refused
-//!   with a typed 400 naming the parameter (no engine behind this route
-//!   takes them yet);
+//! - tool use: `tools`, `tool_choice`, and `tool_use` / `tool_result`
+//!   blocks become OpenAI's tools, tool choice, assistant `tool_calls` and
+//!   `tool` messages; the chat parser then accepts them only for a model
+//!   whose `passthrough` lists `tools` and `tool_choice` and that a
+//!   third-party (OpenAI-speaking) engine serves, else a typed 400 naming
+//!   `tools`. The upstream's answer (tool calls, text) is written back as
+//!   Anthropic's `tool_use` and `text` blocks, streamed or not;
+//! - `thinking` only disabled (extended thinking is refused by name);
 //! - anything else: a 400 naming it, as Anthropic answers.
 //!
 //! Answers are Anthropic's `message` object, or its stream: `message_start`,
@@ -103,14 +107,22 @@ pub(crate) fn to_chat(body: &[u8], count_only: bool) -> Result<Translated, ApiEr
                 string(key, value)?;
             }
             "tools" if value.as_array().is_some_and(Vec::is_empty) => {}
-            "tool_choice" if matches!(value.get("type").and_then(Value::as_str), Some("auto" | "none")) => {}
+            "tools" => {
+                chat.insert("tools".into(), tools(value)?);
+            }
+            "tool_choice" => {
+                if let Some((choice, parallel)) = tool_choice(value)? {
+                    chat.insert("tool_choice".into(), choice);
+                    if let Some(p) = parallel {
+                        chat.insert("parallel_tool_calls".into(), Value::Bool(p));
+                    }
+                }
+            }
             "thinking" if value.get("type").and_then(Value::as_str) == Some("disabled") => {}
-            "tools" | "tool_choice" | "thinking" => {
+            "thinking" => {
                 return Err(ApiError::UnsupportedParameter {
                     param: key.clone(),
-                    message: "tool use and extended thinking are not supported on this route by the engines \
-                              behind this gateway"
-                        .into(),
+                    message: "extended thinking is not supported by the engines behind this gateway".into(),
                 })
             }
             _ => unknown.push(key.clone()),
@@ -119,6 +131,13 @@ pub(crate) fn to_chat(body: &[u8], count_only: bool) -> Result<Translated, ApiEr
     if !unknown.is_empty() {
         unknown.sort();
         return Err(ApiError::UnknownParameters(unknown));
+    }
+    if !chat.contains_key("tools") {
+        // `auto` or `none` with no tools asks for nothing.
+        if chat.get("tool_choice").is_some_and(|c| c == "auto" || c == "none") {
+            chat.remove("tool_choice");
+            chat.remove("parallel_tool_calls");
+        }
     }
     let model = model.ok_or_else(|| invalid("model", "field required"))?;
     if !count_only {
@@ -131,7 +150,7 @@ pub(crate) fn to_chat(body: &[u8], count_only: bool) -> Result<Translated, ApiEr
         return Err(invalid("messages", "must contain at least one message"));
     }
     for (i, m) in list.iter().enumerate() {
-        messages.push(message(i, m)?);
+        messages.extend(message(i, m)?);
     }
     chat.insert("model".into(), Value::String(model.clone()));
     chat.insert("messages".into(), Value::Array(messages));
@@ -156,8 +175,11 @@ fn system(value: &Value) -> Result<String, ApiError> {
     }
 }
 
-/// One message: `role` user or assistant, `content` a string or blocks.
-fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
+/// One message (`role` user or assistant, `content` a string or blocks)
+/// as chat messages: an assistant's `tool_use` blocks become its
+/// `tool_calls`; a user's `tool_result` blocks become `tool` messages,
+/// ahead of the user's text.
+fn message(i: usize, m: &Value) -> Result<Vec<Value>, ApiError> {
     let Value::Object(m) = m else { return Err(invalid(&format!("messages.{i}"), "must be an object")) };
     if let Some(k) = m.keys().find(|k| !["role", "content"].contains(&k.as_str())) {
         return Err(invalid(&format!("messages.{i}.{k}"), "extra inputs are not permitted"));
@@ -166,12 +188,123 @@ fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
         Some(r @ ("user" | "assistant")) => r,
         _ => return Err(invalid(&format!("messages.{i}.role"), "must be `user` or `assistant`")),
     };
-    let content = match m.get("content") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(blocks)) => text_blocks(&format!("messages.{i}.content"), blocks)?,
-        _ => return Err(invalid(&format!("messages.{i}.content"), "must be a string or a list of blocks")),
+    let at = format!("messages.{i}.content");
+    let blocks = match m.get("content") {
+        Some(Value::String(s)) => return Ok(vec![json!({"role": role, "content": s})]),
+        Some(Value::Array(blocks)) => blocks,
+        _ => return Err(invalid(&at, "must be a string or a list of blocks")),
     };
-    Ok(json!({"role": role, "content": content}))
+    let tool = |b: &Value| matches!(b.get("type").and_then(Value::as_str), Some("tool_use" | "tool_result"));
+    if !blocks.iter().any(tool) {
+        return Ok(vec![json!({"role": role, "content": text_blocks(&at, blocks)?})]);
+    }
+    if blocks.len() > 256 {
+        return Err(invalid(&at, "at most 256 blocks are allowed"));
+    }
+    let (mut out, mut text, mut calls) = (Vec::new(), String::new(), Vec::new());
+    for (j, b) in blocks.iter().enumerate() {
+        let here = format!("{at}.{j}");
+        match (role, b.get("type").and_then(Value::as_str)) {
+            ("assistant", Some("tool_use")) => {
+                let id = b
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| invalid(&format!("{here}.id"), "field required"))?;
+                let name = b
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| invalid(&format!("{here}.name"), "field required"))?;
+                let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
+                calls.push(json!({"id": id, "type": "function",
+                                  "function": {"name": name, "arguments": input.to_string()}}));
+            }
+            ("user", Some("tool_result")) => {
+                let id = b
+                    .get("tool_use_id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| invalid(&format!("{here}.tool_use_id"), "field required"))?;
+                let content = match b.get("content") {
+                    None | Some(Value::Null) => String::new(),
+                    Some(Value::String(s)) => s.clone(),
+                    Some(Value::Array(parts)) => text_blocks(&format!("{here}.content"), parts)?,
+                    Some(_) => {
+                        return Err(invalid(&format!("{here}.content"), "must be a string or text blocks"))
+                    }
+                };
+                out.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
+            }
+            (_, Some("tool_use" | "tool_result")) => {
+                return Err(invalid(
+                    &format!("{here}.type"),
+                    "tool_use blocks are the assistant's, tool_result blocks the user's",
+                ))
+            }
+            _ => text.push_str(&text_blocks(&at, std::slice::from_ref(b))?),
+        }
+    }
+    match role {
+        "assistant" => {
+            let content = if text.is_empty() { Value::Null } else { Value::String(text) };
+            out.push(json!({"role": "assistant", "content": content, "tool_calls": calls}));
+        }
+        _ if !text.is_empty() => out.push(json!({"role": "user", "content": text})),
+        _ => {}
+    }
+    Ok(out)
+}
+
+/// Most tools in one request.
+const MAX_TOOLS: usize = 128;
+
+/// Anthropic's tools as OpenAI's functions.
+fn tools(value: &Value) -> Result<Value, ApiError> {
+    let Value::Array(list) = value else { return Err(invalid("tools", "must be a list of tools")) };
+    if list.len() > MAX_TOOLS {
+        return Err(invalid("tools", format!("at most {MAX_TOOLS} tools are allowed")));
+    }
+    let mut out = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let name = t
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| invalid(&format!("tools.{i}.name"), "field required"))?;
+        if t.get("type").and_then(Value::as_str).is_some_and(|ty| ty != "custom") {
+            return Err(ApiError::UnsupportedParameter {
+                param: format!("tools.{i}.type"),
+                message: "only client tools (with an input_schema) are supported".into(),
+            });
+        }
+        let schema = t
+            .get("input_schema")
+            .cloned()
+            .ok_or_else(|| invalid(&format!("tools.{i}.input_schema"), "field required"))?;
+        let mut function = json!({"name": name, "parameters": schema});
+        if let Some(d) = t.get("description").and_then(Value::as_str) {
+            function["description"] = json!(d);
+        }
+        out.push(json!({"type": "function", "function": function}));
+    }
+    Ok(Value::Array(out))
+}
+
+/// Anthropic's `tool_choice` as OpenAI's (and `parallel_tool_calls` from
+/// `disable_parallel_tool_use`); `None` for `auto` without options.
+fn tool_choice(value: &Value) -> Result<Option<(Value, Option<bool>)>, ApiError> {
+    let parallel = value.get("disable_parallel_tool_use").and_then(Value::as_bool).map(|d| !d);
+    let choice = match value.get("type").and_then(Value::as_str) {
+        Some("auto") => json!("auto"),
+        Some("any") => json!("required"),
+        Some("none") => json!("none"),
+        Some("tool") => {
+            let name = value
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| invalid("tool_choice.name", "field required"))?;
+            json!({"type": "function", "function": {"name": name}})
+        }
+        _ => return Err(invalid("tool_choice.type", "must be auto, any, tool or none")),
+    };
+    Ok(Some((choice, parallel)))
 }
 
 /// Blocks of type `text`, joined; other block types are refused by name.
@@ -257,8 +390,17 @@ fn usage_json(u: Usage) -> Value {
     })
 }
 
+/// Anthropic's `stop_reason` for an OpenAI `finish_reason`.
+fn stop_reason_of(finish: &str) -> &'static str {
+    match finish {
+        "tool_calls" | "function_call" => "tool_use",
+        "length" => "max_tokens",
+        _ => "end_turn",
+    }
+}
+
 /// Writes engine events as Anthropic's message and stream events.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Encoder {
     pub id: String,
     pub model: String,
@@ -266,9 +408,132 @@ pub(crate) struct Encoder {
     /// The prompt's tokens as the gateway counted them: `message_start`'s
     /// usage (the engine's own count comes in `message_delta`).
     pub input_tokens: u32,
+    /// An upstream's OpenAI answer (tool use) is translated
+    /// ([`Encoder::upstream`], [`Encoder::complete_upstream`]).
+    pub verbatim: bool,
+    /// The open content block, if any (translated streams open blocks as
+    /// the upstream's deltas call for them).
+    open: Option<Open>,
+    /// Blocks opened so far (the next block's index).
+    blocks: usize,
+    /// The upstream's finish reason and usage, once seen.
+    finish: Option<String>,
+    usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Open {
+    Text,
+    /// A tool call, by the upstream's `tool_calls` index.
+    Tool(u64),
 }
 
 impl Encoder {
+    pub fn new(id: String, model: String, stream: bool, input_tokens: u32, verbatim: bool) -> Self {
+        Self { id, model, stream, input_tokens, verbatim, ..Self::default() }
+    }
+
+    fn close(&mut self, out: &mut BytesMut) {
+        if self.open.take().is_some() {
+            event(
+                out,
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": self.blocks - 1}),
+            );
+        }
+    }
+
+    fn start(&mut self, out: &mut BytesMut, open: Open, block: Value) {
+        self.close(out);
+        event(
+            out,
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": self.blocks, "content_block": block}),
+        );
+        self.open = Some(open);
+        self.blocks += 1;
+    }
+
+    /// One OpenAI chunk of an upstream's stream, as Anthropic's events:
+    /// content as `text_delta`s, each tool call as a `tool_use` block whose
+    /// arguments arrive as `input_json_delta`s.
+    pub fn upstream(&mut self, out: &mut BytesMut, chunk: &str) {
+        let Ok(c) = serde_json::from_str::<Value>(chunk) else { return };
+        if let Some(u) = c.get("usage").filter(|u| u.is_object()) {
+            let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0) as u32;
+            self.usage = Some(Usage {
+                prompt_tokens: n("prompt_tokens"),
+                completion_tokens: n("completion_tokens"),
+                cached_tokens: 0,
+            });
+        }
+        let Some(choice) = c.pointer("/choices/0") else { return };
+        if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
+            self.finish = Some(f.to_string());
+        }
+        let delta = &choice["delta"];
+        if let Some(text) = delta.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+            if self.open != Some(Open::Text) {
+                self.start(out, Open::Text, json!({"type": "text", "text": ""}));
+            }
+            let index = self.blocks - 1;
+            event(
+                out,
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": index,
+                "delta": {"type": "text_delta", "text": text}}),
+            );
+        }
+        for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+            let at = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+            if self.open != Some(Open::Tool(at)) {
+                let id = call.get("id").and_then(Value::as_str).unwrap_or_default();
+                let name = call.pointer("/function/name").and_then(Value::as_str).unwrap_or_default();
+                self.start(
+                    out,
+                    Open::Tool(at),
+                    json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+                );
+            }
+            if let Some(args) =
+                call.pointer("/function/arguments").and_then(Value::as_str).filter(|a| !a.is_empty())
+            {
+                let index = self.blocks - 1;
+                event(
+                    out,
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta", "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": args}}),
+                );
+            }
+        }
+    }
+
+    /// An upstream's whole OpenAI answer as Anthropic's message.
+    pub fn complete_upstream(&mut self, answer: &str) -> Vec<u8> {
+        let doc: Value = serde_json::from_str(answer).unwrap_or(Value::Null);
+        let message = &doc["choices"][0]["message"];
+        let mut content = Vec::new();
+        if let Some(t) = message.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+            content.push(json!({"type": "text", "text": t}));
+        }
+        for call in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+            let args = call.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("{}");
+            let input = serde_json::from_str::<Value>(args).unwrap_or_else(|_| json!({}));
+            content.push(json!({"type": "tool_use", "id": call.get("id").cloned().unwrap_or_default(),
+                                "name": call.pointer("/function/name").cloned().unwrap_or_default(), "input": input}));
+        }
+        let finish = doc["choices"][0]["finish_reason"].as_str().unwrap_or("stop");
+        let n = |k: &str| doc["usage"][k].as_u64().unwrap_or(0);
+        let message = json!({
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
+            "stop_reason": stop_reason_of(finish), "stop_sequence": null,
+            "usage": {"input_tokens": n("prompt_tokens"), "cache_read_input_tokens": 0,
+                      "cache_creation_input_tokens": 0, "output_tokens": n("completion_tokens")},
+        });
+        serde_json::to_vec(&message).expect("a JSON value always serialises")
+    }
+
     pub fn opening(&mut self, out: &mut BytesMut) {
         let message = json!({
             "id": self.id, "type": "message", "role": "assistant", "model": self.model,
@@ -277,11 +542,10 @@ impl Encoder {
                       "cache_creation_input_tokens": 0, "output_tokens": 0},
         });
         event(out, "message_start", &json!({"type": "message_start", "message": message}));
-        event(
-            out,
-            "content_block_start",
-            &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-        );
+        if !self.verbatim {
+            // The one text block, opened at once (as Anthropic's API does).
+            self.start(out, Open::Text, json!({"type": "text", "text": ""}));
+        }
         event(out, "ping", &json!({"type": "ping"}));
     }
 
@@ -294,12 +558,17 @@ impl Encoder {
     }
 
     pub fn finish(&mut self, out: &mut BytesMut, reason: FinishReason, usage: Usage) {
-        event(out, "content_block_stop", &json!({"type": "content_block_stop", "index": 0}));
+        self.close(out);
+        let stop = match &self.finish {
+            Some(f) => stop_reason_of(f),
+            None => stop_reason(reason),
+        };
+        let usage = self.usage.unwrap_or(usage);
         event(
             out,
             "message_delta",
             &json!({"type": "message_delta",
-                    "delta": {"stop_reason": stop_reason(reason), "stop_sequence": null},
+                    "delta": {"stop_reason": stop, "stop_sequence": null},
                     "usage": usage_json(usage)}),
         );
         event(out, "message_stop", &json!({"type": "message_stop"}));
@@ -374,8 +643,18 @@ mod tests {
                 "invalid_value",
             ),
             (
+                json!({"model": "m", "max_tokens": 5, "messages": user, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
+                "tools.0.type",
+                "unsupported_parameter",
+            ),
+            (
                 json!({"model": "m", "max_tokens": 5, "messages": user, "tools": [{"name": "t"}]}),
-                "tools",
+                "tools.0.input_schema",
+                "invalid_value",
+            ),
+            (
+                json!({"model": "m", "max_tokens": 5, "messages": user, "thinking": {"type": "enabled", "budget_tokens": 1024}}),
+                "thinking",
                 "unsupported_parameter",
             ),
             (
@@ -407,7 +686,7 @@ mod tests {
 
     #[test]
     fn the_stream_is_anthropics_event_sequence() {
-        let mut e = Encoder { id: "msg_1".into(), model: "m".into(), stream: true, input_tokens: 7 };
+        let mut e = Encoder::new("msg_1".into(), "m".into(), true, 7, false);
         let mut out = BytesMut::new();
         e.opening(&mut out);
         e.token(&mut out, "Hel");

@@ -74,6 +74,28 @@ impl Wire {
         }
     }
 
+    /// A chunk of an upstream's answer relayed verbatim (an OpenAI chunk,
+    /// re-stamped): as it is on OpenAI's routes, translated on Anthropic's.
+    pub fn upstream(&mut self, out: &mut BytesMut, json: &str) {
+        match self {
+            Wire::Anthropic(e) if e.verbatim => e.upstream(out, json),
+            _ => {
+                out.put_slice(b"data: ");
+                out.put_slice(json.as_bytes());
+                out.put_slice(b"\n\n");
+            }
+        }
+    }
+
+    /// An upstream's whole answer relayed verbatim: as it is on OpenAI's
+    /// routes, translated on Anthropic's.
+    pub fn complete_upstream(&mut self, answer: String) -> Vec<u8> {
+        match self {
+            Wire::Anthropic(e) => e.complete_upstream(&answer),
+            _ => answer.into_bytes(),
+        }
+    }
+
     /// A whole (non-streamed) answer's body.
     pub fn complete(&mut self, text: &str, reason: FinishReason, usage: Usage) -> Vec<u8> {
         match self {
@@ -94,9 +116,9 @@ impl Wire {
         }
     }
 
-    /// How a verbatim upstream answer is re-stamped (OpenAI's routes only:
-    /// the other formats refuse the parameters that make an answer
-    /// verbatim).
+    /// How a verbatim upstream answer is re-stamped (OpenAI's routes, and
+    /// Anthropic's tool use; the Responses API refuses the parameters that
+    /// make an answer verbatim).
     pub fn stamp(&self) -> Option<crate::upstream::Stamp> {
         match self {
             Wire::OpenAi(e) if e.verbatim => Some(crate::upstream::Stamp {
@@ -104,6 +126,13 @@ impl Wire {
                 model: e.model.clone(),
                 stream: e.stream,
                 include_usage: e.include_usage,
+            }),
+            // The usage chunk is kept: it becomes `message_delta`'s usage.
+            Wire::Anthropic(e) if e.verbatim => Some(crate::upstream::Stamp {
+                id: e.id.clone(),
+                model: e.model.clone(),
+                stream: e.stream,
+                include_usage: true,
             }),
             _ => None,
         }
