@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use kernels::dit::{HEAD_DIM, META, QUERIES};
 use kernels::{bf16_bits, bf16_to_f32, f32s, Arg, Device, DeviceError, Gemm, Result, BLOCK};
+use policies::video::cost::Rates;
 use policies::video::Fidelity;
 
 /// Which attention kernel the DiT runs (both compute the same function).
@@ -53,43 +54,37 @@ impl AttentionKernel {
 /// A DiT's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DitConfig {
-    pub hidden: usize,
-    pub blocks: usize,
+    /// What the cost depends on (widths, blocks, tokens): `cfg.hidden`
+    /// and the rest read through it.
+    pub shape: DitShape,
     pub heads: usize,
-    pub ffn: usize,
-    /// Tokens of one latent frame (480p: 60 × 104 latents in 2 × 2 patches).
-    pub frame_tokens: usize,
-    /// Latent frames per chunk.
-    pub chunk_frames: usize,
-    /// Text tokens the cross-attention reads.
-    pub text_tokens: usize,
     pub seed: u32,
+}
+
+impl std::ops::Deref for DitConfig {
+    type Target = DitShape;
+    fn deref(&self) -> &DitShape {
+        &self.shape
+    }
 }
 
 impl DitConfig {
     /// Wan 2.1's 1.3B text-to-video DiT at 480p, as the causal streaming
     /// variants use it (3 latent frames per chunk).
-    pub const WAN_1_3B: DitConfig = DitConfig {
-        hidden: 1536,
-        blocks: 30,
-        heads: 12,
-        ffn: 8960,
-        frame_tokens: 1560,
-        chunk_frames: 3,
-        text_tokens: 512,
-        seed: 7,
-    };
+    pub const WAN_1_3B: DitConfig = DitConfig { shape: DitShape::WAN_1_3B, heads: 12, seed: 7 };
 
     /// The same code at a size the host reference and the emulator run in
     /// seconds (heads are still 128 wide; ragged tiles on purpose).
     pub const TINY: DitConfig = DitConfig {
-        hidden: 256,
-        blocks: 2,
+        shape: DitShape {
+            hidden: 256,
+            blocks: 2,
+            ffn: 384,
+            frame_tokens: 30,
+            chunk_frames: 3,
+            text_tokens: 20,
+        },
         heads: 2,
-        ffn: 384,
-        frame_tokens: 30,
-        chunk_frames: 3,
-        text_tokens: 20,
         seed: 11,
     };
 
@@ -109,45 +104,11 @@ impl DitConfig {
         let (h, f) = (self.hidden as f64, self.ffn as f64);
         self.blocks as f64 * (8.0 * h * h + 2.0 * h * f)
     }
-
-    /// Tokens of one chunk.
-    pub fn chunk_tokens(&self) -> usize {
-        self.chunk_frames * self.frame_tokens
-    }
 }
 
-/// One member of a batch: its chunk's tokens and the cached context keys
-/// it attends to besides them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChunkShape {
-    pub tokens: usize,
-    pub context: usize,
-}
-
-impl ChunkShape {
-    /// A chunk deep in a stream at `fid`: the sink chunk and `window`
-    /// earlier chunks, of whose frames sparsity keeps
-    /// [`Fidelity::kept_blocks`].
-    pub fn at(cfg: &DitConfig, fid: &Fidelity) -> Self {
-        let frames = (usize::from(fid.window) + 1) * cfg.chunk_frames;
-        ChunkShape { tokens: cfg.chunk_tokens(), context: fid.kept_blocks(frames) * cfg.frame_tokens }
-    }
-}
-
-/// Floating-point operations of one forward over a chunk (multiply-adds
-/// as 2): the products, and the two attentions.
-pub fn forward_flops(cfg: &DitConfig, s: ChunkShape) -> (f64, f64) {
-    let (n, h, f, b) = (s.tokens as f64, cfg.hidden as f64, cfg.ffn as f64, cfg.blocks as f64);
-    let gemm = b * 2.0 * n * h * (3.0 * h + h + h + h + 2.0 * f);
-    let keys = (s.context + s.tokens) as f64 + cfg.text_tokens as f64;
-    let attention = b * 4.0 * n * keys * h;
-    (gemm, attention)
-}
-
-/// Forwards per chunk: the denoising steps and the cache pass.
-pub fn forwards(fid: &Fidelity) -> usize {
-    usize::from(fid.steps) + 1
-}
+// The chunk's shape, its work and its forwards: the cost model's
+// (`policies::video::cost`), so the profiles and the kernels count alike.
+pub use policies::video::cost::{forward_flops, forwards, ChunkShape, DitShape};
 
 /// `dit_fill`'s values on the host: `n` bf16 values uniform in `[-amp,
 /// amp)` from (seed, index), bit for bit.
@@ -837,15 +798,15 @@ pub struct ModelledProfileArgs {
 /// tokens do not change) plus its attention at the kernel's rate. `rest_ms`
 /// is the first, derived from a measured forward.
 pub fn modelled_chunk_ms(cfg: &DitConfig, fid: &Fidelity, rest_ms: f64, attention_tflops: f64) -> f64 {
-    let (_, attention) = forward_flops(cfg, ChunkShape::at(cfg, fid));
-    forwards(fid) as f64 * (rest_ms + attention / (attention_tflops * 1e12) * 1e3)
+    let rates = Rates { forward_ms: rest_ms, attention_tflops, fp8_attention: 1.0 };
+    let attention = rates.attention_ms(cfg, fid);
+    forwards(fid) as f64 * (rest_ms + attention)
 }
 
 /// The non-attention time of a forward, ms, from a measured forward at the
 /// highest fidelity and the attention kernel's measured rate.
 pub fn rest_ms(cfg: &DitConfig, forward_ms: f64, attention_tflops: f64) -> f64 {
-    let (_, attention) = forward_flops(cfg, ChunkShape::at(cfg, &Fidelity::HIGHEST));
-    forward_ms - attention / (attention_tflops * 1e12) * 1e3
+    Rates { forward_ms, attention_tflops, fp8_attention: 1.0 }.rest_ms(cfg)
 }
 
 /// `engine dit-profile`: every fp16 configuration of the sweep for which
@@ -938,7 +899,7 @@ mod tests {
 
     #[test]
     fn the_dit_config_rejects_heads_the_kernel_was_not_written_for() {
-        let bad = DitConfig { hidden: 1536, heads: 24, ..DitConfig::WAN_1_3B };
+        let bad = DitConfig { heads: 24, ..DitConfig::WAN_1_3B };
         assert!(bad.validate().unwrap_err().contains("heads × 128"));
     }
 

@@ -135,30 +135,27 @@ fn measure_batch_cost(model: &VideoModel, args: &VideoProfileArgs, runner: Runne
 }
 
 /// A GPU-class profile from a measured one: quality as measured, chunk
-/// times from a cost model scaled so the highest-fidelity configuration
-/// takes `reference_ms`. The model: time ∝ S × (0.3 + 0.7 × attention
-/// share) × precision, where the attention share is `((1 − ρ)(1 + W) + 1) /
-/// 9` of the reference's (sink and window blocks kept, plus the chunk
-/// itself) and fp8 runs at 0.65 of fp16's time. (On the cpu backend fp8 is
-/// simulated and so costs more, not less: its measured times are not a
-/// GPU's.) `batch_cost` is the marginal cost of one more chunk in a batch.
+/// times from the DiT cost model (`policies::video::cost`: Wan-2.1-1.3B's
+/// shapes, the products as measured on an H100 and the attention at
+/// FlashAttention-3's rates, fp8 shortening the attention share only)
+/// scaled so the highest-fidelity configuration takes
+/// `reference_ms`. (On the cpu backend fp8 is simulated and so costs more,
+/// not less: its measured times are not a GPU's.) `batch_cost` is the
+/// marginal cost of one more chunk in a batch.
 pub fn rescale(
     profile: &VideoProfile,
     reference_ms: f64,
     batch_cost: f64,
     engine_class: &str,
 ) -> VideoProfile {
-    let attention = |f: &Fidelity| ((1.0 - f.sparsity()) * (1.0 + f64::from(f.window)) + 1.0) / 9.0;
+    use policies::video::cost::{DitShape, Rates};
+    let (shape, rates) = (DitShape::WAN_1_3B, Rates::H100_FA3);
+    let top = rates.chunk_ms(&shape, &Fidelity::HIGHEST);
     let mut out = profile.clone();
     out.engine_class = engine_class.to_string();
     out.batch_cost = batch_cost.clamp(0.0, 1.0);
     for c in &mut out.configs {
-        let f = c.fidelity;
-        let precision = match f.precision {
-            policies::video::Precision::Fp16 => 1.0,
-            policies::video::Precision::Fp8 => 0.65,
-        };
-        c.chunk_ms = reference_ms * f64::from(f.steps) / 4.0 * (0.3 + 0.7 * attention(&f)) * precision;
+        c.chunk_ms = reference_ms * rates.chunk_ms(&shape, &c.fidelity) / top;
     }
     out
 }
@@ -186,7 +183,13 @@ mod tests {
         assert_eq!(p.batch_cost, 0.3);
         let fast = p.fastest();
         assert_eq!(fast.fidelity.steps, 2);
-        assert!(fast.chunk_ms < 100.0, "{fast:?}");
+        assert!(fast.chunk_ms < 200.0, "{fast:?}");
         assert_eq!(p.best().quality, 1.0);
+        // fp8 shortens the attention only: never the whole chunk's 0.5.
+        for c in p.configs.iter().filter(|c| c.fidelity.precision == policies::video::Precision::Fp8) {
+            let fp16 = Fidelity { precision: policies::video::Precision::Fp16, ..c.fidelity };
+            let ratio = c.chunk_ms / p.point(&fp16).unwrap().chunk_ms;
+            assert!((0.5..1.0).contains(&ratio), "{:?}: {ratio}", c.fidelity);
+        }
     }
 }

@@ -6,6 +6,7 @@
 //! of the policy document is [`VideoConfig`].
 
 pub mod bmpr;
+pub mod cost;
 pub mod fidelity;
 pub mod fleet;
 pub mod placement;
