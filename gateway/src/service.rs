@@ -220,6 +220,10 @@ pub(crate) fn decision_headers(h: &mut HeaderMap, version: &str, verdict: Option
     h.insert(hdr::X_BROWNOUT_LEVEL, HeaderValue::from(v.brownout_level));
 }
 
+/// The generation path, in three steps: [`prepare`] (the request in
+/// OpenAI's form, checked against the tier, the key and the budgets, its
+/// answer's encoder), admission and the gate (here), [`respond`] (dispatch
+/// and the relay).
 async fn completions(
     app: &App,
     policy: &Arc<PolicyDocument>,
@@ -228,12 +232,97 @@ async fn completions(
     (front, key): (Front, Option<&crate::keys::KeyRecord>),
     ctx: &Ident,
 ) -> Result<Response<GatewayBody>, Failed> {
-    let (request_id, arrived) = (ctx.request_id.as_str(), ctx.arrived);
+    let p = prepare(app, policy, (tenant, tier), req, (front, key), ctx).await?;
+    let Prepared { mut gen, wire, kind, body, prompt_tokens, upstream_only, prefix, trace, hints } = p;
+    // This gateway's or fleet-wide tenant limits.
+    let hold =
+        tenant_limits(app, (tenant, tier), u64::from(prompt_tokens) + u64::from(gen.max_tokens), req).await?;
+    // Admission: admit, degrade or refuse against the tier's SLO, fast.
+    let ask = AdmitRequest {
+        tenant,
+        tier,
+        model: &gen.model,
+        prompt_tokens,
+        max_tokens: gen.max_tokens,
+        sampling: gen.temperature.is_some_and(|t| t > 0.0),
+        ttft_hint: hints.0,
+        e2e_hint: hints.1,
+        upstream_only,
+        prefix: &prefix,
+    };
+    let admitted = traced::admit(app, policy, &ask, &trace)
+        .map_err(|r| Failed { error: r.error, verdict: Some(r.verdict) })?;
+    let verdict = admitted.verdict.clone();
+    gen.max_tokens = admitted.max_tokens;
+    if !admitted.sampling {
+        gen.temperature = None;
+    }
+    gen.priority_key = Some(admitted.key);
+    gen.ttft_budget_ms = u32::try_from(admitted.ttft_budget.as_millis()).ok();
+    let stamp = wire.stamp();
+    let mut out = dispatch::Outbound::new(gen, (kind.into(), body), upstream_only, stamp); // as each kind of engine is sent it
+    out.prefix = prefix;
+    out.trace = trace.clone();
+    tracing::debug!(event = "request_admitted", request_id = %ctx.request_id, tenant = %tenant.name, tier = %tier.name,
+        decision = admitted.verdict.decision.as_str(), reason = %admitted.verdict.reason);
+    let observer =
+        RequestObserver::new(ctx.arrived, &tier.name, Some((admitted.ttft_budget, admitted.e2e_budget)))
+            .traced(trace.clone());
+    let meter = crate::usage::Meter::new(
+        Arc::clone(&app.usage),
+        (&tenant.name, key.map_or(crate::usage::POLICY_KEY, |k| k.id.as_str()), &out.gen.model),
+        prompt_tokens,
+        wire.stream(),
+    );
+    let predicted = admitted.verdict.predicted_ttft_ms;
+    let permit = Permit::new(observer, hold, admitted.ticket, Arc::clone(policy), predicted).metered(meter);
+    let slot = engine_slot(admitted.start, admitted.ttft_budget, (policy, &tier.name), &verdict);
+    let first = traced::gate(&trace, slot).await?;
+    let timeout = admitted.e2e_budget.max(tier.e2e);
+    // From here every answer, error or not, carries the verdict.
+    let run = Admitted { out, first, work: admitted.work, timeout, permit };
+    respond(app, wire, run)
+        .await
+        .map(|mut resp| {
+            resp.extensions_mut().insert(verdict.clone());
+            resp
+        })
+        .map_err(|error| Failed { error, verdict: Some(verdict) })
+}
+
+/// A generation request ready for admission.
+struct Prepared {
+    gen: GenerateRequest,
+    wire: Wire,
+    kind: Kind,
+    /// The body an OpenAI-speaking upstream is sent.
+    body: bytes::Bytes,
+    prompt_tokens: u32,
+    upstream_only: bool,
+    /// The prompt's block hashes (prefix-aware routing).
+    prefix: Vec<u64>,
+    trace: RequestTrace,
+    /// `x-slo-ttft-ms`, `x-slo-e2e-ms`.
+    hints: (Option<std::time::Duration>, Option<std::time::Duration>),
+}
+
+/// Reads the request of any API as OpenAI's (typed and validated, unknown
+/// parameters named), checks the model, the key's models, the budgets and
+/// the passthrough parameters, applies the tier (context ceiling, output
+/// cap), and makes the answer's encoder.
+async fn prepare(
+    app: &App,
+    policy: &Arc<PolicyDocument>,
+    (tenant, tier): (&Tenant, &Tier),
+    req: &mut Req,
+    (front, key): (Front, Option<&crate::keys::KeyRecord>),
+    ctx: &Ident,
+) -> Result<Prepared, Failed> {
+    let request_id = ctx.request_id.as_str();
     let min_hint = policy.admission.min_hint_ms;
     let ttft_hint = slo_hint(req.headers(), "x-slo-ttft-ms", tier.ttft, min_hint)?; // per-request SLO, clamped to the tier
     let e2e_hint = slo_hint(req.headers(), "x-slo-e2e-ms", tier.e2e, min_hint)?;
     let body = req.take_read(); // read by the body layer: bounded memory and time
-                                // Any API's request as OpenAI's; typed and validated, unknown parameters named.
     let Inbound { parsed, body, form } = inbound(app, policy, tenant, front, req.headers(), body).await?;
     let kind = parsed.kind;
     if policy.model(&parsed.model).is_none() {
@@ -253,8 +342,8 @@ async fn completions(
         Some(_) => true,
         None => false,
     };
-    let (mut encoder, mut gen, prompt_tokens) = plan(parsed, tier, request_id)?; // tier ceiling and cap
-    let mut wire = match form {
+    let (mut encoder, gen, prompt_tokens) = plan(parsed, tier, request_id)?; // tier ceiling and cap
+    let wire = match form {
         Form::OpenAi => Wire::OpenAi(encoder),
         Form::Anthropic => Wire::Anthropic(anthropic::Encoder::new(
             format!("msg_{request_id}"),
@@ -280,60 +369,36 @@ async fn completions(
     };
     let trace = req.parts.extensions.get::<RequestTrace>().cloned().unwrap_or_default();
     traced::describe(&trace, kind, &gen.model, (gen.max_tokens, wire.stream()), (tenant, tier));
-    // This gateway's or fleet-wide tenant limits.
-    let hold =
-        tenant_limits(app, (tenant, tier), u64::from(prompt_tokens) + u64::from(gen.max_tokens), req).await?;
-    // Admission: admit, degrade or refuse against the tier's SLO, fast.
-    let ask = AdmitRequest {
-        tenant,
-        tier,
-        model: &gen.model,
+    Ok(Prepared {
+        gen,
+        wire,
+        kind,
+        body,
         prompt_tokens,
-        max_tokens: gen.max_tokens,
-        sampling: gen.temperature.is_some_and(|t| t > 0.0),
-        ttft_hint,
-        e2e_hint,
         upstream_only,
-        prefix: &prefix,
-    };
-    let admitted = traced::admit(app, policy, &ask, &trace)
-        .map_err(|r| Failed { error: r.error, verdict: Some(r.verdict) })?;
-    let verdict = admitted.verdict.clone();
-    // From here every answer, error or not, carries the verdict.
-    let failed = |error: ApiError| Failed { error, verdict: Some(verdict.clone()) };
-    gen.max_tokens = admitted.max_tokens;
-    if !admitted.sampling {
-        gen.temperature = None;
-    }
-    gen.priority_key = Some(admitted.key);
-    gen.ttft_budget_ms = u32::try_from(admitted.ttft_budget.as_millis()).ok();
-    let stamp = wire.stamp();
-    let mut out = dispatch::Outbound::new(gen, (kind.into(), body), upstream_only, stamp); // as each kind of engine is sent it
-    out.prefix = prefix;
-    out.trace = trace.clone();
-    let work = admitted.work;
-    tracing::debug!(event = "request_admitted", request_id, tenant = %tenant.name, tier = %tier.name,
-        decision = admitted.verdict.decision.as_str(), reason = %admitted.verdict.reason);
-    let observer =
-        RequestObserver::new(arrived, &tier.name, Some((admitted.ttft_budget, admitted.e2e_budget)))
-            .traced(trace.clone());
-    let predicted = admitted.verdict.predicted_ttft_ms;
-    let meter = crate::usage::Meter::new(
-        Arc::clone(&app.usage),
-        (&tenant.name, key.map_or(crate::usage::POLICY_KEY, |k| k.id.as_str()), &out.gen.model),
-        prompt_tokens,
-        wire.stream(),
-    );
-    let mut permit =
-        Permit::new(observer, hold, admitted.ticket, Arc::clone(policy), predicted).metered(meter);
-    let slot = engine_slot(admitted.start, admitted.ttft_budget, (policy, &tier.name), &verdict);
-    let first = traced::gate(&trace, slot).await?;
-    let timeout = admitted.e2e_budget.max(tier.e2e);
+        prefix,
+        trace,
+        hints: (ttft_hint, e2e_hint),
+    })
+}
+
+/// An admitted generation, through the gate.
+struct Admitted {
+    out: dispatch::Outbound,
+    first: Option<crate::engines::EngineLease>,
+    work: crate::engines::Work,
+    timeout: std::time::Duration,
+    permit: Permit,
+}
+
+/// Dispatches an admitted generation and answers: the SSE relay (the
+/// first token already in the body) or the collected answer.
+async fn respond(app: &App, mut wire: Wire, run: Admitted) -> Result<Response<GatewayBody>, ApiError> {
+    let Admitted { out, first, work, timeout, mut permit } = run;
     let limits = &app.config.limits;
     if wire.stream() {
-        let started = dispatch::start(&app.engines, &out, first, work, timeout, &mut Attempts::default())
-            .await
-            .map_err(failed)?;
+        let started =
+            dispatch::start(&app.engines, &out, first, work, timeout, &mut Attempts::default()).await?;
         let engine_id = started.inflight.engine_id().to_string();
         let engine_idx = started.inflight.engine_idx();
         let step_ms = app.engines.slot(engine_idx).decode_step_ms();
@@ -348,13 +413,11 @@ async fn completions(
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         insert_engine(h, &app.engines, engine_idx, &engine_id);
-        resp.extensions_mut().insert(verdict);
         Ok(resp)
     } else {
         let event_timeout = limits.event_timeout(None);
-        let done = relay::collect(&app.engines, &out, first, work, timeout, event_timeout, &mut permit)
-            .await
-            .map_err(failed)?;
+        let done =
+            relay::collect(&app.engines, &out, first, work, timeout, event_timeout, &mut permit).await?;
         let body = match done.verbatim {
             Some(answer) => crate::body::full(wire.complete_upstream(answer)),
             None => crate::body::full(wire.complete(&done.text, done.finish_reason, done.usage)),
@@ -362,7 +425,6 @@ async fn completions(
         let mut resp = Response::new(body);
         resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         insert_engine(resp.headers_mut(), &app.engines, done.engine_idx, &done.engine_id);
-        resp.extensions_mut().insert(verdict);
         Ok(resp)
     }
 }
