@@ -9,7 +9,17 @@ use http::{header, HeaderValue, Response, StatusCode};
 use serde_json::json;
 
 use crate::body::{full, GatewayBody};
-use crate::wire::Dialect;
+
+/// Which API's shapes an answer takes (its body and its errors); the wire
+/// formats themselves are `wire`'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Dialect {
+    /// OpenAI's (every route but the Messages API's).
+    #[default]
+    OpenAi,
+    /// Anthropic's Messages API.
+    Anthropic,
+}
 
 /// Whose fault an error was: drives alerting (only `Gateway` and `Upstream`
 /// page anyone).

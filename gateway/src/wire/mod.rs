@@ -19,15 +19,7 @@ use crate::error::ApiError;
 pub(crate) mod anthropic;
 pub mod responses;
 
-/// Which API's shapes an answer takes (its body and its errors).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) enum Dialect {
-    /// OpenAI's (every route but the Messages API's).
-    #[default]
-    OpenAi,
-    /// Anthropic's Messages API.
-    Anthropic,
-}
+pub(crate) use crate::error::Dialect;
 
 /// Writes a generation's answer in the format its request came in.
 #[derive(Debug)]
