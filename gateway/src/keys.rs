@@ -357,18 +357,22 @@ impl KeyStore {
     fn save(&self) {
         let Some(path) = &self.file else { return };
         let records: Vec<KeyRecord> = self.list().iter().map(|r| (**r).clone()).collect();
-        let result = (|| {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)?;
-            }
-            let tmp = path.with_extension("json.tmp");
-            std::fs::write(&tmp, serde_json::to_vec_pretty(&records).map_err(std::io::Error::other)?)?;
-            std::fs::rename(&tmp, path)
-        })();
-        if let Err(e) = result {
+        let bytes = serde_json::to_vec_pretty(&records).expect("key records serialise");
+        if let Err(e) = write_state(path, &bytes) {
             tracing::error!(event = "keys_file_write_failed", path = %path.display(), error = %e);
         }
     }
+}
+
+/// Writes a state file whole: into a temporary file beside it, then renamed
+/// over it, so a crash leaves the old file or the new one, never half.
+pub(crate) fn write_state(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

@@ -292,15 +292,8 @@ impl UsageStore {
             rows.retain(|r, _| r.day + KEEP_DAYS > today);
             rows.iter().map(|(r, c)| (r.clone(), *c)).collect()
         };
-        let result = (|| {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)?;
-            }
-            let tmp = path.with_extension("json.tmp");
-            std::fs::write(&tmp, serde_json::to_vec(&rows).map_err(std::io::Error::other)?)?;
-            std::fs::rename(&tmp, path)
-        })();
-        if let Err(e) = result {
+        let bytes = serde_json::to_vec(&rows).expect("usage rows serialise");
+        if let Err(e) = crate::keys::write_state(path, &bytes) {
             self.dirty.store(true, Ordering::Relaxed);
             tracing::error!(event = "usage_file_write_failed", path = %path.display(), error = %e);
         }

@@ -494,30 +494,9 @@ fn wall_minute() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 60
 }
 
-/// An admin API call (JSON in and out).
-async fn admin_json(
-    sys: &System,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value, String) {
-    let conn = sys.admin_conn().await;
-    let req = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("authorization", format!("Bearer {}", sys.admin_token()))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from(body.map_or(String::new(), |b| b.to_string()))))
-        .unwrap();
-    let resp = conn.send(req).await.unwrap();
-    let status = resp.status();
-    let text = String::from_utf8(body_bytes(resp).await.unwrap().to_vec()).unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null), text)
-}
-
 /// The usage export's rows for one key, grouped by key.
 async fn key_usage(sys: &System, id: &str) -> Value {
-    let (status, v, _) = admin_json(sys, "GET", "/admin/usage?group_by=key", None).await;
+    let (status, v) = admin_json(sys, "GET", "/admin/usage?group_by=key", None).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     v["data"].as_array().unwrap().iter().find(|r| r["key"] == id).cloned().unwrap_or(Value::Null)
 }
@@ -541,7 +520,7 @@ async fn keys_made_at_run_time_are_counted_budgeted_revoked_and_survive_a_restar
     let state_arg = state.display().to_string();
     let mut sys =
         System::start_with_policy(&paced(0, 10), 1, &["--state-dir", &state_arg], Some(&policy)).await;
-    let (status, made, _) = admin_json(
+    let (status, made) = admin_json(
         &sys,
         "POST",
         "/admin/keys",
@@ -551,7 +530,8 @@ async fn keys_made_at_run_time_are_counted_budgeted_revoked_and_survive_a_restar
     assert_eq!(status, StatusCode::CREATED, "{made}");
     let (id, secret) = (made["id"].as_str().unwrap().to_string(), made["key"].as_str().unwrap().to_string());
     assert!(made.get("hash").is_none(), "{made}");
-    let (_, listed, text) = admin_json(&sys, "GET", "/admin/keys", None).await;
+    let (_, text) = admin_text(&sys, "GET", "/admin/keys", None).await;
+    let listed = json(text.as_bytes());
     assert_eq!(listed["data"][0]["id"], id.as_str());
     assert!(!text.contains(&secret), "the secret is shown once: {text}");
     let saved = std::fs::read_to_string(state.join("keys.json")).unwrap();
@@ -605,7 +585,7 @@ async fn keys_made_at_run_time_are_counted_budgeted_revoked_and_survive_a_restar
     let (p, c) = (usage["prompt_tokens"].as_f64().unwrap(), completion as f64);
     let cost = usage["cost_usd"].as_f64().unwrap();
     assert!((cost - (p * 1000.0 + c * 2000.0) / 1e6).abs() < 1e-6, "priced at [cost.tokens]: {usage}");
-    let (_, _, csv) = admin_json(&sys, "GET", "/admin/usage?group_by=key,model&format=csv", None).await;
+    let (_, csv) = admin_text(&sys, "GET", "/admin/usage?group_by=key,model&format=csv", None).await;
     assert!(
         csv.starts_with("key,model,requests,prompt_tokens,completion_tokens,cached_tokens,cost_usd\n"),
         "{csv}"
@@ -629,22 +609,22 @@ async fn keys_made_at_run_time_are_counted_budgeted_revoked_and_survive_a_restar
     assert!(retry > 0 && retry <= 86_400, "until midnight UTC: {retry}");
 
     // Rotation retires the old secret; revocation the key.
-    let (status, rotated, _) = admin_json(&sys, "POST", &format!("/admin/keys/{id}/rotate"), None).await;
+    let (status, rotated) = admin_json(&sys, "POST", &format!("/admin/keys/{id}/rotate"), None).await;
     assert_eq!(status, StatusCode::OK, "{rotated}");
     let fresh = rotated["key"].as_str().unwrap().to_string();
     assert_eq!(conn.send(chat(&secret, false)).await.unwrap().status(), StatusCode::UNAUTHORIZED);
-    let (status, second, _) =
+    let (status, second) =
         admin_json(&sys, "POST", "/admin/keys", Some(json!({"tenant": "demo-bronze", "expires_in_s": 3600})))
             .await;
     assert_eq!(status, StatusCode::CREATED);
     let (id2, secret2) =
         (second["id"].as_str().unwrap().to_string(), second["key"].as_str().unwrap().to_string());
     assert_eq!(conn.send(chat(&secret2, false)).await.unwrap().status(), StatusCode::OK);
-    let (status, _, _) = admin_json(&sys, "DELETE", &format!("/admin/keys/{id2}"), None).await;
+    let (status, _) = admin_json(&sys, "DELETE", &format!("/admin/keys/{id2}"), None).await;
     assert_eq!(status, StatusCode::OK);
     let resp = conn.send(chat(&secret2, false)).await.unwrap();
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
-    let (_, audit, _) = admin_json(&sys, "GET", "/admin/policies/audit", None).await;
+    let (_, audit) = admin_json(&sys, "GET", "/admin/policies/audit", None).await;
     let summaries: Vec<&str> =
         audit["entries"].as_array().unwrap().iter().filter_map(|e| e["summary"].as_str()).collect();
     for what in ["made", "rotated", "revoked"] {
@@ -653,7 +633,7 @@ async fn keys_made_at_run_time_are_counted_budgeted_revoked_and_survive_a_restar
             "{what}: {summaries:?}"
         );
     }
-    let (status, bad, _) = admin_json(&sys, "POST", "/admin/keys", Some(json!({"tenant": "nobody"}))).await;
+    let (status, bad) = admin_json(&sys, "POST", "/admin/keys", Some(json!({"tenant": "nobody"}))).await;
     assert_eq!((status, &bad["error"]["param"]), (StatusCode::BAD_REQUEST, &json!("tenant")));
     let before = key_usage(&sys, &id).await;
 

@@ -272,21 +272,6 @@ async fn redis_dying_under_load_fails_no_request_and_state_comes_back() {
     assert!(failed.is_empty(), "{} of {sent} failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
 }
 
-/// An admin API call on `sys` (JSON in and out).
-async fn admin_json(sys: &System, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-    let conn = sys.admin_conn().await;
-    let req = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("authorization", format!("Bearer {}", sys.admin_token()))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.map_or(String::new(), |b| b.to_string()))))
-        .unwrap();
-    let resp = conn.send(req).await.unwrap();
-    let status = resp.status();
-    (status, json(&body_bytes(resp).await.unwrap()))
-}
-
 /// Polls `ok` every 100 ms for at most `within`; how long it took.
 async fn within(within: Duration, what: &str, mut ok: impl AsyncFnMut() -> bool) -> Duration {
     let started = Instant::now();

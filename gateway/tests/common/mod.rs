@@ -512,3 +512,35 @@ pub fn promtool_lint(text: &str) -> String {
     let vllm_colon = |l: &str| l.starts_with("vllm:") && l.ends_with("metric names should not contain ':'");
     said.lines().filter(|l| !l.trim().is_empty() && !vllm_colon(l)).collect::<Vec<_>>().join("\n")
 }
+
+/// An admin API call on `sys` with its admin token, a JSON body: the
+/// status and the JSON answer (`Null` when it is not JSON).
+pub async fn admin_json(
+    sys: &System,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (http::StatusCode, serde_json::Value) {
+    let (status, text) = admin_text(sys, method, path, body).await;
+    (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+}
+
+/// As [`admin_json`], the answer as text (CSV exports, secrets searched for).
+pub async fn admin_text(
+    sys: &System,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (http::StatusCode, String) {
+    let conn = sys.admin_conn().await;
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("authorization", format!("Bearer {}", sys.admin_token()))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.map_or(String::new(), |b| b.to_string()))))
+        .unwrap();
+    let resp = conn.send(req).await.unwrap();
+    let status = resp.status();
+    (status, String::from_utf8(body_bytes(resp).await.unwrap().to_vec()).unwrap())
+}
