@@ -9,47 +9,62 @@
 //! in the request; the policy layer writes the headers on the answer,
 //! error answers included.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::wire::Dialect;
 
-/// A caller's standing against one per-minute limit.
+/// A caller's standing against one limit: its size, what is used of it,
+/// and the seconds until it resets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Window {
-    pub limit: u32,
+    pub limit: u64,
     pub used: u64,
+    pub reset_s: u64,
 }
 
 impl Window {
     fn remaining(&self) -> u64 {
-        u64::from(self.limit).saturating_sub(self.used)
+        self.limit.saturating_sub(self.used)
     }
 }
 
-/// The caller's standing: its tier's request and token windows (those it
-/// has), and the seconds until they reset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The caller's standing: the requests trio (the tier's
+/// `requests_per_minute`) and the tokens trio (the tier's
+/// `tokens_per_minute`, else the tightest token budget of the tenant or
+/// the key, whose reset is then a day or a month away).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Standing {
     pub requests: Option<Window>,
     pub tokens: Option<Window>,
-    pub reset_s: u32,
 }
 
 /// Where the router leaves the standing for the policy layer (a request
-/// extension; set at most once).
+/// extension).
 #[derive(Debug, Default, Clone)]
-pub(crate) struct RateSlot(Arc<OnceLock<Standing>>);
+pub(crate) struct RateSlot(Arc<Mutex<Standing>>);
 
 impl RateSlot {
-    pub fn set(&self, standing: Standing) {
-        let _ = self.0.set(standing);
+    fn lock(&self) -> std::sync::MutexGuard<'_, Standing> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The tier's per-minute windows (they win over a budget's tokens).
+    pub fn minute(&self, requests: Option<Window>, tokens: Option<Window>) {
+        let mut s = self.lock();
+        s.requests = requests.or(s.requests);
+        s.tokens = tokens.or(s.tokens);
+    }
+
+    /// A token budget, when no per-minute token window is set.
+    pub fn budget(&self, tokens: Window) {
+        self.lock().tokens.get_or_insert(tokens);
     }
 
     /// Writes the standing's headers in `dialect`'s names.
     pub fn write(&self, h: &mut HeaderMap, dialect: Dialect) {
-        let Some(s) = self.0.get() else { return };
+        let s = *self.lock();
         for (what, window) in [("requests", s.requests), ("tokens", s.tokens)] {
             let Some(w) = window else { continue };
             let names = match dialect {
@@ -65,11 +80,11 @@ impl RateSlot {
                 ],
             };
             let reset = match dialect {
-                // OpenAI: a duration ("17s"); Anthropic: when, RFC 3339.
-                Dialect::OpenAi => format!("{}s", s.reset_s),
-                Dialect::Anthropic => crate::audit::rfc3339(
-                    crate::clock::wall() + std::time::Duration::from_secs(u64::from(s.reset_s)),
-                ),
+                // OpenAI: a duration ("17s", "6h0m0s"); Anthropic: when, RFC 3339.
+                Dialect::OpenAi => duration(w.reset_s),
+                Dialect::Anthropic => {
+                    crate::audit::rfc3339(crate::clock::wall() + std::time::Duration::from_secs(w.reset_s))
+                }
             };
             let values = [w.limit.to_string(), w.remaining().to_string(), reset];
             for (name, value) in names.into_iter().zip(values) {
@@ -78,6 +93,15 @@ impl RateSlot {
                 }
             }
         }
+    }
+}
+
+/// Seconds as OpenAI writes a reset: `17s`, `6m0s`, `2h5m0s`.
+fn duration(s: u64) -> String {
+    match (s / 3600, s % 3600 / 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, m, sec) => format!("{m}m{sec}s"),
+        (h, m, sec) => format!("{h}h{m}m{sec}s"),
     }
 }
 
@@ -91,16 +115,26 @@ mod tests {
         let mut h = HeaderMap::new();
         slot.write(&mut h, Dialect::OpenAi);
         assert!(h.is_empty(), "nothing recorded: no headers");
-        slot.set(Standing {
-            requests: Some(Window { limit: 60, used: 5 }),
-            tokens: Some(Window { limit: 1000, used: 1200 }),
-            reset_s: 17,
-        });
+        slot.budget(Window { limit: 1_000_000, used: 10, reset_s: 86_000 });
+        slot.minute(
+            Some(Window { limit: 60, used: 5, reset_s: 17 }),
+            Some(Window { limit: 1000, used: 1200, reset_s: 17 }),
+        );
         slot.write(&mut h, Dialect::OpenAi);
         assert_eq!(h["x-ratelimit-limit-requests"], "60");
         assert_eq!(h["x-ratelimit-remaining-requests"], "55");
         assert_eq!(h["x-ratelimit-reset-requests"], "17s");
-        assert_eq!(h["x-ratelimit-remaining-tokens"], "0", "never negative");
+        assert_eq!(h["x-ratelimit-remaining-tokens"], "0", "never negative; the minute's window wins");
+        let only_budget = RateSlot::default();
+        only_budget.budget(Window { limit: 500, used: 120, reset_s: 7_384 });
+        let mut b = HeaderMap::new();
+        only_budget.write(&mut b, Dialect::OpenAi);
+        assert_eq!(
+            (&b["x-ratelimit-limit-tokens"], &b["x-ratelimit-remaining-tokens"]),
+            (&"500".parse::<HeaderValue>().unwrap(), &"380".parse::<HeaderValue>().unwrap())
+        );
+        assert_eq!(b["x-ratelimit-reset-tokens"], "2h3m4s");
+        assert!(!b.contains_key("x-ratelimit-limit-requests"));
         let mut a = HeaderMap::new();
         slot.write(&mut a, Dialect::Anthropic);
         assert_eq!(a["anthropic-ratelimit-requests-remaining"], "55");

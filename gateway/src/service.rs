@@ -331,8 +331,12 @@ async fn prepare(
     if key.and_then(|k| k.models.as_ref()).is_some_and(|allowed| !allowed.contains(&parsed.model)) {
         return Err(ApiError::ModelNotAllowed(parsed.model).into());
     }
-    // A spent budget (the tenant's or the key's) refuses before any work.
-    app.usage.check(tenant, key, crate::clock::unix_s() as u64)?;
+    // A spent budget (the tenant's or the key's) refuses before any work;
+    // the tightest token budget left is the rate-limit headers' tokens.
+    let budget = app.usage.check(tenant, key, crate::clock::unix_s() as u64)?;
+    if let (Some(w), Some(slot)) = (budget, req.parts.extensions.get::<crate::ratelimit::RateSlot>()) {
+        slot.budget(w);
+    }
     let upstream_only = match parsed.upstream_param.clone() {
         // A passthrough parameter: only a third-party engine can honour it.
         Some(param) if !app.engines.has_upstream_for(&parsed.model) => {
@@ -529,25 +533,26 @@ pub(crate) async fn tenant_limits(
     let result = app.cluster.acquire(&tenant.name, limits, tokens, now_ms).await;
     // The caller's standing, for the rate-limit headers (ratelimit.rs).
     if let Some(slot) = req.parts.extensions.get::<crate::ratelimit::RateSlot>() {
-        let window =
-            |limit: Option<u32>, used: u64| limit.map(|limit| crate::ratelimit::Window { limit, used });
+        let reset_s = u64::from(crate::cluster::retry_after_window(now_ms));
+        let window = |limit: Option<u32>, used: u64| {
+            limit.map(|limit| crate::ratelimit::Window { limit: u64::from(limit), used, reset_s })
+        };
         let used = match &result {
-            Ok(grant) => grant.used,
+            Ok(grant) => Some(grant.used),
             Err(crate::cluster::Denied::Requests { limit, .. }) => {
-                crate::cluster::Used { requests: u64::from(*limit), tokens: 0 }
+                Some(crate::cluster::Used { requests: u64::from(*limit), tokens: 0 })
             }
             Err(crate::cluster::Denied::Tokens { limit, .. }) => {
-                crate::cluster::Used { requests: 0, tokens: u64::from(*limit) }
+                Some(crate::cluster::Used { requests: 0, tokens: u64::from(*limit) })
             }
-            Err(crate::cluster::Denied::Concurrency { .. }) => crate::cluster::Used::default(),
+            // A concurrency refusal says nothing of the windows.
+            Err(crate::cluster::Denied::Concurrency { .. }) => None,
         };
-        let standing = crate::ratelimit::Standing {
-            requests: window(limits.requests_per_minute, used.requests),
-            tokens: window(limits.tokens_per_minute, used.tokens),
-            reset_s: crate::cluster::retry_after_window(now_ms),
-        };
-        if !matches!(result, Err(crate::cluster::Denied::Concurrency { .. })) {
-            slot.set(standing); // a concurrency refusal says nothing of the windows
+        if let Some(used) = used {
+            slot.minute(
+                window(limits.requests_per_minute, used.requests),
+                window(limits.tokens_per_minute, used.tokens),
+            );
         }
     }
     match result {

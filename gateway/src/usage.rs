@@ -235,36 +235,48 @@ impl UsageStore {
     }
 
     /// `Err(budget_exceeded)` when the tenant's budget or its key's is
-    /// spent (checked before any engine work).
+    /// spent (checked before any engine work); else the token budget with
+    /// the least left, if any (the rate-limit headers' tokens).
     pub fn check(
         &self,
         tenant: &policies::Tenant,
         key: Option<&crate::keys::KeyRecord>,
         now_s: u64,
-    ) -> Result<(), ApiError> {
+    ) -> Result<Option<crate::ratelimit::Window>, ApiError> {
         let today = day_of(now_s);
+        let (_, next_month) = month_bounds(today);
+        let until = |day: u32| (u64::from(day) * 86_400).saturating_sub(now_s);
         let mut budgets = vec![("tenant", &tenant.budget, None)];
         if let Some(k) = key {
             budgets.push(("key", &k.budget, Some(k.id.as_str())));
         }
+        let mut tightest: Option<crate::ratelimit::Window> = None;
         for (whose, budget, key) in budgets {
             if !budget.is_set() {
                 continue;
             }
             let s = self.spent(&tenant.name, key, today);
             if let Some((what, limit)) = exceeded(budget, &s) {
-                let (_, next_month) = month_bounds(today);
                 let resets = if what == "tokens_per_day" { today + 1 } else { next_month };
-                let reset_s = u64::from(resets) * 86_400;
                 return Err(ApiError::BudgetExceeded {
                     budget: format!("{whose} {what}"),
                     limit,
                     resets: day_string(resets),
-                    retry_after_s: u32::try_from(reset_s.saturating_sub(now_s)).unwrap_or(u32::MAX),
+                    retry_after_s: u32::try_from(until(resets)).unwrap_or(u32::MAX),
                 });
             }
+            let windows = [
+                budget.tokens_per_day.map(|l| (l, s.day_tokens, until(today + 1))),
+                budget.tokens_per_month.map(|l| (l, s.month_tokens, until(next_month))),
+            ];
+            for (limit, used, reset_s) in windows.into_iter().flatten() {
+                let w = crate::ratelimit::Window { limit, used, reset_s };
+                if tightest.is_none_or(|t| w.limit.saturating_sub(w.used) < t.limit.saturating_sub(t.used)) {
+                    tightest = Some(w);
+                }
+            }
         }
-        Ok(())
+        Ok(tightest)
     }
 
     /// The rows of days `from..=to`, summed by the `group_by` dimensions
@@ -639,7 +651,8 @@ mod tests {
         );
         assert_eq!(e.retry_after_s(), Some(23 * 3600));
         let month = Budget { tokens_per_month: Some(301), ..Budget::default() };
-        assert!(store.check(&budget(month), None, now).is_ok(), "300 of 301");
+        let left = store.check(&budget(month), None, now).unwrap().unwrap();
+        assert_eq!((left.limit, left.used), (301, 300), "300 of 301: the window the headers show");
         let usd = Budget { usd_per_month: Some(0.0015), ..Budget::default() };
         assert!(
             store.check(&budget(usd), None, now).is_err(),

@@ -543,6 +543,10 @@ async fn keys_made_at_run_time_are_counted_budgeted_revoked_and_survive_a_restar
     for stream in [false, true] {
         let resp = conn.send(chat(&secret, stream)).await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
+        // No per-minute token limit on silver: the key's day budget is the
+        // tokens trio, resetting at midnight UTC.
+        assert_eq!(header(&resp, "x-ratelimit-limit-tokens"), "120");
+        assert!(header(&resp, "x-ratelimit-reset-tokens").ends_with('s'), "{:?}", resp.headers());
         let _ = body_bytes(resp).await.unwrap();
     }
     // Anthropic's header works for the same key; another model does not.

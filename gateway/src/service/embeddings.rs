@@ -95,7 +95,10 @@ pub(crate) async fn serve(
     if key.and_then(|k| k.models.as_ref()).is_some_and(|allowed| !allowed.contains(&e.model)) {
         return Err(ApiError::ModelNotAllowed(e.model).into());
     }
-    app.usage.check(tenant, key, crate::clock::unix_s() as u64)?;
+    let budget = app.usage.check(tenant, key, crate::clock::unix_s() as u64)?;
+    if let (Some(w), Some(slot)) = (budget, req.parts.extensions.get::<crate::ratelimit::RateSlot>()) {
+        slot.budget(w);
+    }
     if !app.engines.has_upstream_for(&e.model) {
         let message = "no engine serving this model computes embeddings".into();
         return Err(ApiError::UnsupportedParameter { param: "model".into(), message }.into());
