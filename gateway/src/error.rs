@@ -94,6 +94,10 @@ pub enum ApiError {
     /// The tenant used its tier's requests or tokens for this minute.
     #[error("your organization has used its {limit} {what} per minute; retry in {retry_after_s} s")]
     RateLimited { what: &'static str, limit: u32, retry_after_s: u32 },
+    /// No engine, even idle, can meet the request's targets: not an
+    /// overload (no Retry-After).
+    #[error("{message}")]
+    SloUnattainable { message: String },
     /// Admission refused the request for capacity; `reason` is the stable
     /// label (`ttft_infeasible`, `e2e_infeasible`, `kv_headroom`,
     /// `deadline_unreachable`, `brownout_context`).
@@ -166,6 +170,7 @@ impl ApiError {
             ApiError::RateLimited { .. } => "rate_limit_video_streams",
             ApiError::VideoStreamLimit { .. } => "video_stream_limit",
             ApiError::Overloaded { reason, .. } => reason,
+            ApiError::SloUnattainable { .. } => "slo_unattainable",
             ApiError::StreamNotFound(_) => "stream_not_found",
             ApiError::VideoNotFound(_) => "video_not_found",
             ApiError::ResponseNotFound(_) => "response_not_found",
@@ -190,7 +195,7 @@ impl ApiError {
             | ApiError::ExpiredKey
             | ApiError::MissingAdminToken
             | ApiError::InvalidAdminToken => StatusCode::UNAUTHORIZED,
-            ApiError::InvalidPolicy(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::InvalidPolicy(_) | ApiError::SloUnattainable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::AdminApiOff | ApiError::ModelNotAllowed(_) => StatusCode::FORBIDDEN,
             ApiError::UnknownPolicyVersion(_)
             | ApiError::StreamNotFound(_)

@@ -195,16 +195,33 @@ async fn degradation_lowers_max_tokens_to_fit_the_e2e_hint() {
     let served = v["usage"]["completion_tokens"].as_u64().unwrap();
     assert!((140..=155).contains(&served), "served {served} tokens");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
-    // A hint under the floor's cost (64 tokens x 20 ms) cannot be met: 503.
-    let req = request(
-        "/v1/completions",
-        SILVER,
-        completion(&long_prompt(250), 200, false),
-        &[("x-slo-e2e-ms", "1000")],
-    );
-    let resp = conn.send(req).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(header(&resp, "x-admission-reason"), "e2e_infeasible");
+    // A hint under the floor's cost (64 tokens x 20 ms) cannot be met even
+    // by an idle engine: no overload, so no 503. Silver (`unattainable =
+    // "best_effort"` in the shipped policy) is served, saying so; bronze
+    // (`"refuse"`) gets a 422 naming the prediction, and no Retry-After.
+    // (Bronze's floor is 32 tokens, 640 ms: its hints are 200 ms to the
+    // first token and 500 ms in all; an end-to-end target is never below
+    // the TTFT one, 3 s for bronze.)
+    let unattainable = |key: &str, ttft: &str, e2e: &str| {
+        let hints = [("x-slo-ttft-ms", ttft), ("x-slo-e2e-ms", e2e)];
+        request("/v1/completions", key, completion(&long_prompt(250), 200, false), &hints)
+    };
+    let resp = conn.send(unattainable(SILVER, "1000", "1000")).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "x-admission"), "degraded");
+    assert!(header(&resp, "x-admission-reason").ends_with("slo_unattainable"), "{:?}", resp.headers());
+    let _ = body_bytes(resp).await;
+    let resp = conn.send(unattainable(BRONZE, "200", "500")).await.unwrap();
+    if resp.status() != StatusCode::UNPROCESSABLE_ENTITY {
+        let (status, headers) = (resp.status(), format!("{:?}", resp.headers()));
+        panic!("{status} {headers}: {}", String::from_utf8_lossy(&body_bytes(resp).await.unwrap()));
+    }
+    assert_eq!(resp.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(resp.headers().get("retry-after").is_none(), "retrying never helps");
+    assert_eq!(header(&resp, "x-admission-reason"), "slo_unattainable");
+    let v = json(&body_bytes(resp).await.unwrap());
+    assert_eq!(v["error"]["code"], "slo_unattainable");
+    assert!(v["error"]["message"].as_str().unwrap().contains("idle engine"), "{v}");
     // Hints are validated.
     let req = request("/v1/completions", SILVER, completion("hi", 5, false), &[("x-slo-ttft-ms", "soon")]);
     let resp = conn.send(req).await.unwrap();

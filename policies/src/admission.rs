@@ -107,6 +107,22 @@ impl Degradation {
     }
 }
 
+/// A tier's answer to a request whose SLO no engine could meet even idle:
+/// serve it anyway, saying so (`x-admission: degraded`, reason
+/// `slo_unattainable`), or refuse it with a 4xx that names the prediction
+/// and the budget (no Retry-After: retrying never helps). `overload`
+/// answers it as an overload (503 and a Retry-After), as before this
+/// distinction existed: the default of a tier that does not choose; the
+/// shipped policy chooses for every tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unattainable {
+    BestEffort,
+    Refuse,
+    #[default]
+    Overload,
+}
+
 /// One engine as admission sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
@@ -201,6 +217,8 @@ pub struct Ask<'a> {
     /// prefixes among them) spread over its engines instead of piling onto
     /// the first.
     pub turn: u64,
+    /// The tier's answer when even an idle engine cannot meet the SLO.
+    pub unattainable: Unattainable,
 }
 
 /// Where and how an admitted request runs.
@@ -222,6 +240,8 @@ pub struct Plan {
     pub nominal_ttft_ms: f64,
     /// The ladder steps taken, in order (empty: admitted as asked).
     pub steps: Vec<Degradation>,
+    /// Served best-effort: no engine, even idle, meets the SLO.
+    pub unattainable: bool,
 }
 
 /// Why a request is refused.
@@ -235,6 +255,9 @@ pub enum RejectReason {
     KvHeadroom,
     /// No ready engine of the class.
     NoEngine,
+    /// Even an idle engine of every class it may use misses the SLO: not
+    /// an overload (the tier's `unattainable = "refuse"`).
+    Unattainable,
 }
 
 impl RejectReason {
@@ -244,6 +267,7 @@ impl RejectReason {
             RejectReason::E2eInfeasible => "e2e_infeasible",
             RejectReason::KvHeadroom => "kv_headroom",
             RejectReason::NoEngine => "no_ready_engine",
+            RejectReason::Unattainable => "slo_unattainable",
         }
     }
 }
@@ -512,8 +536,8 @@ pub fn decide(
             steps.push(*step);
         }
     }
-    if fits(&best) {
-        return Decision::Admit(Plan {
+    let admit = |best: &Fit, steps: Vec<Degradation>, unattainable: bool| {
+        Decision::Admit(Plan {
             engine: best.engine,
             class,
             max_tokens,
@@ -523,7 +547,34 @@ pub fn decide(
             wait_ms: best.wait_ms,
             nominal_ttft_ms: best.nominal_ttft_ms,
             steps,
-        });
+            unattainable,
+        })
+    };
+    if fits(&best) {
+        return admit(&best, steps, false);
+    }
+    // Would an idle engine meet it (at the output floor, greedy: the most
+    // the ladder could do)? If not, this is no overload.
+    let least = out.min(ask.output_floor.max(1));
+    let unattainable = || idle_best(&cx, ask, least, false, class).filter(|f| !fits(f));
+    match ask.unattainable {
+        Unattainable::Overload => {}
+        Unattainable::BestEffort if unattainable().is_some() => return admit(&best, steps, true),
+        Unattainable::Refuse => {
+            if let Some(idle) = unattainable() {
+                return Decision::Reject(Rejection {
+                    reason: RejectReason::Unattainable,
+                    retry_after_s: 0,
+                    predicted_ttft_ms: if idle.ttft_ms > ask.ttft_budget_ms {
+                        idle.ttft_ms
+                    } else {
+                        idle.e2e_ms
+                    },
+                    predicted_wait_ms: 0.0,
+                });
+            }
+        }
+        Unattainable::BestEffort => {}
     }
     let (reason, excess) = if best.ttft_ms > ask.ttft_budget_ms {
         (RejectReason::TtftInfeasible, best.ttft_ms - ask.ttft_budget_ms)
@@ -536,6 +587,24 @@ pub fn decide(
         predicted_ttft_ms: best.ttft_ms,
         predicted_wait_ms: best.wait_ms,
     })
+}
+
+/// The best fit of `ask` on an idle engine (nothing running, nothing
+/// waiting) of its class or its overflow class: whether its SLO is
+/// attainable at all.
+fn idle_best(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit> {
+    let idle: Vec<Candidate> = cx
+        .engines
+        .iter()
+        .map(|e| Candidate { active: 0, active_out_tokens: 0, prefill_backlog_tokens: 0, ..e.clone() })
+        .collect();
+    let calm = Ask { queue_ahead_out_tokens: 0.0, ..ask.clone() };
+    let cx = Cx { engines: &idle, ..*cx };
+    [Some(class), ask.overflow_class]
+        .into_iter()
+        .flatten()
+        .filter_map(|c| fit(&cx, &calm, out, sampling, c))
+        .min_by(|a, b| a.e2e_ms.total_cmp(&b.e2e_ms).then(a.ttft_ms.total_cmp(&b.ttft_ms)))
 }
 
 /// Marks the long-prompt lane: the first `lane_engines` candidates of each

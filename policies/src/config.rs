@@ -197,6 +197,9 @@ pub struct Tier {
     pub degradations: Vec<Degradation>,
     /// Engine class the `faster_class` degradation moves requests to.
     pub overflow_class: Option<String>,
+    /// What to do with a request whose SLO even an idle engine of any
+    /// class it may use cannot meet (not an overload: retrying never helps).
+    pub unattainable: crate::admission::Unattainable,
 }
 
 /// A tenant: who is calling, and on which tier.
@@ -345,6 +348,8 @@ struct RawTier {
     #[serde(default = "all_degradations")]
     degradations: Vec<Degradation>,
     overflow_class: Option<String>,
+    #[serde(default)]
+    unattainable: crate::admission::Unattainable,
 }
 
 fn all_degradations() -> Vec<Degradation> {
@@ -436,6 +441,7 @@ impl PolicyDocument {
                 tokens_per_minute: t.tokens_per_minute,
                 degradations: t.degradations,
                 overflow_class: t.overflow_class,
+                unattainable: t.unattainable,
             });
         }
         if tiers.is_empty() {

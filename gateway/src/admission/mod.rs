@@ -452,6 +452,18 @@ fn api_error(tier: &str, r: &Refusal) -> ApiError {
             "no engine slot freed within the {:.0} ms TTFT budget; retry shortly",
             r.ttft_budget_ms
         ),
+        Reason::SloUnattainable => {
+            return ApiError::SloUnattainable {
+                message: format!(
+                    "this request cannot meet tier {tier}'s targets even on an idle engine: predicted {:.0} ms \
+                     against a {:.0} ms TTFT and {:.0} ms end-to-end budget; shorten the prompt or the output, \
+                     or use a tier with longer targets (retrying will not help)",
+                    r.predicted_ttft_ms.unwrap_or(f64::INFINITY),
+                    r.ttft_budget_ms,
+                    r.e2e_budget_ms
+                ),
+            }
+        }
     };
     ApiError::Overloaded { reason: r.reason.label(), message, retry_after_s }
 }

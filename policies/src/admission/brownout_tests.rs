@@ -48,7 +48,10 @@ fn brownout_stays_at_level_0_while_served_requests_meet_their_budgets() {
 
 #[test]
 fn capacity_refusals_raise_brownout() {
-    let p = policy();
+    let mut p = policy();
+    // A 50 ms target no idle engine meets either: answered as an overload
+    // here (what this test is about), not served best-effort.
+    p.tiers.iter_mut().for_each(|t| t.unattainable = crate::admission::Unattainable::Overload);
     let mut ctl = Controller::new();
     let full = engines(&mut ctl, 1, 8, 8);
     let mut r = tight(&p);

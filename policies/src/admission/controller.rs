@@ -250,6 +250,7 @@ impl Controller {
             // work, the output part in the same proportion.
             queue_ahead_out_tokens: ahead_tokens as f64 * f64::from(mean_out) / n_hat.max(1) as f64,
             turn: self.rr_turn,
+            unattainable: tier.unattainable,
         };
         self.rr_turn += 1;
         let plan = match decide(&ask, engines, &self.models, &policy.estimator, &policy.admission) {
@@ -257,6 +258,9 @@ impl Controller {
             Decision::Admit(plan) => plan,
         };
         steps.extend(plan.steps.iter().map(|d| Step::Ladder(*d)));
+        if plan.unattainable {
+            steps.push(Step::SloUnattainable);
+        }
         self.wait_signal.push(now, plan.wait_ms / ask.ttft_budget_ms);
         let work = Work {
             tokens: u64::from(r.prompt_tokens) + u64::from(plan.max_tokens),
@@ -289,12 +293,14 @@ impl Controller {
     /// the typed refusal with what admission predicted.
     fn refuse(&mut self, now: f64, ask: &Ask, rej: &Rejection, level: usize) -> Outcome {
         // A capacity refusal is trouble brownout can relieve; no engine at
-        // all is not.
-        if rej.reason != RejectReason::NoEngine {
+        // all is not, nor a request no engine could serve in time.
+        if !matches!(rej.reason, RejectReason::NoEngine | RejectReason::Unattainable) {
             self.trouble.push(now, REFUSED);
         }
-        let wait = rej.predicted_wait_ms / ask.ttft_budget_ms;
-        self.wait_signal.push(now, if wait.is_finite() { wait } else { 10.0 });
+        if rej.reason != RejectReason::Unattainable {
+            let wait = rej.predicted_wait_ms / ask.ttft_budget_ms;
+            self.wait_signal.push(now, if wait.is_finite() { wait } else { 10.0 });
+        }
         let mut refusal = Refusal::new(rej.reason.into(), rej.retry_after_s, level);
         refusal.predicted_ttft_ms = Some(rej.predicted_ttft_ms).filter(|x| x.is_finite());
         refusal.ttft_budget_ms = ask.ttft_budget_ms;

@@ -40,6 +40,8 @@ pub struct Request<'a> {
 pub enum Step {
     /// The brownout level's output cap lowered `max_tokens`.
     BrownoutOutputCap,
+    /// Served best-effort: no engine, even idle, meets the tier's SLO.
+    SloUnattainable,
     /// A rung of the tier's degradation ladder.
     Ladder(Degradation),
 }
@@ -48,6 +50,7 @@ impl Step {
     pub fn label(self) -> &'static str {
         match self {
             Step::BrownoutOutputCap => "brownout_output_cap",
+            Step::SloUnattainable => "slo_unattainable",
             Step::Ladder(d) => d.label(),
         }
     }
@@ -68,10 +71,12 @@ pub enum Reason {
     DeadlineUnreachable,
     /// No slot freed before its wait deadline.
     QueueTimeout,
+    /// Not even an idle engine meets the SLO (a 4xx, no Retry-After).
+    SloUnattainable,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 9] = [
         Reason::TenantConcurrency,
         Reason::BrownoutContext,
         Reason::TtftInfeasible,
@@ -80,6 +85,7 @@ impl Reason {
         Reason::NoEngine,
         Reason::DeadlineUnreachable,
         Reason::QueueTimeout,
+        Reason::SloUnattainable,
     ];
 
     pub fn label(self) -> &'static str {
@@ -92,6 +98,7 @@ impl Reason {
             Reason::NoEngine => RejectReason::NoEngine.label(),
             Reason::DeadlineUnreachable => "deadline_unreachable",
             Reason::QueueTimeout => "queue_timeout",
+            Reason::SloUnattainable => RejectReason::Unattainable.label(),
         }
     }
 }
@@ -103,6 +110,7 @@ impl From<RejectReason> for Reason {
             RejectReason::E2eInfeasible => Reason::E2eInfeasible,
             RejectReason::KvHeadroom => Reason::KvHeadroom,
             RejectReason::NoEngine => Reason::NoEngine,
+            RejectReason::Unattainable => Reason::SloUnattainable,
         }
     }
 }

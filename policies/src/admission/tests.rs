@@ -42,6 +42,7 @@ fn engine(idx: usize, slots: u32, active: u32) -> Candidate {
 
 fn ask(ttft: f64, e2e: f64) -> Ask<'static> {
     Ask {
+        unattainable: Unattainable::Overload,
         tier: "gold",
         n_in: 400,
         max_tokens: 100,
@@ -297,4 +298,36 @@ fn a_decision_is_linear_in_engines_wherever_the_long_lane_sits() {
     };
     let (small, large) = (fastest(2_000), fastest(16_000));
     assert!(large < 24.0 * small, "8x the engines took {:.1}x the time", large / small);
+}
+
+#[test]
+fn a_target_no_idle_engine_can_meet_is_unattainable_not_an_overload() {
+    let models = [model("a", 10.0)];
+    let cfg = AdmissionConfig::default();
+    // 8,000 prompt tokens prefill in 800 ms on an idle engine: a 500 ms
+    // TTFT budget is out of reach whatever the load.
+    let long = Ask { n_in: 8000, unattainable: Unattainable::Refuse, ..ask(500.0, 20_000.0) };
+    let idle = [engine(0, 8, 0), engine(1, 8, 0)];
+    let r = rejected(decide(&long, &idle, &models, &est(), &cfg));
+    assert_eq!((r.reason, r.retry_after_s), (RejectReason::Unattainable, 0), "{r:?}");
+    close(r.predicted_ttft_ms, 800.0 + 10.0);
+    let busy = [engine(0, 8, 7), engine(1, 8, 7)];
+    let r = rejected(decide(&long, &busy, &models, &est(), &cfg));
+    assert_eq!(r.reason, RejectReason::Unattainable, "busy or not, it is not an overload");
+    // Best effort: admitted where it finishes first, marked.
+    let served = Ask { unattainable: Unattainable::BestEffort, ..long.clone() };
+    let p = admitted(decide(&served, &idle, &models, &est(), &cfg));
+    assert!(p.unattainable && p.engine.is_some(), "{p:?}");
+    // Attainable when idle but not now: the overload answer, as before.
+    let short = Ask { n_in: 400, unattainable: Unattainable::Refuse, ..ask(60.0, 20_000.0) };
+    let loaded = [
+        Candidate { prefill_backlog_tokens: 4000, ..engine(0, 1, 0) },
+        Candidate { prefill_backlog_tokens: 4000, ..engine(1, 1, 0) },
+    ];
+    let r = rejected(decide(&short, &loaded, &models, &est(), &cfg));
+    assert_eq!(r.reason, RejectReason::TtftInfeasible, "{r:?}");
+    assert!(r.retry_after_s >= 1);
+    // A tier that does not choose: the overload answer, as before.
+    let legacy = Ask { unattainable: Unattainable::Overload, ..long };
+    assert_eq!(rejected(decide(&legacy, &idle, &models, &est(), &cfg)).reason, RejectReason::TtftInfeasible);
 }
