@@ -32,9 +32,11 @@ use crate::wire::{anthropic, responses, Wire};
 use crate::App;
 
 mod embeddings;
+mod fronts;
 mod route;
 mod traced;
 
+use fronts::{count_tokens, inbound, stored_response, Form, Inbound};
 pub(crate) use route::{ResponsesRoute, Route};
 
 /// The API a generation request came in on: one request path, several
@@ -290,6 +292,30 @@ async fn completions(
         .map_err(|error| Failed { error, verdict: Some(verdict) })
 }
 
+/// Whether the caller may use `model`: the policy serves it, the key (if
+/// made at run time) allows it, and no budget of the tenant's or the key's
+/// is spent (refused before any work; the tightest token budget left is the
+/// rate-limit headers' tokens).
+pub(crate) fn may_use(
+    app: &App,
+    policy: &PolicyDocument,
+    (tenant, key): (&Tenant, Option<&crate::keys::KeyRecord>),
+    model: &str,
+    req: &Req,
+) -> Result<(), ApiError> {
+    if policy.model(model).is_none() {
+        return Err(ApiError::ModelNotFound(model.to_string()));
+    }
+    if key.and_then(|k| k.models.as_ref()).is_some_and(|allowed| !allowed.iter().any(|m| m == model)) {
+        return Err(ApiError::ModelNotAllowed(model.to_string()));
+    }
+    let budget = app.usage.check(tenant, key, crate::clock::unix_s() as u64)?;
+    if let (Some(w), Some(slot)) = (budget, req.parts.extensions.get::<crate::ratelimit::RateSlot>()) {
+        slot.budget(w);
+    }
+    Ok(())
+}
+
 /// A generation request ready for admission.
 struct Prepared {
     gen: GenerateRequest,
@@ -325,18 +351,7 @@ async fn prepare(
     let body = req.take_read(); // read by the body layer: bounded memory and time
     let Inbound { parsed, body, form } = inbound(app, policy, tenant, front, req.headers(), body).await?;
     let kind = parsed.kind;
-    if policy.model(&parsed.model).is_none() {
-        return Err(ApiError::ModelNotFound(parsed.model).into());
-    }
-    if key.and_then(|k| k.models.as_ref()).is_some_and(|allowed| !allowed.contains(&parsed.model)) {
-        return Err(ApiError::ModelNotAllowed(parsed.model).into());
-    }
-    // A spent budget (the tenant's or the key's) refuses before any work;
-    // the tightest token budget left is the rate-limit headers' tokens.
-    let budget = app.usage.check(tenant, key, crate::clock::unix_s() as u64)?;
-    if let (Some(w), Some(slot)) = (budget, req.parts.extensions.get::<crate::ratelimit::RateSlot>()) {
-        slot.budget(w);
-    }
+    may_use(app, policy, (tenant, key), &parsed.model, req)?;
     let upstream_only = match parsed.upstream_param.clone() {
         // A passthrough parameter: only a third-party engine can honour it.
         Some(param) if !app.engines.has_upstream_for(&parsed.model) => {
@@ -703,89 +718,4 @@ pub(crate) fn request_id(app: &App, headers: &HeaderMap) -> String {
 /// An id unique to this process start (no coordination).
 fn fresh_id(app: &App) -> String {
     format!("{:08x}{:08x}", app.id_prefix, app.next_id.fetch_add(1, Ordering::Relaxed))
-}
-
-/// A generation request in OpenAI's form, whatever API it came in on.
-struct Inbound {
-    parsed: openai::CompletionRequest,
-    /// The body an OpenAI-speaking upstream is sent (the client's own for
-    /// OpenAI's routes, the translated chat request for the others).
-    body: bytes::Bytes,
-    form: Form,
-}
-
-/// What the answer's format needs beyond the OpenAI request.
-enum Form {
-    OpenAi,
-    Anthropic,
-    Responses(responses::Translated),
-}
-
-/// Parses the request of `front` and translates it into OpenAI's chat
-/// request (the Messages and Responses APIs), which the one chat parser
-/// then bounds and validates.
-async fn inbound(
-    app: &App,
-    policy: &PolicyDocument,
-    tenant: &Tenant,
-    front: Front,
-    headers: &HeaderMap,
-    body: bytes::Bytes,
-) -> Result<Inbound, ApiError> {
-    let (chat, form) = match front {
-        Front::OpenAi(kind) => {
-            let parsed = openai::parse_for(kind, &body, &policy.models)?;
-            return Ok(Inbound { parsed, body, form: Form::OpenAi });
-        }
-        Front::Anthropic => {
-            anthropic::check_version(headers)?;
-            (anthropic::to_chat(&body, false)?.chat, Form::Anthropic)
-        }
-        Front::Responses => {
-            let previous = match responses::previous_id(&body) {
-                Some(id) => app.responses.fetch(&tenant.name, &id).await.map(|s| s.conversation),
-                None => None,
-            };
-            let mut t = responses::to_chat(&body, |_| previous)?;
-            (std::mem::take(&mut t.chat), Form::Responses(t))
-        }
-    };
-    let parsed = openai::parse_for(Kind::Chat, &chat, &policy.models)?;
-    Ok(Inbound { parsed, body: bytes::Bytes::from(chat), form })
-}
-
-/// `POST /v1/messages/count_tokens`: the prompt's tokens as admission
-/// counts them (the chat template applied), Anthropic's shape.
-fn count_tokens(policy: &PolicyDocument, req: &mut Req) -> Result<Response<GatewayBody>, ApiError> {
-    anthropic::check_version(req.headers())?;
-    let body = req.take_read();
-    let t = anthropic::to_chat(&body, true)?;
-    let parsed = openai::parse_for(Kind::Chat, &t.chat, &policy.models)?;
-    if policy.model(&t.model).is_none() {
-        return Err(ApiError::ModelNotFound(t.model));
-    }
-    let tokens = policies::tokens::count(&parsed.prompt);
-    Ok(json_response(StatusCode::OK, &json!({"input_tokens": tokens})))
-}
-
-/// `GET` / `DELETE /v1/responses/{id}`: the caller's tenant's stored
-/// response (another tenant's is not found).
-async fn stored_response(
-    app: &App,
-    tenant: &Tenant,
-    id: &str,
-    delete: bool,
-) -> Result<Response<GatewayBody>, ApiError> {
-    if delete {
-        return match app.responses.remove(&tenant.name, id).await {
-            true => {
-                Ok(json_response(StatusCode::OK, &json!({"id": id, "object": "response", "deleted": true})))
-            }
-            false => Err(ApiError::ResponseNotFound(id.to_string())),
-        };
-    }
-    match app.responses.fetch(&tenant.name, id).await {
-        Some(stored) => Ok(json_response(StatusCode::OK, &stored.response)),
-        None => Err(ApiError::ResponseNotFound(id.to_string())),
-    }
 }

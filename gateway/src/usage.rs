@@ -711,6 +711,19 @@ mod tests {
     }
 
     #[test]
+    fn an_outage_holds_at_most_max_pending_rows_waiting_for_redis() {
+        let store = UsageStore::default();
+        store.set_clustered();
+        for i in 0..MAX_PENDING_ROWS + 10 {
+            store.record(row(1, "t", &format!("k{i}")), tokens(1));
+        }
+        store.record(row(1, "t", "k0"), tokens(1)); // a row already waiting still adds up
+        let pending = store.take_pending();
+        assert_eq!(pending.len(), MAX_PENDING_ROWS, "new rows past the bound are not held");
+        assert_eq!(pending[&row(1, "t", "k0")].requests, 2);
+    }
+
+    #[test]
     fn the_report_groups_by_the_dimensions_asked() {
         let store = UsageStore::default();
         store.record(row(1, "a", "k1"), tokens(1));

@@ -89,16 +89,7 @@ pub(crate) async fn serve(
 ) -> Result<Response<GatewayBody>, Failed> {
     let body = req.take_read(); // read by the body layer: bounded memory and time
     let e = parse(&body)?;
-    if policy.model(&e.model).is_none() {
-        return Err(ApiError::ModelNotFound(e.model).into());
-    }
-    if key.and_then(|k| k.models.as_ref()).is_some_and(|allowed| !allowed.contains(&e.model)) {
-        return Err(ApiError::ModelNotAllowed(e.model).into());
-    }
-    let budget = app.usage.check(tenant, key, crate::clock::unix_s() as u64)?;
-    if let (Some(w), Some(slot)) = (budget, req.parts.extensions.get::<crate::ratelimit::RateSlot>()) {
-        slot.budget(w);
-    }
+    service::may_use(app, policy, (tenant, key), &e.model, req)?;
     if !app.engines.has_upstream_for(&e.model) {
         let message = "no engine serving this model computes embeddings".into();
         return Err(ApiError::UnsupportedParameter { param: "model".into(), message }.into());
