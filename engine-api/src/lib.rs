@@ -103,6 +103,26 @@ pub struct GenerateRequest {
     /// The request's TTFT budget; prefill batches stay within 40% of it.
     #[serde(default)]
     pub ttft_budget_ms: Option<u32>,
+    /// Priority preemption at token boundaries: when this request waits
+    /// for a decode slot and would miss its TTFT budget, the engine pauses
+    /// a running sequence of a strictly lower class (its KV kept) to start
+    /// it. `None`: the request neither preempts nor is paused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
+}
+
+/// A request's standing for priority preemption (the gateway's tier).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Priority {
+    /// Higher preempts lower (the tier's priority weight).
+    pub class: u32,
+    /// How many times this sequence may be paused for a higher class
+    /// (at most [`bounds::MAX_PAUSES`]).
+    pub max_pauses: u32,
+    /// Its end-to-end budget: it is never paused when the pause would
+    /// make it miss this.
+    pub e2e_budget_ms: u32,
 }
 
 /// Bounds on every generate field (the body itself is at most 16 MiB).
@@ -115,6 +135,8 @@ pub mod bounds {
     pub const MAX_STOP_BYTES: usize = 256;
     /// Output tokens one request may ask for.
     pub const MAX_TOKENS: u32 = 1 << 17;
+    /// Times one sequence may be paused for a higher class.
+    pub const MAX_PAUSES: u32 = 8;
 }
 
 impl GenerateRequest {
@@ -135,6 +157,9 @@ impl GenerateRequest {
         }
         if self.priority_key.is_some_and(|k| !k.is_finite()) {
             return Err("priority_key: must be finite".into());
+        }
+        if self.priority.is_some_and(|p| p.max_pauses > MAX_PAUSES) {
+            return Err(format!("priority.max_pauses: at most {MAX_PAUSES}"));
         }
         Ok(())
     }

@@ -91,6 +91,7 @@ fn request(client: usize, wave: usize, max_tokens: u32) -> GenerateRequest {
         stop: vec![],
         priority_key: None,
         ttft_budget_ms: None,
+        priority: None,
     }
 }
 

@@ -350,6 +350,7 @@ pub async fn warm_up(engine: &Engine) -> Result<Duration, StartError> {
         stop: vec![],
         priority_key: None,
         ttft_budget_ms: None,
+        priority: None,
     };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     engine.scheduler.enqueue(req, 4, tx).await.map_err(|e| StartError::WarmUp(e.to_string()))?;

@@ -31,6 +31,7 @@ pub const DECODE_STEP: &str = "engine_decode_step_seconds";
 pub const KV_FREE: &str = "engine_kv_pages_free";
 pub const KV_TOTAL: &str = "engine_kv_pages_capacity";
 pub const PREEMPTIONS: &str = "engine_preemptions_total";
+pub const PRIORITY_PAUSES: &str = "engine_priority_pauses_total";
 pub const REFUSALS: &str = "engine_refusals_total";
 pub const PREFIX_LOOKUP_TOKENS: &str = "engine_prefix_lookup_tokens_total";
 pub const PREFIX_HIT_TOKENS: &str = "engine_prefix_hit_tokens_total";
@@ -55,6 +56,10 @@ pub const HELP: &[(&str, &str)] = &[
     (KV_FREE, "KV cache pages free (cached-but-unused pages count as free)."),
     (KV_TOTAL, "KV cache pages in all."),
     (PREEMPTIONS, "Sequences preempted (their pages returned, recomputed later)."),
+    (
+        PRIORITY_PAUSES,
+        "Sequences paused at a token boundary for a higher class's TTFT (pages kept, resumed later).",
+    ),
     (REFUSALS, "Requests refused, by reason."),
     (PREFIX_LOOKUP_TOKENS, "Prompt tokens looked up in the prefix cache."),
     (PREFIX_HIT_TOKENS, "Prompt tokens found in the prefix cache (not prefilled)."),

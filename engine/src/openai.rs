@@ -123,6 +123,7 @@ fn generate_request(id: String, parsed: CompletionRequest, default_max_tokens: u
         stop: parsed.stop,
         priority_key: None,
         ttft_budget_ms: None,
+        priority: None,
     }
 }
 

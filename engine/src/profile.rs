@@ -253,6 +253,7 @@ fn request(prompt_tokens: u32) -> GenerateRequest {
         stop: vec![],
         priority_key: None,
         ttft_budget_ms: None,
+        priority: None,
     }
 }
 

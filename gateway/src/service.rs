@@ -261,6 +261,15 @@ async fn completions(
     }
     gen.priority_key = Some(admitted.key);
     gen.ttft_budget_ms = u32::try_from(admitted.ttft_budget.as_millis()).ok();
+    if policy.admission.preempt_lower_tiers {
+        // Its standing for priority preemption on a native engine: it may
+        // pause lower tiers' sequences, and be paused for higher ones.
+        gen.priority = Some(engine_api::Priority {
+            class: tier.priority_weight.get(),
+            max_pauses: policy.admission.max_pauses,
+            e2e_budget_ms: u32::try_from(admitted.e2e_budget.as_millis()).unwrap_or(u32::MAX),
+        });
+    }
     let stamp = wire.stamp();
     let mut out = dispatch::Outbound::new(gen, (kind.into(), body), upstream_only, stamp); // as each kind of engine is sent it
     out.prefix = prefix;
@@ -642,6 +651,7 @@ fn plan(
         // Set by admission: the ordering key and the TTFT budget.
         priority_key: None,
         ttft_budget_ms: None,
+        priority: None,
     };
     Ok((encoder, gen, prompt_tokens))
 }

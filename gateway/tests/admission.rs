@@ -357,3 +357,56 @@ async fn faster_class_moves_gold_to_the_overflow_engines() {
     drop(held);
     let _ = std::fs::remove_file(fast);
 }
+
+#[tokio::test]
+async fn gold_starts_by_pausing_bronze_when_no_slot_and_no_wait_meets_its_ttft() {
+    // One engine, two decode slots, 50 ms per token; priority preemption on.
+    let policy = default_policy().replace(
+        "recheck_factor = 1.0 ",
+        "recheck_factor = 1.0\npreempt_lower_tiers = true\nmax_pauses = 1\n",
+    );
+    assert!(policy.contains("preempt_lower_tiers = true"));
+    let sys =
+        System::start_with_policy(&paced(0, 50), 1, &["--engine-arg=--max-batch=2"], Some(&policy)).await;
+    let conn = sys.conn(Proto::H2).await;
+    let prompt = long_prompt(120);
+    // Two bronze answers of 100 tokens hold both slots for ~5 s.
+    let mut bronze = Vec::new();
+    for _ in 0..2 {
+        let resp =
+            conn.post_json("/v1/completions", Some(BRONZE), completion(&prompt, 100, true)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        bronze.push(resp);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Gold's 500 ms TTFT: no slot frees in time, so it pauses a bronze.
+    let t0 = Instant::now();
+    let gold = conn.post_json("/v1/completions", Some(GOLD), completion(&prompt, 10, true)).await.unwrap();
+    assert_eq!(gold.status(), StatusCode::OK, "{:?}", gold.headers());
+    assert_eq!(header(&gold, "x-admission"), "admitted");
+    assert_eq!(header(&gold, "x-admission-reason"), "preempts_lower_tier");
+    let events = sse_events(gold).await;
+    assert_eq!(events.last().unwrap().data, "[DONE]");
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "10 tokens at 50 ms, not behind bronze: {:?}",
+        t0.elapsed()
+    );
+    // A second gold: one bronze is paused already, the other may be.
+    let gold = conn.post_json("/v1/completions", Some(GOLD), completion(&prompt, 10, false)).await.unwrap();
+    assert_eq!(header(&gold, "x-admission-reason"), "preempts_lower_tier");
+    // Both bronze answers finish whole: paused, then resumed.
+    for b in bronze {
+        let events = sse_events(b).await;
+        assert_eq!(events.last().unwrap().data, "[DONE]");
+    }
+    let engine = sys.engine_metrics(0).await;
+    let pauses = metric(&engine, "engine_priority_pauses_total");
+    assert!(pauses.is_some_and(|n| n >= 1.0), "{pauses:?}");
+    let text = sys.metrics().await;
+    let admitted = metric(
+        &text,
+        "gateway_admission_decisions_total{tier=\"gold\",decision=\"admitted\",reason=\"preempts_lower_tier\"}",
+    );
+    assert_eq!(admitted, Some(2.0), "{text}");
+}

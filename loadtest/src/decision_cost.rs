@@ -54,6 +54,7 @@ pub fn run(
             kv_headroom_tokens: 1 << 20,
             long_lane: idx == 0,
             cached_tokens: 0,
+            preemptible: 0,
         })
         .collect();
     let tiers: Vec<_> = policy.tiers.iter().collect();

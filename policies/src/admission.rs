@@ -20,6 +20,15 @@
 //! tier's overflow engine class. When nothing works it is rejected with the
 //! reason and a Retry-After equal to the predicted time for the excess wait
 //! to drain. Every decision carries its prediction and reason.
+//!
+//! **Priority preemption** (`[admission] preempt_lower_tiers`): when
+//! neither a free slot nor the wait at the gate meets a request's budgets,
+//! it may start on an engine whose slots are all taken if a sequence of a
+//! strictly lower tier runs there: the engine pauses that sequence at the
+//! next token boundary (its KV kept; [`crate::preempt`] picks which,
+//! bounded per sequence and never past the victim's own end-to-end
+//! budget). Predicted as a free slot after one decode step; reason
+//! `preempts_lower_tier`.
 
 use serde::Deserialize;
 
@@ -51,6 +60,14 @@ pub struct AdmissionConfig {
     /// is refused instead of started when its predicted TTFT by then exceeds
     /// its budget times this factor.
     pub recheck_factor: f64,
+    /// Priority preemption at token boundaries: a request whose TTFT no
+    /// free slot and no wait at the gate can meet is started on an engine
+    /// whose slots are taken, if a running sequence of a strictly lower
+    /// tier (lower `priority_weight`) there can be paused for it (native
+    /// engines only; `policies::preempt` on the engine picks which).
+    pub preempt_lower_tiers: bool,
+    /// Times one sequence may be paused for a higher tier (1..=8).
+    pub max_pauses: u32,
 }
 
 impl Default for AdmissionConfig {
@@ -62,6 +79,8 @@ impl Default for AdmissionConfig {
             sampling_cost: 1.05,
             min_hint_ms: 50,
             recheck_factor: 1.0,
+            preempt_lower_tiers: false,
+            max_pauses: 2,
         }
     }
 }
@@ -79,6 +98,9 @@ impl AdmissionConfig {
         }
         if !(self.recheck_factor.is_finite() && self.recheck_factor >= 1.0) {
             return Err(("admission.recheck_factor", "must be >= 1".into()));
+        }
+        if !(1..=8).contains(&self.max_pauses) {
+            return Err(("admission.max_pauses", "must be in [1, 8]".into()));
         }
         Ok(())
     }
@@ -146,6 +168,10 @@ pub struct Candidate {
     /// prefix cache ([`credit_prefix`]): its prefill is predicted without
     /// them. 0 when unknown or when affinity yields to load.
     pub cached_tokens: u32,
+    /// Sequences of strictly lower tiers than the request's running or
+    /// prefilling there, which a preempting start may pause (0 when the
+    /// engine cannot pause sequences, or preemption is off).
+    pub preemptible: u32,
 }
 
 /// Credits the engines of one decision with what they hold of a prompt
@@ -219,6 +245,9 @@ pub struct Ask<'a> {
     pub turn: u64,
     /// The tier's answer when even an idle engine cannot meet the SLO.
     pub unattainable: Unattainable,
+    /// It may start on an engine whose slots are taken by pausing a lower
+    /// tier's sequence there ([`AdmissionConfig::preempt_lower_tiers`]).
+    pub preempt: bool,
 }
 
 /// Where and how an admitted request runs.
@@ -242,6 +271,8 @@ pub struct Plan {
     pub steps: Vec<Degradation>,
     /// Served best-effort: no engine, even idle, meets the SLO.
     pub unattainable: bool,
+    /// Starts by pausing a lower tier's sequence on `engine`.
+    pub preempts: bool,
 }
 
 /// Why a request is refused.
@@ -301,6 +332,8 @@ struct Fit {
     per_token_ms: f64,
     /// Prompt tokens the engine is credited with caching.
     cached: u32,
+    /// Starts by pausing a lower tier's sequence on `engine`.
+    preempts: bool,
 }
 
 /// What every prediction of one decision reads.
@@ -340,18 +373,27 @@ fn fit(cx: &Cx, ask: &Ask, out: u32, sampling: bool, class: usize) -> Option<Fit
             free = anywhere;
         }
     }
-    if let Some(f) = free {
-        if ahead <= 0.0 {
-            return Some(f);
-        }
+    let meets = |f: &Fit| f.ttft_ms <= ask.ttft_budget_ms && f.e2e_ms <= ask.e2e_budget_ms;
+    if let Some(f) = free.as_ref().filter(|f| ahead <= 0.0 && (!ask.preempt || meets(f))) {
+        return Some(f.clone());
     }
     // Every slot busy (or others already waiting): wait at the gateway.
     let wait = gate_wait_ms(model, &of_class, ahead, ask.n_in);
     let e = of_class.iter().min_by_key(|e| e.active).expect("non-empty");
     let s = pricer.predict(e);
-    let mut f = pricer.finish(e, &s, wait + s.step_raw_ms);
-    f.engine = None;
-    Some(f)
+    let mut gate = pricer.finish(e, &s, wait + s.step_raw_ms);
+    gate.engine = None;
+    if ask.preempt && !meets(&gate) {
+        // Neither a free slot nor the gate meets the budget: pause a lower
+        // tier's sequence, if that does.
+        if let Some(p) = pricer.best_preempting(&of_class).filter(meets) {
+            return Some(p);
+        }
+    }
+    match free {
+        Some(f) if ahead <= 0.0 => Some(f),
+        _ => Some(gate),
+    }
 }
 
 /// Prices one request (`ask` with `out` output tokens) on the engines of
@@ -407,7 +449,28 @@ impl Pricer<'_> {
             nominal_ttft_ms: s.nominal_ttft_ms(wait),
             per_token_ms: decode / f64::from(self.out.max(1)),
             cached: e.cached_tokens,
+            preempts: false,
         }
+    }
+
+    /// The best engine to start on by pausing a lower tier's sequence:
+    /// every slot taken, fewer requests started over its slots than it has
+    /// lower-tier sequences to pause; the request joins at the next token
+    /// boundary, after the prefill backlog.
+    fn best_preempting(&self, of_class: &[&Candidate]) -> Option<Fit> {
+        of_class
+            .iter()
+            .filter(|e| e.active >= e.slots && e.active - e.slots < e.preemptible)
+            .map(|e| {
+                let s = self.predict(e);
+                let backlog = if e.prefill_backlog_tokens > 0 {
+                    self.model.prefill_raw_ms(e.prefill_backlog_tokens.min(u64::from(u32::MAX)) as u32)
+                } else {
+                    0.0
+                };
+                Fit { engine: Some(e.idx), preempts: true, ..self.finish(e, &s, backlog + s.step_raw_ms) }
+            })
+            .min_by(|a, b| a.ttft_ms.total_cmp(&b.ttft_ms).then(a.e2e_ms.total_cmp(&b.e2e_ms)))
     }
 
     /// The best of the engines with a free slot now (their prefill backlog,
@@ -548,6 +611,7 @@ pub fn decide(
             nominal_ttft_ms: best.nominal_ttft_ms,
             steps,
             unattainable,
+            preempts: best.preempts,
         })
     };
     if fits(&best) {

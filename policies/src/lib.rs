@@ -40,6 +40,7 @@ pub mod diffusion;
 pub mod estimate;
 pub mod fairness;
 pub mod oserve;
+pub mod preempt;
 pub mod prefix;
 pub mod profile;
 pub mod rng;

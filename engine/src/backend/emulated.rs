@@ -166,6 +166,7 @@ mod tests {
             stop: vec![],
             priority_key: None,
             ttft_budget_ms: None,
+            priority: None,
         };
         let mut natural = super::Emulated { profile: profile.clone(), to_max_tokens: false };
         let mut to_max = super::Emulated { profile, to_max_tokens: true };

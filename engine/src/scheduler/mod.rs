@@ -16,12 +16,20 @@
 //! has been preempted fewer than `max_preemptions` times, gives its pages
 //! back and returns to the queue; it is prefilled again later (recompute)
 //! and continues exactly where it stopped.
+//!
+//! Priority preemption happens at token boundaries too, when every decode
+//! slot is taken and a waiting sequence of a higher class (the gateway's
+//! tier) would miss its TTFT budget waiting for one: a running sequence of
+//! a strictly lower class is *paused* with its pages kept
+//! (`policies::preempt` decides which, bounded per sequence and never past
+//! the victim's own end-to-end budget), and resumes, without recompute,
+//! at the first free slot no higher class waits for.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use policies::batching::{form_prefill, prefill_turn, BatchHints, BatchLimits, Queued};
+use policies::batching::{prefill_turn, BatchHints, BatchLimits};
 use policies::LatencyProfile;
 use tokio::sync::{mpsc, oneshot};
 
@@ -88,6 +96,9 @@ pub struct SchedSnapshot {
     pub batch_achieved: f64,
     pub batch_target: u32,
     pub preemptions: u64,
+    /// Sequences paused for a higher class so far, and paused now.
+    pub pauses: u64,
+    pub paused_sequences: u32,
     /// Prompt tokens of sequences prefilled so far (their first prefill),
     /// and of those found in the prefix cache.
     pub prompt_tokens: u64,
@@ -134,6 +145,7 @@ impl Scheduler {
             cfg,
             queue: Vec::new(),
             running: Vec::new(),
+            paused: Vec::new(),
             draining: false,
             drained: Vec::new(),
             next_id: 0,
@@ -229,6 +241,7 @@ struct Stats {
     decode_step_ms: f64,
     batch_achieved: f64,
     preemptions: u64,
+    pauses: u64,
     prompt_tokens: u64,
     cached_tokens: u64,
 }
@@ -278,6 +291,8 @@ struct Core<B: Backend> {
     base_limits: BatchLimits,
     queue: Vec<Seq<B::Seq>>,
     running: Vec<Seq<B::Seq>>,
+    /// Paused for a higher class, pages kept (see `preempt.rs`).
+    paused: Vec<Seq<B::Seq>>,
     draining: bool,
     drained: Vec<oneshot::Sender<()>>,
     next_id: u64,
@@ -296,7 +311,7 @@ struct Core<B: Backend> {
 impl<B: Backend> Core<B> {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         loop {
-            if self.queue.is_empty() && self.running.is_empty() {
+            if self.queue.is_empty() && self.running.is_empty() && self.paused.is_empty() {
                 for d in self.drained.drain(..) {
                     let _ = d.send(());
                 }
@@ -313,6 +328,8 @@ impl<B: Backend> Core<B> {
             // Token boundary: clients that went away free their pages now.
             self.queue.retain(|s| !s.tx.is_closed());
             self.running.retain(|s| !s.tx.is_closed());
+            self.paused.retain(|s| !s.tx.is_closed());
+            self.reprioritize();
             let progressed = self.turn(&mut rx).await;
             if !progressed {
                 // Nothing could run (waiting sequences cannot get pages
@@ -397,6 +414,8 @@ impl<B: Backend> Core<B> {
             stops: StopMatcher::new(&req.stop),
             tx,
             preemptions: 0,
+            priority: req.priority,
+            pauses: 0,
             since_start: 0,
             queue_ms: 0.0,
             prefill_ms: 0.0,
@@ -436,13 +455,16 @@ impl<B: Backend> Core<B> {
         SchedSnapshot {
             queued_sequences: self.queue.len() as u32,
             queued_tokens: self.queue.iter().map(Seq::tokens).sum(),
-            inflight_sequences: self.running.len() as u32 + self.stats.prefilling.0,
-            inflight_tokens: self.running.iter().map(Seq::tokens).sum::<u64>() + self.stats.prefilling.1,
+            inflight_sequences: (self.running.len() + self.paused.len()) as u32 + self.stats.prefilling.0,
+            inflight_tokens: self.running.iter().chain(&self.paused).map(Seq::tokens).sum::<u64>()
+                + self.stats.prefilling.1,
             draining: self.draining,
             decode_step_ms: self.stats.decode_step_ms,
             batch_achieved: self.stats.batch_achieved,
             batch_target: self.cfg.limits.max_batch,
             preemptions: self.stats.preemptions,
+            pauses: self.stats.pauses,
+            paused_sequences: self.paused.len() as u32,
             prompt_tokens: self.stats.prompt_tokens,
             cached_tokens: self.stats.cached_tokens,
         }
@@ -465,134 +487,10 @@ impl<B: Backend> Core<B> {
             }
         }
     }
-
-    /// Runs a prefill batch if batch formation picks one; `false` if not.
-    async fn prefill_step(&mut self, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
-        let mut batch = self.take_planned();
-        if batch.is_empty() {
-            return false;
-        }
-        let started = self.now();
-        // Wall time only for the spans of traced sequences.
-        let started_wall = batch.iter().any(|s| s.trace.is_some()).then(crate::clock::wall);
-        ::metrics::histogram!(m::PREFILL_BATCH_SIZE).record(batch.len() as f64);
-        for s in batch.iter_mut().filter(|s| s.generated == 0) {
-            s.queue_ms = (started - s.enqueued_at).as_secs_f64() * 1e3;
-            s.cached_tokens = s.cached();
-            self.stats.prompt_tokens += u64::from(s.prompt_tokens);
-            self.stats.cached_tokens += u64::from(s.cached_tokens);
-            ::metrics::histogram!(m::FORMATION).record(s.queue_ms / 1e3);
-            ::metrics::counter!(m::PREFIX_LOOKUP_TOKENS).increment(u64::from(s.prompt_tokens));
-            ::metrics::counter!(m::PREFIX_HIT_TOKENS).increment(u64::from(s.cached_tokens));
-        }
-        let (outs, device) = compute(&mut self.backend, &mut batch, Phase::Prefill);
-        self.stats.prefilling = (batch.len() as u32, batch.iter().map(Seq::tokens).sum());
-        self.wait(device, rx).await;
-        self.stats.prefilling = (0, 0);
-        let prefill_ms = (self.now() - started).as_secs_f64() * 1e3;
-        ::metrics::histogram!(m::PREFILL).record(prefill_ms / 1e3);
-        if self.running.is_empty() {
-            // The batch starts the running set: its first tokens are the
-            // newest the running sequences have.
-            self.tokens_at = self.now();
-        }
-        let outs_len = batch.len();
-        for (mut seq, out) in batch.into_iter().zip(outs) {
-            // The prompt's pages hold its K/V now: later prompts may share them.
-            if let Some(pages) = seq.pages.as_mut() {
-                pages.commit(&seq.blocks);
-            }
-            if seq.generated == 0 {
-                seq.prefill_ms = prefill_ms;
-            }
-            let (size, cached) = (outs_len, seq.cached_tokens);
-            if let (Some(t), Some(at)) = (&mut seq.trace, started_wall) {
-                t.prefilled(at, size, cached);
-            }
-            if !seq.apply(out) {
-                self.running.push(seq);
-            }
-        }
-        true
-    }
-
-    /// Takes the sequences batch formation picks out of the queue. A
-    /// preempted one gets pages again first; it stays queued while the cache
-    /// is full, and ends if it has outgrown the whole cache.
-    fn take_planned(&mut self) -> Vec<Seq<B::Seq>> {
-        let views: Vec<Queued> = self
-            .queue
-            .iter()
-            .map(|s| Queued {
-                id: s.id,
-                // What the prefill will compute: the cached prefix is free.
-                prompt_tokens: s.context() - s.cached(),
-                key: s.key,
-                enqueued_at: s.enqueued_at,
-                ttft_budget: s.ttft_budget,
-            })
-            .collect();
-        let plan =
-            form_prefill(&views, self.running.len() as u32, &self.cfg.limits, &self.cfg.profile, self.now());
-        let mut batch = Vec::with_capacity(plan.admit.len());
-        for id in &plan.admit {
-            let i = self.queue.iter().position(|s| s.id == *id).expect("planned ids come from the queue");
-            let mut seq = self.queue.remove(i);
-            if seq.pages.is_none() {
-                // A preempted sequence returns: it was admitted already, so
-                // only real exhaustion keeps it waiting. It needs room for
-                // its context and its next token.
-                let tokens = u64::from(seq.context()) + 1;
-                match self.kv.admit_running(tokens, seq.reuse()) {
-                    Ok(p) => seq.pages = Some(p),
-                    Err(_) if self.kv.pages_for(tokens) > self.kv.total_pages() => {
-                        seq.fail("kv_exhausted", "the sequence has outgrown the whole KV cache");
-                        continue;
-                    }
-                    Err(_) => {
-                        self.queue.push(seq);
-                        continue;
-                    }
-                }
-            }
-            batch.push(seq);
-        }
-        batch
-    }
-
-    /// One decode step over every running sequence; `false` if none runs.
-    async fn decode_step(&mut self, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
-        self.make_room();
-        if self.running.is_empty() {
-            return false;
-        }
-        let started = crate::clock::now();
-        let (outs, device) = compute(&mut self.backend, &mut self.running, Phase::Decode);
-        let batch = outs.len();
-        self.wait(device, rx).await;
-        self.tokens_at = self.now();
-        self.stats.decode_step_ms =
-            smooth(self.stats.decode_step_ms, crate::clock::since(started).as_secs_f64() * 1e3);
-        self.stats.batch_achieved = smooth(self.stats.batch_achieved, batch as f64);
-        ::metrics::histogram!(m::DECODE_STEP).record(crate::clock::since(started).as_secs_f64());
-        ::metrics::histogram!(m::BATCH_SIZE).record(batch as f64);
-        let mut done = vec![false; batch];
-        for (i, out) in outs.into_iter().enumerate() {
-            if let Some(t) = &mut self.running[i].trace {
-                t.decoded(batch);
-            }
-            done[i] = self.running[i].apply(out);
-        }
-        let mut i = 0;
-        self.running.retain(|_| {
-            i += 1;
-            !done[i - 1]
-        });
-        true
-    }
 }
 
 mod preempt;
+mod steps;
 mod trace;
 
 #[cfg(test)]

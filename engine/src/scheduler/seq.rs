@@ -26,6 +26,10 @@ pub(super) struct Seq<S> {
     pub(super) stops: StopMatcher,
     pub(super) tx: mpsc::UnboundedSender<Bytes>,
     pub(super) preemptions: u32,
+    /// Its standing for priority preemption (`None`: none).
+    pub(super) priority: Option<crate::api::Priority>,
+    /// Times it was paused for a higher class (its pages kept).
+    pub(super) pauses: u32,
     pub(super) since_start: u32,
     pub(super) queue_ms: f64,
     pub(super) prefill_ms: f64,

@@ -57,6 +57,7 @@ fn req(prompt: &str, max_tokens: u32) -> GenerateRequest {
         stop: vec![],
         priority_key: None,
         ttft_budget_ms: None,
+        priority: None,
     }
 }
 
@@ -313,4 +314,82 @@ async fn prefill_batches_run_back_to_back_only_until_running_streams_stall_too_l
     let (longest, firsts) = stall_with_bound(10_000).await;
     assert!(longest >= 100, "a token waited only {longest} ms");
     assert_eq!(firsts[2] - firsts[0], 60, "{firsts:?}");
+}
+
+fn tiered(prompt: &str, max_tokens: u32, class: u32, ttft_ms: u32) -> GenerateRequest {
+    GenerateRequest {
+        ttft_budget_ms: Some(ttft_ms),
+        priority: Some(crate::api::Priority { class, max_pauses: 1, e2e_budget_ms: 60_000 }),
+        ..req(prompt, max_tokens)
+    }
+}
+
+fn first_token_at(events: &[(Duration, Event)]) -> Duration {
+    events.iter().find(|(_, e)| matches!(e, Event::Token { .. })).expect("a token").0
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_higher_class_pauses_a_lower_one_at_a_token_boundary_and_it_resumes_with_identical_text() {
+    // Two slots, both taken by bronze (class 1) sequences of 200 tokens
+    // (~2.4 s of decode); gold (class 3, TTFT 100 ms) arrives at 50 ms.
+    let limits = BatchLimits { max_batch: 2, ..BatchLimits::default() };
+    let (s, _) = sched(20, 256, 16, |c| c.limits = limits.clone());
+    let (alone, _) = sched(20, 256, 16, |_| {});
+    let (tx, rx) = mpsc::unbounded_channel();
+    alone.enqueue(tiered("bronze a", 200, 1, 10_000), 2, tx).await.unwrap();
+    let reference = text(&collect(rx, tokio::time::Instant::now()).await);
+
+    let t0 = tokio::time::Instant::now();
+    let mut bronze = Vec::new();
+    for p in ["bronze a", "bronze b"] {
+        let (tx, rx) = mpsc::unbounded_channel();
+        s.enqueue(tiered(p, 200, 1, 10_000), 2, tx).await.unwrap();
+        bronze.push(tokio::spawn(collect(rx, t0)));
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    s.enqueue(tiered("gold", 5, 3, 100), 2, tx).await.unwrap();
+    rx.recv().await.expect("the first token");
+    // A token boundary (<= one 12 ms step), then its 20 ms prefill.
+    let ttft = t0.elapsed() - Duration::from_millis(50);
+    assert!(ttft <= Duration::from_millis(35), "gold waited {ttft:?}, not for a slot");
+    let snap = s.snapshot().await;
+    assert_eq!((snap.pauses, snap.paused_sequences), (1, 1), "one bronze paused");
+    assert_eq!(snap.inflight_sequences, 3, "the paused one is still in flight");
+    while rx.recv().await.is_some() {}
+    let mut texts = Vec::new();
+    for b in bronze {
+        texts.push(text(&b.await.unwrap()));
+    }
+    assert_eq!(texts[0], reference, "paused and resumed, the text is unchanged");
+    assert!(texts.iter().all(|t| !t.is_empty()));
+    let snap = s.snapshot().await;
+    assert_eq!(snap.paused_sequences, 0, "it resumed");
+    assert_eq!(snap.preemptions, 0, "kept its pages: never recomputed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_equal_class_waits_for_a_slot_and_a_sequence_is_paused_at_most_its_cap() {
+    let limits = BatchLimits { max_batch: 1, ..BatchLimits::default() };
+    let (s, _) = sched(20, 256, 16, |c| c.limits = limits.clone());
+    let t0 = tokio::time::Instant::now();
+    let (tx, rx) = mpsc::unbounded_channel();
+    s.enqueue(tiered("silver", 100, 2, 10_000), 2, tx).await.unwrap();
+    let silver = tokio::spawn(collect(rx, t0));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The same class: no pause, it waits for the slot (~1 s of decode).
+    let (tx, rx) = mpsc::unbounded_channel();
+    s.enqueue(tiered("silver 2", 5, 2, 100), 2, tx).await.unwrap();
+    let peer = tokio::spawn(collect(rx, t0));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(s.snapshot().await.pauses, 0, "never for an equal class");
+    // Two golds in turn: the silver's cap is one pause.
+    for g in ["gold 1", "gold 2"] {
+        let (tx, rx) = mpsc::unbounded_channel();
+        s.enqueue(tiered(g, 3, 3, 100), 2, tx).await.unwrap();
+        collect(rx, t0).await;
+    }
+    assert_eq!(s.snapshot().await.pauses, 1, "paused once, then no more");
+    assert!(!text(&silver.await.unwrap()).is_empty());
+    assert!(first_token_at(&peer.await.unwrap()) > Duration::from_millis(500), "waited for the slot");
 }

@@ -21,6 +21,8 @@ pub(super) struct SeqTrace {
     batch_min: usize,
     batch_max: usize,
     preemptions: u32,
+    /// Times paused for a higher class.
+    pauses: u32,
     /// How it ended: a finish reason, or an error code (`None`: cancelled).
     outcome: Option<Result<&'static str, String>>,
     generated: u32,
@@ -41,6 +43,7 @@ impl SeqTrace {
             batch_min: usize::MAX,
             batch_max: 0,
             preemptions: 0,
+            pauses: 0,
             outcome: None,
             generated: 0,
         }))
@@ -59,6 +62,10 @@ impl SeqTrace {
         self.batch_sum += batch as u64;
         self.batch_min = self.batch_min.min(batch);
         self.batch_max = self.batch_max.max(batch);
+    }
+
+    pub(super) fn paused(&mut self) {
+        self.pauses += 1;
     }
 
     pub(super) fn preempted(&mut self) {
@@ -128,6 +135,7 @@ impl Drop for SeqTrace {
                 KeyValue::new("gen_ai.usage.output_tokens", i64::from(self.generated)),
                 KeyValue::new("gen_ai.response.finish_reasons", reason),
                 KeyValue::new("slo.engine.preemptions", i64::from(self.preemptions)),
+                KeyValue::new("slo.engine.priority_pauses", i64::from(self.pauses)),
             ],
         );
         self.phases(&root, end);

@@ -52,6 +52,7 @@ pub fn request(i: usize) -> GenerateRequest {
         stop: vec![],
         priority_key: Some(i as f64),
         ttft_budget_ms: None,
+        priority: None,
     }
 }
 

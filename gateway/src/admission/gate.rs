@@ -25,10 +25,10 @@ impl Admission {
         let st = &mut *st;
         // Every engine: a waiter granted one that does not serve its model
         // is moved by dispatch before anything is sent.
-        self.candidates(&mut st.ctl, policy, &mut st.candidates, None);
+        self.candidates(&mut st.ctl, policy, &mut st.candidates, None, None);
         let waiters = &mut st.waiters;
         let alive = |id| match waiters.get(&id) {
-            Some((tx, _)) if !tx.is_closed() => true,
+            Some((tx, _, _)) if !tx.is_closed() => true,
             _ => {
                 waiters.remove(&id); // its caller went away
                 false
@@ -68,7 +68,7 @@ impl Admission {
         let now = self.now();
         let mut st = self.lock();
         let st = &mut *st;
-        st.waiters.retain(|_, (tx, _)| !tx.is_closed());
+        st.waiters.retain(|_, (tx, _, _)| !tx.is_closed());
         let waiters = &st.waiters;
         st.ctl.purge(|id| waiters.contains_key(&id));
         let (report, expired) = st.ctl.tick(now, policy);

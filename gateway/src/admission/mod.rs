@@ -155,7 +155,9 @@ type Reply = oneshot::Sender<Result<EngineLease, Refused>>;
 struct State {
     ctl: Controller,
     /// Where each gate waiter's grant goes, with its tier (for the error).
-    waiters: HashMap<WaiterId, (Reply, String)>,
+    /// Each waiter's reply, tier name and, with priority preemption on,
+    /// its tier class (priority weight) to lease under.
+    waiters: HashMap<WaiterId, (Reply, String, Option<u32>)>,
     /// The engines of the last decision (kept: no allocation per request).
     candidates: Vec<Candidate>,
 }
@@ -239,6 +241,7 @@ impl Admission {
         policy: &PolicyDocument,
         out: &mut Vec<Candidate>,
         wants: Option<(&str, bool)>,
+        preempting: Option<u32>,
     ) {
         out.clear();
         for (idx, slot) in self.pool.snapshot().iter().enumerate() {
@@ -278,6 +281,7 @@ impl Admission {
                 kv_headroom_tokens: headroom,
                 long_lane: false,
                 cached_tokens: 0,
+                preemptible: preempting.map_or(0, |c| slot.active_below(c)),
             });
         }
         policies::admission::assign_long_lanes(out, policy.routing.long_lane_engines);
@@ -295,7 +299,8 @@ impl Admission {
             st.candidates.clear();
             loads = self.pool.views();
         } else {
-            self.candidates(&mut st.ctl, policy, &mut st.candidates, Some((r.model, r.upstream_only)));
+            let class = preemption_class(policy, r.tier);
+            self.candidates(&mut st.ctl, policy, &mut st.candidates, Some((r.model, r.upstream_only)), class);
         }
         let sizes = (r.prefix.len() as u32, r.prompt_tokens);
         policies::admission::credit_prefix(&mut st.candidates, &mut loads, &matched, sizes, affinity);
@@ -330,7 +335,7 @@ impl Admission {
         let (admit, start) = match outcome {
             Outcome::Refuse(refusal) => return Err(Box::new(refuse(tier, &refusal))),
             Outcome::Start { engine, admit } => {
-                let lease = self.pool.lease(engine, admit.work);
+                let lease = self.pool.lease_as(engine, admit.work, preemption_class(policy, tier));
                 (admit, Start::Now(lease))
             }
             Outcome::Anywhere { admit } => (admit, Start::Anywhere),
@@ -339,7 +344,7 @@ impl Admission {
                 // catches one freed before this.
                 self.pool.gate_waiting.store(true, std::sync::atomic::Ordering::Release);
                 let (tx, rx) = oneshot::channel();
-                st.waiters.insert(id, (tx, tier.name.clone()));
+                st.waiters.insert(id, (tx, tier.name.clone(), preemption_class(policy, tier)));
                 let wait = Duration::try_from_secs_f64((deadline - now).max(0.0)).unwrap_or(Duration::ZERO);
                 let v = Verdict::admitted(&admit);
                 (admit, Start::Wait(rx, tokio::time::Instant::now() + wait, v))
@@ -397,9 +402,9 @@ impl Admission {
     /// A waiter gone by now drops its lease, which frees the slot again.
     fn deliver(&self, st: &mut State, grants: Vec<Grant>) {
         for g in grants {
-            let Some((tx, tier)) = st.waiters.remove(&g.id) else { continue };
+            let Some((tx, tier, class)) = st.waiters.remove(&g.id) else { continue };
             let sent = match g.result {
-                Ok(engine) => Ok(self.pool.lease(engine, g.work)),
+                Ok(engine) => Ok(self.pool.lease_as(engine, g.work, class)),
                 Err(refusal) => {
                     ::metrics::counter!(m::ADMISSION, "tier" => tier.clone(), "decision" => "rejected", "reason" => refusal.reason.label())
                         .increment(1);
@@ -409,6 +414,12 @@ impl Admission {
             let _ = tx.send(sent);
         }
     }
+}
+
+/// The class a request of `tier` is counted and preempts under: its
+/// priority weight, while priority preemption is on.
+fn preemption_class(policy: &PolicyDocument, tier: &Tier) -> Option<u32> {
+    policy.admission.preempt_lower_tiers.then_some(tier.priority_weight.get())
 }
 
 fn refuse(tier: &Tier, refusal: &Refusal) -> Refused {

@@ -378,13 +378,22 @@ impl EnginePool {
 
     /// Counts `work` against engine `idx` until the lease drops.
     pub fn lease(self: &Arc<Self>, idx: usize, work: Work) -> EngineLease {
+        self.lease_as(idx, work, None)
+    }
+
+    /// [`Self::lease`] counted under a tier `class` (priority weight), which
+    /// priority preemption reads ([`EngineSlot::active_below`]).
+    pub fn lease_as(self: &Arc<Self>, idx: usize, work: Work, class: Option<u32>) -> EngineLease {
         let s = self.slot(idx);
+        if let Some(c) = class {
+            s.count_class(c, 1);
+        }
         s.inflight_tokens.fetch_add(work.tokens, Ordering::AcqRel);
         s.active.fetch_add(1, Ordering::AcqRel);
         s.active_out.fetch_add(work.out_tokens, Ordering::AcqRel);
         s.prefill_backlog.fetch_add(work.prompt_tokens, Ordering::AcqRel);
         s.leased_total.fetch_add(work.prompt_tokens + work.out_tokens, Ordering::AcqRel);
-        EngineLease { pool: Arc::clone(self), slot: s, idx, work, prefilling: true }
+        EngineLease { pool: Arc::clone(self), slot: s, idx, work, prefilling: true, class }
     }
 
     /// Takes an engine out of routing until its next good load report.
@@ -525,6 +534,8 @@ pub struct EngineLease {
     work: Work,
     /// Its prompt still counts as prefill backlog.
     prefilling: bool,
+    /// The tier class it is counted under, if any.
+    class: Option<u32>,
 }
 
 impl EngineLease {
@@ -551,6 +562,9 @@ impl Drop for EngineLease {
         s.inflight_tokens.fetch_sub(self.work.tokens, Ordering::AcqRel);
         s.active_out.fetch_sub(self.work.out_tokens, Ordering::AcqRel);
         s.active.fetch_sub(1, Ordering::AcqRel);
+        if let Some(c) = self.class {
+            s.count_class(c, -1);
+        }
         if self.pool.gate_waiting.load(Ordering::Acquire) {
             self.pool.slot_freed.notify_one();
         }

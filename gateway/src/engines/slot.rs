@@ -22,6 +22,9 @@ pub struct EngineSlot {
     pub(super) inflight_tokens: AtomicU64,
     /// Sequences dispatched and not finished.
     pub(super) active: AtomicU32,
+    /// Of those, how many per tier class (priority weight), while priority
+    /// preemption is on: (class, count), a handful of entries.
+    pub(super) classes: std::sync::Mutex<Vec<(u32, u32)>>,
     /// Their expected output tokens.
     pub(super) active_out: AtomicU64,
     /// Prompt tokens dispatched that have not produced a first token.
@@ -74,6 +77,7 @@ impl EngineSlot {
             ready: AtomicBool::new(false),
             inflight_tokens: AtomicU64::new(0),
             active: AtomicU32::new(0),
+            classes: std::sync::Mutex::new(Vec::new()),
             active_out: AtomicU64::new(0),
             prefill_backlog: AtomicU64::new(0),
             leased_total: AtomicU64::new(0),
@@ -199,6 +203,32 @@ impl EngineSlot {
     /// The gateway's count of sequences on this engine.
     pub fn active(&self) -> u32 {
         self.active.load(Ordering::Acquire)
+    }
+
+    /// Sequences of a class strictly below `class` this gateway has
+    /// running or prefilling here (those leased with a class), and 0 for an
+    /// engine that cannot pause sequences (third-party ones).
+    pub fn active_below(&self, class: u32) -> u32 {
+        if self.spec.kind != super::EngineKind::Native {
+            return 0;
+        }
+        let classes = self.classes.lock().unwrap_or_else(|p| p.into_inner());
+        classes.iter().filter(|(c, _)| *c < class).map(|(_, n)| n).sum()
+    }
+
+    /// One more (`+1`) or one fewer (`-1`) sequence of `class` here.
+    pub(super) fn count_class(&self, class: u32, delta: i32) {
+        let mut classes = self.classes.lock().unwrap_or_else(|p| p.into_inner());
+        match classes.iter().position(|(c, _)| *c == class) {
+            Some(i) => {
+                classes[i].1 = classes[i].1.saturating_add_signed(delta);
+                if classes[i].1 == 0 {
+                    classes.swap_remove(i);
+                }
+            }
+            None if delta > 0 => classes.push((class, delta.unsigned_abs())),
+            None => {}
+        }
     }
 
     pub fn active_out_tokens(&self) -> u64 {

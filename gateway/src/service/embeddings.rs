@@ -135,6 +135,7 @@ pub(crate) async fn serve(
         stop: Vec::new(),
         priority_key: Some(admitted.key),
         ttft_budget_ms: u32::try_from(admitted.ttft_budget.as_millis()).ok(),
+        priority: None,
     };
     let stamp = Stamp { id: String::new(), model: e.model.clone(), stream: false, include_usage: true };
     let out = Outbound::new(gen, (UpstreamRoute::Embeddings, body), true, Some(stamp));

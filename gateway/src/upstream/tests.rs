@@ -15,6 +15,7 @@ fn gen(max_tokens: u32, temperature: Option<f32>) -> GenerateRequest {
         stop: vec![],
         priority_key: None,
         ttft_budget_ms: None,
+        priority: None,
     }
 }
 

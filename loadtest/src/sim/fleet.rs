@@ -332,6 +332,7 @@ impl<'a> Sim<'a> {
                 kv_headroom_tokens: s.engine.kv_headroom(self.cfg),
                 long_lane: false,
                 cached_tokens: 0,
+                preemptible: 0,
             })
             .collect();
         assign_long_lanes(&mut out, self.policy.routing.long_lane_engines);

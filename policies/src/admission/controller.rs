@@ -251,6 +251,7 @@ impl Controller {
             queue_ahead_out_tokens: ahead_tokens as f64 * f64::from(mean_out) / n_hat.max(1) as f64,
             turn: self.rr_turn,
             unattainable: tier.unattainable,
+            preempt: policy.admission.preempt_lower_tiers,
         };
         self.rr_turn += 1;
         let plan = match decide(&ask, engines, &self.models, &policy.estimator, &policy.admission) {
@@ -282,6 +283,7 @@ impl Controller {
             e2e_budget_ms,
             work,
             work_type,
+            preempts: plan.preempts,
         };
         match plan.engine {
             Some(engine) => Outcome::Start { engine, admit },
@@ -350,6 +352,7 @@ impl Controller {
             e2e_budget_ms: r.e2e_hint_ms.unwrap_or(ms(r.tier.e2e)),
             work,
             work_type: work_type(policy, r.prompt_tokens, r.max_tokens),
+            preempts: false,
         };
         match pick {
             Some(engine) => Outcome::Start { engine, admit },

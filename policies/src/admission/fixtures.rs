@@ -28,6 +28,7 @@ pub fn engines(ctl: &mut Controller, n: usize, slots: u32, active: u32) -> Vec<C
             kv_headroom_tokens: 1 << 30,
             long_lane: false,
             cached_tokens: 0,
+            preemptible: 0,
         })
         .collect()
 }

@@ -181,6 +181,8 @@ pub struct Admit {
     /// The request's `[oserve]` workload type (index into the types), as
     /// routing saw it; `None` without types.
     pub work_type: Option<usize>,
+    /// It starts by pausing a lower tier's sequence on its engine.
+    pub preempts: bool,
 }
 
 impl Admit {
@@ -193,12 +195,19 @@ impl Admit {
         }
     }
 
-    /// `slo_feasible`, `admission_off`, or the steps joined by `+`.
+    /// `slo_feasible`, `preempts_lower_tier`, `admission_off`, or the steps
+    /// joined by `+` (then `+preempts_lower_tier` when it also preempts).
     pub fn reason(&self) -> String {
         if self.unchecked {
             "admission_off".into()
+        } else if self.steps.is_empty() && self.preempts {
+            "preempts_lower_tier".into()
         } else if self.steps.is_empty() {
             "slo_feasible".into()
+        } else if self.preempts {
+            let mut r = self.steps.iter().map(|s| s.label()).collect::<Vec<_>>().join("+");
+            r.push_str("+preempts_lower_tier");
+            r
         } else {
             self.steps.iter().map(|s| s.label()).collect::<Vec<_>>().join("+")
         }

@@ -37,12 +37,14 @@ fn engine(idx: usize, slots: u32, active: u32) -> Candidate {
         kv_headroom_tokens: 1 << 20,
         long_lane: false,
         cached_tokens: 0,
+        preemptible: 0,
     }
 }
 
 fn ask(ttft: f64, e2e: f64) -> Ask<'static> {
     Ask {
         unattainable: Unattainable::Overload,
+        preempt: false,
         tier: "gold",
         n_in: 400,
         max_tokens: 100,
@@ -330,4 +332,46 @@ fn a_target_no_idle_engine_can_meet_is_unattainable_not_an_overload() {
     // A tier that does not choose: the overload answer, as before.
     let legacy = Ask { unattainable: Unattainable::Overload, ..long };
     assert_eq!(rejected(decide(&legacy, &idle, &models, &est(), &cfg)).reason, RejectReason::TtftInfeasible);
+}
+
+#[test]
+fn a_higher_tier_starts_by_pausing_a_lower_one_only_when_nothing_else_meets_its_budget() {
+    let models = [model("c", 10.0)];
+    let cfg = AdmissionConfig::default();
+    let mut a = ask(500.0, 5000.0);
+    a.queue_ahead_out_tokens = 300.0;
+    a.preempt = true;
+    // Every slot busy: the gate's 621.75 ms misses 500 ms (see above).
+    let mut engines = [engine(0, 4, 4), engine(1, 4, 4)];
+    assert_eq!(rejected(decide(&a, &engines, &models, &est(), &cfg)).reason, RejectReason::TtftInfeasible);
+    // Two bronze sequences on engine 1 that may be paused: it starts there
+    // as on a free slot at a full batch (step 13 ms + prefill 40 ms).
+    engines[1].preemptible = 2;
+    let p = admitted(decide(&a, &engines, &models, &est(), &cfg));
+    assert_eq!((p.engine, p.preempts), (Some(1), true));
+    close(p.ttft_ms, 53.0);
+    // Two started over its slots already: its two are spoken for.
+    engines[1].active = 6;
+    assert_eq!(rejected(decide(&a, &engines, &models, &est(), &cfg)).reason, RejectReason::TtftInfeasible);
+    // Preemption off: the same request is refused.
+    engines[1].active = 4;
+    a.preempt = false;
+    assert_eq!(rejected(decide(&a, &engines, &models, &est(), &cfg)).reason, RejectReason::TtftInfeasible);
+    // A gate wait that meets the budget is preferred to pausing anyone.
+    a.preempt = true;
+    a.ttft_budget_ms = 1000.0;
+    let p = admitted(decide(&a, &engines, &models, &est(), &cfg));
+    assert_eq!((p.engine, p.preempts), (None, false), "waits at the gate");
+    // So is a free slot.
+    let free = Ask { preempt: true, ..ask(500.0, 5000.0) };
+    let p = admitted(decide(&free, &[engine(0, 4, 3), engines[1].clone()], &models, &est(), &cfg));
+    assert!(!p.preempts);
+}
+
+#[test]
+fn pauses_per_sequence_out_of_range_are_refused() {
+    for bad in [0, 9] {
+        let cfg = AdmissionConfig { max_pauses: bad, ..AdmissionConfig::default() };
+        assert_eq!(cfg.validate().unwrap_err().0, "admission.max_pauses");
+    }
 }

@@ -22,6 +22,7 @@ fn req(prompt: &str, temperature: Option<f32>) -> GenerateRequest {
         stop: vec![],
         priority_key: None,
         ttft_budget_ms: None,
+        priority: None,
     }
 }
 
