@@ -31,6 +31,30 @@ pub(crate) fn unique(mut value: HeaderValue) -> HeaderValue {
     value
 }
 
+/// `ms` with one decimal (`{ms:.1}`, without `core::fmt`'s float path: two
+/// of these per answer); `None` when negative or not finite.
+pub(crate) fn tenths(ms: f64) -> Option<HeaderValue> {
+    if !(ms.is_finite() && ms >= 0.0 && ms < 1e15) {
+        return None;
+    }
+    let t = (ms * 10.0).round() as u64;
+    let mut buf = [0u8; 24];
+    let mut i = buf.len();
+    buf[i - 1] = b'0' + (t % 10) as u8;
+    buf[i - 2] = b'.';
+    i -= 2;
+    let mut whole = t / 10;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (whole % 10) as u8;
+        whole /= 10;
+        if whole == 0 {
+            break;
+        }
+    }
+    HeaderValue::from_bytes(&buf[i..]).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -41,5 +65,21 @@ mod tests {
         let v = unique(HeaderValue::from_static("req_0001"));
         assert!(v.is_sensitive());
         assert_eq!(v.as_bytes(), b"req_0001");
+    }
+
+    #[test]
+    fn tenths_format_as_one_decimal() {
+        for (ms, want) in [
+            (0.0, "0.0"),
+            (0.04, "0.0"),
+            (0.05, "0.1"),
+            (12.34, "12.3"),
+            (499.96, "500.0"),
+            (123456.7, "123456.7"),
+        ] {
+            assert_eq!(tenths(ms).unwrap(), want, "{ms}");
+            assert_eq!(format!("{ms:.1}"), want, "as format! writes it");
+        }
+        assert!(tenths(-1.0).is_none() && tenths(f64::NAN).is_none() && tenths(f64::INFINITY).is_none());
     }
 }

@@ -63,7 +63,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 mod handles;
 pub use handles::TierMetrics;
-pub(crate) use handles::{admission, requests};
+pub(crate) use handles::{admission, requests, usage};
 use handles::{inflight, output_tokens, Slo};
 
 pub const REQUESTS: &str = "gateway_requests_total";

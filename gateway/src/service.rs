@@ -215,7 +215,7 @@ pub(crate) fn decision_headers(h: &mut HeaderMap, version: &str, verdict: Option
     let predicted =
         [(hdr::X_PREDICTED_TTFT_MS, v.predicted_ttft_ms), (hdr::X_PREDICTED_E2E_MS, v.predicted_e2e_ms)];
     for (name, p) in predicted {
-        if let Some(p) = p.and_then(|p| HeaderValue::from_str(&format!("{p:.1}")).ok()) {
+        if let Some(p) = p.and_then(hdr::tenths) {
             h.insert(name, hdr::unique(p));
         }
     }

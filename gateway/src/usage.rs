@@ -190,14 +190,11 @@ impl UsageStore {
 
     /// Counts one response's usage.
     pub fn record(&self, row: Row, counts: Counts) {
-        let labels = [("tenant", row.tenant.clone()), ("model", row.model.clone())];
-        metrics::counter!(crate::metrics::USAGE_REQUESTS, &labels).increment(counts.requests);
-        for (kind, n) in [("prompt", counts.prompt_tokens), ("completion", counts.completion_tokens)] {
-            let labels =
-                [("tenant", row.tenant.clone()), ("model", row.model.clone()), ("kind", kind.to_string())];
-            metrics::counter!(crate::metrics::USAGE_TOKENS, &labels).increment(n);
-        }
-        metrics::counter!(crate::metrics::USAGE_COST, &labels).increment(counts.cost_micro_usd);
+        let c = crate::metrics::usage(&row.tenant, &row.model);
+        c.requests.increment(counts.requests);
+        c.prompt.increment(counts.prompt_tokens);
+        c.completion.increment(counts.completion_tokens);
+        c.cost.increment(counts.cost_micro_usd);
         if self.clustered.load(Ordering::Relaxed) {
             let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             if pending.len() < MAX_PENDING_ROWS || pending.contains_key(&row) {

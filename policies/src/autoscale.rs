@@ -12,9 +12,12 @@
 //! - **Target tracking with hysteresis** (TurboServe §5.2.2): scale out when
 //!   ρ > ρ̂ + δ, in when ρ < ρ̂ − δ; the target is
 //!   M_target = ⌈N_req / (K · ρ̂)⌉, bounded by `[min_engines, max_engines]`.
-//! - **Queue latency** (Vennamaneni §4.4): scale out when the p95 of queue
-//!   latency over the TTFT budget exceeds θ for `up_sustain_s`, even if ρ
-//!   looks fine (at least one engine more).
+//! - **Queue latency** (Vennamaneni §4.4): scale out when the p95 of the
+//!   *observed* waits at the gate over the TTFT budget, over the last
+//!   `queue_window_s` (30 s: the paper's long continuous window), exceeds
+//!   θ for `up_sustain_s`, even if ρ looks fine (at least one engine more).
+//!   Admission's predicted waits never enter it: predictions ran at 0.3-0.6
+//!   of observed TTFT, and a fleet must not scale on a forecast alone.
 //! - **Conservative scale-in:** only after `down_windows` consecutive windows
 //!   of `down_window_s` in which ρ stayed below ρ̂ − δ, queue latency below
 //!   θ/2 (the wait alone, not prefill); at most `max_step_in` of the serving
@@ -63,6 +66,10 @@ pub struct AutoscaleConfig {
     pub band: f64,
     /// θ: queue latency p95 over D_TTFT that triggers scale-out.
     pub queue_theta: f64,
+    /// The window the queue signal's p95 is taken over, seconds: observed
+    /// waits at the gate of the requests admitted in it (Vennamaneni's
+    /// "long continuous window").
+    pub queue_window_s: f64,
     /// A scale-out trigger must hold this long.
     pub up_sustain_s: f64,
     /// Scale-in needs this many consecutive quiet windows ...
@@ -97,6 +104,7 @@ impl Default for AutoscaleConfig {
             max_engines: 8,
             band: 0.1,
             queue_theta: 0.5,
+            queue_window_s: 30.0,
             up_sustain_s: 2.0,
             down_windows: 3,
             down_window_s: 10.0,
@@ -135,6 +143,7 @@ impl AutoscaleConfig {
             return Err(("autoscale.queue_theta", "must be > 0".into()));
         }
         let times = [
+            ("autoscale.queue_window_s", self.queue_window_s),
             ("autoscale.up_sustain_s", self.up_sustain_s),
             ("autoscale.down_window_s", self.down_window_s),
             ("autoscale.up_cooldown_s", self.up_cooldown_s),
@@ -149,6 +158,9 @@ impl AutoscaleConfig {
             if !(v.is_finite() && (0.0..=86_400.0).contains(&v)) {
                 return Err((key, "must be a duration in [0, 86400] seconds".into()));
             }
+        }
+        if self.queue_window_s < 1.0 {
+            return Err(("autoscale.queue_window_s", "must be >= 1 s".into()));
         }
         if self.volatility_bin_s <= 0.0 || self.down_window_s <= 0.0 || self.burst_ramp_s <= 0.0 {
             return Err(("autoscale.down_window_s", "windows, bins and the ramp must be > 0 s".into()));
@@ -193,8 +205,8 @@ pub struct Signals {
     pub slots_per_engine: u32,
     /// N_req: sequences running plus waiting at the gate.
     pub demand: f64,
-    /// Queue latency p95 over the TTFT budget (admission's prediction
-    /// window), when there are enough samples.
+    /// Observed gate-wait p95 over the TTFT budget over the queue window,
+    /// when there are enough samples.
     pub queue_ratio_p95: Option<f64>,
     pub brownout_level: usize,
     /// Requests arrived so far (a counter; the volatility reads its steps).

@@ -172,6 +172,44 @@ pub(crate) fn admission(tier: &str, decision: &'static str, reason: &str) -> Cou
     })
 }
 
+/// The usage counters of one tenant and model: requests, prompt and
+/// completion tokens, cost.
+#[derive(Debug, Clone)]
+pub(crate) struct UsageCounters {
+    pub(crate) requests: Counter,
+    pub(crate) prompt: Counter,
+    pub(crate) completion: Counter,
+    pub(crate) cost: Counter,
+}
+
+/// `gateway_usage_*{tenant,model}`'s handles for this pair, from this
+/// thread's cache.
+pub(crate) fn usage(tenant: &str, model: &str) -> UsageCounters {
+    thread_local! {
+        static USAGE: RefCell<Vec<((Box<str>, Box<str>), UsageCounters)>> = const { RefCell::new(Vec::new()) };
+    }
+    USAGE.with_borrow_mut(|cache| {
+        if let Some((_, c)) = cache.iter().find(|((t, m), _)| &**t == tenant && &**m == model) {
+            return c.clone();
+        }
+        if cache.len() >= MAX_ENTRIES {
+            cache.clear();
+        }
+        let (t, m) = (tenant.to_string(), model.to_string());
+        let tokens = |kind: &'static str| {
+            metrics::counter!(super::USAGE_TOKENS, "tenant" => t.clone(), "model" => m.clone(), "kind" => kind)
+        };
+        let c = UsageCounters {
+            requests: metrics::counter!(super::USAGE_REQUESTS, "tenant" => t.clone(), "model" => m.clone()),
+            prompt: tokens("prompt"),
+            completion: tokens("completion"),
+            cost: metrics::counter!(super::USAGE_COST, "tenant" => t.clone(), "model" => m.clone()),
+        };
+        cache.push(((tenant.into(), model.into()), c.clone()));
+        c
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,6 +52,13 @@ struct Waiter {
     tier: String,
 }
 
+impl Waiter {
+    /// Its wait at the gate by `at` over its TTFT budget.
+    fn waited_ratio(&self, at: f64) -> f64 {
+        (at - self.arrived).max(0.0) * 1e3 / self.ttft_budget_ms.max(1.0)
+    }
+}
+
 /// The admission state machine; one per gateway (or simulated gateway).
 #[derive(Debug, Default)]
 pub struct Controller {
@@ -61,9 +68,11 @@ pub struct Controller {
     /// Brownout's evidence, one sample per request: its observed TTFT over
     /// its budget, or [`REFUSED`] for a capacity refusal.
     trouble: Window,
-    /// Predicted wait alone (no prefill) over the TTFT budget: queue latency
-    /// for the autoscaler.
-    wait_signal: Window,
+    /// Observed waits at the gate over the TTFT budget, one sample per
+    /// admitted request (0 when it started at once; refused after waiting:
+    /// what it waited): queue latency for the autoscaler. Predictions never
+    /// enter it.
+    gate_waits: Window,
     brownout: Brownout,
     open: HashMap<String, u32>,
     /// Gate queues by engine class.
@@ -105,12 +114,11 @@ impl Controller {
         self.gates.values().map(Drr::len).sum()
     }
 
-    /// The p95 of predicted queue latency (the wait before prefill) over
-    /// the TTFT budget, over the brownout window: the autoscaler's queue
-    /// signal. `None` with too few samples.
+    /// The p95 of observed waits at the gate (before prefill) over the TTFT
+    /// budget, over the last `autoscale.queue_window_s`: the autoscaler's
+    /// queue signal. `None` with fewer than `brownout.min_samples`.
     pub fn queue_ratio_p95(&mut self, now: f64, policy: &PolicyDocument) -> Option<f64> {
-        let cfg = &policy.brownout;
-        self.wait_signal.p95(now, cfg.window_s, cfg.min_samples)
+        self.gate_waits.p95(now, policy.autoscale.queue_window_s, policy.brownout.min_samples)
     }
 
     /// Requests `tenant` has open (admitted, not released).
@@ -262,7 +270,6 @@ impl Controller {
         if plan.unattainable {
             steps.push(Step::SloUnattainable);
         }
-        self.wait_signal.push(now, plan.wait_ms / ask.ttft_budget_ms);
         let work = Work {
             tokens: u64::from(r.prompt_tokens) + u64::from(plan.max_tokens),
             prompt_tokens: u64::from(r.prompt_tokens),
@@ -286,7 +293,10 @@ impl Controller {
             preempts: plan.preempts,
         };
         match plan.engine {
-            Some(engine) => Outcome::Start { engine, admit },
+            Some(engine) => {
+                self.gate_waits.push(now, 0.0);
+                Outcome::Start { engine, admit }
+            }
             None => self.wait_at_gate(now, policy, r, plan.class, (weight, n_hat), admit),
         }
     }
@@ -298,10 +308,6 @@ impl Controller {
         // all is not, nor a request no engine could serve in time.
         if !matches!(rej.reason, RejectReason::NoEngine | RejectReason::Unattainable) {
             self.trouble.push(now, REFUSED);
-        }
-        if rej.reason != RejectReason::Unattainable {
-            let wait = rej.predicted_wait_ms / ask.ttft_budget_ms;
-            self.wait_signal.push(now, if wait.is_finite() { wait } else { 10.0 });
         }
         let mut refusal = Refusal::new(rej.reason.into(), rej.retry_after_s, level);
         refusal.predicted_ttft_ms = Some(rej.predicted_ttft_ms).filter(|x| x.is_finite());
@@ -465,11 +471,12 @@ impl Controller {
         let signal = self.trouble.share(now, cfg.window_s, cfg.min_samples, cfg.trouble_ttft_fraction);
         let changed = self.brownout.update(now, signal, cfg).is_some();
         let mut expired = Vec::new();
-        let trouble = &mut self.trouble;
+        let (trouble, waits) = (&mut self.trouble, &mut self.gate_waits);
         for gate in self.gates.values_mut() {
             gate.retain(|w| {
                 if now > w.deadline {
                     trouble.push(now, REFUSED);
+                    waits.push(now, w.waited_ratio(w.deadline));
                     expired.push(Grant { id: w.id, work: w.work, result: Err(timeout(w, policy)) });
                     false
                 } else {

@@ -75,10 +75,12 @@ impl Controller {
                 }
                 if now > w.deadline {
                     self.trouble.push(now, REFUSED);
+                    self.gate_waits.push(now, w.waited_ratio(w.deadline));
                     grants.push(Grant { id: w.id, work: w.work, result: Err(timeout(&w, policy)) });
                     continue;
                 }
                 let waited_ms = (now - w.arrived) * 1e3;
+                self.gate_waits.push(now, w.waited_ratio(now));
                 let prefill = model.predict(&w.tier, w.n_in, 1, 1.0, &policy.estimator).ttft_ms(0.0);
                 if waited_ms + prefill > w.recheck_ms {
                     let mut refusal = Refusal::new(

@@ -185,3 +185,38 @@ fn oserve_routes_send_each_type_to_its_classes_and_fall_back_without_a_ready_one
 fn fleet_class(ctl: &Controller, class: usize) -> String {
     ctl.model(class).unwrap().class.clone()
 }
+
+#[test]
+fn the_queue_signal_is_observed_gate_waits_not_predictions() {
+    let p = policy();
+    let min = p.brownout.min_samples;
+    let mut ctl = Controller::new();
+    let full = engines(&mut ctl, 2, 8, 8);
+    let one_free = engines(&mut ctl, 2, 8, 7);
+    // Every request predicted to wait at the gate, every one granted a
+    // slot 10 ms later: the prediction said "queue", the fleet did not.
+    for i in 0..min {
+        let t = i as f64;
+        let o = ctl.request(t, &p, &req(&p, "silver", "a", 100, 100), &full, &[]);
+        assert!(matches!(o, Outcome::Wait { .. }), "{o:?}");
+        assert_eq!(ctl.pump(t + 0.01, &p, &one_free, |_| true).len(), 1);
+    }
+    let quiet = ctl.queue_ratio_p95(min as f64, &p).expect("enough samples");
+    assert!(quiet < 0.05, "10 ms of a 1 s budget: {quiet}");
+    // The same requests granted after 800 ms: observed waits of 0.8.
+    for i in 0..min {
+        let t = 100.0 + i as f64;
+        ctl.request(t, &p, &req(&p, "silver", "a", 100, 100), &full, &[]);
+        assert_eq!(ctl.pump(t + 0.8, &p, &one_free, |_| true).len(), 1);
+    }
+    let busy = ctl.queue_ratio_p95(100.0 + min as f64, &p).unwrap();
+    assert!((0.75..0.85).contains(&busy), "{busy}");
+    // The window is `queue_window_s`: long after, no samples, no signal.
+    assert_eq!(ctl.queue_ratio_p95(1000.0, &p), None);
+    // Started at once: zero waits.
+    let free = engines(&mut ctl, 2, 8, 0);
+    for i in 0..min {
+        ctl.request(2000.0 + i as f64 * 0.1, &p, &req(&p, "silver", "a", 100, 100), &free, &[]);
+    }
+    assert_eq!(ctl.queue_ratio_p95(2000.0 + min as f64 * 0.1, &p), Some(0.0));
+}
