@@ -34,7 +34,7 @@ pub(crate) fn unique(mut value: HeaderValue) -> HeaderValue {
 /// `ms` with one decimal (`{ms:.1}`, without `core::fmt`'s float path: two
 /// of these per answer); `None` when negative or not finite.
 pub(crate) fn tenths(ms: f64) -> Option<HeaderValue> {
-    if !(ms.is_finite() && ms >= 0.0 && ms < 1e15) {
+    if !(0.0..1e15).contains(&ms) {
         return None;
     }
     let t = (ms * 10.0).round() as u64;

@@ -5,6 +5,8 @@
 #         continuous batching capped at 8
 #   ours  SLO admission + degradation ladder + brownout + DRR gate +
 #         predicted-finish routing, continuous batching capped at 8
+#   ours-preempt  ours with priority preemption at token boundaries
+#         ([admission] preempt_lower_tiers = true)
 
 # The baselines' policy: the shipped document with admission, brownout and
 # the product's routing switched off. Every edit must apply.
@@ -28,6 +30,10 @@ arm_setup() {
         ARM_ARGS=(--engine-arg=--max-batch=8 --engine-arg=--split-ratio=1000000
                   --engine-arg=--reserved-long-slots=0 --engine-arg=--max-long-per-prefill=8) ;;
     ours) ARM_POLICY=policies/default.toml
+        ARM_ARGS=(--engine-arg=--max-batch=8) ;;
+    ours-preempt) ARM_POLICY="$2/ours-preempt.policy.toml"
+        sed 's/^recheck_factor = \(.*\)$/recheck_factor = \1\npreempt_lower_tiers = true/' policies/default.toml >"$ARM_POLICY"
+        grep -q '^preempt_lower_tiers = true' "$ARM_POLICY" || { echo "could not set preempt_lower_tiers" >&2; exit 1; }
         ARM_ARGS=(--engine-arg=--max-batch=8) ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
   esac

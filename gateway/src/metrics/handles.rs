@@ -182,11 +182,14 @@ pub(crate) struct UsageCounters {
     pub(crate) cost: Counter,
 }
 
+/// A thread's usage counters by (tenant, model).
+type UsageCache = RefCell<Vec<((Box<str>, Box<str>), UsageCounters)>>;
+
 /// `gateway_usage_*{tenant,model}`'s handles for this pair, from this
 /// thread's cache.
 pub(crate) fn usage(tenant: &str, model: &str) -> UsageCounters {
     thread_local! {
-        static USAGE: RefCell<Vec<((Box<str>, Box<str>), UsageCounters)>> = const { RefCell::new(Vec::new()) };
+        static USAGE: UsageCache = const { RefCell::new(Vec::new()) };
     }
     USAGE.with_borrow_mut(|cache| {
         if let Some((_, c)) = cache.iter().find(|((t, m), _)| &**t == tenant && &**m == model) {
