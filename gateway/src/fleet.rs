@@ -180,6 +180,15 @@ impl FleetControl {
                 .unwrap_or(8);
             let demand: f64 = serving.iter().map(|&e| f64::from(self.pool.slot(e).active())).sum::<f64>()
                 + if i == 0 { waiting } else { 0.0 };
+            // KV pressure: what this gateway leased there over the largest
+            // engine's KV capacity in tokens.
+            let in_flight: u64 = serving.iter().map(|&e| self.pool.slot(e).inflight_tokens()).sum();
+            let kv_tokens = serving
+                .iter()
+                .filter_map(|&e| self.pool.slot(e).report())
+                .map(|r| u64::from(r.kv_pages_total) * u64::from(r.kv_page_tokens))
+                .max()
+                .unwrap_or(0);
             let warm = engines.iter().filter(|&&e| self.pool.slot(e).is_standby()).count();
             ::metrics::gauge!(m::ENGINES_SERVING, "class" => class.clone()).set(serving.len() as f64);
             ::metrics::gauge!(m::ENGINES_WARM, "class" => class.clone()).set(warm as f64);
@@ -195,6 +204,8 @@ impl FleetControl {
                 brownout_level: brownout,
                 arrivals,
                 cold_start_s: cold,
+                tokens_in_flight: in_flight as f64,
+                kv_tokens_per_engine: kv_tokens as f64,
             };
             let d = st.scalers.entry(class.clone()).or_default().tick(now, &signals, cfg);
             ::metrics::gauge!(m::AUTOSCALE_DESIRED, "class" => class.clone())
@@ -206,7 +217,8 @@ impl FleetControl {
                 ::metrics::counter!(m::AUTOSCALE_DECISIONS, "class" => class.clone(), "why" => d.why.label())
                     .increment(1);
                 tracing::info!(event = "autoscale", class = %class, serving = d.serving, warm = d.warm,
-                    why = d.why.label(), utilization = d.utilization, target = d.target_utilization);
+                    why = d.why.label(), utilization = d.utilization, target = d.target_utilization,
+                    burst_factor = d.burst_factor);
                 if st.changes.len() >= HISTORY {
                     st.changes.pop_front();
                 }

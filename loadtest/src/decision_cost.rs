@@ -107,6 +107,8 @@ pub fn run(
             brownout_level: 0,
             arrivals: i as u64 * 40,
             cold_start_s: Some(20.0),
+            tokens_in_flight: engines as f64 * 20_000.0,
+            kv_tokens_per_engine: 65_536.0,
         };
         std::hint::black_box(scaler.tick(i as f64, &s, &cfg));
     });

@@ -32,9 +32,18 @@
 //! - **Warm pool** (Vennamaneni §4.4): N_warm = ⌈λ_burst · T_cold · margin⌉
 //!   ready engines beyond the serving ones, where T_cold is the measured
 //!   cold start (the prior until one was measured) and λ_burst the rate at
-//!   which the level's burst adds engine demand,
+//!   which the burst adds engine demand,
 //!   (burst_factor − 1) · M_target / `burst_ramp_s` engines per second
 //!   (T_cold capped at the ramp: a pool never exceeds the whole burst).
+//!   The burst factor is *observed* ([`BurstHistory`]): the largest rise of
+//!   the arrival rate from one T_cold-long window to the next over the
+//!   last `burst_horizon_s`, with Poisson noise discounted (three standard
+//!   deviations off the peak, onto the base), so steady traffic at any
+//!   rate keeps no pool; the volatility level's `burst_factor` is the prior
+//!   until the horizon holds two such windows.
+//! - **Token pressure:** ρ is the larger of slot occupancy and tokens in
+//!   flight over the serving engines' KV capacity in tokens (long contexts
+//!   fill KV before they fill slots); M_target likewise.
 
 use std::collections::VecDeque;
 
@@ -89,6 +98,8 @@ pub struct AutoscaleConfig {
     pub warm_margin: f64,
     /// The burst ramp the warm pool is sized for, seconds.
     pub burst_ramp_s: f64,
+    /// How far back the observed burst factor looks, seconds.
+    pub burst_horizon_s: f64,
     /// Cold start assumed until one is measured, seconds.
     pub cold_start_prior_s: f64,
     /// Restarts of an engine that exited: first delay, doubling to the max.
@@ -121,6 +132,7 @@ impl Default for AutoscaleConfig {
             warm_pool: true,
             warm_margin: 1.25,
             burst_ramp_s: 30.0,
+            burst_horizon_s: 600.0,
             cold_start_prior_s: 10.0,
             restart_backoff_s: 1.0,
             restart_backoff_max_s: 30.0,
@@ -150,6 +162,7 @@ impl AutoscaleConfig {
             ("autoscale.down_cooldown_s", self.down_cooldown_s),
             ("autoscale.volatility_bin_s", self.volatility_bin_s),
             ("autoscale.burst_ramp_s", self.burst_ramp_s),
+            ("autoscale.burst_horizon_s", self.burst_horizon_s),
             ("autoscale.cold_start_prior_s", self.cold_start_prior_s),
             ("autoscale.restart_backoff_s", self.restart_backoff_s),
             ("autoscale.restart_backoff_max_s", self.restart_backoff_max_s),
@@ -213,6 +226,11 @@ pub struct Signals {
     pub arrivals: u64,
     /// The measured cold start, seconds, when one was measured.
     pub cold_start_s: Option<f64>,
+    /// Tokens in flight on the serving engines (prompt plus output budget
+    /// of what runs or prefills there), and one engine's KV capacity in
+    /// tokens (0: unknown, token pressure off).
+    pub tokens_in_flight: f64,
+    pub kv_tokens_per_engine: f64,
 }
 
 /// Why the target changed (or did not).
@@ -256,6 +274,9 @@ pub struct Decision {
     pub m_target: u32,
     /// The volatility level in force (index into `levels`).
     pub level: usize,
+    /// The burst factor the warm pool was sized for: observed, or the
+    /// level's prior while too little history is kept.
+    pub burst_factor: f64,
 }
 
 /// Arrivals per fixed-width time bin over a sliding window of bins, read
@@ -329,6 +350,57 @@ impl ArrivalBins {
     }
 }
 
+/// Arrivals per second over a trailing horizon, for the observed burst
+/// factor of the warm pool (Vennamaneni §4.4's λ_burst from what arrived,
+/// not from a configured multiple).
+#[derive(Debug, Clone, Default)]
+pub struct BurstHistory {
+    bins: ArrivalBins,
+}
+
+/// Standard deviations of Poisson noise taken off a window's peak and
+/// added to its base before they are compared.
+const BURST_NOISE_Z: f64 = 3.0;
+
+impl BurstHistory {
+    /// Records the arrivals counter's value `total` at `now` (seconds).
+    pub fn observe(&mut self, now: f64, total: u64, horizon_s: f64) {
+        self.bins.observe(now, total, 1.0, horizon_s.max(2.0) as usize);
+    }
+
+    /// The largest rise of arrivals from one `t_cold`-long window to the
+    /// next within the horizon, each window's Poisson noise discounted
+    /// (peak − z√peak over base + z√base), at least 1; `None` until the
+    /// horizon holds two windows.
+    pub fn factor(&self, t_cold: f64) -> Option<f64> {
+        let w = (t_cold.round() as usize).max(1);
+        let mut bins = self.bins.complete(); // newest first
+        if bins.len() < 2 * w {
+            return None;
+        }
+        bins.reverse();
+        let mut prefix = Vec::with_capacity(bins.len() + 1);
+        prefix.push(0.0);
+        for b in &bins {
+            prefix.push(prefix.last().copied().unwrap_or(0.0) + b);
+        }
+        let sum = |from: usize| prefix[from + w] - prefix[from];
+        let z = BURST_NOISE_Z;
+        let rise = (0..=bins.len() - 2 * w)
+            .map(|i| {
+                let (base, peak) = (sum(i), sum(i + w));
+                let (lo, hi) = (peak - z * peak.sqrt(), base + z * base.sqrt());
+                if hi > 0.0 {
+                    lo / hi
+                } else {
+                    1.0
+                }
+            })
+            .fold(1.0, f64::max);
+        Some(rise)
+    }
+}
+
 /// The autoscaler's memory between ticks.
 #[derive(Debug, Clone, Default)]
 pub struct Autoscaler {
@@ -342,6 +414,7 @@ pub struct Autoscaler {
     /// When the target last changed (adopting the fleet is not a change).
     last_change: Option<f64>,
     bins: ArrivalBins,
+    burst: BurstHistory,
 }
 
 impl Autoscaler {
@@ -370,8 +443,12 @@ impl Autoscaler {
         // "under the new budget"): engines still starting count, or every
         // tick of a cold start would scale out again.
         let budget = self.target.unwrap_or(0).max(s.serving).max(1);
-        let rho = s.demand / (f64::from(budget) * k);
-        let m_target = ((s.demand / (k * rho_hat)).ceil() as u32).clamp(cfg.min_engines, cfg.max_engines);
+        let kv = s.kv_tokens_per_engine;
+        let rho_tokens = if kv > 0.0 { s.tokens_in_flight / (f64::from(budget) * kv) } else { 0.0 };
+        let rho = (s.demand / (f64::from(budget) * k)).max(rho_tokens);
+        let m_slots = (s.demand / (k * rho_hat)).ceil();
+        let m_tokens = if kv > 0.0 { (s.tokens_in_flight / (kv * rho_hat)).ceil() } else { 0.0 };
+        let m_target = (m_slots.max(m_tokens) as u32).clamp(cfg.min_engines, cfg.max_engines);
         let mut target = self.target.unwrap_or(s.serving.clamp(cfg.min_engines, cfg.max_engines));
         let mut why = Why::Hold;
         if self.target.is_some_and(|t| !(cfg.min_engines..=cfg.max_engines).contains(&t)) {
@@ -444,11 +521,10 @@ impl Autoscaler {
             self.quiet_windows = 0;
         }
         self.target = Some(target);
-        let warm = if cfg.warm_pool {
-            warm_pool(target, cfg.levels[level].burst_factor, s.cold_start_s, cfg)
-        } else {
-            0
-        };
+        let t_cold = s.cold_start_s.unwrap_or(cfg.cold_start_prior_s);
+        self.burst.observe(now, s.arrivals, cfg.burst_horizon_s);
+        let burst_factor = self.burst.factor(t_cold).unwrap_or(cfg.levels[level].burst_factor);
+        let warm = if cfg.warm_pool { warm_pool(target, burst_factor, s.cold_start_s, cfg) } else { 0 };
         Decision {
             serving: target,
             warm,
@@ -457,6 +533,7 @@ impl Autoscaler {
             target_utilization: rho_hat,
             m_target,
             level,
+            burst_factor,
         }
     }
 

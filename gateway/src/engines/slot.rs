@@ -231,6 +231,12 @@ impl EngineSlot {
         }
     }
 
+    /// Prompt plus output budget of what this gateway has running or
+    /// prefilling here.
+    pub fn inflight_tokens(&self) -> u64 {
+        self.inflight_tokens.load(Ordering::Acquire)
+    }
+
     pub fn active_out_tokens(&self) -> u64 {
         self.active_out.load(Ordering::Acquire)
     }

@@ -192,6 +192,11 @@ impl SimEngine {
         self.queue.is_empty() && self.running.is_empty() && matches!(self.phase, Phase::Idle)
     }
 
+    /// KV tokens its sequences hold now.
+    pub fn kv_used(&self) -> u64 {
+        self.kv_used
+    }
+
     /// KV tokens free above the low watermark.
     pub fn kv_headroom(&self, cfg: &EngineConfig) -> u64 {
         let usable = (cfg.kv_tokens as f64 * (1.0 - cfg.kv_low_watermark)) as u64;

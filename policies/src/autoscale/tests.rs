@@ -179,3 +179,98 @@ fn the_shipped_defaults_are_valid_and_bad_values_are_named() {
     bad.levels[1].above = 0.0;
     assert_eq!(bad.validate().unwrap_err().0, "autoscale.levels");
 }
+
+/// Poisson arrivals at `rate(t)` per second, as the cumulative counter
+/// one tick a second reads (exponential gaps from the seeded generator).
+fn poisson_counter(seconds: usize, seed: u64, rate: impl Fn(f64) -> f64) -> Vec<u64> {
+    let mut rng = crate::rng::SplitMix(seed);
+    let (mut t, mut n, mut out) = (0.0, 0u64, Vec::with_capacity(seconds));
+    for s in 0..seconds {
+        loop {
+            let gap = -(1.0 - rng.unit_f64()).ln() / rate(t).max(1e-9);
+            if t + gap > (s + 1) as f64 {
+                t = (s + 1) as f64;
+                break;
+            }
+            t += gap;
+            n += 1;
+        }
+        out.push(n);
+    }
+    out
+}
+
+fn burst_factor(counter: &[u64], t_cold: f64) -> Option<f64> {
+    let mut h = BurstHistory::default();
+    for (s, n) in counter.iter().enumerate() {
+        h.observe(s as f64, *n, 600.0);
+    }
+    h.factor(t_cold)
+}
+
+#[test]
+fn the_observed_burst_factor_tracks_the_arrivals_and_ignores_poisson_noise() {
+    // Steady Poisson traffic at any rate: no burst, whatever the rate.
+    for (rate, seed) in [(1.0, 1), (10.0, 2), (200.0, 3)] {
+        let f = burst_factor(&poisson_counter(600, seed, |_| rate), 20.0).unwrap();
+        assert!(f <= 1.05, "{rate} req/s steady: {f}");
+    }
+    // 20 req/s tripling at 300 s, for a minute: x3 less the noise
+    // discount ((1200 - 3 sqrt 1200) / (400 + 3 sqrt 400) = 2.38 for 20 s
+    // windows); at 200 req/s the discount nearly vanishes.
+    let tripled = poisson_counter(600, 4, |t| if (300.0..360.0).contains(&t) { 60.0 } else { 20.0 });
+    let f = burst_factor(&tripled, 20.0).unwrap();
+    assert!((2.2..=3.0).contains(&f), "x3: {f}");
+    let tripled_fast = poisson_counter(600, 7, |t| if (300.0..360.0).contains(&t) { 600.0 } else { 200.0 });
+    let f = burst_factor(&tripled_fast, 20.0).unwrap();
+    assert!((2.75..=3.1).contains(&f), "x3 at 200 req/s: {f}");
+    // Doubling: about x2 less the discount.
+    let doubled = poisson_counter(600, 5, |t| if t >= 400.0 { 40.0 } else { 20.0 });
+    let f = burst_factor(&doubled, 20.0).unwrap();
+    assert!((1.5..=2.0).contains(&f), "x2: {f}");
+    // Too little history for two cold-start windows: no estimate.
+    assert_eq!(burst_factor(&tripled[..30], 20.0), None);
+}
+
+#[test]
+fn the_warm_pool_is_sized_by_the_observed_burst_once_there_is_history() {
+    let c = AutoscaleConfig { warm_pool: true, cold_start_prior_s: 20.0, ..cfg() };
+    let mut a = Autoscaler::new();
+    // Steady 20 req/s for 5 minutes on 4 engines at rho 0.8: the prior
+    // (the level's burst factor) at first, then no pool at all.
+    let steady = poisson_counter(300, 6, |_| 20.0);
+    let mut first = None;
+    let mut last = None;
+    for (s, n) in steady.iter().enumerate() {
+        let d = a.tick(s as f64, &signals(4, 25.6, *n), &c);
+        first.get_or_insert(d);
+        last = Some(d);
+    }
+    let (first, last) = (first.unwrap(), last.unwrap());
+    assert!(first.warm > 0 && first.burst_factor > 1.0, "the prior: {first:?}");
+    assert_eq!((last.warm, last.burst_factor <= 1.05), (0, true), "observed: steady {last:?}");
+}
+
+#[test]
+fn token_pressure_scales_out_when_kv_fills_before_the_slots() {
+    let c = cfg();
+    let mut a = Autoscaler::new();
+    // 4 engines, slots half used (rho 0.5), but 120k tokens in flight on
+    // 4 x 32k of KV: rho 0.94 > 0.9. M_target = ceil(120k / (32k x 0.8)) = 5.
+    let s = Signals { tokens_in_flight: 120_000.0, kv_tokens_per_engine: 32_000.0, ..signals(4, 16.0, 0) };
+    let mut change = None;
+    for i in 0..8 {
+        let d = a.tick(f64::from(i) * 0.5, &s, &c);
+        if change.is_none() {
+            assert!((d.utilization - 120.0 / 128.0).abs() < 1e-9, "{d:?}");
+        }
+        if d.why != Why::Hold {
+            change.get_or_insert((d.serving, d.why));
+        }
+    }
+    assert_eq!(change, Some((5, Why::Utilization)));
+    // Unknown capacity: slots alone (rho 0.5, no change).
+    let mut b = Autoscaler::new();
+    let unknown = Signals { kv_tokens_per_engine: 0.0, ..s };
+    assert!((0..8).all(|i| b.tick(f64::from(i) * 0.5, &unknown, &c).why == Why::Hold));
+}

@@ -58,7 +58,11 @@ impl Sim<'_> {
         if self.plan.autoscale {
             let demand =
                 self.slots.iter().map(|s| f64::from(s.active)).sum::<f64>() + self.ctl.waiting() as f64;
+            let tokens: u64 =
+                self.slots.iter().filter(|s| s.state == State::Serving).map(|s| s.engine.kv_used()).sum();
             let signals = Signals {
+                tokens_in_flight: tokens as f64,
+                kv_tokens_per_engine: self.cfg.kv_tokens as f64,
                 serving,
                 slots_per_engine: self.cfg.limits.max_batch,
                 demand,
