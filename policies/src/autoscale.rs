@@ -62,6 +62,18 @@ pub struct VolatilityLevel {
     pub burst_factor: f64,
 }
 
+/// `[autoscale] burst_source`: what the warm pool expects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BurstSource {
+    /// The largest rise seen over the horizon ([`BurstHistory`]); the
+    /// level's `burst_factor` until there is history.
+    Observed,
+    /// The volatility level's `burst_factor`, always (a burst known ahead,
+    /// as an offline-sized pool).
+    Levels,
+}
+
 /// `[autoscale]` in the policy document.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -100,6 +112,8 @@ pub struct AutoscaleConfig {
     pub burst_ramp_s: f64,
     /// How far back the observed burst factor looks, seconds.
     pub burst_horizon_s: f64,
+    /// Where the warm pool's burst factor comes from.
+    pub burst_source: BurstSource,
     /// Cold start assumed until one is measured, seconds.
     pub cold_start_prior_s: f64,
     /// Restarts of an engine that exited: first delay, doubling to the max.
@@ -133,6 +147,7 @@ impl Default for AutoscaleConfig {
             warm_margin: 1.25,
             burst_ramp_s: 30.0,
             burst_horizon_s: 600.0,
+            burst_source: BurstSource::Observed,
             cold_start_prior_s: 10.0,
             restart_backoff_s: 1.0,
             restart_backoff_max_s: 30.0,
@@ -523,7 +538,11 @@ impl Autoscaler {
         self.target = Some(target);
         let t_cold = s.cold_start_s.unwrap_or(cfg.cold_start_prior_s);
         self.burst.observe(now, s.arrivals, cfg.burst_horizon_s);
-        let burst_factor = self.burst.factor(t_cold).unwrap_or(cfg.levels[level].burst_factor);
+        let prior = cfg.levels[level].burst_factor;
+        let burst_factor = match cfg.burst_source {
+            BurstSource::Observed => self.burst.factor(t_cold).unwrap_or(prior),
+            BurstSource::Levels => prior,
+        };
         let warm = if cfg.warm_pool { warm_pool(target, burst_factor, s.cold_start_s, cfg) } else { 0 };
         Decision {
             serving: target,

@@ -658,6 +658,27 @@ keys = ["sk-acme-1", "sk-acme-2"]
     }
 
     #[test]
+    fn preemption_and_warm_pool_knobs_out_of_range_are_refused_with_file_line_and_key() {
+        for (section, knob, value) in [
+            ("admission", "max_pauses", "0"),
+            ("admission", "max_pauses", "9"),
+            ("autoscale", "queue_window_s", "0.5"),
+            ("autoscale", "burst_horizon_s", "-1"),
+            ("autoscale", "warm_margin", "-1"),
+        ] {
+            let text = format!("{DOC}\n[{section}]\n{knob} = {value}\n");
+            let e = PolicyDocument::parse("p.toml", &text).unwrap_err().to_string();
+            assert!(
+                e.starts_with("p.toml:") && e.contains(&format!("`{section}.{knob}`")),
+                "{knob} = {value}: {e}"
+            );
+        }
+        let text = format!("{DOC}\n[autoscale]\nburst_source = \"guess\"\n");
+        let e = PolicyDocument::parse("p.toml", &text).unwrap_err().to_string();
+        assert!(e.contains("autoscale.burst_source"), "{e}");
+    }
+
+    #[test]
     fn unknown_key_is_an_error_with_its_line() {
         let text = DOC.replace("priority_weight = 4", "priority_weight = 4\nbogus = 1");
         match PolicyDocument::parse("p.toml", &text).unwrap_err() {
