@@ -274,3 +274,25 @@ fn token_pressure_scales_out_when_kv_fills_before_the_slots() {
     let unknown = Signals { kv_tokens_per_engine: 0.0, ..s };
     assert!((0..8).all(|i| b.tick(f64::from(i) * 0.5, &unknown, &c).why == Why::Hold));
 }
+
+#[test]
+fn the_dispersion_of_poisson_arrivals_does_not_change_with_the_rate_and_cv_does() {
+    // The video scaler's σ (std / √mean of activations per 5 s bin) reads
+    // 1 for Poisson arrivals at any rate: one level table serves a fleet of
+    // 8 engines and one of 256. std / mean falls as 1/√rate, so the same
+    // table would put a small fleet's Poisson noise at a volatile level.
+    let mut at = Vec::new();
+    for (rate, seed) in [(1.0, 11), (20.0, 12), (400.0, 13)] {
+        let counter = poisson_counter(3600, seed, |_| rate);
+        let mut bins = ArrivalBins::default();
+        for (s, n) in counter.iter().enumerate() {
+            bins.observe(s as f64, *n, 5.0, 720);
+        }
+        at.push((rate, bins.dispersion(), bins.cv()));
+    }
+    for (rate, d, _) in &at {
+        assert!((0.85..1.15).contains(d), "{rate}/s: dispersion {d}");
+    }
+    let (cv_slow, cv_fast) = (at[0].2, at[2].2);
+    assert!(cv_slow > 10.0 * cv_fast, "cv {cv_slow} at 1/s, {cv_fast} at 400/s");
+}
