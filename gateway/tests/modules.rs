@@ -148,3 +148,24 @@ fn no_process_is_ended_by_its_name() {
     }
     assert!(found.is_empty(), "processes ended by name:\n{}", found.join("\n"));
 }
+
+/// `policies` is the bottom of the workspace: pure decisions every crate
+/// runs (gateway, engine, simulator), depending on no crate of ours.
+#[test]
+fn policies_depends_on_no_crate_of_ours() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let workspace = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let ours: Vec<&str> = workspace
+        .lines()
+        .filter(|l| l.contains("path = \""))
+        .filter_map(|l| l.split('=').next().map(str::trim))
+        .collect();
+    assert!(ours.contains(&"engine-api"), "the workspace's own crates are path dependencies: {ours:?}");
+    let manifest = std::fs::read_to_string(root.join("policies/Cargo.toml")).unwrap();
+    let deps = manifest.split("[dependencies]").nth(1).unwrap_or("");
+    let deps = deps.split("\n[").next().unwrap_or("");
+    for line in deps.lines() {
+        let name = line.split('=').next().unwrap_or("").trim();
+        assert!(name.is_empty() || !ours.contains(&name), "policies depends on {name}, a crate of ours");
+    }
+}

@@ -7,9 +7,72 @@
 //! against the highest-fidelity configuration's frames for the same prompt
 //! and chunk (1.0 = identical), measured by `engine profile --video`.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
-pub use engine_api::video::{Fidelity, Precision};
+/// Arithmetic precision of the denoiser (fp8 is simulated by quantising and
+/// dequantising activations on backends without it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Fp16,
+    Fp8,
+}
+
+/// One fidelity configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Fidelity {
+    /// Denoising steps per chunk (S).
+    pub steps: u8,
+    /// Share of attention key blocks skipped, in percent (ρ × 100).
+    pub sparsity_pct: u8,
+    /// Past chunks attended to besides the sink (W).
+    pub window: u8,
+    pub precision: Precision,
+}
+
+impl Fidelity {
+    /// The reference: most steps, dense attention, widest window, fp16.
+    pub const HIGHEST: Fidelity =
+        Fidelity { steps: 4, sparsity_pct: 0, window: 7, precision: Precision::Fp16 };
+
+    /// ρ as a fraction.
+    pub fn sparsity(&self) -> f64 {
+        f64::from(self.sparsity_pct) / 100.0
+    }
+
+    /// Context blocks attention keeps out of `blocks`: all but ⌊ρ·blocks⌋.
+    pub fn kept_blocks(&self, blocks: usize) -> usize {
+        blocks - ((blocks as f64) * self.sparsity()).floor() as usize
+    }
+
+    /// Every configuration `engine profile --video` measures:
+    /// S ∈ {2,3,4}, ρ ∈ {0, 0.6, 0.7, 0.8, 0.9}, W ∈ {1,3,7}, Q ∈ {fp16, fp8}.
+    pub fn sweep() -> Vec<Fidelity> {
+        let mut out = Vec::new();
+        for steps in [2, 3, 4] {
+            for sparsity_pct in [0, 60, 70, 80, 90] {
+                for window in [1, 3, 7] {
+                    for precision in [Precision::Fp16, Precision::Fp8] {
+                        out.push(Fidelity { steps, sparsity_pct, window, precision });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Display for Fidelity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let q = match self.precision {
+            Precision::Fp16 => "fp16",
+            Precision::Fp8 => "fp8",
+        };
+        write!(f, "S{}-r{:.1}-W{}-{q}", self.steps, self.sparsity(), self.window)
+    }
+}
 
 /// One measured configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
