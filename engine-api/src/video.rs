@@ -99,6 +99,79 @@ fn sp1() -> u8 {
     1
 }
 
+impl ChunkRequest {
+    /// Checks every field's bounds; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.key.is_finite() {
+            return Err("key: must be a finite number".into());
+        }
+        if !self.credit.is_finite() {
+            return Err("credit: must be a finite number".into());
+        }
+        if !(1..=2).contains(&self.sp) {
+            return Err("sp: 1 or 2".into());
+        }
+        Ok(())
+    }
+}
+
+/// `POST /engine/v1/video/sessions/{id}/prompt`: a prompt switch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptSwitch {
+    pub prompt: String,
+}
+
+impl PromptSwitch {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.prompt.len() > MAX_PROMPT_BYTES {
+            return Err(format!("prompt: at most {MAX_PROMPT_BYTES} bytes"));
+        }
+        Ok(())
+    }
+}
+
+/// `POST /engine/v1/video/lend`: lend this engine's device for `ms` to a
+/// chunk running with sequence parallelism elsewhere (elastic SP).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lend {
+    pub ms: f64,
+}
+
+/// The longest loan, milliseconds.
+pub const MAX_LEND_MS: f64 = 60_000.0;
+
+impl Lend {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.ms.is_finite() && (0.0..=MAX_LEND_MS).contains(&self.ms)) {
+            return Err("ms: 0 to 60000".into());
+        }
+        Ok(())
+    }
+}
+
+/// `POST /engine/v1/video/sessions/{id}/offer`: the token a peer engine
+/// pulls the session's state with (migration).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Offer {
+    pub token: String,
+}
+
+/// The shortest and longest offer token (the gateway's are 32 hex digits).
+pub const MIN_OFFER_TOKEN_LEN: usize = 16;
+pub const MAX_OFFER_TOKEN_LEN: usize = 256;
+
+impl Offer {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(MIN_OFFER_TOKEN_LEN..=MAX_OFFER_TOKEN_LEN).contains(&self.token.len()) {
+            return Err(format!("token: {MIN_OFFER_TOKEN_LEN} to {MAX_OFFER_TOKEN_LEN} characters"));
+        }
+        Ok(())
+    }
+}
+
 /// A generated chunk.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChunkOut {
@@ -121,4 +194,37 @@ pub struct ChunkOut {
 pub struct Version {
     pub epoch: u32,
     pub chunks: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_video_request_names_its_bad_field() {
+        let chunk = |key: f64, credit: f64, sp: u8| ChunkRequest {
+            epoch: 0,
+            fidelity: Fidelity::HIGHEST,
+            key,
+            credit,
+            sp,
+        };
+        assert!(chunk(1.0, 2.0, 1).validate().is_ok() && chunk(1.0, 2.0, 2).validate().is_ok());
+        assert!(chunk(f64::NAN, 2.0, 1).validate().unwrap_err().starts_with("key"));
+        assert!(chunk(1.0, f64::INFINITY, 1).validate().unwrap_err().starts_with("credit"));
+        assert!(chunk(1.0, 2.0, 3).validate().unwrap_err().starts_with("sp"));
+        assert!(PromptSwitch { prompt: "x".repeat(MAX_PROMPT_BYTES + 1) }.validate().is_err());
+        assert!(PromptSwitch { prompt: "a cat".into() }.validate().is_ok());
+        for ms in [-1.0, 60_001.0, f64::NAN] {
+            assert_eq!(Lend { ms }.validate().unwrap_err(), "ms: 0 to 60000");
+        }
+        assert!(Lend { ms: 250.0 }.validate().is_ok());
+        for len in [15, 257] {
+            assert_eq!(
+                Offer { token: "t".repeat(len) }.validate().unwrap_err(),
+                "token: 16 to 256 characters"
+            );
+        }
+        assert!(Offer { token: "t".repeat(32) }.validate().is_ok());
+    }
 }

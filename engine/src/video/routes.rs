@@ -10,6 +10,7 @@ use hyper::body::Incoming;
 use super::{ChunkRequest, CreateSession, VideoError};
 use crate::server::{error, json, read_json, EngineBody};
 use crate::Engine;
+use engine_api::video::{Lend, Offer, PromptSwitch};
 
 fn video_error(e: &VideoError) -> Response<EngineBody> {
     let status = match e {
@@ -39,22 +40,15 @@ fn done<T: serde::Serialize>(status: StatusCode, r: Result<T, VideoError>) -> Re
     }
 }
 
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PromptSwitch {
-    prompt: String,
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Lend {
-    ms: f64,
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Offer {
-    token: String,
+/// A body of `T` that passes its wire type's own bounds (`validate`), or
+/// the typed 400 that names the field.
+async fn read_valid<T: serde::de::DeserializeOwned>(
+    req: Request<Incoming>,
+    validate: fn(&T) -> Result<(), String>,
+) -> Result<T, Response<EngineBody>> {
+    let t = read_json::<T>(req).await?;
+    validate(&t).map_err(|message| error(StatusCode::BAD_REQUEST, "invalid_request", &message))?;
+    Ok(t)
 }
 
 /// `pull` and `commit`: where the session is and the token it was offered
@@ -65,9 +59,6 @@ struct Pull {
     from: String,
     token: String,
 }
-
-/// Shortest transfer token accepted (the gateway's are 32 hex digits).
-const MIN_TOKEN_LEN: usize = 16;
 
 /// Most bytes one pull accepts: a session's KV window and model state.
 fn pull_limit(engine: &Engine) -> usize {
@@ -86,28 +77,19 @@ pub(crate) async fn handle(
             bytes("application/toml", engine.video_profile_toml.clone().into_bytes())
         }
         (Method::GET, None, "load") => json(StatusCode::OK, &v.load().await),
-        (Method::POST, None, "lend") => match read_json::<Lend>(req).await {
-            Ok(l) if l.ms.is_finite() && (0.0..=60_000.0).contains(&l.ms) => {
-                done(StatusCode::OK, v.lend(l.ms).await.map(|()| serde_json::json!({})))
-            }
-            Ok(_) => error(StatusCode::BAD_REQUEST, "invalid_request", "ms: 0 to 60000"),
+        (Method::POST, None, "lend") => match read_valid(req, Lend::validate).await {
+            Ok(l) => done(StatusCode::OK, v.lend(l.ms).await.map(|()| serde_json::json!({}))),
             Err(resp) => resp,
         },
-        (Method::POST, None, "sessions") => match read_json::<CreateSession>(req).await {
-            Ok(c) => match c.validate() {
-                Ok(()) => done(StatusCode::CREATED, v.create(c).await.map(|()| serde_json::json!({}))),
-                Err(message) => error(StatusCode::BAD_REQUEST, "invalid_request", &message),
-            },
+        (Method::POST, None, "sessions") => match read_valid(req, CreateSession::validate).await {
+            Ok(c) => done(StatusCode::CREATED, v.create(c).await.map(|()| serde_json::json!({}))),
             Err(resp) => resp,
         },
-        (Method::POST, Some(id), "chunk") => match read_json::<ChunkRequest>(req).await {
+        (Method::POST, Some(id), "chunk") => match read_valid(req, ChunkRequest::validate).await {
             Ok(c) => done(StatusCode::OK, v.chunk(id, c).await),
             Err(resp) => resp,
         },
-        (Method::POST, Some(id), "prompt") => match read_json::<PromptSwitch>(req).await {
-            Ok(p) if p.prompt.len() > super::MAX_PROMPT_BYTES => {
-                error(StatusCode::BAD_REQUEST, "invalid_request", "prompt: too long")
-            }
+        (Method::POST, Some(id), "prompt") => match read_valid(req, PromptSwitch::validate).await {
             Ok(p) => done(
                 StatusCode::OK,
                 v.prompt(id, p.prompt).await.map(|epoch| serde_json::json!({"epoch": epoch})),
@@ -139,10 +121,7 @@ pub(crate) async fn handle(
                 Err(e) => error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string()),
             }
         }
-        (Method::POST, Some(id), "offer") => match read_json::<Offer>(req).await {
-            Ok(o) if o.token.len() < MIN_TOKEN_LEN || o.token.len() > 256 => {
-                error(StatusCode::BAD_REQUEST, "invalid_request", "token: 16 to 256 characters")
-            }
+        (Method::POST, Some(id), "offer") => match read_valid(req, Offer::validate).await {
             Ok(o) => done(StatusCode::OK, v.offer(id, o.token).await),
             Err(resp) => resp,
         },
