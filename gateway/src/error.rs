@@ -121,6 +121,10 @@ pub enum ApiError {
     /// Even the fastest fidelity cannot keep up with playout at this load.
     #[error("{message}")]
     VideoCapacity { message: String, retry_after_s: u32 },
+    /// A broken invariant of the gateway itself (a bug, never the
+    /// client's doing); `what` names it in the log, not in the answer.
+    #[error("the gateway failed to handle the request")]
+    Internal { what: &'static str },
     // The admin API's own errors.
     #[error("missing admin token: send `Authorization: Bearer <admin token>`")]
     MissingAdminToken,
@@ -185,6 +189,7 @@ impl ApiError {
             ApiError::UnknownPolicyVersion(_) => "unknown_policy_version",
             ApiError::KeyNotFound(_) => "key_not_found",
             ApiError::PolicyFileUnavailable(_) => "policy_file_unavailable",
+            ApiError::Internal { .. } => "internal_error",
         }
     }
 
@@ -224,6 +229,7 @@ impl ApiError {
             ApiError::MethodNotAllowed(..) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::NoReadyEngine | ApiError::EnginesAtCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::EngineFailed(_) => StatusCode::BAD_GATEWAY,
+            ApiError::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -246,7 +252,9 @@ impl ApiError {
             }
             // Capacity refusals: nobody failed, the fleet is full; they are
             // the gateway's decision, so counted as its own.
-            ApiError::Overloaded { .. } | ApiError::VideoCapacity { .. } => Fault::Gateway,
+            ApiError::Overloaded { .. } | ApiError::VideoCapacity { .. } | ApiError::Internal { .. } => {
+                Fault::Gateway
+            }
             _ => Fault::Client,
         }
     }

@@ -26,7 +26,7 @@ use crate::metrics::RequestObserver;
 use crate::openai::{self, Kind};
 use crate::permit::Permit;
 use crate::relay::{self, Encoder, StreamBounds};
-use crate::request::{api_key, json_response, Req};
+use crate::request::{json_response, Req};
 use crate::trace::RequestTrace;
 use crate::wire::{anthropic, responses, Wire};
 use crate::App;
@@ -129,19 +129,7 @@ pub(crate) async fn route(
     found: Option<Caller>,
 ) -> Result<Response<GatewayBody>, Failed> {
     let policy = &policy;
-    let found = match found {
-        // A router used alone authenticates itself.
-        None if route.needs_key() => {
-            match api_key(req.headers()).ok_or(ApiError::MissingKey).and_then(|k| identify(&app, policy, k)) {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    req.drain_unread(&app.config.limits).await;
-                    return Err(e.into());
-                }
-            }
-        }
-        found => found,
-    };
+    // The auth layer identified the caller of every route that needs a key.
     let key = found.as_ref().and_then(|c| c.key.clone());
     let result = match route {
         Route::Completions(kind) => match caller(policy, found.as_ref()) {

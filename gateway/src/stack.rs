@@ -103,19 +103,18 @@ impl Service<Req> for Router {
     }
 
     fn call(&mut self, mut req: Req) -> Self::Future {
-        // Set by the layers above; a router used alone finds its own.
-        let app = &self.app;
+        // The layers above set these on every request (`public`).
         let ext = req.extensions_mut();
-        let ident = ext.remove::<Ident>();
-        let policy = ext.remove::<Snapshot>().map_or_else(|| app.policies.current(), |s| s.0);
-        let route = ext.remove::<Route>();
+        let (ident, snapshot, route) =
+            (ext.remove::<Ident>(), ext.remove::<Snapshot>(), ext.remove::<Route>());
         let caller = ext.remove::<Caller>();
-        let ident = ident.unwrap_or_else(|| Ident {
-            request_id: service::request_id(app, req.headers()),
-            arrived: crate::clock::now(),
-        });
-        let route = route.unwrap_or_else(|| Route::of(req.method(), req.uri().path()));
-        Box::pin(service::route(Arc::clone(app), req, (ident, route), policy, caller))
+        let (Some(ident), Some(Snapshot(policy)), Some(route)) = (ident, snapshot, route) else {
+            tracing::error!(event = "stack_miswired", why = "the router ran without its layers");
+            return Box::pin(async {
+                Err(crate::error::ApiError::Internal { what: "router without layers" }.into())
+            });
+        };
+        Box::pin(service::route(Arc::clone(&self.app), req, (ident, route), policy, caller))
     }
 }
 
@@ -181,7 +180,9 @@ impl Check for Auth {
     async fn check(&self, app: &App, req: &mut Req) -> Result<(), crate::error::ApiError> {
         let ext = &req.parts.extensions;
         let (Some(route), Some(Snapshot(policy))) = (ext.get::<Route>(), ext.get::<Snapshot>()) else {
-            return Ok(()); // the router authenticates itself
+            return Err(crate::error::ApiError::Internal {
+                what: "auth without the route and policy layers",
+            });
         };
         if !route.needs_key() {
             return Ok(());
