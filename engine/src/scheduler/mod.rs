@@ -128,6 +128,14 @@ enum Command {
 }
 
 /// Handle to the scheduler task; cheap to clone.
+///
+/// The command channel is unbounded on purpose, and bounded by its
+/// senders: every command but `start_drain` waits for its reply, so each
+/// caller has at most one command queued, and the callers are the engine's
+/// HTTP requests (at most `--max-connections` × `server::MAX_STREAMS` at
+/// once) and its few control loops. A bounded channel would add a second
+/// wait in front of the scheduler for nothing; a full one would have to
+/// refuse or block a request the connection bound already admitted.
 #[derive(Debug, Clone)]
 pub struct Scheduler {
     tx: mpsc::UnboundedSender<Command>,
