@@ -461,15 +461,7 @@ impl Pricer<'_> {
         of_class
             .iter()
             .filter(|e| e.active >= e.slots && e.active - e.slots < e.preemptible)
-            .map(|e| {
-                let s = self.predict(e);
-                let backlog = if e.prefill_backlog_tokens > 0 {
-                    self.model.prefill_raw_ms(e.prefill_backlog_tokens.min(u64::from(u32::MAX)) as u32)
-                } else {
-                    0.0
-                };
-                Fit { engine: Some(e.idx), preempts: true, ..self.finish(e, &s, backlog + s.step_raw_ms) }
-            })
+            .map(|e| Fit { engine: Some(e.idx), preempts: true, ..self.joining(e) })
             .min_by(|a, b| a.ttft_ms.total_cmp(&b.ttft_ms).then(a.e2e_ms.total_cmp(&b.e2e_ms)))
     }
 
@@ -493,20 +485,20 @@ impl Pricer<'_> {
                 .cmp(&(!feasible(b), std::cmp::Reverse(b.cached)))
                 .then(a.e2e_ms.total_cmp(&b.e2e_ms))
         };
-        of_class
-            .iter()
-            .filter(|e| e.active < e.slots)
-            .filter(lane_ok)
-            .map(|e| {
-                let s = self.predict(e);
-                let backlog = if e.prefill_backlog_tokens > 0 {
-                    self.model.prefill_raw_ms(e.prefill_backlog_tokens.min(u64::from(u32::MAX)) as u32)
-                } else {
-                    0.0
-                };
-                self.finish(e, &s, backlog + s.step_raw_ms)
-            })
-            .min_by(better)
+        of_class.iter().filter(|e| e.active < e.slots).filter(lane_ok).map(|e| self.joining(e)).min_by(better)
+    }
+
+    /// The fit on `e` joining its batch at the next token boundary after
+    /// the prefill backlog dispatched there.
+    #[inline]
+    fn joining(&self, e: &Candidate) -> Fit {
+        let s = self.predict(e);
+        let backlog = if e.prefill_backlog_tokens > 0 {
+            self.model.prefill_raw_ms(e.prefill_backlog_tokens.min(u64::from(u32::MAX)) as u32)
+        } else {
+            0.0
+        };
+        self.finish(e, &s, backlog + s.step_raw_ms)
     }
 }
 
