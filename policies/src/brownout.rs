@@ -246,6 +246,19 @@ impl Brownout {
 
 #[cfg(test)]
 mod tests {
+
+    /// A window fed faster than it forgets (the gate-wait signal gets a
+    /// sample per admitted request) keeps at most `Window::MAX`, the newest.
+    #[test]
+    fn a_window_keeps_at_most_its_bound_of_the_newest_samples() {
+        let mut w = Window::default();
+        for i in 0..(3 * Window::MAX) {
+            // The oldest two thirds read 9, the newest third 1.
+            w.push(i as f64 * 1e-4, if i < 2 * Window::MAX { 9.0 } else { 1.0 });
+        }
+        assert_eq!(w.samples.len(), Window::MAX);
+        assert_eq!(w.p95(3.0, 30.0, 1), Some(1.0), "only the newest samples count");
+    }
     use super::*;
     use crate::rng::SplitMix;
 

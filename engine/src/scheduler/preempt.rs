@@ -52,8 +52,19 @@ impl<B: Backend> Core<B> {
     /// At a token boundary: paused sequences take free slots back (unless
     /// a higher class waits for them), then, with every slot taken, a
     /// lower class's sequence is paused if the most important waiting
-    /// sequence would otherwise miss its TTFT budget.
+    /// sequence would otherwise miss its TTFT budget. Nothing to do (and no
+    /// allocation) while no queued sequence takes part in preemption.
     pub(super) fn reprioritize(&mut self) {
+        self.resume_paused();
+        let max_batch = self.cfg.limits.max_batch as usize;
+        if self.running.len() >= max_batch && self.queue.iter().any(|s| s.priority.is_some()) {
+            self.pause_for_priority();
+        }
+    }
+
+    /// Paused sequences back into free slots, the most important first,
+    /// unless a higher class waits for the slot.
+    fn resume_paused(&mut self) {
         let max_batch = self.cfg.limits.max_batch as usize;
         while self.running.len() < max_batch && !self.paused.is_empty() {
             let paused: Vec<_> = self.paused.iter().map(|s| (s.id, class(s))).collect();
@@ -65,9 +76,10 @@ impl<B: Backend> Core<B> {
             tracing::debug!(event = "resumed", seq = seq.id, generated = seq.generated);
             self.running.push(seq);
         }
-        if self.running.len() < max_batch || self.queue.is_empty() {
-            return;
-        }
+    }
+
+    /// Pauses the running sequence `policies::preempt::victim` names, if any.
+    fn pause_for_priority(&mut self) {
         let now = self.now();
         let waiting: Vec<Waiting> = self
             .queue
@@ -94,7 +106,8 @@ impl<B: Backend> Core<B> {
                     .map(|p| s.enqueued_at + Duration::from_millis(u64::from(p.e2e_budget_ms))),
             })
             .collect();
-        let Some(id) = victim(&waiting, &running, max_batch as u32, &self.cfg.profile, now) else { return };
+        let max_batch = self.cfg.limits.max_batch;
+        let Some(id) = victim(&waiting, &running, max_batch, &self.cfg.profile, now) else { return };
         let i = self.running.iter().position(|s| s.id == id).expect("ids come from the running batch");
         let mut seq = self.running.remove(i);
         seq.pauses += 1;

@@ -579,6 +579,29 @@ mod tests {
         EngineSpec::native(id, format!("http://127.0.0.1:{port}").parse().unwrap())
     }
 
+    /// The per-class counts priority preemption reads hold one entry per
+    /// class in use (a handful: the policy's tiers) and empty as leases end.
+    #[test]
+    fn leases_are_counted_by_class_and_the_counts_empty_with_them() {
+        let pool = EnginePool::new(vec![spec("e0", 9000)], &crate::limits::Limits::default(), None);
+        let work = Work { tokens: 10, prompt_tokens: 5, out_tokens: 5 };
+        let gold = pool.lease_as(0, work, Some(4));
+        let bronze: Vec<_> = (0..3).map(|_| pool.lease_as(0, work, Some(1))).collect();
+        let plain = pool.lease(0, work);
+        let slot = pool.slot(0);
+        assert_eq!((slot.active(), slot.active_below(4), slot.active_below(1)), (5, 3, 0));
+        drop(bronze);
+        assert_eq!(slot.active_below(4), 0);
+        drop((gold, plain));
+        assert_eq!(slot.active(), 0);
+        assert!(slot.classes.lock().unwrap().is_empty(), "no entry left behind");
+        // A third-party engine cannot pause a sequence: it offers none.
+        let upstream = EngineSpec { kind: EngineKind::Openai, ..spec("u", 9001) };
+        let pool = EnginePool::new(vec![upstream], &crate::limits::Limits::default(), None);
+        let _bronze = pool.lease_as(0, work, Some(1));
+        assert_eq!(pool.slot(0).active_below(4), 0);
+    }
+
     #[tokio::test]
     async fn an_engine_back_on_a_new_url_is_used_there_and_gone_ones_are_retired_and_reused() {
         let pool = EnginePool::new(vec![spec("static", 9000)], &crate::limits::Limits::default(), None);
