@@ -1,7 +1,8 @@
 //! One task per stream: at every chunk boundary it moves the stream if the
 //! control tick planned a move (export -> import -> switch home: never two
 //! owners), waits while enough video is buffered, picks the next chunk's
-//! fidelity (Bi-Modal Pareto Routing, or the static baseline), computes the
+//! fidelity (Bi-Modal Pareto Routing, or the static or fixed-level
+//! baseline), computes the
 //! stream's credit and the engine ordering key, asks the home engine for
 //! the chunk, and delivers it: playout accounting, `chunk` / `stall`
 //! events, the `end` event when the stream is done.
@@ -42,8 +43,14 @@ fn plan(cfg: &VideoConfig, profile: &VideoProfile, slack_s: f64, chunk_s: f64, k
     let frontier = profile.frontier();
     let floor = profile.quality_floor();
     let reference_s = chunk_time_s(profile, best.chunk_ms, k);
-    let budget = bmpr::budget_s(slack_s, chunk_s, 0.0, reference_s, cfg.alpha);
     let cost = |p: &pv::ConfigPoint| profile.batch_ms(p.chunk_ms, k.max(1) as usize);
+    if cfg.fidelity == FidelityMode::Levels {
+        let credit = pv::credit(slack_s, 0.0, reference_s);
+        let (p, mode) =
+            bmpr::fixed_level(&frontier, floor, credit, reference_s, cfg.alpha).unwrap_or((best, "static"));
+        return Plan { fidelity: p.fidelity, expected_s: cost(&p) / 1e3, quality: p.quality, mode };
+    }
+    let budget = bmpr::budget_s(slack_s, chunk_s, 0.0, reference_s, cfg.alpha);
     let (p, mode) = bmpr::select(&frontier, budget * 1e3, floor, cost).unwrap_or((best, Mode::SpeedRecovery));
     Plan { fidelity: p.fidelity, expected_s: cost(&p) / 1e3, quality: p.quality, mode: mode.label() }
 }
@@ -573,4 +580,47 @@ async fn finish(streams: &Arc<Streams>, stream: &Arc<Stream>, reason: &'static s
         tokio::time::sleep(KEEP_ENDED).await;
         streams.remove(&id);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shipped() -> VideoProfile {
+        VideoProfile::parse("bundled", include_str!("../../../policies/profiles/video-emulated-h100.toml"))
+            .expect("the bundled profile parses")
+    }
+
+    /// Each fidelity mode on the shipped profile: static always runs the
+    /// best point; BMPR spends slack on quality and drops to the fastest
+    /// point over the floor when none is left; the fixed-level baseline
+    /// runs exactly three points over the floor, by tier.
+    #[test]
+    fn every_fidelity_mode_plans_from_the_profile() {
+        let profile = shipped();
+        let (best, floor) = (profile.best(), profile.quality_floor());
+        let with = |fidelity| VideoConfig { fidelity, ..VideoConfig::default() };
+        let chunk_s = 0.75;
+        let mut seen = std::collections::BTreeSet::new();
+        for slack in [0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0] {
+            let s = plan(&with(FidelityMode::Static), &profile, slack, chunk_s, 1);
+            assert_eq!((s.fidelity, s.mode), (best.fidelity, "static"));
+            let b = plan(&with(FidelityMode::Bmpr), &profile, slack, chunk_s, 1);
+            assert!(b.quality >= floor, "BMPR stays over the floor at slack {slack}");
+            let l = plan(&with(FidelityMode::Levels), &profile, slack, chunk_s, 1);
+            assert!(l.quality >= floor && l.mode.starts_with("level_"));
+            seen.insert((l.mode, (l.quality * 1e6) as u64));
+        }
+        let b0 = plan(&with(FidelityMode::Bmpr), &profile, 0.0, chunk_s, 1);
+        assert_eq!(b0.mode, "speed_recovery");
+        let b10 = plan(&with(FidelityMode::Bmpr), &profile, 10.0, chunk_s, 1);
+        assert_eq!((b10.fidelity, b10.mode), (best.fidelity, "quality"));
+        // Three levels, and the fast one is BMPR's recovery point.
+        let modes: Vec<&str> = seen.iter().map(|(m, _)| *m).collect();
+        assert_eq!(modes, ["level_fast", "level_medium", "level_slow"]);
+        let fast = plan(&with(FidelityMode::Levels), &profile, 0.0, chunk_s, 1);
+        assert_eq!(fast.fidelity, b0.fidelity);
+        let slow = plan(&with(FidelityMode::Levels), &profile, 10.0, chunk_s, 1);
+        assert_eq!(slow.fidelity, best.fidelity);
+    }
 }

@@ -15,6 +15,7 @@
 //! fit, speed recovery takes the fastest one over the floor.
 
 use super::fidelity::ConfigPoint;
+use super::playout::{urgency, Urgency};
 
 /// Which mode chose the configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +60,31 @@ pub fn select(
         .min_by(|a, b| cost_ms(a).total_cmp(&cost_ms(b)))
         .or_else(|| frontier.iter().max_by(|a, b| a.quality.total_cmp(&b.quality)));
     recovery.map(|p| (*p, Mode::SpeedRecovery))
+}
+
+/// SlackServe's fixed-level baseline (§7.3, Figure 16): three frontier
+/// points over the floor (the fastest, the middle one, the best) and a
+/// switch among them by the stream's tier: credit below `α·T_ref`
+/// (URGENT) runs the fast level, above `2α·T_ref` (RELAXED) the slow
+/// (best) one, between them the medium one. It switches fidelity by slack
+/// as BMPR does but without the budget and the frontier search, which is
+/// what the paper's comparison isolates. `frontier` sorted by latency;
+/// `None` only when it is empty.
+pub fn fixed_level(
+    frontier: &[ConfigPoint],
+    floor: f64,
+    credit_s: f64,
+    reference_s: f64,
+    alpha: f64,
+) -> Option<(ConfigPoint, &'static str)> {
+    let over: Vec<&ConfigPoint> = frontier.iter().filter(|p| p.quality >= floor).collect();
+    let levels: Vec<&ConfigPoint> = if over.is_empty() { frontier.iter().collect() } else { over };
+    let (fast, medium, slow) = (levels.first()?, levels[levels.len() / 2], levels.last()?);
+    Some(match urgency(credit_s, reference_s, alpha) {
+        Urgency::Urgent => (**fast, "level_fast"),
+        Urgency::Normal => (*medium, "level_medium"),
+        Urgency::Relaxed => (**slow, "level_slow"),
+    })
 }
 
 #[cfg(test)]
@@ -117,5 +143,22 @@ mod tests {
         assert!((budget_s(1.2, 0.75, 0.0, 0.6, 2.0) - 0.75).abs() < 1e-9);
         // Below it: faster than playout, to refill.
         assert!(budget_s(0.5, 0.75, 0.1, 0.6, 2.0) < 0.75);
+    }
+
+    #[test]
+    fn fixed_level_switches_among_three_points_over_the_floor_by_tier() {
+        let f = frontier();
+        let level = |credit: f64| {
+            let (c, label) = fixed_level(&f, 0.93, credit, 0.5, 2.0).unwrap();
+            (c.fidelity.steps, label)
+        };
+        // Over the floor: 200, 300 and 500 ms; URGENT below 1 s of credit,
+        // RELAXED above 2 s.
+        assert_eq!(level(0.5), (2, "level_fast"));
+        assert_eq!(level(1.5), (3, "level_medium"));
+        assert_eq!(level(2.5), (4, "level_slow"));
+        // A floor nothing meets: the whole frontier is the ladder.
+        assert_eq!(fixed_level(&f, 1.5, 0.0, 0.5, 2.0).map(|(c, _)| c.fidelity.steps), Some(1));
+        assert!(fixed_level(&[], 0.9, 0.0, 0.5, 2.0).is_none());
     }
 }

@@ -67,6 +67,9 @@ pub enum FidelityMode {
     Bmpr,
     /// Always the profile's highest-quality configuration (a baseline).
     Static,
+    /// Three fixed frontier levels switched by the stream's tier
+    /// ([`bmpr::fixed_level`]; SlackServe's fixed-level baseline).
+    Levels,
 }
 
 /// `[video]`: streaming video scheduling. Docs: docs/policies.md.
