@@ -358,9 +358,37 @@ impl ArrivalBins {
     /// (TurboServe's σ(t) made independent of the fleet's size, so one
     /// table serves 8 engines and 256); 0 without arrivals.
     pub fn dispersion(&self) -> f64 {
-        match self.mean_std() {
-            Some((mean, std)) if mean > 0.0 => std / mean.sqrt(),
-            _ => 0.0,
+        VolatilityMeasure::Dispersion.of(&self.complete())
+    }
+}
+
+/// How the video scaler measures the volatility of activations per bin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VolatilityMeasure {
+    /// std / √mean ([`ArrivalBins::dispersion`]): 1 for Poisson arrivals
+    /// at any rate, so one table serves any fleet size (the product).
+    #[default]
+    Dispersion,
+    /// The plain standard deviation of activations per bin (TurboServe's
+    /// σ): grows as √rate for the same burstiness, so its table holds only
+    /// at the fleet size it was profiled at.
+    Std,
+}
+
+impl VolatilityMeasure {
+    /// The measure of per-bin counts `counts` (0 for fewer than two bins or
+    /// no activations).
+    pub fn of(self, counts: &[f64]) -> f64 {
+        if counts.len() < 2 {
+            return 0.0;
+        }
+        let mean = counts.iter().sum::<f64>() / counts.len() as f64;
+        let std = (counts.iter().map(|c| (c - mean).powi(2)).sum::<f64>() / counts.len() as f64).sqrt();
+        match self {
+            _ if mean <= 0.0 => 0.0,
+            Self::Dispersion => std / mean.sqrt(),
+            Self::Std => std,
         }
     }
 }

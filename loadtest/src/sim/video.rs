@@ -588,7 +588,7 @@ impl Run<'_> {
 /// A fleet config whose every level targets `rho` (with λ kept).
 pub fn with_rho(cfg: &FleetConfig, rho: f64) -> FleetConfig {
     let mut c = cfg.clone();
-    c.levels = vec![Level { above: 0.0, target_utilization: rho, lambda: cfg.levels[0].lambda }];
+    c.levels = vec![Level { above: 0.0, target_utilization: rho, lambda: cfg.levels[0].lambda, engines: 0 }];
     c
 }
 

@@ -288,11 +288,31 @@ fn the_dispersion_of_poisson_arrivals_does_not_change_with_the_rate_and_cv_does(
         for (s, n) in counter.iter().enumerate() {
             bins.observe(s as f64, *n, 5.0, 720);
         }
-        at.push((rate, bins.dispersion(), bins.cv()));
+        let std = VolatilityMeasure::Std.of(&bins.complete());
+        assert_eq!(bins.dispersion(), VolatilityMeasure::Dispersion.of(&bins.complete()));
+        at.push((rate, bins.dispersion(), bins.cv(), std));
     }
-    for (rate, d, _) in &at {
+    for (rate, d, _, _) in &at {
         assert!((0.85..1.15).contains(d), "{rate}/s: dispersion {d}");
     }
     let (cv_slow, cv_fast) = (at[0].2, at[2].2);
     assert!(cv_slow > 10.0 * cv_fast, "cv {cv_slow} at 1/s, {cv_fast} at 400/s");
+    // TurboServe's plain std grows as √(5 s × rate): about 2.2, 10 and 45.
+    for (rate, _, _, std) in &at {
+        let poisson = (5.0 * rate).sqrt();
+        assert!((0.85 * poisson..1.15 * poisson).contains(std), "{rate}/s: std {std}, √mean {poisson}");
+    }
+}
+
+#[test]
+fn volatility_measures_of_too_few_or_empty_bins_are_zero() {
+    for m in [VolatilityMeasure::Dispersion, VolatilityMeasure::Std] {
+        assert_eq!(m.of(&[]), 0.0);
+        assert_eq!(m.of(&[7.0]), 0.0);
+        assert_eq!(m.of(&[0.0, 0.0, 0.0]), 0.0);
+    }
+    // 4, 6, 4, 6: mean 5, std 1.
+    assert!((VolatilityMeasure::Std.of(&[4.0, 6.0, 4.0, 6.0]) - 1.0).abs() < 1e-12);
+    let d = VolatilityMeasure::Dispersion.of(&[4.0, 6.0, 4.0, 6.0]);
+    assert!((d - 1.0 / 5f64.sqrt()).abs() < 1e-12);
 }

@@ -31,7 +31,7 @@
 use serde::Deserialize;
 
 use super::fidelity::VideoProfile;
-use crate::autoscale::ArrivalBins;
+use crate::autoscale::{ArrivalBins, VolatilityMeasure};
 
 /// ℓ̂(n): one engine's per-chunk latency with n active sessions coalesced.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -324,7 +324,7 @@ pub fn oracle_ms(gpus: &[Gpu], n: u32) -> f64 {
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Level {
-    /// The row applies when σ (std / √mean of activations per bin) is at least this
+    /// The row applies when σ (`volatility_measure` of activations per bin) is at least this
     /// (rows in increasing order; the first row's is 0).
     pub above: f64,
     /// ρ̂: the target of ρ_max.
@@ -332,6 +332,11 @@ pub struct Level {
     /// λ: GPUs one second of bottleneck latency is worth (Equation 5); a
     /// scale-in must lower c·M + λ·L*.
     pub lambda: f64,
+    /// The fleet size this row was profiled at (0: any size). Rows of one
+    /// size form one table; the scaler reads the table profiled nearest
+    /// (in ratio) to the engines it has ([`FleetConfig::table`]).
+    #[serde(default)]
+    pub engines: u32,
 }
 
 /// `[video.fleet]`: placement and autoscaling of video sessions.
@@ -365,6 +370,9 @@ pub struct FleetConfig {
     pub volatility_bin_s: f64,
     /// W: complete bins in the volatility window.
     pub volatility_bins: usize,
+    /// σ: std / √mean of the bins ("dispersion", the product) or their
+    /// plain std ("std", TurboServe's; its table holds at one fleet size).
+    pub volatility_measure: VolatilityMeasure,
     pub levels: Vec<Level>,
 }
 
@@ -392,6 +400,7 @@ impl Default for FleetConfig {
             down_cooldown_s: 30.0,
             volatility_bin_s: 5.0,
             volatility_bins: 12,
+            volatility_measure: VolatilityMeasure::Dispersion,
             levels: default_levels(),
         }
     }
@@ -402,7 +411,7 @@ impl Default for FleetConfig {
 fn default_levels() -> Vec<Level> {
     [(0.0, 0.85), (1.35, 0.75), (1.81, 0.7), (2.27, 0.45)]
         .into_iter()
-        .map(|(above, target_utilization)| Level { above, target_utilization, lambda: 0.2 })
+        .map(|(above, target_utilization)| Level { above, target_utilization, lambda: 0.2, engines: 0 })
         .collect()
 }
 
@@ -439,11 +448,19 @@ impl FleetConfig {
         if !(2..=1000).contains(&self.volatility_bins) {
             return Err(("video.fleet.volatility_bins", "must be in [2, 1000]".into()));
         }
-        if self.levels.is_empty() || self.levels[0].above != 0.0 {
+        if self.levels.is_empty() {
             return Err(("video.fleet.levels", "need at least one row, the first with above = 0".into()));
         }
         for w in self.levels.windows(2) {
-            if w[1].above <= w[0].above {
+            if w[1].engines < w[0].engines {
+                return Err(("video.fleet.levels", "tables in increasing order of `engines`".into()));
+            }
+        }
+        for table in self.levels.chunk_by(|a, b| a.engines == b.engines) {
+            if table[0].above != 0.0 {
+                return Err(("video.fleet.levels", "each table's first row has above = 0".into()));
+            }
+            if table.windows(2).any(|w| w[1].above <= w[0].above) {
                 return Err(("video.fleet.levels", "`above` must increase row by row".into()));
             }
         }
@@ -457,6 +474,24 @@ impl FleetConfig {
             }
         }
         Ok(())
+    }
+
+    /// The volatility table for a fleet of `engines`: the rows profiled at
+    /// the size nearest to it in ratio (between 64 and 256, 128 is the
+    /// turn); rows with `engines = 0` serve any size. Validated tables are
+    /// never empty.
+    pub fn table(&self, engines: u32) -> &[Level] {
+        let distance = |profiled: u32| {
+            if profiled == 0 {
+                0.0
+            } else {
+                (f64::from(engines.max(1)) / f64::from(profiled)).ln().abs()
+            }
+        };
+        self.levels
+            .chunk_by(|a, b| a.engines == b.engines)
+            .min_by(|a, b| distance(a[0].engines).total_cmp(&distance(b[0].engines)))
+            .unwrap_or(&self.levels)
     }
 
     pub fn params(&self) -> PlaceParams {
@@ -532,7 +567,7 @@ impl Scaler {
     /// σ(t) after recording the activations counter at `now`.
     pub fn observe(&mut self, now: f64, activations: u64, cfg: &FleetConfig) -> f64 {
         self.bins.observe(now, activations, cfg.volatility_bin_s, cfg.volatility_bins);
-        self.bins.dispersion()
+        cfg.volatility_measure.of(&self.bins.complete())
     }
 
     /// One decision (Algorithm 1, line 3). `bottleneck_at(m)` is L*(m):
@@ -548,8 +583,9 @@ impl Scaler {
         cfg: &FleetConfig,
     ) -> ScaleDecision {
         let volatility = self.observe(now, load.activations, cfg);
-        let level = cfg.levels.iter().rposition(|l| volatility >= l.above).unwrap_or(0);
-        let Level { target_utilization: rho_hat, lambda, .. } = cfg.levels[level];
+        let table = cfg.table(load.engines);
+        let level = table.iter().rposition(|l| volatility >= l.above).unwrap_or(0);
+        let Level { target_utilization: rho_hat, lambda, .. } = table[level];
         let k = f64::from(load.capacity.max(1));
         let m_target = ((f64::from(load.required) / (k * rho_hat)).ceil() as u32)
             .clamp(cfg.min_engines, cfg.max_engines);

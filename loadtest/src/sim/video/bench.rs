@@ -86,12 +86,37 @@ pub struct SimVideoArgs {
     /// HTTP path's).
     #[arg(long, default_value_t = 10_000.0)]
     pub transfer_mib_per_s: f64,
+    /// `--experiment levels`: how many volatility levels (TurboServe's
+    /// Table 6 has 10).
+    #[arg(long, default_value_t = 10)]
+    pub levels: usize,
+    /// `--experiment levels`: the volatility measure profiled (default:
+    /// the policy's `volatility_measure`); `std` is TurboServe's plain
+    /// standard deviation, `dispersion` std / √mean.
+    #[arg(long, value_enum)]
+    pub volatility: Option<Volatility>,
     /// The policy document whose `[video.fleet]` the arms run.
     #[arg(long, default_value = "policies/default.toml")]
     pub policies: PathBuf,
     /// Where results.json goes.
     #[arg(long, default_value = "bench-out/sim-video")]
     pub out: PathBuf,
+}
+
+/// `--volatility`: policies' [`VolatilityMeasure`] on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Volatility {
+    Dispersion,
+    Std,
+}
+
+impl From<Volatility> for policies::autoscale::VolatilityMeasure {
+    fn from(v: Volatility) -> Self {
+        match v {
+            Volatility::Dispersion => Self::Dispersion,
+            Volatility::Std => Self::Std,
+        }
+    }
 }
 
 impl SimVideoArgs {
@@ -157,7 +182,7 @@ struct Cell {
 
 /// The engines an autoscaled arm starts with: the first span's need.
 fn initial(spec: &TraceSpec, trace_scale: f64, k: u32, cfg: &FleetConfig, most: u32) -> u32 {
-    let need = spec.avg_active[0] * trace_scale / (f64::from(k) * cfg.levels[0].target_utilization);
+    let need = spec.avg_active[0] * trace_scale / (f64::from(k) * cfg.table(most)[0].target_utilization);
     (need.ceil() as u32).clamp(cfg.min_engines, most)
 }
 

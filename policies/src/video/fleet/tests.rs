@@ -193,7 +193,7 @@ fn load(rho_max: f64, required: u32, engines: u32, activations: u64) -> Load {
 #[test]
 fn the_scaler_holds_inside_the_band_and_tracks_the_target_outside_it() {
     let cfg = FleetConfig {
-        levels: vec![Level { above: 0.0, target_utilization: 0.6, lambda: 0.2 }],
+        levels: vec![Level { above: 0.0, target_utilization: 0.6, lambda: 0.2, engines: 0 }],
         ..FleetConfig::default()
     };
     let mut s = Scaler::new();
@@ -221,7 +221,7 @@ fn the_scaler_holds_inside_the_band_and_tracks_the_target_outside_it() {
     assert_eq!(d.why, ScaleWhy::Hold);
     // A λ that prices latency above engines keeps them.
     let pricey = FleetConfig {
-        levels: vec![Level { above: 0.0, target_utilization: 0.6, lambda: 1e5 }],
+        levels: vec![Level { above: 0.0, target_utilization: 0.6, lambda: 1e5, engines: 0 }],
         ..cfg.clone()
     };
     let d = s.decide(120.0, &load(0.2, 12, 10, 0), 1e9, |m| bottleneck_on(H100, m, 12), &pricey);
@@ -252,11 +252,79 @@ fn bursty_activations_pick_a_lower_target_utilisation() {
     assert!(last.1 >= 2, "{last:?}");
 }
 
+/// The shipped table keyed on the plain std (TurboServe's σ) reads a big
+/// fleet's steady arrivals as volatile: 100 ± 5 activations per bin is std
+/// 5 (the top row) but dispersion 0.5 (the calm row).
+#[test]
+fn the_plain_std_keys_the_same_calm_arrivals_by_the_fleet_size() {
+    let dispersion = FleetConfig::default();
+    let std = FleetConfig { volatility_measure: VolatilityMeasure::Std, ..FleetConfig::default() };
+    let (mut d, mut s) = (Scaler::new(), Scaler::new());
+    let mut total = 0u64;
+    let mut last = (0, 0, 0.0, 0.0);
+    for bin in 0..20u64 {
+        total += if bin % 2 == 0 { 95 } else { 105 };
+        let t = bin as f64 * 5.0 + 1.0;
+        let a = d.decide(t, &load(0.5, 100, 40, total), 1e9, |_| 0.0, &dispersion);
+        let b = s.decide(t, &load(0.5, 100, 40, total), 1e9, |_| 0.0, &std);
+        last = (a.level, b.level, a.volatility, b.volatility);
+    }
+    let top = std.levels.len() - 1;
+    assert_eq!((last.0, last.1), (0, top), "{last:?}");
+    assert!((last.2 - 0.5).abs() < 0.01 && (last.3 - 5.0).abs() < 0.1, "{last:?}");
+}
+
+fn row(engines: u32, above: f64, rho: f64) -> Level {
+    Level { above, target_utilization: rho, lambda: 0.2, engines }
+}
+
+/// Tables profiled at 8, 64 and 256 engines: the scaler reads the one
+/// nearest its fleet in ratio, and out-of-order or headless tables are
+/// refused at load.
+#[test]
+fn the_scaler_reads_the_table_profiled_nearest_its_fleet_size() {
+    let cfg = FleetConfig {
+        levels: vec![
+            row(8, 0.0, 0.7),
+            row(8, 1.3, 0.45),
+            row(64, 0.0, 0.85),
+            row(64, 2.3, 0.45),
+            row(256, 0.0, 0.85),
+        ],
+        ..FleetConfig::default()
+    };
+    cfg.validate().unwrap();
+    let first = |m: u32| (cfg.table(m)[0].engines, cfg.table(m).len());
+    assert_eq!(first(1), (8, 2));
+    assert_eq!(first(22), (8, 2)); // √(8·64) ≈ 22.6 is the turn
+    assert_eq!(first(23), (64, 2));
+    assert_eq!(first(128), (64, 2));
+    assert_eq!(first(129), (256, 1));
+    assert_eq!(first(4096), (256, 1));
+    // The same calm activations (dispersion 0.5) on 6 engines and on 40.
+    let (mut small, mut big) = (Scaler::new(), Scaler::new());
+    let (mut total, mut last) = (0u64, (0.0, 0.0));
+    for bin in 0..20u64 {
+        total += if bin % 2 == 0 { 95 } else { 105 };
+        let t = bin as f64 * 5.0 + 1.0;
+        let a = small.decide(t, &load(0.5, 20, 6, total), 1e9, |_| 0.0, &cfg);
+        let b = big.decide(t, &load(0.5, 150, 40, total), 1e9, |_| 0.0, &cfg);
+        last = (a.target_utilization, b.target_utilization);
+    }
+    assert_eq!(last, (0.7, 0.85));
+    let unordered =
+        FleetConfig { levels: vec![row(64, 0.0, 0.8), row(8, 0.0, 0.7)], ..FleetConfig::default() };
+    assert_eq!(unordered.validate().unwrap_err().0, "video.fleet.levels");
+    let headless =
+        FleetConfig { levels: vec![row(8, 0.0, 0.8), row(64, 1.0, 0.7)], ..FleetConfig::default() };
+    assert_eq!(headless.validate().unwrap_err().0, "video.fleet.levels");
+}
+
 #[test]
 fn the_shipped_defaults_are_valid_and_bad_values_are_named() {
     FleetConfig::default().validate().unwrap();
     let bad = FleetConfig {
-        levels: vec![Level { above: 1.0, target_utilization: 0.5, lambda: 0.2 }],
+        levels: vec![Level { above: 1.0, target_utilization: 0.5, lambda: 0.2, engines: 0 }],
         ..FleetConfig::default()
     };
     assert_eq!(bad.validate().unwrap_err().0, "video.fleet.levels");

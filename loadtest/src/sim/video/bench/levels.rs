@@ -1,6 +1,7 @@
 //! `--experiment levels`: TurboServe Appendix A's offline profiling of the
 //! volatility table.
 
+use policies::autoscale::VolatilityMeasure;
 use policies::video::fleet::FleetConfig;
 use serde::Serialize;
 
@@ -21,22 +22,16 @@ struct Segment {
     cost: f64,
 }
 
-/// σ over `[from_s, to_s)` of a trace: std / √mean of activations per
+/// σ over `[from_s, to_s)` of a trace: `measure` of activations per
 /// `bin_s` bin (the scaler's measure).
-fn trace_volatility(t: &Trace, bin_s: f64, from_s: f64, to_s: f64) -> f64 {
+fn trace_volatility(t: &Trace, measure: VolatilityMeasure, bin_s: f64, from_s: f64, to_s: f64) -> f64 {
     let bins = (((to_s - from_s) / bin_s).ceil() as usize).max(1);
     let mut counts = vec![0.0f64; bins];
     let activations = t.events.iter().filter(|e| matches!(e.kind, Kind::Arrive | Kind::Resume));
     for e in activations.filter(|e| e.at >= from_s && e.at < to_s) {
         counts[(((e.at - from_s) / bin_s) as usize).min(bins - 1)] += 1.0;
     }
-    let mean = counts.iter().sum::<f64>() / counts.len() as f64;
-    let std = (counts.iter().map(|c| (c - mean).powi(2)).sum::<f64>() / counts.len() as f64).sqrt();
-    if mean > 0.0 {
-        std / mean.sqrt()
-    } else {
-        0.0
-    }
+    measure.of(&counts)
 }
 
 /// The events of `t` before `to_s`, as a trace that ends there.
@@ -48,21 +43,22 @@ fn truncate(t: &Trace, to_s: f64) -> Trace {
     }
 }
 
-/// Number of volatility levels the profile produces.
-const LEVELS: usize = 5;
-
 /// Appendix A's offline profiling: 2-minute windows of every bundled trace
 /// (t1-t6, each seed, starting at 60, 120 and 180 s; the run before the
 /// window is its warm-up, not measured or billed) are replayed through the
 /// full controller for each ρ̂ of the grid; each window keeps the highest ρ̂
 /// whose worst case meets L_SLO. Windows sorted by volatility fall into
-/// `LEVELS` equal groups; a level's ρ̂ is the lowest its windows need
+/// `--levels` equal groups; a level's ρ̂ is the lowest its windows need
 /// (every window of the level within L_SLO), never above the calmer
 /// level's.
 pub(super) fn levels(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String, serde_json::Value) {
     let engines = args.engines.first().copied().unwrap_or(64);
     let mut cfg = fleet_cfg.clone();
     cfg.max_engines = engines;
+    if let Some(v) = args.volatility {
+        cfg.volatility_measure = v.into();
+    }
+    let measure = cfg.volatility_measure;
     let k = args.setup(cfg.clone()).capacity();
     let grid: Vec<f64> = (0..13).map(|i| 0.3 + 0.05 * f64::from(i)).collect();
     let names = ["t1", "t2", "t3", "t4", "t5", "t6"];
@@ -77,7 +73,7 @@ pub(super) fn levels(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String, s
             for &from_s in &starts {
                 let to_s = from_s + 120.0;
                 let t = truncate(&full, to_s);
-                let volatility = trace_volatility(&t, cfg.volatility_bin_s, from_s, to_s);
+                let volatility = trace_volatility(&t, measure, cfg.volatility_bin_s, from_s, to_s);
                 let mut seg = Segment {
                     trace: name.into(),
                     seed,
@@ -104,9 +100,12 @@ pub(super) fn levels(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String, s
     }
     progress.done();
     segments.sort_by(|a, b| a.volatility.total_cmp(&b.volatility));
-    let per = segments.len().div_ceil(LEVELS);
+    // `--levels` groups as equal as the windows allow (54 in 10: 5 or 6).
+    let n_levels = args.levels.clamp(1, segments.len().max(1));
+    let bounds: Vec<usize> = (0..=n_levels).map(|l| l * segments.len() / n_levels).collect();
+    let groups: Vec<&[Segment]> = bounds.windows(2).map(|w| &segments[w[0]..w[1]]).collect();
     let mut md = format!(
-        "Offline profiling at {engines} engines (K = {k}), L_SLO = {} ms, ρ̂ grid 0.30-0.90, λ = {}, {} windows of 120 s from t1-t6 × {} seeds:\n\n| level | windows | σ from | σ to | ρ̂ | windows within L_SLO at some ρ̂ | their ρ̂ (min / median / max) |\n| ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        "Offline profiling at {engines} engines (K = {k}), σ = {measure:?}, L_SLO = {} ms, ρ̂ grid 0.30-0.90, λ = {}, {} windows of 120 s from t1-t6 × {} seeds:\n\n| level | windows | σ from | σ to | ρ̂ | windows within L_SLO at some ρ̂ | their ρ̂ (min / median / max) |\n| ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
         args.slo_ms,
         cfg.levels[0].lambda,
         segments.len(),
@@ -115,14 +114,14 @@ pub(super) fn levels(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String, s
     let mut toml = String::new();
     let mut last_rho = f64::INFINITY;
     let mut rows = Vec::new();
-    for (l, group) in segments.chunks(per).enumerate() {
+    for (l, group) in groups.into_iter().enumerate() {
         let feasible: Vec<f64> = group.iter().filter_map(|s| s.rho).collect();
         let rho = feasible.iter().copied().fold(f64::INFINITY, f64::min).min(last_rho);
         let rho = if rho.is_finite() { rho } else { grid[0] };
         let above = if l == 0 {
             0.0
         } else {
-            ((segments[l * per - 1].volatility + group[0].volatility) / 2.0 * 100.0).round() / 100.0
+            ((segments[bounds[l] - 1].volatility + group[0].volatility) / 2.0 * 100.0).round() / 100.0
         };
         md.push_str(&format!(
             "| {} | {} | {:.2} | {:.2} | {rho:.2} | {} of {} | {:.2} / {:.2} / {:.2} |\n",
@@ -138,7 +137,7 @@ pub(super) fn levels(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String, s
         ));
         if rho < last_rho {
             toml.push_str(&format!(
-                "[[video.fleet.levels]]\nabove = {above}\ntarget_utilization = {rho:.2}\nlambda = {}\n\n",
+                "[[video.fleet.levels]]\nengines = {engines}\nabove = {above}\ntarget_utilization = {rho:.2}\nlambda = {}\n\n",
                 cfg.levels[0].lambda
             ));
         }
