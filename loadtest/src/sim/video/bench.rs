@@ -10,6 +10,8 @@
 //! - `levels` (Appendix A): segments of increasing burstiness; for each, a
 //!   grid search over ρ̂ for the cheapest run within L_SLO; prints the
 //!   `[[video.fleet.levels]]` rows.
+//! - `oracles` (§7.4): ours' cost against the per-window ρ* oracle and
+//!   the budget oracle (a lower bound) on the `levels` windows.
 //! - `placement` (§7.4): placement time per event at 4-256 engines, and the
 //!   gap to the exhaustive oracle on small mixed clusters.
 
@@ -23,9 +25,11 @@ use crate::progress::Progress;
 use crate::stats::median;
 
 mod levels;
+mod oracles;
 mod placement;
 
 use levels::levels;
+use oracles::oracles;
 use placement::placement;
 
 /// Which experiment.
@@ -33,6 +37,7 @@ use placement::placement;
 pub enum Experiment {
     Compare,
     Levels,
+    Oracles,
     Placement,
 }
 
@@ -152,6 +157,7 @@ pub fn main(args: &SimVideoArgs) -> Result<String, String> {
     let (report, json) = match args.experiment {
         Experiment::Compare => compare(args, &spec, &doc.video.fleet),
         Experiment::Levels => levels(args, &doc.video.fleet),
+        Experiment::Oracles => oracles(args, &doc.video.fleet),
         Experiment::Placement => placement(args, &doc.video.fleet),
     };
     let path = args.out.join("results.json");

@@ -34,8 +34,16 @@ fn trace_volatility(t: &Trace, measure: VolatilityMeasure, bin_s: f64, from_s: f
     measure.of(&counts)
 }
 
+/// The bundled traces the profile replays.
+pub(super) const TRACES: [&str; 6] = ["t1", "t2", "t3", "t4", "t5", "t6"];
+/// Where each trace's windows start, s (the run before is warm-up).
+pub(super) const STARTS: [f64; 3] = [60.0, 120.0, 180.0];
+pub(super) const WINDOW_S: f64 = 120.0;
+/// The ρ̂ grid: 0.30 to 0.90 in steps of 0.05.
+pub(super) const GRID: [f64; 13] = [0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9];
+
 /// The events of `t` before `to_s`, as a trace that ends there.
-fn truncate(t: &Trace, to_s: f64) -> Trace {
+pub(super) fn truncate(t: &Trace, to_s: f64) -> Trace {
     Trace {
         sessions: t.sessions,
         events: t.events.iter().copied().filter(|e| e.at < to_s).collect(),
@@ -60,18 +68,16 @@ pub(super) fn levels(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String, s
     }
     let measure = cfg.volatility_measure;
     let k = args.setup(cfg.clone()).capacity();
-    let grid: Vec<f64> = (0..13).map(|i| 0.3 + 0.05 * f64::from(i)).collect();
-    let names = ["t1", "t2", "t3", "t4", "t5", "t6"];
-    let starts = [60.0, 120.0, 180.0];
-    let mut progress = Progress::new(names.len() * args.seeds as usize);
+    let grid = GRID;
+    let mut progress = Progress::new(TRACES.len() * args.seeds as usize);
     let mut segments = Vec::new();
-    for name in names {
+    for name in TRACES {
         let spec = trace::spec(name).expect("bundled");
         let scale = f64::from(engines) * f64::from(k) * args.fill / spec.peak_active();
         for seed in 1..=args.seeds {
             let full = trace::generate(&spec, scale, args.burst, seed);
-            for &from_s in &starts {
-                let to_s = from_s + 120.0;
+            for &from_s in &STARTS {
+                let to_s = from_s + WINDOW_S;
                 let t = truncate(&full, to_s);
                 let volatility = trace_volatility(&t, measure, cfg.volatility_bin_s, from_s, to_s);
                 let mut seg = Segment {
