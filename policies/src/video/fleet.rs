@@ -12,8 +12,8 @@
 //! - **Autoscaling controller** (§5.2.2, Appendix A): [`Scaler`] keys the
 //!   target utilisation ρ̂ and the latency weight λ on the volatility of
 //!   session activations (the standard deviation of activations per bin
-//!   over a sliding window, in units of Poisson noise so that one table
-//!   fits any fleet size, mapped to a row of the profiled `levels` table), scales out when ρ_max = max_j n_j/K_j exceeds ρ̂ + δ and in
+//!   over a sliding window, in units of Poisson noise, mapped to a row of
+//!   the `levels` table profiled nearest the fleet's size), scales out when ρ_max = max_j n_j/K_j exceeds ρ̂ + δ and in
 //!   below ρ̂ − δ, to M_target = ⌈N_required / (K·ρ̂)⌉. The caller keeps
 //!   Algorithm 1's order: scale-out, then rebalance onto the new engines;
 //!   rebalance off the leaving engines, then scale-in.
@@ -406,13 +406,26 @@ impl Default for FleetConfig {
     }
 }
 
-/// The shipped table: `loadtest sim-video --experiment levels --engines 64
-/// --seeds 3` (docs/benchmarks.md, "Video fleet control").
+/// The shipped tables, one per fleet size profiled: `loadtest sim-video
+/// --experiment levels --levels 10 --engines N --seeds 3` for N = 8, 64
+/// and 256, levels of equal ρ̂ merged (docs/benchmarks.md, "Video fleet
+/// control").
 fn default_levels() -> Vec<Level> {
-    [(0.0, 0.85), (1.35, 0.75), (1.81, 0.7), (2.27, 0.45)]
-        .into_iter()
-        .map(|(above, target_utilization)| Level { above, target_utilization, lambda: 0.2, engines: 0 })
-        .collect()
+    [
+        (8, 0.0, 0.7),
+        (8, 1.31, 0.45),
+        (64, 0.0, 0.85),
+        (64, 1.32, 0.8),
+        (64, 1.49, 0.75),
+        (64, 1.84, 0.7),
+        (64, 2.34, 0.45),
+        (256, 0.0, 0.85),
+        (256, 1.54, 0.75),
+        (256, 3.86, 0.7),
+    ]
+    .into_iter()
+    .map(|(engines, above, target_utilization)| Level { above, target_utilization, lambda: 0.2, engines })
+    .collect()
 }
 
 impl FleetConfig {

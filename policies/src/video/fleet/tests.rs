@@ -241,8 +241,9 @@ fn bursty_activations_pick_a_lower_target_utilisation() {
         a += 4; // four activations every 5 s
         b += if bin % 4 == 0 { 16 } else { 0 }; // the same rate, in bursts
         let t = bin as f64 * 5.0 + 1.0;
-        let dc = calm.decide(t, &load(0.5, 10, 4, a), 1e9, |_| 0.0, &cfg);
-        let db = bursty.decide(t, &load(0.5, 10, 4, b), 1e9, |_| 0.0, &cfg);
+        // 50 engines: the table profiled at 64 (five levels).
+        let dc = calm.decide(t, &load(0.5, 10, 50, a), 1e9, |_| 0.0, &cfg);
+        let db = bursty.decide(t, &load(0.5, 10, 50, b), 1e9, |_| 0.0, &cfg);
         last = (dc.level, db.level);
         if bin > 12 {
             assert!(db.target_utilization < dc.target_utilization, "bin {bin}: {dc:?} vs {db:?}");
@@ -269,7 +270,7 @@ fn the_plain_std_keys_the_same_calm_arrivals_by_the_fleet_size() {
         let b = s.decide(t, &load(0.5, 100, 40, total), 1e9, |_| 0.0, &std);
         last = (a.level, b.level, a.volatility, b.volatility);
     }
-    let top = std.levels.len() - 1;
+    let top = std.table(40).len() - 1;
     assert_eq!((last.0, last.1), (0, top), "{last:?}");
     assert!((last.2 - 0.5).abs() < 0.01 && (last.3 - 5.0).abs() < 0.1, "{last:?}");
 }
@@ -323,6 +324,9 @@ fn the_scaler_reads_the_table_profiled_nearest_its_fleet_size() {
 #[test]
 fn the_shipped_defaults_are_valid_and_bad_values_are_named() {
     FleetConfig::default().validate().unwrap();
+    // The code's default tables are the policy file's.
+    let doc = crate::PolicyDocument::parse("default.toml", include_str!("../../../default.toml")).unwrap();
+    assert_eq!(doc.video.fleet.levels, FleetConfig::default().levels);
     let bad = FleetConfig {
         levels: vec![Level { above: 1.0, target_utilization: 0.5, lambda: 0.2, engines: 0 }],
         ..FleetConfig::default()
