@@ -294,6 +294,17 @@ pub struct Decision {
     pub burst_factor: f64,
 }
 
+/// What one tick reads from the signals (see [`Autoscaler::tick`]).
+#[derive(Debug, Clone, Copy)]
+struct Pressure {
+    /// ρ: the higher of slot and KV-token utilisation under the budget.
+    rho: f64,
+    /// ρ̂ of the volatility level.
+    rho_hat: f64,
+    /// Engines for the demand at ρ̂, within the bounds.
+    m_target: u32,
+}
+
 /// Arrivals per fixed-width time bin over a sliding window of bins, read
 /// from a cumulative counter: the input of every volatility metric
 /// (TurboServe Appendix A). Bins with no observation in them count zero.
@@ -480,11 +491,44 @@ impl Autoscaler {
     pub fn tick(&mut self, now: f64, s: &Signals, cfg: &AutoscaleConfig) -> Decision {
         let vol = self.volatility(now, s.arrivals, cfg);
         let level = cfg.levels.iter().rposition(|l| vol >= l.above).unwrap_or(0);
-        let rho_hat = cfg.levels[level].target_utilization;
+        let p = self.pressure(s, cfg.levels[level].target_utilization, cfg);
+        let (mut target, mut why) = self.bounded_target(now, s, cfg);
+        let since_change = self.last_change.map_or(f64::INFINITY, |t| now - t);
+        let queue = s.queue_ratio_p95.unwrap_or(0.0);
+        if let Some((out, trigger)) = self.scale_out(now, &p, queue, target, since_change, cfg) {
+            (target, why) = (out, trigger);
+        }
+        // Brownout is not a quiet condition: its signal includes the prefill
+        // time of long prompts, so it can sit at level 1 on an idle fleet;
+        // the wait-only queue signal says whether queues are short.
+        self.count_quiet(now, p.rho < p.rho_hat - cfg.band && queue < cfg.queue_theta / 2.0, cfg);
+        if why == Why::Hold {
+            if let Some(next) = self.scale_in(now, target, p.m_target, since_change, cfg) {
+                (target, why) = (next, Why::Quiet);
+            }
+        }
+        self.target = Some(target);
+        let burst_factor = self.burst_factor(now, s, cfg.levels[level].burst_factor, cfg);
+        let warm = if cfg.warm_pool { warm_pool(target, burst_factor, s.cold_start_s, cfg) } else { 0 };
+        Decision {
+            serving: target,
+            warm,
+            why,
+            utilization: p.rho,
+            target_utilization: p.rho_hat,
+            m_target: p.m_target,
+            level,
+            burst_factor,
+        }
+    }
+
+    /// ρ and M_target at target utilisation `rho_hat`: slots (demand over
+    /// engines × slots) or KV tokens in flight, whichever presses harder.
+    /// ρ is taken under the budget already decided (TurboServe recomputes
+    /// the load "under the new budget"): engines still starting count, or
+    /// every tick of a cold start would scale out again.
+    fn pressure(&self, s: &Signals, rho_hat: f64, cfg: &AutoscaleConfig) -> Pressure {
         let k = f64::from(s.slots_per_engine.max(1));
-        // ρ under the budget already decided (TurboServe recomputes the load
-        // "under the new budget"): engines still starting count, or every
-        // tick of a cold start would scale out again.
         let budget = self.target.unwrap_or(0).max(s.serving).max(1);
         let kv = s.kv_tokens_per_engine;
         let rho_tokens = if kv > 0.0 { s.tokens_in_flight / (f64::from(budget) * kv) } else { 0.0 };
@@ -492,51 +536,69 @@ impl Autoscaler {
         let m_slots = (s.demand / (k * rho_hat)).ceil();
         let m_tokens = if kv > 0.0 { (s.tokens_in_flight / (kv * rho_hat)).ceil() } else { 0.0 };
         let m_target = (m_slots.max(m_tokens) as u32).clamp(cfg.min_engines, cfg.max_engines);
-        let mut target = self.target.unwrap_or(s.serving.clamp(cfg.min_engines, cfg.max_engines));
-        let mut why = Why::Hold;
-        if self.target.is_some_and(|t| !(cfg.min_engines..=cfg.max_engines).contains(&t)) {
-            target = target.clamp(cfg.min_engines, cfg.max_engines);
-            why = Why::Bounds;
-            self.last_change = Some(now);
-        } else if self.target.is_none() && target != s.serving {
-            why = Why::Bounds;
+        Pressure { rho, rho_hat, m_target }
+    }
+
+    /// The budget this tick starts from: the last decision, or the serving
+    /// count at the first tick, within the configured bounds (`Bounds` when
+    /// that moved it).
+    fn bounded_target(&mut self, now: f64, s: &Signals, cfg: &AutoscaleConfig) -> (u32, Why) {
+        let bounds = cfg.min_engines..=cfg.max_engines;
+        match self.target {
+            Some(t) if !bounds.contains(&t) => {
+                self.last_change = Some(now);
+                (t.clamp(cfg.min_engines, cfg.max_engines), Why::Bounds)
+            }
+            Some(t) => (t, Why::Hold),
+            None => {
+                let t = s.serving.clamp(cfg.min_engines, cfg.max_engines);
+                (t, if t != s.serving { Why::Bounds } else { Why::Hold })
+            }
         }
-        let since_change = self.last_change.map_or(f64::INFINITY, |t| now - t);
-        let queue = s.queue_ratio_p95.unwrap_or(0.0);
-        // Scale-out triggers, each sustained.
-        let trigger = if rho > rho_hat + cfg.band {
+    }
+
+    /// Scale-out, once a trigger (ρ above ρ̂ + δ, else the observed queue
+    /// ratio above θ) has held for `up_sustain_s` outside the cooldown: to
+    /// M_target, at least one more, and under utilisation at least ρ/ρ̂ of
+    /// the budget.
+    fn scale_out(
+        &mut self,
+        now: f64,
+        p: &Pressure,
+        queue: f64,
+        target: u32,
+        since_change: f64,
+        cfg: &AutoscaleConfig,
+    ) -> Option<(u32, Why)> {
+        let trigger = if p.rho > p.rho_hat + cfg.band {
             Some(Why::Utilization)
         } else if queue > cfg.queue_theta {
             Some(Why::QueueLatency)
         } else {
             None
         };
-        match (trigger, self.out_since) {
-            (None, _) => self.out_since = None,
-            (Some(t), None) => self.out_since = Some((now, t)),
-            (Some(t), Some((since, _))) => self.out_since = Some((since, t)),
+        self.out_since = match (trigger, self.out_since) {
+            (None, _) => None,
+            (Some(t), None) => Some((now, t)),
+            (Some(t), Some((since, _))) => Some((since, t)),
+        };
+        let (since, t) = self.out_since?;
+        if now - since < cfg.up_sustain_s || since_change < cfg.up_cooldown_s || target >= cfg.max_engines {
+            return None;
         }
-        if let Some((since, t)) = self.out_since {
-            if now - since >= cfg.up_sustain_s
-                && since_change >= cfg.up_cooldown_s
-                && target < cfg.max_engines
-            {
-                let want = match t {
-                    Why::QueueLatency => m_target.max(target + 1),
-                    _ => m_target.max(target + 1).max(((rho / rho_hat) * f64::from(target)).ceil() as u32),
-                };
-                target = want.min(cfg.max_engines);
-                why = t;
-                self.last_change = Some(now);
-                self.out_since = None;
-                self.reset_quiet(now);
-            }
-        }
-        // Scale-in: consecutive quiet windows.
-        // Brownout is not a condition: its signal includes the prefill time
-        // of long prompts, so it can sit at level 1 on an idle fleet; the
-        // wait-only queue signal says whether queues are short.
-        let quiet = rho < rho_hat - cfg.band && queue < cfg.queue_theta / 2.0;
+        let want = match t {
+            Why::QueueLatency => p.m_target.max(target + 1),
+            _ => p.m_target.max(target + 1).max(((p.rho / p.rho_hat) * f64::from(target)).ceil() as u32),
+        };
+        self.last_change = Some(now);
+        self.out_since = None;
+        self.reset_quiet(now);
+        Some((want.min(cfg.max_engines), t))
+    }
+
+    /// Counts consecutive `down_window_s` windows in which every tick was
+    /// quiet.
+    fn count_quiet(&mut self, now: f64, quiet: bool, cfg: &AutoscaleConfig) {
         match self.window_start {
             None => self.reset_quiet(now),
             Some(start) => {
@@ -548,39 +610,43 @@ impl Autoscaler {
                 }
             }
         }
-        if why == Why::Hold
-            && self.quiet_windows >= cfg.down_windows
-            && since_change >= cfg.down_cooldown_s
-            && target > cfg.min_engines
+    }
+
+    /// Scale-in after `down_windows` quiet windows outside the cooldown:
+    /// toward M_target, at most `max_step_in` of the budget at once.
+    fn scale_in(
+        &mut self,
+        now: f64,
+        target: u32,
+        m_target: u32,
+        since_change: f64,
+        cfg: &AutoscaleConfig,
+    ) -> Option<u32> {
+        if self.quiet_windows < cfg.down_windows
+            || since_change < cfg.down_cooldown_s
+            || target <= cfg.min_engines
         {
-            let step = ((f64::from(target) * cfg.max_step_in).floor() as u32).max(1);
-            let floor = target.saturating_sub(step).max(cfg.min_engines);
-            let next = m_target.max(floor);
-            if next < target {
-                target = next;
-                why = Why::Quiet;
-                self.last_change = Some(now);
-            }
-            self.quiet_windows = 0;
+            return None;
         }
-        self.target = Some(target);
+        self.quiet_windows = 0;
+        let step = ((f64::from(target) * cfg.max_step_in).floor() as u32).max(1);
+        let next = m_target.max(target.saturating_sub(step).max(cfg.min_engines));
+        (next < target).then(|| {
+            self.last_change = Some(now);
+            next
+        })
+    }
+
+    /// The warm pool's burst factor: observed over the trailing horizon
+    /// (the highest rate over a cold start's length against the mean), or
+    /// the volatility level's `prior` (`burst_source`, and before enough
+    /// arrivals were seen).
+    fn burst_factor(&mut self, now: f64, s: &Signals, prior: f64, cfg: &AutoscaleConfig) -> f64 {
         let t_cold = s.cold_start_s.unwrap_or(cfg.cold_start_prior_s);
         self.burst.observe(now, s.arrivals, cfg.burst_horizon_s);
-        let prior = cfg.levels[level].burst_factor;
-        let burst_factor = match cfg.burst_source {
+        match cfg.burst_source {
             BurstSource::Observed => self.burst.factor(t_cold).unwrap_or(prior),
             BurstSource::Levels => prior,
-        };
-        let warm = if cfg.warm_pool { warm_pool(target, burst_factor, s.cold_start_s, cfg) } else { 0 };
-        Decision {
-            serving: target,
-            warm,
-            why,
-            utilization: rho,
-            target_utilization: rho_hat,
-            m_target,
-            level,
-            burst_factor,
         }
     }
 
