@@ -201,19 +201,9 @@ pub fn arm_setup(arm: Arm, mut policy: PolicyDocument, max_batch: u32) -> (Polic
     (policy, limits)
 }
 
-/// Runs the simulation and writes its outputs.
-pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
-    let workload = Workload::load(&a.load.workload)?;
-    let slos = tier_slos(&a.load.policies)?;
-    let text = std::fs::read_to_string(&a.load.policies)
-        .map_err(|e| RunError::Policies(format!("{}: {e}", a.load.policies.display())))?;
-    let policy = PolicyDocument::parse(&a.load.policies.display().to_string(), &text)
-        .map_err(|e| RunError::Policies(e.to_string()))?;
-    let shown = a.profile.display().to_string();
-    let profile_text =
-        std::fs::read_to_string(&a.profile).map_err(|e| RunError::Args(format!("{shown}: {e}")))?;
-    let profile = LatencyProfile::parse(&shown, &profile_text).map_err(|e| RunError::Args(e.to_string()))?;
-    let (mut policy, limits) = arm_setup(a.arm, policy, a.max_batch);
+/// The arm's policy with the command line's overrides (routing, prefix
+/// cache, γ, bronze's output cap, autoscaling bounds and warm pool).
+fn with_overrides(a: &SimArgs, mut policy: PolicyDocument) -> PolicyDocument {
     if let Some(route) = a.route {
         policy.routing.policy = route.policy();
     }
@@ -244,8 +234,13 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
             policy.autoscale.warm_pool = false;
         }
     }
-    let (sched, words) = schedule(&a.load)?;
-    let planned = plan(&workload, &sched, a.load.seed);
+    policy
+}
+
+/// The planned requests as the simulated engines see them: each with its
+/// natural length and prefix blocks (and, for conversations resending
+/// received answers, the blocks of its answer).
+fn requests(a: &SimArgs, workload: &Workload, planned: &[crate::arrival::Planned]) -> Vec<SimRequest> {
     // The emulated model ends by itself after 16..=272 tokens (a hash of
     // the prompt; here the same distribution from the seed).
     let mut natural = SplitMix(a.load.seed ^ 0x5EED_0000_0001);
@@ -253,7 +248,7 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
     // its turn's max_tokens of the conversation's stream (the next prompt
     // continues it), and the engine that wrote it names its pages.
     let received = workload.conversation.is_some_and(|c| c.answers == crate::workload::Answers::Received);
-    let reqs: Vec<SimRequest> = planned
+    planned
         .iter()
         .map(|p| {
             let natural_len = match received {
@@ -281,7 +276,47 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
                 answer,
             }
         })
-        .collect();
+        .collect()
+}
+
+/// Runs `run` with a progress bar over virtual time (none when `quiet`).
+fn with_progress<T>(quiet: bool, duration_s: f64, run: impl FnOnce(&mut dyn FnMut(f64)) -> T) -> T {
+    let mut bar = crate::progress::Progress::new(100);
+    let mut shown_pct = 0;
+    let out = run(&mut |t| {
+        let pct = ((t / duration_s.max(1e-9)) * 100.0).min(100.0) as usize;
+        while !quiet && shown_pct < pct {
+            bar.tick();
+            shown_pct += 1;
+        }
+    });
+    if !quiet {
+        while shown_pct < 100 {
+            bar.tick();
+            shown_pct += 1;
+        }
+        bar.done();
+    }
+    out
+}
+
+/// Runs the simulation and writes its outputs.
+pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
+    let workload = Workload::load(&a.load.workload)?;
+    let slos = tier_slos(&a.load.policies)?;
+    let text = std::fs::read_to_string(&a.load.policies)
+        .map_err(|e| RunError::Policies(format!("{}: {e}", a.load.policies.display())))?;
+    let policy = PolicyDocument::parse(&a.load.policies.display().to_string(), &text)
+        .map_err(|e| RunError::Policies(e.to_string()))?;
+    let shown = a.profile.display().to_string();
+    let profile_text =
+        std::fs::read_to_string(&a.profile).map_err(|e| RunError::Args(format!("{shown}: {e}")))?;
+    let profile = LatencyProfile::parse(&shown, &profile_text).map_err(|e| RunError::Args(e.to_string()))?;
+    let (policy, limits) = arm_setup(a.arm, policy, a.max_batch);
+    let policy = with_overrides(a, policy);
+    let (sched, words) = schedule(&a.load)?;
+    let planned = plan(&workload, &sched, a.load.seed);
+    let reqs = requests(a, &workload, &planned);
     let cfg = EngineConfig {
         limits,
         kv_tokens: u64::from(a.kv_pages) * u64::from(a.page_tokens),
@@ -300,23 +335,8 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
     };
     let duration_s = a.load.duration.as_secs_f64();
     let started = crate::clock::now();
-    let mut bar = crate::progress::Progress::new(100);
-    let mut shown_pct = 0;
     let sim = Sim::new(&policy, &cfg, hops, fleet_plan, &reqs, duration_s);
-    let out = sim.run(|t| {
-        let pct = ((t / duration_s.max(1e-9)) * 100.0).min(100.0) as usize;
-        while !a.quiet && shown_pct < pct {
-            bar.tick();
-            shown_pct += 1;
-        }
-    });
-    if !a.quiet {
-        while shown_pct < 100 {
-            bar.tick();
-            shown_pct += 1;
-        }
-        bar.done();
-    }
+    let out = with_progress(a.quiet, duration_s, |tick| sim.run(tick));
     let wall_s = crate::clock::since(started).as_secs_f64();
     let mut records = out.records;
     let timeout_ms = a.timeout.as_secs_f64() * 1e3;
