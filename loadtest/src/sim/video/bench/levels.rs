@@ -5,8 +5,8 @@ use policies::autoscale::VolatilityMeasure;
 use policies::video::fleet::FleetConfig;
 use serde::Serialize;
 
-use super::super::trace::{self, Kind, Trace};
-use super::super::{run, with_rho, Arm};
+use super::super::trace::{self, Kind, Trace, TraceSpec};
+use super::super::{run, with_rho, Arm, Outcome};
 use super::{initial, median, SimVideoArgs};
 use crate::progress::Progress;
 
@@ -42,6 +42,51 @@ pub(super) const WINDOW_S: f64 = 120.0;
 /// The ρ̂ grid: 0.30 to 0.90 in steps of 0.05.
 pub(super) const GRID: [f64; 13] = [0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9];
 
+/// One profiling window: its trace cut at the window's end, replayed from
+/// the start with the run before `from_s` as unmeasured warm-up.
+pub(super) struct Window<'a> {
+    pub name: &'static str,
+    pub seed: u64,
+    pub from_s: f64,
+    pub to_s: f64,
+    pub trace: Trace,
+    args: &'a SimVideoArgs,
+    spec: &'a TraceSpec,
+    scale: f64,
+    k: u32,
+    engines: u32,
+}
+
+impl Window<'_> {
+    /// The full controller (`Arm::Ours`) under `cfg` over this window.
+    pub fn replay(&self, cfg: &FleetConfig) -> Outcome {
+        let mut setup = self.args.setup(cfg.clone());
+        setup.warmup_s = self.from_s;
+        run(&setup, &self.trace, Arm::Ours, initial(self.spec, self.scale, self.k, cfg, self.engines), false)
+    }
+}
+
+/// Calls `f` on every window of every bundled trace and seed ([`TRACES`],
+/// `--seeds`, [`STARTS`]), traces scaled to `engines` of capacity `k`, with
+/// a progress bar.
+pub(super) fn each_window(args: &SimVideoArgs, engines: u32, k: u32, mut f: impl FnMut(&Window)) {
+    let mut progress = Progress::new(TRACES.len() * args.seeds as usize);
+    for name in TRACES {
+        let spec = trace::spec(name).expect("bundled");
+        let scale = f64::from(engines) * f64::from(k) * args.fill / spec.peak_active();
+        for seed in 1..=args.seeds {
+            let full = trace::generate(&spec, scale, args.burst, seed);
+            for &from_s in &STARTS {
+                let to_s = from_s + WINDOW_S;
+                let trace = truncate(&full, to_s);
+                f(&Window { name, seed, from_s, to_s, trace, args, spec: &spec, scale, k, engines });
+            }
+            progress.tick();
+        }
+    }
+    progress.done();
+}
+
 /// The events of `t` before `to_s`, as a trace that ends there.
 pub(super) fn truncate(t: &Trace, to_s: f64) -> Trace {
     Trace {
@@ -68,43 +113,27 @@ pub(super) fn levels(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String, s
     }
     let measure = cfg.volatility_measure;
     let k = args.setup(cfg.clone()).capacity();
-    let grid = GRID;
-    let mut progress = Progress::new(TRACES.len() * args.seeds as usize);
     let mut segments = Vec::new();
-    for name in TRACES {
-        let spec = trace::spec(name).expect("bundled");
-        let scale = f64::from(engines) * f64::from(k) * args.fill / spec.peak_active();
-        for seed in 1..=args.seeds {
-            let full = trace::generate(&spec, scale, args.burst, seed);
-            for &from_s in &STARTS {
-                let to_s = from_s + WINDOW_S;
-                let t = truncate(&full, to_s);
-                let volatility = trace_volatility(&t, measure, cfg.volatility_bin_s, from_s, to_s);
-                let mut seg = Segment {
-                    trace: name.into(),
-                    seed,
-                    from_s,
-                    volatility,
-                    rho: None,
-                    worst_ms: f64::NAN,
-                    cost: f64::NAN,
-                };
-                for &rho in grid.iter().rev() {
-                    let c = with_rho(&cfg, rho);
-                    let mut setup = args.setup(c.clone());
-                    setup.warmup_s = from_s;
-                    let o = run(&setup, &t, Arm::Ours, initial(&spec, scale, k, &c, engines), false);
-                    if o.worst_ms <= args.slo_ms {
-                        (seg.rho, seg.worst_ms, seg.cost) = (Some(rho), o.worst_ms, o.cost);
-                        break;
-                    }
-                }
-                segments.push(seg);
+    each_window(args, engines, k, |w| {
+        let volatility = trace_volatility(&w.trace, measure, cfg.volatility_bin_s, w.from_s, w.to_s);
+        let mut seg = Segment {
+            trace: w.name.into(),
+            seed: w.seed,
+            from_s: w.from_s,
+            volatility,
+            rho: None,
+            worst_ms: f64::NAN,
+            cost: f64::NAN,
+        };
+        for &rho in GRID.iter().rev() {
+            let o = w.replay(&with_rho(&cfg, rho));
+            if o.worst_ms <= args.slo_ms {
+                (seg.rho, seg.worst_ms, seg.cost) = (Some(rho), o.worst_ms, o.cost);
+                break;
             }
-            progress.tick();
         }
-    }
-    progress.done();
+        segments.push(seg);
+    });
     segments.sort_by(|a, b| a.volatility.total_cmp(&b.volatility));
     // `--levels` groups as equal as the windows allow (54 in 10: 5 or 6).
     let n_levels = args.levels.clamp(1, segments.len().max(1));
@@ -123,7 +152,7 @@ pub(super) fn levels(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String, s
     for (l, group) in groups.into_iter().enumerate() {
         let feasible: Vec<f64> = group.iter().filter_map(|s| s.rho).collect();
         let rho = feasible.iter().copied().fold(f64::INFINITY, f64::min).min(last_rho);
-        let rho = if rho.is_finite() { rho } else { grid[0] };
+        let rho = if rho.is_finite() { rho } else { GRID[0] };
         let above = if l == 0 {
             0.0
         } else {

@@ -18,14 +18,13 @@
 use policies::video::fleet::FleetConfig;
 use serde::Serialize;
 
-use super::super::trace::{self, Kind, Trace};
-use super::super::{run, with_rho, Arm};
-use super::levels::{truncate, GRID, STARTS, TRACES, WINDOW_S};
-use super::{initial, median, SimVideoArgs};
-use crate::progress::Progress;
+use super::super::trace::{Kind, Trace};
+use super::super::with_rho;
+use super::levels::{each_window, GRID, TRACES, WINDOW_S};
+use super::{median, SimVideoArgs};
 
 #[derive(Debug, Clone, Serialize)]
-struct Window {
+struct Priced {
     trace: String,
     seed: u64,
     from_s: f64,
@@ -93,51 +92,34 @@ pub(super) fn oracles(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String, 
     cfg.max_engines = engines;
     cfg.autoscale = true;
     let k = args.setup(cfg.clone()).capacity();
-    let mut progress = Progress::new(TRACES.len() * args.seeds as usize);
     let mut windows = Vec::new();
-    for name in TRACES {
-        let spec = trace::spec(name).expect("bundled");
-        let scale = f64::from(engines) * f64::from(k) * args.fill / spec.peak_active();
-        for seed in 1..=args.seeds {
-            let full = trace::generate(&spec, scale, args.burst, seed);
-            for &from_s in &STARTS {
-                let to_s = from_s + WINDOW_S;
-                let t = truncate(&full, to_s);
-                let replay = |c: &FleetConfig| {
-                    let mut setup = args.setup(c.clone());
-                    setup.warmup_s = from_s;
-                    run(&setup, &t, Arm::Ours, initial(&spec, scale, k, c, engines), false)
-                };
-                let ours = replay(&cfg);
-                let rho_star = GRID
-                    .iter()
-                    .filter_map(|&rho| {
-                        let o = replay(&with_rho(&cfg, rho));
-                        (o.worst_ms <= args.slo_ms).then_some((rho, o.cost))
-                    })
-                    .min_by(|a, b| a.1.total_cmp(&b.1));
-                let budget_s = budget_oracle_gpu_s(&t, k, args.cold_start_s, from_s, to_s);
-                windows.push(Window {
-                    trace: name.into(),
-                    seed,
-                    from_s,
-                    ours_cost: ours.cost,
-                    ours_worst_ms: ours.worst_ms,
-                    rho_star,
-                    budget_cost: budget_s * args.gpu_hour / 3600.0,
-                });
-            }
-            progress.tick();
-        }
-    }
-    progress.done();
+    each_window(args, engines, k, |w| {
+        let ours = w.replay(&cfg);
+        let rho_star = GRID
+            .iter()
+            .filter_map(|&rho| {
+                let o = w.replay(&with_rho(&cfg, rho));
+                (o.worst_ms <= args.slo_ms).then_some((rho, o.cost))
+            })
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        let budget_s = budget_oracle_gpu_s(&w.trace, k, args.cold_start_s, w.from_s, w.to_s);
+        windows.push(Priced {
+            trace: w.name.into(),
+            seed: w.seed,
+            from_s: w.from_s,
+            ours_cost: ours.cost,
+            ours_worst_ms: ours.worst_ms,
+            rho_star,
+            budget_cost: budget_s * args.gpu_hour / 3600.0,
+        });
+    });
     let gap = |ours: f64, oracle: f64| (ours / oracle - 1.0) * 100.0;
-    let row = |label: &str, ws: &[&Window]| {
+    let row = |label: &str, ws: &[&Priced]| {
         let within = ws.iter().filter(|w| w.ours_worst_ms <= args.slo_ms).count();
         let star: Vec<f64> = ws.iter().filter_map(|w| w.rho_star.map(|(_, c)| gap(w.ours_cost, c))).collect();
         let budget: Vec<f64> = ws.iter().map(|w| gap(w.ours_cost, w.budget_cost)).collect();
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-        let total = |f: &dyn Fn(&Window) -> f64| ws.iter().map(|w| f(w)).sum::<f64>();
+        let total = |f: &dyn Fn(&Priced) -> f64| ws.iter().map(|w| f(w)).sum::<f64>();
         let star_total = gap(
             total(&|w| if w.rho_star.is_some() { w.ours_cost } else { 0.0 }),
             total(&|w| w.rho_star.map_or(0.0, |(_, c)| c)),
@@ -159,7 +141,7 @@ pub(super) fn oracles(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String, 
         windows.len(),
     );
     for name in TRACES {
-        let ws: Vec<&Window> = windows.iter().filter(|w| w.trace == name).collect();
+        let ws: Vec<&Priced> = windows.iter().filter(|w| w.trace == name).collect();
         md.push_str(&row(name, &ws));
     }
     md.push_str(&row("all", &windows.iter().collect::<Vec<_>>()));
