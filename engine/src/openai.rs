@@ -113,18 +113,8 @@ pub(crate) async fn completions(
 /// What the scheduler runs for `parsed`: the chat default cap where the
 /// request sets none.
 fn generate_request(id: String, parsed: CompletionRequest, default_max_tokens: u32) -> GenerateRequest {
-    GenerateRequest {
-        request_id: id,
-        model: parsed.model,
-        prompt: parsed.prompt,
-        max_tokens: parsed.max_tokens.unwrap_or(default_max_tokens),
-        temperature: parsed.temperature,
-        seed: parsed.seed,
-        stop: parsed.stop,
-        priority_key: None,
-        ttft_budget_ms: None,
-        priority: None,
-    }
+    let max_tokens = parsed.max_tokens.unwrap_or(default_max_tokens);
+    parsed.into_generate(id, max_tokens)
 }
 
 /// Streams the sequence as SSE: a task turns each event line into its

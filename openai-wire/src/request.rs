@@ -57,6 +57,26 @@ pub struct CompletionRequest {
     pub verbatim: bool,
 }
 
+impl CompletionRequest {
+    /// The engine's request for this one: `max_tokens` as decided by the
+    /// caller (a tier's clamp, an engine's default); admission's fields
+    /// (ordering key, TTFT budget, priority) unset.
+    pub fn into_generate(self, request_id: String, max_tokens: u32) -> engine_api::GenerateRequest {
+        engine_api::GenerateRequest {
+            request_id,
+            model: self.model,
+            prompt: self.prompt,
+            max_tokens,
+            temperature: self.temperature,
+            seed: self.seed,
+            stop: self.stop,
+            priority_key: None,
+            ttft_budget_ms: None,
+            priority: None,
+        }
+    }
+}
+
 const CHAT_HONOURED: &[&str] = &[
     "model",
     "messages",

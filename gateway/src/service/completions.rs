@@ -410,19 +410,8 @@ fn plan(
         verbatim: parsed.verbatim,
         tail: Default::default(),
     };
-    let gen = GenerateRequest {
-        request_id: request_id.to_string(),
-        model: parsed.model,
-        prompt: parsed.prompt,
-        max_tokens,
-        temperature: parsed.temperature,
-        seed: parsed.seed,
-        stop: parsed.stop,
-        // Set by admission: the ordering key and the TTFT budget.
-        priority_key: None,
-        ttft_budget_ms: None,
-        priority: None,
-    };
+    // Admission sets the ordering key, the TTFT budget and the priority.
+    let gen = parsed.into_generate(request_id.to_string(), max_tokens);
     Ok((encoder, gen, prompt_tokens))
 }
 
