@@ -347,13 +347,7 @@ impl ArrivalBins {
     /// Mean and standard deviation of the complete bins; `None` with fewer
     /// than two.
     pub fn mean_std(&self) -> Option<(f64, f64)> {
-        let full = self.complete();
-        if full.len() < 2 {
-            return None;
-        }
-        let mean = full.iter().sum::<f64>() / full.len() as f64;
-        let var = full.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / full.len() as f64;
-        Some((mean, var.sqrt()))
+        mean_std(&self.complete())
     }
 
     /// Coefficient of variation (std / mean); 0 without arrivals.
@@ -391,17 +385,23 @@ impl VolatilityMeasure {
     /// The measure of per-bin counts `counts` (0 for fewer than two bins or
     /// no activations).
     pub fn of(self, counts: &[f64]) -> f64 {
-        if counts.len() < 2 {
-            return 0.0;
-        }
-        let mean = counts.iter().sum::<f64>() / counts.len() as f64;
-        let std = (counts.iter().map(|c| (c - mean).powi(2)).sum::<f64>() / counts.len() as f64).sqrt();
-        match self {
-            _ if mean <= 0.0 => 0.0,
-            Self::Dispersion => std / mean.sqrt(),
-            Self::Std => std,
+        match (self, mean_std(counts)) {
+            (Self::Dispersion, Some((mean, std))) if mean > 0.0 => std / mean.sqrt(),
+            (Self::Std, Some((mean, std))) if mean > 0.0 => std,
+            _ => 0.0,
         }
     }
+}
+
+/// Mean and (population) standard deviation of `v`; `None` with fewer
+/// than two values.
+fn mean_std(v: &[f64]) -> Option<(f64, f64)> {
+    if v.len() < 2 {
+        return None;
+    }
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64;
+    Some((mean, var.sqrt()))
 }
 
 /// Arrivals per second over a trailing horizon, for the observed burst

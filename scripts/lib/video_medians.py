@@ -44,13 +44,11 @@ def main():
                     ttfc.append(statistics.median(firsts) / 1e3)
             quality = statistics.median(r["summary"]["mean_quality"] for _, r in rs)
             moves = sum(r["summary"]["rehomes"] for _, r in rs)
+            ttfc_s = f"{statistics.median(ttfc):.1f}" if ttfc else "—"
             print(f"| {pathlib.Path(out).name} | {workload} | {arm} | {len(rs)} | "
                   f"{' / '.join(f'{c:.3f}' for c in cpr)} | {statistics.median(cpr):.3f} | "
                   f"{statistics.median(counted):.3f} | {statistics.median(refused):.0f} of {planned} | "
-                  f"{statistics.median(ttfc):.1f} | {quality:.4f} | {moves} |" if ttfc else
-                  f"| {pathlib.Path(out).name} | {workload} | {arm} | {len(rs)} | "
-                  f"{' / '.join(f'{c:.3f}' for c in cpr)} | {statistics.median(cpr):.3f} | "
-                  f"{statistics.median(counted):.3f} | {statistics.median(refused):.0f} of {planned} | — | {quality:.4f} | {moves} |")
+                  f"{ttfc_s} | {quality:.4f} | {moves} |")
 
 
 if __name__ == "__main__":
