@@ -1,0 +1,117 @@
+//! The volatility-keyed autoscaling controller (TurboServe §5.2.2): ρ_max
+//! against the level's ρ̂ with hysteresis, Equation 5's scale-in test.
+
+use super::{ChunkLatency, FleetConfig, Level};
+use crate::autoscale::ArrivalBins;
+
+/// Why the scaler changed the budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleWhy {
+    Hold,
+    /// ρ_max above ρ̂ + δ.
+    Out,
+    /// ρ_max below ρ̂ − δ and Equation 5 prefers fewer engines.
+    In,
+    /// Brought into `[min_engines, max_engines]`.
+    Bounds,
+}
+
+/// The scaler's answer at one event.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScaleDecision {
+    /// M: engines that should serve.
+    pub engines: u32,
+    pub why: ScaleWhy,
+    pub volatility: f64,
+    pub level: usize,
+    pub target_utilization: f64,
+    pub m_target: u32,
+}
+
+/// The volatility-keyed autoscaling controller's memory between events.
+#[derive(Debug, Clone, Default)]
+pub struct Scaler {
+    bins: ArrivalBins,
+    /// When the budget last changed (or the first decision).
+    last_change: Option<f64>,
+}
+
+/// What the placement reports to the scaler at one event.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Load {
+    /// ρ_max after placement.
+    pub rho_max: f64,
+    /// N_required: active sessions.
+    pub required: u32,
+    /// M: engines in the budget now (serving and starting).
+    pub engines: u32,
+    /// K of one engine.
+    pub capacity: u32,
+    /// Activations so far (a counter: arrivals and resumes).
+    pub activations: u64,
+}
+
+impl Scaler {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// σ(t) after recording the activations counter at `now`.
+    pub fn observe(&mut self, now: f64, activations: u64, cfg: &FleetConfig) -> f64 {
+        self.bins.observe(now, activations, cfg.volatility_bin_s, cfg.volatility_bins);
+        cfg.volatility_measure.of(&self.bins.complete())
+    }
+
+    /// One decision (Algorithm 1, line 3). `bottleneck_at(m)` is L*(m):
+    /// the placement's best bottleneck, milliseconds, on m engines (the
+    /// scale-in test of Equation 5: c·M′ + λ·L*(M′) < c·M + λ·L*(M), and
+    /// L*(M′) within `slo_ms`).
+    pub fn decide(
+        &mut self,
+        now: f64,
+        load: &Load,
+        slo_ms: f64,
+        bottleneck_at: impl Fn(u32) -> f64,
+        cfg: &FleetConfig,
+    ) -> ScaleDecision {
+        let volatility = self.observe(now, load.activations, cfg);
+        let table = cfg.table(load.engines);
+        let level = table.iter().rposition(|l| volatility >= l.above).unwrap_or(0);
+        let Level { target_utilization: rho_hat, lambda, .. } = table[level];
+        let k = f64::from(load.capacity.max(1));
+        let m_target = ((f64::from(load.required) / (k * rho_hat)).ceil() as u32)
+            .clamp(cfg.min_engines, cfg.max_engines);
+        let m = load.engines;
+        let since_change = now - *self.last_change.get_or_insert(now);
+        let mut engines = m;
+        let mut why = ScaleWhy::Hold;
+        if !(cfg.min_engines..=cfg.max_engines).contains(&m) {
+            engines = m.clamp(cfg.min_engines, cfg.max_engines);
+            why = ScaleWhy::Bounds;
+        } else if load.rho_max > rho_hat + cfg.band && m < cfg.max_engines {
+            // At least one more: ρ_max may be high from imbalance alone.
+            engines = m_target.max(m + 1).min(cfg.max_engines);
+            why = ScaleWhy::Out;
+        } else if load.rho_max < rho_hat - cfg.band && m_target < m && since_change >= cfg.down_cooldown_s {
+            let (now_l, then_l) = (bottleneck_at(m), bottleneck_at(m_target));
+            let objective = |engines: u32, l_ms: f64| f64::from(engines) + lambda * l_ms / 1e3;
+            if then_l <= slo_ms && objective(m_target, then_l) < objective(m, now_l) {
+                engines = m_target;
+                why = ScaleWhy::In;
+            }
+        }
+        if engines != m {
+            self.last_change = Some(now);
+        }
+        ScaleDecision { engines, why, volatility, level, target_utilization: rho_hat, m_target }
+    }
+}
+
+/// L*(m): the best bottleneck for `n` sessions on `m` engines of one kind
+/// (greedy fill, optimal for a non-decreasing ℓ̂), milliseconds.
+pub fn bottleneck_on(latency: ChunkLatency, m: u32, n: u32) -> f64 {
+    if m == 0 {
+        return if n == 0 { 0.0 } else { f64::INFINITY };
+    }
+    latency.ms(n.div_ceil(m))
+}
