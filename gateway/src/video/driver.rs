@@ -11,12 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine_api::video::{ChunkRequest, CreateSession};
-use policies::video::bmpr::{self, Mode};
-use policies::video::{self as pv, ChunkOrder, FidelityMode, TransferMode, VideoConfig, VideoProfile};
+use policies::video::{self as pv, ChunkOrder, TransferMode, VideoConfig};
 use serde_json::json;
 
 use super::engine as calls;
-use super::{chunk_time_s, fidelity_label, Moving, Stream, Streams};
+use super::{fidelity_label, Moving, Stream, Streams};
 use crate::metrics as m;
 use crate::outbox::Stop;
 use crate::reload::PolicyStore;
@@ -24,36 +23,9 @@ use crate::reload::PolicyStore;
 /// Streams are kept this long after they end (status and a late feed).
 const KEEP_ENDED: Duration = Duration::from_secs(60);
 
-/// The next chunk's plan.
-#[derive(Debug, Clone, Copy)]
-struct Plan {
-    fidelity: pv::Fidelity,
-    expected_s: f64,
-    quality: f64,
-    mode: &'static str,
-}
+mod plan;
 
-/// Picks the next chunk's configuration on an engine coalescing `k` streams.
-fn plan(cfg: &VideoConfig, profile: &VideoProfile, slack_s: f64, chunk_s: f64, k: u32) -> Plan {
-    let best = profile.best();
-    if cfg.fidelity == FidelityMode::Static {
-        let expected_s = chunk_time_s(profile, best.chunk_ms, k);
-        return Plan { fidelity: best.fidelity, expected_s, quality: best.quality, mode: "static" };
-    }
-    let frontier = profile.frontier();
-    let floor = profile.quality_floor();
-    let reference_s = chunk_time_s(profile, best.chunk_ms, k);
-    let cost = |p: &pv::ConfigPoint| profile.batch_ms(p.chunk_ms, k.max(1) as usize);
-    if cfg.fidelity == FidelityMode::Levels {
-        let credit = pv::credit(slack_s, 0.0, reference_s);
-        let (p, mode) =
-            bmpr::fixed_level(&frontier, floor, credit, reference_s, cfg.alpha).unwrap_or((best, "static"));
-        return Plan { fidelity: p.fidelity, expected_s: cost(&p) / 1e3, quality: p.quality, mode };
-    }
-    let budget = bmpr::budget_s(slack_s, chunk_s, 0.0, reference_s, cfg.alpha);
-    let (p, mode) = bmpr::select(&frontier, budget * 1e3, floor, cost).unwrap_or((best, Mode::SpeedRecovery));
-    Plan { fidelity: p.fidelity, expected_s: cost(&p) / 1e3, quality: p.quality, mode: mode.label() }
-}
+use plan::{plan, Plan};
 
 /// Drives `stream` until it ends.
 pub async fn drive(streams: Arc<Streams>, stream: Arc<Stream>, policies: Arc<PolicyStore>) {
@@ -580,47 +552,4 @@ async fn finish(streams: &Arc<Streams>, stream: &Arc<Stream>, reason: &'static s
         tokio::time::sleep(KEEP_ENDED).await;
         streams.remove(&id);
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn shipped() -> VideoProfile {
-        VideoProfile::parse("bundled", include_str!("../../../policies/profiles/video-emulated-h100.toml"))
-            .expect("the bundled profile parses")
-    }
-
-    /// Each fidelity mode on the shipped profile: static always runs the
-    /// best point; BMPR spends slack on quality and drops to the fastest
-    /// point over the floor when none is left; the fixed-level baseline
-    /// runs exactly three points over the floor, by tier.
-    #[test]
-    fn every_fidelity_mode_plans_from_the_profile() {
-        let profile = shipped();
-        let (best, floor) = (profile.best(), profile.quality_floor());
-        let with = |fidelity| VideoConfig { fidelity, ..VideoConfig::default() };
-        let chunk_s = 0.75;
-        let mut seen = std::collections::BTreeSet::new();
-        for slack in [0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0] {
-            let s = plan(&with(FidelityMode::Static), &profile, slack, chunk_s, 1);
-            assert_eq!((s.fidelity, s.mode), (best.fidelity, "static"));
-            let b = plan(&with(FidelityMode::Bmpr), &profile, slack, chunk_s, 1);
-            assert!(b.quality >= floor, "BMPR stays over the floor at slack {slack}");
-            let l = plan(&with(FidelityMode::Levels), &profile, slack, chunk_s, 1);
-            assert!(l.quality >= floor && l.mode.starts_with("level_"));
-            seen.insert((l.mode, (l.quality * 1e6) as u64));
-        }
-        let b0 = plan(&with(FidelityMode::Bmpr), &profile, 0.0, chunk_s, 1);
-        assert_eq!(b0.mode, "speed_recovery");
-        let b10 = plan(&with(FidelityMode::Bmpr), &profile, 10.0, chunk_s, 1);
-        assert_eq!((b10.fidelity, b10.mode), (best.fidelity, "quality"));
-        // Three levels, and the fast one is BMPR's recovery point.
-        let modes: Vec<&str> = seen.iter().map(|(m, _)| *m).collect();
-        assert_eq!(modes, ["level_fast", "level_medium", "level_slow"]);
-        let fast = plan(&with(FidelityMode::Levels), &profile, 0.0, chunk_s, 1);
-        assert_eq!(fast.fidelity, b0.fidelity);
-        let slow = plan(&with(FidelityMode::Levels), &profile, 10.0, chunk_s, 1);
-        assert_eq!(slow.fidelity, best.fidelity);
-    }
 }
