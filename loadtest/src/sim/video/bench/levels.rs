@@ -96,6 +96,35 @@ pub(super) fn truncate(t: &Trace, to_s: f64) -> Trace {
     }
 }
 
+/// Every window's volatility and the highest ρ̂ of the grid whose worst
+/// case meets L_SLO, calmest first.
+fn segments(args: &SimVideoArgs, cfg: &FleetConfig, engines: u32, k: u32) -> Vec<Segment> {
+    let measure = cfg.volatility_measure;
+    let mut segments = Vec::new();
+    each_window(args, engines, k, |w| {
+        let volatility = trace_volatility(&w.trace, measure, cfg.volatility_bin_s, w.from_s, w.to_s);
+        let mut seg = Segment {
+            trace: w.name.into(),
+            seed: w.seed,
+            from_s: w.from_s,
+            volatility,
+            rho: None,
+            worst_ms: f64::NAN,
+            cost: f64::NAN,
+        };
+        for &rho in GRID.iter().rev() {
+            let o = w.replay(&with_rho(cfg, rho));
+            if o.worst_ms <= args.slo_ms {
+                (seg.rho, seg.worst_ms, seg.cost) = (Some(rho), o.worst_ms, o.cost);
+                break;
+            }
+        }
+        segments.push(seg);
+    });
+    segments.sort_by(|a, b| a.volatility.total_cmp(&b.volatility));
+    segments
+}
+
 /// Appendix A's offline profiling: 2-minute windows of every bundled trace
 /// (t1-t6, each seed, starting at 60, 120 and 180 s; the run before the
 /// window is its warm-up, not measured or billed) are replayed through the
@@ -113,28 +142,7 @@ pub(super) fn levels(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String, s
     }
     let measure = cfg.volatility_measure;
     let k = args.setup(cfg.clone()).capacity();
-    let mut segments = Vec::new();
-    each_window(args, engines, k, |w| {
-        let volatility = trace_volatility(&w.trace, measure, cfg.volatility_bin_s, w.from_s, w.to_s);
-        let mut seg = Segment {
-            trace: w.name.into(),
-            seed: w.seed,
-            from_s: w.from_s,
-            volatility,
-            rho: None,
-            worst_ms: f64::NAN,
-            cost: f64::NAN,
-        };
-        for &rho in GRID.iter().rev() {
-            let o = w.replay(&with_rho(&cfg, rho));
-            if o.worst_ms <= args.slo_ms {
-                (seg.rho, seg.worst_ms, seg.cost) = (Some(rho), o.worst_ms, o.cost);
-                break;
-            }
-        }
-        segments.push(seg);
-    });
-    segments.sort_by(|a, b| a.volatility.total_cmp(&b.volatility));
+    let segments = segments(args, &cfg, engines, k);
     // `--levels` groups as equal as the windows allow (54 in 10: 5 or 6).
     let n_levels = args.levels.clamp(1, segments.len().max(1));
     let bounds: Vec<usize> = (0..=n_levels).map(|l| l * segments.len() / n_levels).collect();

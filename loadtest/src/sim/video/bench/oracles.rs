@@ -113,27 +113,6 @@ pub(super) fn oracles(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String, 
             budget_cost: budget_s * args.gpu_hour / 3600.0,
         });
     });
-    let gap = |ours: f64, oracle: f64| (ours / oracle - 1.0) * 100.0;
-    let row = |label: &str, ws: &[&Priced]| {
-        let within = ws.iter().filter(|w| w.ours_worst_ms <= args.slo_ms).count();
-        let star: Vec<f64> = ws.iter().filter_map(|w| w.rho_star.map(|(_, c)| gap(w.ours_cost, c))).collect();
-        let budget: Vec<f64> = ws.iter().map(|w| gap(w.ours_cost, w.budget_cost)).collect();
-        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-        let total = |f: &dyn Fn(&Priced) -> f64| ws.iter().map(|w| f(w)).sum::<f64>();
-        let star_total = gap(
-            total(&|w| if w.rho_star.is_some() { w.ours_cost } else { 0.0 }),
-            total(&|w| w.rho_star.map_or(0.0, |(_, c)| c)),
-        );
-        format!(
-            "| {label} | {} | {within} | {:+.1}% / {:+.1}% / {star_total:+.1}% | {:+.1}% / {:+.1}% / {:+.1}% |\n",
-            ws.len(),
-            median(star.clone()),
-            mean(&star),
-            median(budget.clone()),
-            mean(&budget),
-            gap(total(&|w| w.ours_cost), total(&|w| w.budget_cost)),
-        )
-    };
     let mut md = format!(
         "Ours' cost against the oracles at {engines} engines (K = {k}), L_SLO = {} ms, cold start {} s, {} windows of {WINDOW_S} s:\n\n| trace | windows | ours within L_SLO | above the ρ* oracle (median / mean / total) | above the budget oracle (median / mean / total) |\n| --- | ---: | ---: | ---: | ---: |\n",
         args.slo_ms,
@@ -142,10 +121,34 @@ pub(super) fn oracles(args: &SimVideoArgs, fleet_cfg: &FleetConfig) -> (String, 
     );
     for name in TRACES {
         let ws: Vec<&Priced> = windows.iter().filter(|w| w.trace == name).collect();
-        md.push_str(&row(name, &ws));
+        md.push_str(&gap_row(name, &ws, args.slo_ms));
     }
-    md.push_str(&row("all", &windows.iter().collect::<Vec<_>>()));
+    md.push_str(&gap_row("all", &windows.iter().collect::<Vec<_>>(), args.slo_ms));
     (md, serde_json::json!({"experiment": "oracles", "engines": engines, "windows": windows}))
+}
+
+/// One table row: how many windows, how many ours kept within L_SLO, and
+/// ours' cost above each oracle (median, mean, and of the totals).
+fn gap_row(label: &str, ws: &[&Priced], slo_ms: f64) -> String {
+    let gap = |ours: f64, oracle: f64| (ours / oracle - 1.0) * 100.0;
+    let within = ws.iter().filter(|w| w.ours_worst_ms <= slo_ms).count();
+    let star: Vec<f64> = ws.iter().filter_map(|w| w.rho_star.map(|(_, c)| gap(w.ours_cost, c))).collect();
+    let budget: Vec<f64> = ws.iter().map(|w| gap(w.ours_cost, w.budget_cost)).collect();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let total = |f: &dyn Fn(&Priced) -> f64| ws.iter().map(|w| f(w)).sum::<f64>();
+    let star_total = gap(
+        total(&|w| if w.rho_star.is_some() { w.ours_cost } else { 0.0 }),
+        total(&|w| w.rho_star.map_or(0.0, |(_, c)| c)),
+    );
+    format!(
+        "| {label} | {} | {within} | {:+.1}% / {:+.1}% / {star_total:+.1}% | {:+.1}% / {:+.1}% / {:+.1}% |\n",
+        ws.len(),
+        median(star.clone()),
+        mean(&star),
+        median(budget.clone()),
+        mean(&budget),
+        gap(total(&|w| w.ours_cost), total(&|w| w.budget_cost)),
+    )
 }
 
 #[cfg(test)]
