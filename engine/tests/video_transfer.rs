@@ -170,3 +170,32 @@ async fn a_synchronous_move_carries_a_kv_window_larger_than_a_request_body() {
     assert_eq!(resp.status(), 201);
     assert_eq!(b.chunk("s").await.1["index"], 1);
 }
+
+#[tokio::test]
+async fn a_source_killed_after_the_pre_copy_leaves_a_copy_the_target_adopts() {
+    let (mut a, b) = tokio::join!(start("8"), start("8"));
+    assert_eq!(a.post("/engine/v1/video/sessions", session("s")).await.0, 201);
+    for _ in 0..3 {
+        assert_eq!(a.chunk("s").await.0, 200);
+    }
+    a.post("/engine/v1/video/sessions/s/offer", json!({"token": TRANSFER})).await;
+    let (s, copy) =
+        b.post("/engine/v1/video/sessions/s/pull", json!({"from": a.url, "token": TRANSFER})).await;
+    assert_eq!(s, 200, "{copy}");
+    // Nothing to adopt where nothing was staged.
+    assert_eq!(a.post("/engine/v1/video/sessions/t/adopt", json!({})).await.0, 404);
+    // The source generates one more chunk, then dies before the switch.
+    assert_eq!(a.chunk("s").await.0, 200);
+    a.child.start_kill().unwrap();
+    let _ = a.child.wait().await;
+    let (s, _) =
+        b.post("/engine/v1/video/sessions/s/commit", json!({"from": a.url, "token": TRANSFER})).await;
+    assert_eq!(s, 502, "no final delta from a dead source");
+    // The target owns the state the source offloaded, three chunks in, and
+    // generates from there; a second adoption finds the session taken.
+    let (s, v) = b.post("/engine/v1/video/sessions/s/adopt", json!({})).await;
+    assert_eq!((s, v["epoch"].as_u64(), v["chunks"].as_u64()), (200, Some(0), Some(3)), "{v}");
+    let (s, out) = b.chunk("s").await;
+    assert_eq!((s, out["index"].as_u64()), (200, Some(3)), "{out}");
+    assert_eq!(b.post("/engine/v1/video/sessions/s/adopt", json!({})).await.0, 409);
+}

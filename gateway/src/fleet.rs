@@ -11,6 +11,15 @@
 //! (admission's window), the brownout level, arrivals (for volatility),
 //! and the supervisor's measured cold start.
 //!
+//! Video streams (`[video.fleet] autoscale = true`) have their own
+//! controller, TurboServe's (`policies::video::fleet::Scaler`): ρ_max of
+//! the live placement against the volatility level's ρ̂, the scale-in test
+//! of Equation 5. Text and video share the primary class, so the class
+//! serves the larger of the two answers (`policies::video::fleet::joint`):
+//! either scales out, both must agree to scale in. Scale-in drains the
+//! engines holding the fewest streams; the video control tick moves their
+//! streams off, and the supervisor stops an engine only once it holds none.
+//!
 //! Only the fleet's leader (the cluster lease; a lone gateway always)
 //! acts; every gateway computes and exports, so a new leader starts from a
 //! warm state. On Kubernetes nobody here acts: KEDA scales the engine
@@ -20,7 +29,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use policies::autoscale::{Autoscaler, Decision, Signals, Why};
+use policies::autoscale::{AutoscaleConfig, Autoscaler, Decision, Signals, Why};
+use policies::video::fleet::{self as video_fleet, ScaleDecision};
 use policies::PolicyDocument;
 use serde_json::json;
 
@@ -54,6 +64,9 @@ struct State {
     /// Engine-seconds counted so far, per class, and their cost.
     gpu_seconds: BTreeMap<String, f64>,
     cost_usd: BTreeMap<String, f64>,
+    /// The video controller (primary class) and its last answer.
+    video: video_fleet::Scaler,
+    video_last: Option<ScaleDecision>,
 }
 
 /// The capacity loop's state; one per gateway.
@@ -69,6 +82,8 @@ pub struct FleetControl {
     bounds: Option<(u32, u32)>,
     /// OServe's planning loop (`[oserve] plan_interval_s`).
     oserve: crate::oserve::Planner,
+    /// The live video streams (the video controller's load).
+    streams: Option<Arc<crate::video::Streams>>,
 }
 
 impl FleetControl {
@@ -77,8 +92,14 @@ impl FleetControl {
         admission: Arc<Admission>,
         supervisor: Option<Arc<Supervisor>>,
         bounds: Option<(u32, u32)>,
+        streams: Option<Arc<crate::video::Streams>>,
     ) -> Arc<Self> {
+        if let (Some(sup), Some(v)) = (&supervisor, &streams) {
+            let v = Arc::clone(v);
+            sup.watch_holds(crate::supervisor::Holds(Arc::new(move || v.homed())));
+        }
         Arc::new(Self {
+            streams,
             state: Mutex::default(),
             pool,
             admission,
@@ -192,22 +213,26 @@ impl FleetControl {
             let warm = engines.iter().filter(|&&e| self.pool.slot(e).is_standby()).count();
             ::metrics::gauge!(m::ENGINES_SERVING, "class" => class.clone()).set(serving.len() as f64);
             ::metrics::gauge!(m::ENGINES_WARM, "class" => class.clone()).set(warm as f64);
-            if !cfg.enabled {
+            let text = cfg.enabled.then(|| {
+                let signals = Signals {
+                    serving: serving.len() as u32,
+                    slots_per_engine: slots,
+                    demand,
+                    queue_ratio_p95: queue,
+                    brownout_level: brownout,
+                    arrivals,
+                    cold_start_s: cold,
+                    tokens_in_flight: in_flight as f64,
+                    kv_tokens_per_engine: kv_tokens as f64,
+                };
+                st.scalers.entry(class.clone()).or_default().tick(now, &signals, cfg)
+            });
+            // Video streams run on the primary class only.
+            let video = if i == 0 { self.video_decision(&mut st, now, policy, serving.len()) } else { None };
+            let Some(d) = video_fleet::joint(text, video) else {
                 ::metrics::gauge!(m::AUTOSCALE_DESIRED, "class" => class.clone()).set(alive);
                 continue;
-            }
-            let signals = Signals {
-                serving: serving.len() as u32,
-                slots_per_engine: slots,
-                demand,
-                queue_ratio_p95: queue,
-                brownout_level: brownout,
-                arrivals,
-                cold_start_s: cold,
-                tokens_in_flight: in_flight as f64,
-                kv_tokens_per_engine: kv_tokens as f64,
             };
-            let d = st.scalers.entry(class.clone()).or_default().tick(now, &signals, cfg);
             ::metrics::gauge!(m::AUTOSCALE_DESIRED, "class" => class.clone())
                 .set(f64::from(d.serving + d.warm));
             ::metrics::gauge!(m::AUTOSCALE_SERVING, "class" => class.clone()).set(f64::from(d.serving));
@@ -234,13 +259,63 @@ impl FleetControl {
             }
             st.last.insert(class.clone(), d);
             match &self.supervisor {
-                Some(sup) if leader && i == 0 => sup.apply(&d, cfg),
+                Some(sup) if leader && i == 0 => sup.apply(&d, &with_video_bounds(cfg, policy)),
                 Some(_) => {}
                 // Discovered engines (Kubernetes scales them): route to
                 // the decided number and keep the rest as warm standby.
                 None => self.hold_warm(engines, d.serving as usize),
             }
         }
+    }
+
+    /// The video controller's answer for the primary class (`serving`
+    /// engines route to it now), or `None` when video autoscaling is off
+    /// or no engine's video profile is known yet. The load is the live
+    /// placement: ρ_max over the engines that take streams, active streams,
+    /// the budget M (serving plus engines still starting, which take the
+    /// excess as the simulator's do), K from the profile.
+    fn video_decision(
+        &self,
+        st: &mut State,
+        now: f64,
+        policy: &PolicyDocument,
+        serving: usize,
+    ) -> Option<ScaleDecision> {
+        let vcfg = &policy.video;
+        if !vcfg.fleet.autoscale {
+            st.video_last = None;
+            return None;
+        }
+        let streams = self.streams.as_ref()?;
+        let (_, gpus, load) = streams.placed_load(vcfg)?;
+        let open = gpus.iter().find(|g| g.open)?;
+        let capacity = gpus.iter().filter(|g| g.open).map(|g| g.capacity).min().unwrap_or(1);
+        let required: u32 = load.iter().sum();
+        let starting = self.supervisor.as_ref().map_or(0, |s| s.counts().starting);
+        let budget = (serving as u32 + starting).max(1);
+        let mut rho = video_fleet::rho_max(&gpus, &load);
+        if starting > 0 {
+            rho = rho.min(f64::from(required) / (f64::from(budget) * f64::from(capacity.max(1))));
+        }
+        let chunk_s = f64::from(vcfg.default_frames_per_chunk) / f64::from(vcfg.default_fps);
+        let latency = open.latency;
+        let d = st.video.decide(
+            now,
+            &video_fleet::Load {
+                rho_max: rho,
+                required,
+                engines: budget,
+                capacity,
+                activations: streams.activations(),
+            },
+            vcfg.fleet.slo_ms(chunk_s),
+            |m| video_fleet::bottleneck_on(latency, m, required),
+            &vcfg.fleet,
+        );
+        ::metrics::gauge!(m::VIDEO_RHO_MAX).set(rho);
+        ::metrics::gauge!(m::VIDEO_DESIRED_ENGINES).set(f64::from(d.engines));
+        st.video_last = Some(d);
+        Some(d)
     }
 
     /// Of `engines` (one class, discovered), routes to `serving` and keeps
@@ -294,6 +369,17 @@ impl FleetControl {
                 )
             })
             .collect();
+        let video = st.video_last.map(|d| {
+            json!({
+                "desired_engines": d.engines,
+                "rho_max": d.utilization,
+                "target_utilization": d.target_utilization,
+                "m_target": d.m_target,
+                "volatility": d.volatility,
+                "volatility_level": d.level,
+                "last_reason": format!("{:?}", d.why).to_lowercase(),
+            })
+        });
         let sup = self.supervisor.as_ref().map(|s| {
             json!({
                 "engines": s.counts(),
@@ -308,12 +394,28 @@ impl FleetControl {
             "video_minutes": m::video_minutes(),
             "cost_usd": st.cost_usd,
             "classes": classes,
+            "video": video,
             "supervisor": sup,
             "gpu_seconds": st.gpu_seconds,
             "decisions": st.changes,
             "oserve": self.oserve.detail(&self.admission),
         })
     }
+}
+
+/// The `[autoscale]` knobs the supervisor applies a joint decision with:
+/// the fleet's bounds widened to video's when its controller runs.
+fn with_video_bounds(cfg: &AutoscaleConfig, policy: &PolicyDocument) -> AutoscaleConfig {
+    let mut out = cfg.clone();
+    let v = &policy.video.fleet;
+    if v.autoscale {
+        (out.min_engines, out.max_engines) = if cfg.enabled {
+            (cfg.min_engines.min(v.min_engines), cfg.max_engines.max(v.max_engines))
+        } else {
+            (v.min_engines, v.max_engines)
+        };
+    }
+    out
 }
 
 #[cfg(test)]
@@ -333,7 +435,7 @@ mod tests {
             pool.slot(i).set_ready(true);
         }
         let busy = pool.lease(3, Work { tokens: 10, prompt_tokens: 5, out_tokens: 5 });
-        let fleet = FleetControl::new(Arc::clone(&pool), Admission::new(Arc::clone(&pool)), None, None);
+        let fleet = FleetControl::new(Arc::clone(&pool), Admission::new(Arc::clone(&pool)), None, None, None);
         let all = [0, 1, 2, 3];
         fleet.hold_warm(&all, 2);
         assert_eq!(pool.routable_count(), 2);

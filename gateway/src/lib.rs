@@ -119,6 +119,7 @@ impl App {
             Arc::clone(&admission),
             control.supervisor,
             control.bounds,
+            Some(Arc::clone(&video)),
         );
         let responses =
             Arc::new(wire::responses::ResponseStore::shared(config.responses.clone(), Arc::clone(&cluster)));

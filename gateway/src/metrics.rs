@@ -132,6 +132,9 @@ pub const DIFFUSION_MIGRATIONS: &str = "gateway_diffusion_migrations_total";
 pub const VIDEO_CHUNKS: &str = "gateway_video_chunks_total";
 pub const VIDEO_STALLS: &str = "gateway_video_stalls_total";
 pub const VIDEO_REHOMES: &str = "gateway_video_rehomes_total";
+pub const VIDEO_RECOVERIES: &str = "gateway_video_recoveries_total";
+pub const VIDEO_RHO_MAX: &str = "gateway_video_rho_max";
+pub const VIDEO_DESIRED_ENGINES: &str = "gateway_video_autoscale_desired_engines";
 /// Engine-to-engine state transfers, by phase (`copy`: the background
 /// pre-copy; `switch`: the final delta at the chunk boundary).
 pub const VIDEO_TRANSFER: &str = "gateway_video_transfer_seconds";
@@ -199,6 +202,9 @@ pub const HELP: &[(&str, &str)] = &[
     (VIDEO_CHUNKS, "Video chunks delivered, by tier and fidelity."),
     (VIDEO_STALLS, "Video chunks delivered after their playout deadline."),
     (VIDEO_REHOMES, "Video streams moved to another engine."),
+    (VIDEO_RHO_MAX, "ρ_max of the live video placement: the most loaded engine's active streams over its capacity K."),
+    (VIDEO_DESIRED_ENGINES, "Engines the video autoscaler wants for the primary class ([video.fleet] autoscale)."),
+    (VIDEO_RECOVERIES, "Video streams whose engine was lost, by what they went on from (staged_copy, prompt)."),
     (VIDEO_TRANSFER, "Engine-to-engine video state transfers, seconds, by phase."),
     (VIDEO_MOVE_STALL, "How long a moving video stream waited on its move, seconds."),
     (VIDEO_SP_BORROWS, "Donor engines borrowed for elastic sequence parallelism."),

@@ -154,6 +154,20 @@ pub struct Supervisor {
     cold: Mutex<(u64, f64)>,
     /// The `[autoscale]` knobs of the last decision applied (restart backoff).
     autoscale: Mutex<Option<AutoscaleConfig>>,
+    /// Live video streams per pool index ([`Supervisor::watch_holds`]).
+    holds: OnceLock<Holds>,
+}
+
+/// Live video streams homed on each engine, by pool index: a draining
+/// engine that still holds one is not stopped (its streams are moved off
+/// first), and scale-in drains the engines holding the fewest.
+#[derive(Clone)]
+pub struct Holds(pub Arc<dyn Fn() -> Vec<u32> + Send + Sync>);
+
+impl std::fmt::Debug for Holds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Holds")
+    }
 }
 
 impl Supervisor {
@@ -174,6 +188,7 @@ impl Supervisor {
             restarts: AtomicU64::new(0),
             cold: Mutex::new((0, 0.0)),
             autoscale: Mutex::new(None),
+            holds: OnceLock::new(),
         });
         let primary = (0..launch.count).map(|i| (format!("e{i}"), launch.profile.clone()));
         let overflow = launch
@@ -207,6 +222,19 @@ impl Supervisor {
 
     /// The engine pool the children are routed through; restarts and new
     /// engines are added to it from now on.
+    /// Where live video streams are (the gateway's stream registry); set
+    /// once at start.
+    pub fn watch_holds(&self, holds: Holds) {
+        let _ = self.holds.set(holds);
+    }
+
+    /// Live video streams on each pool index (none known: all zero).
+    fn holds(&self, pool: &EnginePool) -> Vec<u32> {
+        let mut h = self.holds.get().map(|h| (h.0)()).unwrap_or_default();
+        h.resize(pool.len(), 0);
+        h
+    }
+
     pub fn attach(self: &Arc<Self>, pool: Arc<EnginePool>) {
         let _ = self.pool.set(pool);
         let rx = self.exits_rx.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -400,12 +428,15 @@ impl Supervisor {
 
     /// Draining engines with no sequence left stop, or join the warm pool.
     fn finish_drains(self: &Arc<Self>, pool: &Arc<EnginePool>) {
+        let holds = self.holds(pool);
         let done: Vec<(String, bool)> = self
             .lock()
             .values()
             .filter_map(|c| match c.state {
                 ChildState::Draining { to_warm } => {
-                    let idle = pool.index_of(&c.id).is_none_or(|i| pool.slot(i).active() == 0);
+                    // No sequence running and no video stream left on it.
+                    let idle =
+                        pool.index_of(&c.id).is_none_or(|i| pool.slot(i).active() == 0 && holds[i] == 0);
                     idle.then(|| (c.id.clone(), to_warm))
                 }
                 _ => None,

@@ -76,7 +76,7 @@ impl Feed {
                     n += 1;
                     on_chunk(&data, n).await;
                 }
-                "stall" => {}
+                "stall" | "recovered" => {}
                 "end" => return data,
                 other => panic!("unexpected event {other}"),
             }
@@ -532,4 +532,145 @@ async fn a_live_stream_holds_one_of_its_tenants_concurrency() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(freed, "an ended stream releases its tenant's hold");
+}
+
+/// The shipped policy with TurboServe's video autoscaling on: 1 to 3
+/// engines, one volatility level at ρ̂ = 1, a 1-s scale-in dwell and a
+/// half-second control tick (a shortened clock for the suite).
+fn video_autoscale_policy() -> String {
+    let p = default_policy();
+    let levels = p.find("[[video.fleet.levels]]").unwrap();
+    let after = levels + p[levels..].find("\n# Brownout").unwrap();
+    let head = p[..levels]
+        .replace("\nautoscale = false ", "\nmin_engines = 1\nmax_engines = 3\nautoscale = true ")
+        .replace("down_cooldown_s = 30.0\n", "down_cooldown_s = 1.0\n")
+        .replace("control_tick_s = 3.0 ", "control_tick_s = 0.5 ")
+        .replace("elastic_sp = true ", "elastic_sp = false ");
+    assert!(head.contains("max_engines = 3") && head.contains("control_tick_s = 0.5"));
+    let row = "[[video.fleet.levels]]\nabove = 0\ntarget_utilization = 1.0\nlambda = 0.2\n";
+    format!("{head}{row}{}", &p[after..])
+}
+
+async fn admin_get(sys: &System, path: &str) -> Value {
+    let resp = sys.admin_conn().await.get(path, Some(&sys.admin_token())).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    json(&body_bytes(resp).await.unwrap())
+}
+
+/// Polls `/admin/fleet` until `ok` holds, at most `within`.
+async fn fleet_until(sys: &System, within: Duration, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let t = std::time::Instant::now();
+    loop {
+        let v = admin_get(sys, "/admin/fleet").await;
+        if ok(&v) {
+            return v;
+        }
+        assert!(t.elapsed() < within, "{what}: not within {within:?}: {v:#}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_video_autoscaler_starts_engines_for_streams_and_drains_one_by_moving_its_stream_off() {
+    // K = 2 streams per engine at the best fidelity (300 ms alone, 600 ms
+    // for two, within the 750-ms chunk); a 100-ms fast point keeps four
+    // streams admissible on one engine.
+    let profile = "model = \"synthetic-video\"\nengine_class = \"test-video\"\nlatent_frames = 3\nbatch_cost = 1.0\n\
+        [[configs]]\nsteps = 1\nsparsity = 0.0\nwindow = 1\nprecision = \"fp16\"\nchunk_ms = 100.0\nquality = 0.9\n\
+        [[configs]]\nsteps = 4\nsparsity = 0.0\nwindow = 7\nprecision = \"fp16\"\nchunk_ms = 300.0\nquality = 1.0\n";
+    let dir = std::env::temp_dir().join(format!("video-autoscale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("video.toml");
+    std::fs::write(&path, profile).unwrap();
+    let arg = format!("--engine-arg=--video-profile={}", path.display());
+    let sys = System::start_with_policy(INSTANT, 1, &[&arg], Some(&video_autoscale_policy())).await;
+    let conn = sys.conn(Proto::H2).await;
+    // Four streams on one engine: ρ_max = 4 / 2, over ρ̂ + δ.
+    let mut ids = Vec::new();
+    let mut feeds = Vec::new();
+    for i in 0..4 {
+        let body = json!({"prompt": format!("a kite over dunes {i}"), "length_frames": 12 * 24});
+        let (status, created, _) = create(&conn, GOLD, body).await;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        feeds.push(tokio::spawn({
+            let conn = sys.conn(Proto::H2).await;
+            let id = id.clone();
+            async move {
+                let mut feed = Feed::open(&conn, &id, GOLD).await;
+                let mut indices = Vec::new();
+                loop {
+                    match feed.next().await.expect("the feed ends with an end event") {
+                        (kind, data) if kind == "chunk" => indices.push(data["index"].as_u64().unwrap()),
+                        (kind, data) if kind == "end" => break (indices, data),
+                        _ => {}
+                    }
+                }
+            }
+        }));
+        ids.push(id);
+    }
+    let v = fleet_until(&sys, Duration::from_secs(20), "scale-out to two serving engines", |v| {
+        v["supervisor"]["engines"]["serving"] == 2
+    })
+    .await;
+    let whys: Vec<&str> =
+        v["decisions"].as_array().unwrap().iter().filter_map(|d| d["why"].as_str()).collect();
+    assert!(whys.contains(&"video_utilization"), "{v:#}");
+    // The placement spreads the streams over both engines (min-max).
+    let homes = async || {
+        let s = admin_get(&sys, "/admin/video/streams").await;
+        let mut by_engine: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for st in s["streams"].as_array().unwrap() {
+            if st["status"] != "ended" {
+                by_engine
+                    .entry(st["home_engine"].to_string())
+                    .or_default()
+                    .push(st["id"].as_str().unwrap().into());
+            }
+        }
+        by_engine
+    };
+    let t = std::time::Instant::now();
+    let spread = loop {
+        let h = homes().await;
+        if h.len() == 2 && h.values().all(|v| v.len() == 2) {
+            break h;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "streams not spread: {h:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // One stream ends on each engine: ρ_max = 1/2 and one engine can hold
+    // both (Equation 5 prefers one): scale-in drains an engine that still
+    // holds a live stream, which moves before the engine stops.
+    let mut kept = Vec::new();
+    for on in spread.values() {
+        let (status, _) =
+            call(&conn, "DELETE", &format!("/v1/video/streams/{}", on[0]), GOLD, json!({})).await;
+        assert_eq!(status, StatusCode::OK);
+        kept.push(on[1].clone());
+    }
+    let v = fleet_until(&sys, Duration::from_secs(30), "scale-in to one serving engine", |v| {
+        v["supervisor"]["engines"]["serving"] == 1 && v["supervisor"]["engines"]["draining"] == 0
+    })
+    .await;
+    let whys: Vec<&str> =
+        v["decisions"].as_array().unwrap().iter().filter_map(|d| d["why"].as_str()).collect();
+    assert!(whys.contains(&"video_quiet"), "{v:#}");
+    // Both kept streams play to their end, gapless, one of them moved.
+    let mut moved = 0;
+    for (id, feed) in ids.iter().zip(feeds) {
+        let (indices, end) = feed.await.unwrap();
+        if kept.contains(id) {
+            assert_eq!(end["reason"], "completed", "{id}: {end}");
+            assert_eq!(indices, (0..24).collect::<Vec<u64>>(), "{id}: gapless, no duplicate");
+            moved += end["rehomes"].as_u64().unwrap();
+        } else {
+            assert_eq!(end["reason"], "deleted", "{id}: {end}");
+        }
+    }
+    assert!(moved >= 1, "the drained engine's stream moved off it");
+    let v = admin_get(&sys, "/admin/fleet").await;
+    assert_eq!(v["supervisor"]["engines"]["serving"], 1, "{v:#}");
+    let _ = std::fs::remove_dir_all(dir);
 }

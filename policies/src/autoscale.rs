@@ -263,6 +263,11 @@ pub enum Why {
     Quiet,
     /// Brought into `[min_engines, max_engines]` (start, or a reload).
     Bounds,
+    /// The video controller's ρ_max above its ρ̂ + δ (the class serves
+    /// both; see [`crate::video::fleet::joint`]).
+    VideoUtilization,
+    /// The video controller's scale-in (ρ_max below ρ̂ − δ, Equation 5).
+    VideoQuiet,
 }
 
 impl Why {
@@ -273,6 +278,8 @@ impl Why {
             Why::QueueLatency => "queue_latency",
             Why::Quiet => "quiet",
             Why::Bounds => "bounds",
+            Why::VideoUtilization => "video_utilization",
+            Why::VideoQuiet => "video_quiet",
         }
     }
 }

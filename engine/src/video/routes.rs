@@ -169,6 +169,7 @@ pub(crate) async fn handle(
             }
             Err(resp) => resp,
         },
+        (Method::POST, Some(id), "adopt") => done(StatusCode::OK, v.adopt(id).await),
         (Method::DELETE, Some(id), "staged") => {
             done(StatusCode::OK, v.unstage(id).await.map(|()| serde_json::json!({})))
         }

@@ -117,6 +117,9 @@ enum Cmd {
     Commit(String, Vec<u8>, Reply<()>),
     /// Target: drop a staged copy.
     Unstage(String, Reply<()>),
+    /// Target: own the staged copy as it is (its source is gone: the
+    /// session resumes from the last state the source offloaded).
+    Adopt(String, Reply<Version>),
     /// Donor: run another engine's SP2 half for this many ms (elastic SP,
     /// emulated): a batch slot and its coalescing cost.
     Lend(f64, Reply<()>),
@@ -216,6 +219,11 @@ impl VideoEngine {
 
     pub async fn unstage(&self, id: &str) -> Result<(), VideoError> {
         self.call(|r| Cmd::Unstage(id.to_string(), r)).await
+    }
+
+    /// Owns the staged copy without a final delta; answers its version.
+    pub async fn adopt(&self, id: &str) -> Result<Version, VideoError> {
+        self.call(|r| Cmd::Adopt(id.to_string(), r)).await
     }
 
     /// The staged copy's version, if one is kept.
@@ -377,6 +385,9 @@ impl Core {
             }
             Cmd::Unstage(id, reply) => {
                 let _ = reply.send(self.staged.remove(&id).map(|_| ()).ok_or(VideoError::NoSession(id)));
+            }
+            Cmd::Adopt(id, reply) => {
+                let _ = reply.send(self.adopt(id));
             }
             Cmd::Lend(ms, reply) => {
                 self.lend(ms);

@@ -30,7 +30,7 @@ impl Supervisor {
         let stop = {
             let mut children = self.lock();
             let have = self.scale_out(&mut children, &pool, d, cfg, &mut to_spawn);
-            scale_in(&mut children, &pool, have, d);
+            scale_in(&mut children, &pool, have, d, &self.holds(&pool));
             self.keep_warm_pool(&mut children, &pool, d, cfg, &mut to_spawn)
         };
         for id in stop {
@@ -151,14 +151,20 @@ impl Supervisor {
     }
 }
 
-/// Scale in: drain the least loaded serving engines down to `d.serving`.
-fn scale_in(children: &mut Children, pool: &EnginePool, mut have: usize, d: &Decision) {
+/// Scale in: drain the least loaded serving engines down to `d.serving`:
+/// those holding the fewest live video streams (each must be moved off
+/// before the engine stops), then the fewest sequences.
+fn scale_in(children: &mut Children, pool: &EnginePool, mut have: usize, d: &Decision, holds: &[u32]) {
     while have > d.serving as usize {
         let victim = children
             .values_mut()
             .filter(|c| is_primary(&c.id) && c.state == ChildState::Running)
-            .filter_map(|c| role(pool, &c.id).filter(|s| !s.is_standby()).map(|s| (s.active(), c)))
-            .min_by_key(|(active, _)| *active)
+            .filter_map(|c| {
+                let i = pool.index_of(&c.id)?;
+                let s = pool.slot(i);
+                (!s.is_standby()).then(|| ((holds.get(i).copied().unwrap_or(0), s.active()), c))
+            })
+            .min_by_key(|(load, _)| *load)
             .map(|(_, c)| c);
         let Some(c) = victim else { break };
         c.state = ChildState::Draining { to_warm: false };

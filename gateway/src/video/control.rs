@@ -37,9 +37,21 @@ pub async fn run(streams: Arc<Streams>, policies: Arc<PolicyStore>, cluster: Arc
             cfg.rehoming = false;
             cfg.fleet.placement = PlacementMode::Fewest;
         }
+        know_profiles(&streams).await;
         let moves = tick(&streams, &cfg);
         if !moves.is_empty() {
             tracing::info!(event = "video_move_plan", moves = moves.len());
+        }
+    }
+}
+
+/// Fetches the video profile of every engine that takes streams and has
+/// none cached yet (a new or restarted engine), so that the placement and
+/// the autoscaler see the whole fleet. At most half a second per engine.
+async fn know_profiles(streams: &Streams) {
+    for i in 0..streams.pool.len() {
+        if streams.pool.slot(i).routable_for_video() && streams.profiles.cached(i).is_none() {
+            let _ = tokio::time::timeout(Duration::from_millis(500), streams.profiles.get(i)).await;
         }
     }
 }
@@ -61,12 +73,15 @@ pub fn tick(streams: &Streams, cfg: &VideoConfig) -> Vec<Move> {
         let credit = pv::credit(st.playout.slack(now), remaining, next_s);
         st.credit_s = credit;
         st.urgency = pv::urgency(credit, next_s, cfg.alpha);
-        let settled = st.moving.is_none()
-            && st.move_to.is_none()
-            && st.last_moved.is_none_or(|t| now - t >= cfg.rehome_cooldown_s);
-        if !st.playout.paused() {
-            active.push((i, st.home, settled));
-        }
+        // Free: no move planned or under way; settled: free and out of
+        // its last move's cooldown (an evacuation waits for free only).
+        let free = st.moving.is_none() && st.move_to.is_none();
+        let settled = free && st.last_moved.is_none_or(|t| now - t >= cfg.rehome_cooldown_s);
+        // Paused streams take part only to leave a draining engine. A
+        // stream being moved counts where it is going: planning again on
+        // its old home would send a second stream after it.
+        let at = st.moving.as_ref().map(|m| m.to).or(st.move_to).unwrap_or(st.home);
+        active.push((i, at, settled, st.playout.paused(), free));
         if settled {
             views.push(StreamView {
                 id: i as u64,
@@ -79,25 +94,36 @@ pub fn tick(streams: &Streams, cfg: &VideoConfig) -> Vec<Move> {
     }
     let mut moves = Vec::new();
     let mut minmax = None;
-    if cfg.fleet.placement == PlacementMode::MinMax {
-        if let Some((engines, gpus)) = streams.fleet_view(cfg) {
-            let sessions: Vec<fleet::Active> = active
-                .iter()
-                .filter_map(|&(i, home, settled)| {
-                    Some(fleet::Active {
-                        id: i as u64,
-                        gpu: engines.iter().position(|&e| e == home)?,
-                        state_bytes: streams.state_bytes(),
-                        movable: settled,
-                    })
+    // Min-max rebalancing, or (placement "fewest") only the evacuation of
+    // engines being drained for scale-in: their streams must leave before
+    // the engine stops (TurboServe's order: rebalance, then scale in).
+    if let Some((engines, gpus)) = streams.fleet_view(cfg) {
+        let closed = |e: usize| engines.iter().position(|&x| x == e).is_some_and(|j| !gpus[j].open);
+        let sessions: Vec<fleet::Active> = active
+            .iter()
+            .filter(|&&(_, home, _, paused, _)| !paused || closed(home))
+            .filter_map(|&(i, home, settled, _, _)| {
+                Some(fleet::Active {
+                    id: i as u64,
+                    gpu: engines.iter().position(|&e| e == home)?,
+                    state_bytes: streams.state_bytes(),
+                    movable: settled,
                 })
-                .collect();
-            let plan = fleet::rebalance(&gpus, &sessions, &cfg.fleet.params());
-            moves.extend(plan.moves.iter().map(|m| Move {
-                stream: m.session,
-                from: engines[m.from],
-                to: engines[m.to],
-            }));
+            })
+            .collect();
+        let mut params = cfg.fleet.params();
+        if cfg.fleet.placement != PlacementMode::MinMax {
+            params.max_moves = 0; // evacuation only
+        }
+        let plan = fleet::rebalance(&gpus, &sessions, &params);
+        // A stream already moving finishes that move first.
+        let free = |id: u64| active.iter().any(|&(i, _, _, _, f)| i as u64 == id && f);
+        moves.extend(plan.moves.iter().filter(|m| free(m.session)).map(|m| Move {
+            stream: m.session,
+            from: engines[m.from],
+            to: engines[m.to],
+        }));
+        if cfg.fleet.placement == PlacementMode::MinMax {
             minmax = Some((engines, gpus, plan));
         }
     }

@@ -433,10 +433,22 @@ async fn migrate_if_planned(streams: &Arc<Streams>, stream: &Arc<Stream>, cfg: &
                     let _ = calls::end(&streams.pool, mv.from, &stream.id).await;
                 }
                 Err(e) => {
+                    tracing::warn!(event = "video_commit_failed", stream = %stream.id, from = mv.from, to = mv.to, error = %e);
+                    // Does the source still hold the session? If it does not
+                    // answer at all it is gone: the target's staged copy is
+                    // the last state it offloaded, and the stream goes on
+                    // from it (rehome_lost adopts it).
+                    let source = calls::offer(&streams.pool, mv.from, &stream.id, &mv.token).await;
+                    if source.as_ref().is_err_and(|e| e.status.is_none()) {
+                        stream.lock().moving = Some(mv);
+                        if let Err(reason) = rehome_lost(streams, stream).await {
+                            tracing::error!(event = "video_state_lost", stream = %stream.id, reason);
+                        }
+                        return;
+                    }
                     // The stream stays on the source, which still has it. The
                     // target may have committed with its answer lost: its
                     // copy goes too, so no second owner is left behind.
-                    tracing::warn!(event = "video_commit_failed", stream = %stream.id, from = mv.from, to = mv.to, error = %e);
                     let _ = calls::unstage(&streams.pool, mv.to, &stream.id).await;
                     let _ = calls::end(&streams.pool, mv.to, &stream.id).await;
                 }
@@ -494,9 +506,31 @@ async fn move_sync(streams: &Streams, stream: &Stream, from: usize, to: usize) -
     }
 }
 
-/// The home engine is gone: start the stream over (from its prompt) on the
-/// engine with the fewest streams.
+/// The home engine is gone (it died, or no longer has the session). If a
+/// move had staged a full copy on another engine, that engine adopts it
+/// and the stream goes on from the state its source last offloaded;
+/// otherwise it starts over from its prompt on the engine with the fewest
+/// streams. Either way the feed says so (`recovered`, with what was kept):
+/// never a silent loss of the stream's context.
 async fn rehome_lost(streams: &Streams, stream: &Stream) -> Result<(), &'static str> {
+    let (staged, lost) = {
+        let mut st = stream.lock();
+        let moving = st.moving.take();
+        (moving.filter(|m| m.staged && m.from == st.home), st.home)
+    };
+    if let Some(m) = staged {
+        if streams.pool.slot(m.to).is_ready() {
+            if let Ok(v) = calls::adopt(&streams.pool, m.to, &stream.id).await {
+                stream.lock().home = m.to;
+                streams.record_home(stream, m.to);
+                tracing::warn!(event = "video_adopted", stream = %stream.id, from = lost, engine = m.to,
+                    state_chunks = v.chunks);
+                recovered(streams, stream, "staged_copy", m.to, Some(v.chunks));
+                return Ok(());
+            }
+        }
+        let _ = calls::unstage(&streams.pool, m.to, &stream.id).await;
+    }
     let home = policies::video::placement::home(&streams.per_engine()).ok_or("no_engine")?;
     let (prompt, epoch) = {
         let st = stream.lock();
@@ -515,8 +549,29 @@ async fn rehome_lost(streams: &Streams, stream: &Stream) -> Result<(), &'static 
         calls::prompt(&streams.pool, home, &stream.id, &p).await.map_err(|_| "no_engine")?;
     }
     stream.lock().home = home;
-    tracing::warn!(event = "video_restarted", stream = %stream.id, engine = home);
+    streams.record_home(stream, home);
+    tracing::warn!(event = "video_restarted", stream = %stream.id, from = lost, engine = home);
+    recovered(streams, stream, "prompt", home, None);
     Ok(())
+}
+
+/// Tells the feed the stream lost its engine and what it goes on from:
+/// `staged_copy` (the state a move had copied, `state_chunks` chunks in)
+/// or `prompt` (its context is gone; the next chunk starts from the prompt).
+fn recovered(
+    streams: &Streams,
+    stream: &Stream,
+    from: &'static str,
+    engine: usize,
+    state_chunks: Option<u64>,
+) {
+    let engine = streams.pool.slot(engine).spec.id.clone();
+    ::metrics::counter!(m::VIDEO_RECOVERIES, "from" => from).increment(1);
+    let next = stream.lock().next_index;
+    let _ = stream.emit(
+        "recovered",
+        json!({"reason": "engine_lost", "from": from, "engine": engine, "next_index": next, "state_chunks": state_chunks}),
+    );
 }
 
 async fn finish(streams: &Arc<Streams>, stream: &Arc<Stream>, reason: &'static str) {

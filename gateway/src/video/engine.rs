@@ -153,6 +153,11 @@ pub async fn unstage(pool: &EnginePool, idx: usize, id: &str) -> Result<(), Call
     call(pool, idx, Method::DELETE, &session_path(id, "/staged"), Vec::new(), CALL_TIMEOUT).await.map(|_| ())
 }
 
+/// Target: owns its staged copy as it is (the source died mid-move).
+pub async fn adopt(pool: &EnginePool, idx: usize, id: &str) -> Result<Version, CallError> {
+    json_of(&call(pool, idx, Method::POST, &session_path(id, "/adopt"), Vec::new(), CALL_TIMEOUT).await?)
+}
+
 pub async fn end(pool: &EnginePool, idx: usize, id: &str) -> Result<(), CallError> {
     call(pool, idx, Method::DELETE, &session_path(id, ""), Vec::new(), CALL_TIMEOUT).await.map(|_| ())
 }

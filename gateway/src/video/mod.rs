@@ -205,6 +205,9 @@ pub struct Streams {
     /// Each tenant's stream creations in the last minute (at most its
     /// tier's `video_streams_per_minute` entries; one entry per tenant).
     creations: Mutex<HashMap<String, std::collections::VecDeque<f64>>>,
+    /// Session activations so far: creations and resumes (the volatility
+    /// signal of the video autoscaler, TurboServe §5.2.2).
+    activations: std::sync::atomic::AtomicU64,
 }
 
 impl Streams {
@@ -223,7 +226,38 @@ impl Streams {
             cluster,
             pool,
             next_id: std::sync::atomic::AtomicU64::new(1),
+            activations: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Counts one session activation (a paused stream resumed).
+    pub fn activated(&self) {
+        self.activations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Activations so far (creations and resumes).
+    pub fn activations(&self) -> u64 {
+        self.activations.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Live streams homed on each engine of the pool, by pool index
+    /// (draining and standby engines included): an engine that holds one
+    /// is not stopped.
+    pub fn homed(&self) -> Vec<u32> {
+        let mut counts = vec![0u32; self.pool.len()];
+        for s in self.all() {
+            let st = s.lock();
+            if st.ended.is_none() {
+                if let Some(c) = counts.get_mut(st.home) {
+                    *c += 1;
+                }
+                // A staged copy may yet become the session (adopt).
+                if let Some(c) = st.moving.as_ref().and_then(|m| counts.get_mut(m.to)) {
+                    *c += 1;
+                }
+            }
+        }
+        counts
     }
 
     /// Seconds since this registry started: the `now` of every decision.
@@ -310,16 +344,63 @@ impl Streams {
     pub fn fleet_view(&self, cfg: &VideoConfig) -> Option<(Vec<usize>, Vec<fleet::Gpu>)> {
         let chunk_s = f64::from(cfg.default_frames_per_chunk) / f64::from(cfg.default_fps);
         let slo_ms = cfg.fleet.slo_ms(chunk_s);
-        let engines: Vec<usize> =
-            (0..self.pool.len()).filter(|&i| self.pool.slot(i).routable_for_video()).collect();
+        let homed = self.homed();
+        // Open: routable. Closed: being drained (scale-in) with streams
+        // still on it, which the placement must move off.
+        let engines: Vec<(usize, bool)> = (0..self.pool.len())
+            .filter_map(|i| {
+                let slot = self.pool.slot(i);
+                if slot.routable_for_video() {
+                    Some((i, true))
+                } else {
+                    let leaving = slot.is_ready() && slot.is_draining() && !slot.is_retired();
+                    (leaving && homed[i] > 0).then_some((i, false))
+                }
+            })
+            .collect();
         let gpus = engines
             .iter()
-            .map(|&i| {
+            .map(|&(i, open)| {
                 let latency = fleet::ChunkLatency::of(self.profiles.cached(i)?.as_ref());
-                Some(fleet::Gpu { latency, capacity: latency.capacity(slo_ms), open: true })
+                Some(fleet::Gpu { latency, capacity: latency.capacity(slo_ms), open })
             })
             .collect::<Option<Vec<_>>>()?;
-        (!engines.is_empty()).then_some((engines, gpus))
+        (engines.iter().any(|&(_, open)| open)).then(|| (engines.iter().map(|&(i, _)| i).collect(), gpus))
+    }
+
+    /// The load the video autoscaler judges (TurboServe's ρ_max *after
+    /// placement*): active streams per engine of [`Streams::fleet_view`]
+    /// counted where they are going (a planned or running move's target),
+    /// then, under min-max placement, as the rebalancing would leave them.
+    /// Without it an engine just started would look idle, and its busy
+    /// neighbour overloaded, until the next control tick moved streams.
+    pub fn placed_load(&self, cfg: &VideoConfig) -> Option<(Vec<usize>, Vec<fleet::Gpu>, Vec<u32>)> {
+        let (engines, gpus) = self.fleet_view(cfg)?;
+        let mut sessions = Vec::new();
+        for s in self.all() {
+            let st = s.lock();
+            if st.ended.is_some() || st.playout.paused() {
+                continue;
+            }
+            let to = st.moving.as_ref().map(|m| m.to).or(st.move_to).unwrap_or(st.home);
+            let at =
+                engines.iter().position(|&e| e == to).or_else(|| engines.iter().position(|&e| e == st.home));
+            if let Some(gpu) = at {
+                let free = st.moving.is_none() && st.move_to.is_none();
+                sessions.push(fleet::Active {
+                    id: sessions.len() as u64,
+                    gpu,
+                    state_bytes: self.state_bytes(),
+                    movable: free,
+                });
+            }
+        }
+        let mut params = cfg.fleet.params();
+        if cfg.fleet.placement != fleet::PlacementMode::MinMax {
+            params.max_moves = 0;
+        }
+        let load = fleet::rebalance(&gpus, &sessions, &params).load;
+        Some((engines, gpus, load))
     }
 
     /// A session's state size, bytes (see the field).
@@ -427,6 +508,7 @@ impl Streams {
             tenant_hold: Mutex::new(None),
         });
         self.map().insert(id, Arc::clone(&stream));
+        self.activated();
         stream
     }
 }

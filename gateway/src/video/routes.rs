@@ -108,8 +108,9 @@ pub async fn handle(
                 }
                 if pause {
                     st.playout.pause(now);
-                } else {
+                } else if st.playout.paused() {
                     st.playout.resume(now);
+                    streams.activated();
                 }
             }
             s.wake.notify_one();

@@ -9,6 +9,9 @@
 //!   spread over its playing time.
 //! - `pause`: steady, each stream pausing 1-3 times by its length, each
 //!   pause 20% of the stream's duration.
+//! - `surge`: Poisson at the rate for the first third of the run, at three
+//!   times the rate for the second, back at the rate for the last (the
+//!   live autoscaling benchmark's trace).
 //!
 //! Stream lengths are uniform in {81, 129, 161, 241} frames.
 
@@ -22,6 +25,7 @@ pub enum VideoWorkload {
     Burst,
     PromptSwitch,
     Pause,
+    Surge,
 }
 
 impl VideoWorkload {
@@ -31,6 +35,7 @@ impl VideoWorkload {
             VideoWorkload::Burst => "burst",
             VideoWorkload::PromptSwitch => "prompt-switch",
             VideoWorkload::Pause => "pause",
+            VideoWorkload::Surge => "surge",
         }
     }
 }
@@ -57,7 +62,8 @@ fn events_for(length: u32) -> usize {
     }
 }
 
-/// Plans `rate × duration` streams (at least one).
+/// Plans `rate × duration` streams (at least one; `surge`: five thirds as
+/// many, its middle third at three times the rate).
 pub fn plan(workload: VideoWorkload, rate: f64, duration_s: f64, fps: u32, seed: u64) -> Vec<PlannedStream> {
     let mut rng = SplitMix(seed);
     let n = ((rate * duration_s).round() as usize).max(1);
@@ -68,6 +74,20 @@ pub fn plan(workload: VideoWorkload, rate: f64, duration_s: f64, fps: u32, seed:
         t
     };
     let times = match workload {
+        VideoWorkload::Surge => {
+            // A Poisson process in each third, given its count.
+            let third = duration_s / 3.0;
+            let mut t = Vec::new();
+            for (k, factor) in [1.0, 3.0, 1.0].into_iter().enumerate() {
+                let count = (rate * factor * third).round() as usize;
+                t.extend((0..count).map(|_| (k as f64 + rng.unit_f64()) * third));
+            }
+            t.sort_by(f64::total_cmp);
+            if t.is_empty() {
+                t.push(0.0);
+            }
+            t
+        }
         VideoWorkload::Burst => {
             let per_burst = (n as f64 * 0.1).round() as usize;
             let mut t = poisson(&mut rng, n.saturating_sub(3 * per_burst));
@@ -108,6 +128,15 @@ mod tests {
             assert!(p.iter().filter(|s| s.at == at).count() >= 10, "burst at {at}");
         }
         assert!(p.windows(2).all(|w| w[0].at <= w[1].at));
+    }
+
+    #[test]
+    fn a_surge_triples_the_rate_in_the_middle_third_and_falls_back() {
+        let p = plan(VideoWorkload::Surge, 1.0, 90.0, 16, 3);
+        let in_third = |k: f64| p.iter().filter(|s| s.at >= k * 30.0 && s.at < (k + 1.0) * 30.0).count();
+        assert_eq!((in_third(0.0), in_third(1.0), in_third(2.0)), (30, 90, 30));
+        assert!(p.windows(2).all(|w| w[0].at <= w[1].at));
+        assert!(p.iter().all(|s| s.switches.is_empty() && s.pauses.is_empty()));
     }
 
     #[test]

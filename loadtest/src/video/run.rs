@@ -79,6 +79,10 @@ pub struct StreamRecord {
     #[serde(default)]
     pub chunk_ms: Vec<f64>,
     pub end_reason: Option<String>,
+    /// `recovered` events: its engine was lost and it went on (from a
+    /// staged copy or from its prompt).
+    #[serde(default)]
+    pub recoveries: u64,
 }
 
 /// The whole run.
@@ -301,6 +305,7 @@ async fn read_feed(
                     }
                     *rec.modes.entry(v["mode"].as_str().unwrap_or("?").to_string()).or_default() += 1;
                 }
+                Some("recovered") => rec.recoveries += 1,
                 Some("end") => {
                     rec.rehomes = v["rehomes"].as_u64().unwrap_or(0);
                     rec.migration_stall_ms = v["migration_stall_ms"].as_f64().unwrap_or(0.0);

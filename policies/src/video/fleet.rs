@@ -35,7 +35,7 @@ use crate::autoscale::VolatilityMeasure;
 
 mod scaler;
 
-pub use scaler::{bottleneck_on, Load, ScaleDecision, ScaleWhy, Scaler};
+pub use scaler::{bottleneck_on, joint, Load, ScaleDecision, ScaleWhy, Scaler};
 
 /// ℓ̂(n): one engine's per-chunk latency with n active sessions coalesced.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -361,7 +361,8 @@ pub struct FleetConfig {
     pub chunk_slo_ms: f64,
     /// Most moves one rebalancing plans.
     pub max_moves: u32,
-    /// Video autoscaling (the simulator; see docs/operations.md).
+    /// Video autoscaling: the gateway's primary engine class and the
+    /// simulator (docs/operations.md "Autoscaling", "Video streams").
     pub autoscale: bool,
     pub min_engines: u32,
     pub max_engines: u32,

@@ -157,4 +157,18 @@ impl Core {
         self.sessions.insert(id, Self::session_of(wire, kv));
         Ok(())
     }
+
+    /// Takes the staged copy as the session, as it is: the source died
+    /// before the final delta, so the session goes on from the state it
+    /// offloaded at the pre-copy (chunks since are regenerated from there).
+    pub(super) fn adopt(&mut self, id: String) -> Result<Version, VideoError> {
+        if self.sessions.contains_key(&id) {
+            return Err(VideoError::Exists(id));
+        }
+        let staged = self.staged.remove(&id).ok_or_else(|| VideoError::NoSession(id.clone()))?;
+        let version = staged.wire.version();
+        self.forget_on_gpu(&id);
+        self.sessions.insert(id, Self::session_of(staged.wire, staged.kv));
+        Ok(version)
+    }
 }

@@ -40,7 +40,8 @@ fn session_of(c: &Cmd) -> Option<&str> {
         | Cmd::Snapshot(id, ..)
         | Cmd::Stage(id, ..)
         | Cmd::Commit(id, ..)
-        | Cmd::Unstage(id, _) => Some(id),
+        | Cmd::Unstage(id, _)
+        | Cmd::Adopt(id, _) => Some(id),
         Cmd::Load(_) | Cmd::Lend(..) => None,
     }
 }

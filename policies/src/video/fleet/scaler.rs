@@ -2,7 +2,7 @@
 //! against the level's ρ̂ with hysteresis, Equation 5's scale-in test.
 
 use super::{ChunkLatency, FleetConfig, Level};
-use crate::autoscale::ArrivalBins;
+use crate::autoscale::{ArrivalBins, Decision, Why};
 
 /// Why the scaler changed the budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +24,8 @@ pub struct ScaleDecision {
     pub why: ScaleWhy,
     pub volatility: f64,
     pub level: usize,
+    /// ρ_max the decision was judged on, and the level's ρ̂.
+    pub utilization: f64,
     pub target_utilization: f64,
     pub m_target: u32,
 }
@@ -103,7 +105,15 @@ impl Scaler {
         if engines != m {
             self.last_change = Some(now);
         }
-        ScaleDecision { engines, why, volatility, level, target_utilization: rho_hat, m_target }
+        ScaleDecision {
+            engines,
+            why,
+            volatility,
+            level,
+            utilization: load.rho_max,
+            target_utilization: rho_hat,
+            m_target,
+        }
     }
 }
 
@@ -114,4 +124,37 @@ pub fn bottleneck_on(latency: ChunkLatency, m: u32, n: u32) -> f64 {
         return if n == 0 { 0.0 } else { f64::INFINITY };
     }
     latency.ms(n.div_ceil(m))
+}
+
+/// One decision for an engine class that serves both text and video (the
+/// rule of Kubernetes' HPA over several metrics): each controller sizes the
+/// class for its own demand, and the class serves the larger answer. Either
+/// scales out alone; the class scales in only as far as both allow, so the
+/// two never undo each other's step. The warm pool is the text controller's
+/// (TurboServe keeps none for video). `None` when neither controller runs.
+pub fn joint(text: Option<Decision>, video: Option<ScaleDecision>) -> Option<Decision> {
+    let video = video.map(|v| Decision {
+        serving: v.engines,
+        warm: 0,
+        why: match v.why {
+            ScaleWhy::Hold => Why::Hold,
+            ScaleWhy::Out => Why::VideoUtilization,
+            ScaleWhy::In => Why::VideoQuiet,
+            ScaleWhy::Bounds => Why::Bounds,
+        },
+        utilization: v.utilization,
+        target_utilization: v.target_utilization,
+        m_target: v.m_target,
+        level: v.level,
+        burst_factor: 1.0,
+    });
+    match (text, video) {
+        (Some(t), Some(v)) if v.serving > t.serving => Some(Decision { warm: t.warm, ..v }),
+        // Equal answers: the text controller's reason, unless it holds.
+        (Some(t), Some(v)) if v.serving == t.serving && t.why == Why::Hold => {
+            Some(Decision { warm: t.warm, ..v })
+        }
+        (Some(t), _) => Some(t),
+        (None, v) => v,
+    }
 }

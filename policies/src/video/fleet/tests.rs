@@ -353,3 +353,64 @@ fn urgent_rehoming_is_kept_only_where_it_does_not_raise_the_bottleneck() {
     closed[2].open = false;
     assert_eq!(admit_rehoming(&closed, &plan, &[(0, 2)]), vec![false]);
 }
+
+fn text(serving: u32, warm: u32, why: crate::autoscale::Why) -> crate::autoscale::Decision {
+    crate::autoscale::Decision {
+        serving,
+        warm,
+        why,
+        utilization: 0.5,
+        target_utilization: 0.7,
+        m_target: serving,
+        level: 0,
+        burst_factor: 1.0,
+    }
+}
+
+fn video(engines: u32, why: ScaleWhy) -> ScaleDecision {
+    ScaleDecision {
+        engines,
+        why,
+        volatility: 0.0,
+        level: 0,
+        utilization: 0.9,
+        target_utilization: 0.85,
+        m_target: engines,
+    }
+}
+
+#[test]
+fn text_and_video_share_a_class_by_the_larger_answer_and_scale_in_only_together() {
+    use crate::autoscale::Why;
+    // Video needs more: its count and reason win, the text warm pool stays.
+    let d = joint(Some(text(2, 1, Why::Hold)), Some(video(4, ScaleWhy::Out))).unwrap();
+    assert_eq!((d.serving, d.warm, d.why), (4, 1, Why::VideoUtilization));
+    // Text wants to shrink while video holds its engines: nothing shrinks.
+    let d = joint(Some(text(1, 0, Why::Quiet)), Some(video(3, ScaleWhy::Hold))).unwrap();
+    assert_eq!((d.serving, d.why), (3, Why::Hold));
+    // Both shrink: to the larger of the two.
+    let d = joint(Some(text(2, 0, Why::Quiet)), Some(video(1, ScaleWhy::In))).unwrap();
+    assert_eq!((d.serving, d.why), (2, Why::Quiet));
+    // Equal, text holding: the video reason is the one that acted.
+    let d = joint(Some(text(3, 0, Why::Hold)), Some(video(3, ScaleWhy::In))).unwrap();
+    assert_eq!(d.why, Why::VideoQuiet);
+    // One controller alone decides alone; none, nothing.
+    let d = joint(None, Some(video(5, ScaleWhy::Out))).unwrap();
+    assert_eq!((d.serving, d.warm, d.why), (5, 0, Why::VideoUtilization));
+    assert_eq!(joint(Some(text(2, 1, Why::Utilization)), None).unwrap().serving, 2);
+    assert!(joint(None, None).is_none());
+}
+
+#[test]
+fn the_scaler_never_scales_in_below_the_engines_its_live_streams_need() {
+    // 10 active streams, K = 4: whatever the quiet, at least ⌈10/4⌉ = 3.
+    let mut cfg = FleetConfig { down_cooldown_s: 0.0, max_engines: 16, ..FleetConfig::default() };
+    cfg.levels = vec![Level { above: 0.0, target_utilization: 1.0, lambda: 0.0, engines: 0 }];
+    let mut s = Scaler::new();
+    let lat = ChunkLatency { chunk_ms: 100.0, batch_cost: 0.5 };
+    for t in 0..20 {
+        let load = Load { rho_max: 0.1, required: 10, engines: 8, capacity: 4, activations: 10 };
+        let d = s.decide(f64::from(t) * 10.0, &load, 1e9, |m| bottleneck_on(lat, m, 10), &cfg);
+        assert!(d.engines >= 3, "{d:?}");
+    }
+}
