@@ -39,6 +39,54 @@ pub struct PolicyProblem {
     pub message: String,
 }
 
+/// What a per-minute rate limit counts: a closed set, each with its
+/// error code and the words of its message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metered {
+    Requests,
+    Tokens,
+    VideoStreams,
+}
+
+impl Metered {
+    pub fn code(self) -> &'static str {
+        match self {
+            Metered::Requests => "rate_limit_requests",
+            Metered::Tokens => "rate_limit_tokens",
+            Metered::VideoStreams => "rate_limit_video_streams",
+        }
+    }
+}
+
+impl std::fmt::Display for Metered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Metered::Requests => "requests",
+            Metered::Tokens => "tokens",
+            Metered::VideoStreams => "video streams",
+        })
+    }
+}
+
+/// Why a request was refused for capacity: a closed set from the policies
+/// to the wire (the error code and `x-admission-reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overload {
+    /// Text admission and the gate.
+    Admission(policies::admission::outcome::Reason),
+    /// The image and video pool.
+    Diffusion(policies::diffusion::RefuseReason),
+}
+
+impl Overload {
+    pub fn code(self) -> &'static str {
+        match self {
+            Overload::Admission(r) => r.label(),
+            Overload::Diffusion(r) => r.label(),
+        }
+    }
+}
+
 /// A public API error.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
@@ -91,18 +139,20 @@ pub enum ApiError {
         "your organization already has {limit} live video streams, the most its tier allows; end one first"
     )]
     VideoStreamLimit { limit: u32 },
-    /// The tenant used its tier's requests or tokens for this minute.
+    /// The tenant used its tier's requests, tokens or video stream
+    /// creations for this minute.
     #[error("your organization has used its {limit} {what} per minute; retry in {retry_after_s} s")]
-    RateLimited { what: &'static str, limit: u32, retry_after_s: u32 },
+    RateLimited { what: Metered, limit: u32, retry_after_s: u32 },
     /// No engine, even idle, can meet the request's targets: not an
     /// overload (no Retry-After).
     #[error("{message}")]
     SloUnattainable { message: String },
-    /// Admission refused the request for capacity; `reason` is the stable
-    /// label (`ttft_infeasible`, `e2e_infeasible`, `kv_headroom`,
-    /// `deadline_unreachable`, `brownout_context`).
+    /// Refused for capacity; `reason`'s code is the stable label
+    /// (`ttft_infeasible`, `e2e_infeasible`, `kv_headroom`,
+    /// `deadline_unreachable`, `queue_timeout`, `brownout_context`,
+    /// `queue_full`, `deadline_infeasible`, `deadline_unmeetable`).
     #[error("{message}")]
-    Overloaded { reason: &'static str, message: String, retry_after_s: u32 },
+    Overloaded { reason: Overload, message: String, retry_after_s: u32 },
     // Images and video jobs.
     #[error("no video `{0}`")]
     VideoNotFound(String),
@@ -169,11 +219,9 @@ impl ApiError {
             ApiError::EnginesAtCapacity(_) => "engines_at_capacity",
             ApiError::InvalidHeader { .. } => "invalid_header",
             ApiError::TenantConcurrency { .. } => "tenant_concurrency",
-            ApiError::RateLimited { what: "requests", .. } => "rate_limit_requests",
-            ApiError::RateLimited { what: "tokens", .. } => "rate_limit_tokens",
-            ApiError::RateLimited { .. } => "rate_limit_video_streams",
+            ApiError::RateLimited { what, .. } => what.code(),
             ApiError::VideoStreamLimit { .. } => "video_stream_limit",
-            ApiError::Overloaded { reason, .. } => reason,
+            ApiError::Overloaded { reason, .. } => reason.code(),
             ApiError::SloUnattainable { .. } => "slo_unattainable",
             ApiError::StreamNotFound(_) => "stream_not_found",
             ApiError::VideoNotFound(_) => "video_not_found",

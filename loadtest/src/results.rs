@@ -58,6 +58,10 @@ pub struct Fleet {
     /// The brownout level, per sample.
     #[serde(default)]
     pub brownout: Vec<f64>,
+    /// The autoscaler's volatility σ of arrivals, per sample (simulated
+    /// runs with autoscaling; empty otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volatility: Vec<f64>,
     /// Every autoscaling decision that changed the target.
     pub decisions: Vec<ScaleEvent>,
     pub cold_starts: u64,

@@ -55,8 +55,9 @@ pub use arrivals::{ArrivalBins, BurstHistory, VolatilityMeasure};
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VolatilityLevel {
-    /// The row applies when volatility (std / mean of arrivals per bin) is
-    /// at least this (rows in increasing order; the first row's is 0).
+    /// The row applies when volatility σ (`volatility_measure` of arrivals
+    /// per bin) is at least this (rows in increasing order; the first
+    /// row's is 0).
     pub above: f64,
     /// ρ̂: the serving engines' target slot occupancy.
     pub target_utilization: f64,
@@ -105,6 +106,9 @@ pub struct AutoscaleConfig {
     pub max_step_in: f64,
     pub volatility_bin_s: f64,
     pub volatility_bins: usize,
+    /// σ of the bins: std / √mean ("dispersion": 1 for Poisson arrivals at
+    /// any rate) or the plain std; the same measure as `[video.fleet]`.
+    pub volatility_measure: VolatilityMeasure,
     pub levels: Vec<VolatilityLevel>,
     /// Keep a warm pool.
     pub warm_pool: bool,
@@ -140,11 +144,8 @@ impl Default for AutoscaleConfig {
             max_step_in: 0.25,
             volatility_bin_s: 5.0,
             volatility_bins: 12,
-            levels: vec![
-                VolatilityLevel { above: 0.0, target_utilization: 0.8, burst_factor: 1.2 },
-                VolatilityLevel { above: 0.25, target_utilization: 0.65, burst_factor: 2.0 },
-                VolatilityLevel { above: 0.5, target_utilization: 0.5, burst_factor: 3.0 },
-            ],
+            volatility_measure: VolatilityMeasure::Dispersion,
+            levels: default_levels(),
             warm_pool: true,
             warm_margin: 1.25,
             burst_ramp_s: 30.0,
@@ -155,6 +156,18 @@ impl Default for AutoscaleConfig {
             restart_backoff_max_s: 30.0,
         }
     }
+}
+
+/// The shipped table, in units of Poisson noise (dispersion).
+fn default_levels() -> Vec<VolatilityLevel> {
+    [(0.0, 0.8, 1.2), (2.0, 0.65, 2.0), (4.0, 0.5, 3.0)]
+        .into_iter()
+        .map(|(above, target_utilization, burst_factor)| VolatilityLevel {
+            above,
+            target_utilization,
+            burst_factor,
+        })
+        .collect()
 }
 
 impl AutoscaleConfig {
@@ -296,8 +309,10 @@ pub struct Decision {
     pub utilization: f64,
     pub target_utilization: f64,
     pub m_target: u32,
-    /// The volatility level in force (index into `levels`).
+    /// The volatility level in force (index into `levels`), and σ that
+    /// picked it (`volatility_measure` of the arrival bins).
     pub level: usize,
+    pub volatility: f64,
     /// The burst factor the warm pool was sized for: observed, or the
     /// level's prior while too little history is kept.
     pub burst_factor: f64,
@@ -340,10 +355,11 @@ impl Autoscaler {
         self.target
     }
 
-    /// Volatility: std / mean of arrivals per bin over the full bins kept.
+    /// Volatility σ: `cfg.volatility_measure` of the arrivals per bin over
+    /// the full bins kept (the video scaler's measure).
     fn volatility(&mut self, now: f64, arrivals: u64, cfg: &AutoscaleConfig) -> f64 {
         self.bins.observe(now, arrivals, cfg.volatility_bin_s, cfg.volatility_bins);
-        self.bins.cv()
+        cfg.volatility_measure.of(&self.bins.complete())
     }
 
     /// One tick at `now` (seconds).
@@ -377,6 +393,7 @@ impl Autoscaler {
             target_utilization: p.rho_hat,
             m_target: p.m_target,
             level,
+            volatility: vol,
             burst_factor,
         }
     }

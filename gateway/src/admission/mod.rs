@@ -32,7 +32,7 @@ pub use ticket::Ticket;
 
 mod gate;
 mod ticket;
-use crate::error::ApiError;
+use crate::error::{ApiError, Overload};
 use crate::metrics as m;
 
 /// Admission's decision on one request.
@@ -476,7 +476,7 @@ fn api_error(tier: &str, r: &Refusal) -> ApiError {
             }
         }
     };
-    ApiError::Overloaded { reason: r.reason.label(), message, retry_after_s }
+    ApiError::Overloaded { reason: Overload::Admission(r.reason), message, retry_after_s }
 }
 
 #[cfg(test)]

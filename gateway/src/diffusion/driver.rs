@@ -10,12 +10,13 @@ use bytes::Bytes;
 use engine_api::diffusion::{self as api, ImagesResponse, StepsRequest};
 use http::Method;
 use policies::diffusion::{
-    Action, DiffusionProfile, Gpu, GpuUse, ImageReq, JobKind, Place, Pool, SchedConfig, VideoReq,
+    Action, DiffusionProfile, Gpu, GpuUse, ImageReq, JobKind, Place, Pool, RefuseReason, SchedConfig,
+    VideoReq,
 };
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Diffusion, Due, ImagesDone, Msg, VideoRecord};
-use crate::error::ApiError;
+use crate::error::{ApiError, Overload};
 use crate::metrics as m;
 use crate::reload::PolicyStore;
 use crate::video::engine::call;
@@ -358,16 +359,18 @@ fn deadline_in(due: Due, solo_ms: f64) -> f64 {
 }
 
 fn refused(kind: &'static str, r: policies::diffusion::Refusal) -> ApiError {
-    ::metrics::counter!(m::DIFFUSION_REFUSED, "kind" => kind, "reason" => r.reason).increment(1);
+    ::metrics::counter!(m::DIFFUSION_REFUSED, "kind" => kind, "reason" => r.reason.label()).increment(1);
     let what = match r.reason {
-        "queue_full" => "the image and video queue is full".to_string(),
-        "deadline_infeasible" => {
+        RefuseReason::QueueFull => "the image and video queue is full".to_string(),
+        RefuseReason::DeadlineInfeasible => {
             "the deadline is shorter than this job takes even alone on the pool".to_string()
         }
-        _ => format!("predicted to finish in {:.0} ms, after its deadline", r.predicted_ms),
+        RefuseReason::DeadlineUnmeetable => {
+            format!("predicted to finish in {:.0} ms, after its deadline", r.predicted_ms)
+        }
     };
     ApiError::Overloaded {
-        reason: r.reason,
+        reason: Overload::Diffusion(r.reason),
         message: format!("{what}; retry later or with a longer x-slo-e2e-ms"),
         retry_after_s: (r.retry_after_ms / 1000.0).ceil().clamp(1.0, 3600.0) as u32,
     }

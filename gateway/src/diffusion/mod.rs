@@ -26,8 +26,9 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engines::EnginePool;
-use crate::error::ApiError;
+use crate::error::{ApiError, Overload};
 use crate::reload::PolicyStore;
+use policies::diffusion::RefuseReason;
 
 /// Messages the driver takes at once before a sender waits.
 const INBOX: usize = 1024;
@@ -188,7 +189,7 @@ impl Diffusion {
                 sent.map_err(|_| ApiError::EngineFailed("the diffusion scheduler has stopped".into()))
             }
             Err(_) => Err(ApiError::Overloaded {
-                reason: "queue_full",
+                reason: Overload::Diffusion(RefuseReason::QueueFull),
                 message: format!("the image and video scheduler is {INBOX} messages behind; retry later"),
                 retry_after_s: 2,
             }),
@@ -228,7 +229,7 @@ impl Diffusion {
                 }
                 None => {
                     return Err(ApiError::Overloaded {
-                        reason: "queue_full",
+                        reason: Overload::Diffusion(RefuseReason::QueueFull),
                         message: format!("{MAX_RECORDS} video jobs are unfinished; retry later"),
                         retry_after_s: 5,
                     })
@@ -283,7 +284,14 @@ mod tests {
         let t = tokio::time::Instant::now();
         let err = d.send(&store, Msg::Cancel("one more".into())).await.unwrap_err();
         assert!(
-            matches!(err, ApiError::Overloaded { reason: "queue_full", retry_after_s: 2, .. }),
+            matches!(
+                err,
+                ApiError::Overloaded {
+                    reason: Overload::Diffusion(RefuseReason::QueueFull),
+                    retry_after_s: 2,
+                    ..
+                }
+            ),
             "{err:?}"
         );
         assert_eq!(t.elapsed(), INBOX_WAIT, "the sender waited exactly the bound");
@@ -300,7 +308,7 @@ mod tests {
         let Err(ApiError::Overloaded { reason, retry_after_s, .. }) = d.insert(record(MAX_RECORDS)) else {
             panic!("the bound holds")
         };
-        assert_eq!((reason, retry_after_s), ("queue_full", 5));
+        assert_eq!((reason.code(), retry_after_s), ("queue_full", 5));
         // Two finish; a new record replaces the one that finished first.
         let finish = |id: &str, at: f64| {
             d.videos.lock().unwrap()[id].update(|s| {

@@ -15,7 +15,7 @@ use crate::admission::{AdmitRequest, Start, Verdict};
 
 use crate::body::GatewayBody;
 use crate::dispatch::{self, Attempts};
-use crate::error::ApiError;
+use crate::error::{ApiError, Metered, Overload};
 use crate::headers as hdr;
 use crate::metrics::RequestObserver;
 use crate::openai::{self, Kind};
@@ -296,7 +296,7 @@ pub(crate) async fn engine_slot(
         Ok(Err(_)) => Err(Failed { error: ApiError::NoReadyEngine, verdict: Some(verdict.clone()) }),
         Err(_) => {
             let error = ApiError::Overloaded {
-                reason: "queue_timeout",
+                reason: Overload::Admission(policies::admission::outcome::Reason::QueueTimeout),
                 message: format!(
                     "no engine slot freed within the {} ms TTFT budget; retry shortly",
                     ttft_budget.as_millis()
@@ -356,10 +356,10 @@ pub(crate) async fn tenant_limits(
             Err(Failed { error: ApiError::TenantConcurrency { limit }, verdict: Some(verdict) })
         }
         Err(crate::cluster::Denied::Requests { limit, retry_after_s }) => {
-            Err(ApiError::RateLimited { what: "requests", limit, retry_after_s }.into())
+            Err(ApiError::RateLimited { what: Metered::Requests, limit, retry_after_s }.into())
         }
         Err(crate::cluster::Denied::Tokens { limit, retry_after_s }) => {
-            Err(ApiError::RateLimited { what: "tokens", limit, retry_after_s }.into())
+            Err(ApiError::RateLimited { what: Metered::Tokens, limit, retry_after_s }.into())
         }
     }
 }

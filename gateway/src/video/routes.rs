@@ -189,9 +189,9 @@ async fn create(
         }
     }
     if let Some(limit) = tier.video_streams_per_minute.map(|v| v.get()) {
-        streams
-            .take_creation(&tenant.name, limit, streams.now())
-            .map_err(|retry_after_s| ApiError::RateLimited { what: "video streams", limit, retry_after_s })?;
+        streams.take_creation(&tenant.name, limit, streams.now()).map_err(|retry_after_s| {
+            ApiError::RateLimited { what: crate::error::Metered::VideoStreams, limit, retry_after_s }
+        })?;
     }
     let chunk_s = f64::from(fpc) / f64::from(fps);
     let counts = streams.per_engine();

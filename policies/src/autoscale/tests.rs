@@ -316,3 +316,29 @@ fn volatility_measures_of_too_few_or_empty_bins_are_zero() {
     let d = VolatilityMeasure::Dispersion.of(&[4.0, 6.0, 4.0, 6.0]);
     assert!((d - 1.0 / 5f64.sqrt()).abs() < 1e-12);
 }
+
+#[test]
+fn the_text_level_of_poisson_arrivals_is_the_calm_one_at_any_rate_and_a_burst_raises_it() {
+    // The shipped table is in units of Poisson noise: 1 req/s and 400 req/s
+    // of Poisson arrivals both read σ ≈ 1 and sit at the calm level (std /
+    // mean, the former measure, put 1 req/s at the most volatile one).
+    let cfg = AutoscaleConfig { enabled: true, ..AutoscaleConfig::default() };
+    let level_at = |rate: &dyn Fn(f64) -> f64, seed| {
+        let counter = poisson_counter(600, seed, rate);
+        let mut a = Autoscaler::new();
+        let mut last = None;
+        for (s, n) in counter.iter().enumerate() {
+            last = Some(a.tick(s as f64, &signals(4, 8.0, *n), &cfg));
+        }
+        let d = last.unwrap();
+        (d.level, d.volatility)
+    };
+    for (rate, seed) in [(1.0, 21), (20.0, 22), (400.0, 23)] {
+        let (level, sigma) = level_at(&|_| rate, seed);
+        assert_eq!(level, 0, "{rate}/s: σ {sigma}");
+        assert!((0.6..1.5).contains(&sigma), "{rate}/s: σ {sigma}");
+    }
+    // 20 req/s tripling for 20 s in the last minute: a volatile level.
+    let (level, sigma) = level_at(&|t| if (560.0..580.0).contains(&t) { 60.0 } else { 20.0 }, 24);
+    assert!(level >= 1, "σ {sigma}");
+}

@@ -34,7 +34,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 pub use dp::{plan_dp, video_outlook, Outlook};
-pub use pool::{Action, GpuUse, Pool, PoolStats, Refusal};
+pub use pool::{Action, GpuUse, Pool, PoolStats, Refusal, RefuseReason};
 pub use profile::{parse_size, DiffusionProfile, ImageSize, SizeId, VideoSize};
 
 pub use crate::profile::ProfileError;

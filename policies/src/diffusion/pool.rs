@@ -22,12 +22,31 @@ pub enum GpuUse {
     Decode(u64),
 }
 
+/// Why the pool refuses a job: a closed set, each with its wire code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefuseReason {
+    /// `max_jobs` are unfinished.
+    QueueFull,
+    /// The deadline is shorter than the job takes even alone on the pool.
+    DeadlineInfeasible,
+    /// Not on time behind the work ahead of it.
+    DeadlineUnmeetable,
+}
+
+impl RefuseReason {
+    pub fn label(self) -> &'static str {
+        match self {
+            RefuseReason::QueueFull => "queue_full",
+            RefuseReason::DeadlineInfeasible => "deadline_infeasible",
+            RefuseReason::DeadlineUnmeetable => "deadline_unmeetable",
+        }
+    }
+}
+
 /// Why a request is refused, and when to try again.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refusal {
-    /// `queue_full`, `deadline_infeasible` (not even alone on the pool),
-    /// or `deadline_unmeetable` (not behind the work ahead of it).
-    pub reason: &'static str,
+    pub reason: RefuseReason,
     pub retry_after_ms: f64,
     pub predicted_ms: f64,
 }
@@ -195,13 +214,13 @@ impl Pool {
         let refuse =
             |reason| Err(Refusal { reason, retry_after_ms: wait.max(1000.0), predicted_ms: predicted });
         if self.jobs() >= cfg.max_jobs {
-            return refuse("queue_full");
+            return refuse(RefuseReason::QueueFull);
         }
         if cfg.admission && !on_time(now_ms + best, deadline_ms) {
-            return refuse("deadline_infeasible");
+            return refuse(RefuseReason::DeadlineInfeasible);
         }
         if cfg.admission && !on_time(predicted, deadline_ms) {
-            return refuse("deadline_unmeetable");
+            return refuse(RefuseReason::DeadlineUnmeetable);
         }
         Ok(predicted)
     }

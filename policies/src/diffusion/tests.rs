@@ -393,20 +393,20 @@ fn admission_refuses_what_the_pool_cannot_meet_with_a_reason() {
     let solo = p.image_ms(0, 1);
     assert!(pool.admit(&img, 0.0, solo * 1.01, &p, &c).is_ok());
     let r = pool.admit(&img, 0.0, solo * 0.5, &p, &c).unwrap_err();
-    assert_eq!(r.reason, "deadline_infeasible");
+    assert_eq!(r.reason.label(), "deadline_infeasible");
     // Six images due first keep both GPUs busy for three image times.
     for id in 0..6 {
         pool.submit_image(image(id, 0, 0.0, solo * 1.2));
     }
     let r = pool.admit(&img, 0.0, solo * 1.5, &p, &c).unwrap_err();
-    assert_eq!(r.reason, "deadline_unmeetable");
+    assert_eq!(r.reason.label(), "deadline_unmeetable");
     assert!(r.predicted_ms > 3.9 * solo, "{r:?}");
     assert!(pool.admit(&img, 0.0, solo * 5.0, &p, &c).is_ok(), "a later deadline fits behind them");
     // A long video due later does not count against an earlier image.
     pool.submit_video(video(9, 2, 0.0, 1.0, 50, Place::Queued, &p));
     assert!(pool.admit(&img, 0.0, solo * 5.0, &p, &c).is_ok());
     pool.submit_image(image(10, 0, 0.0, 1e9));
-    assert_eq!(pool.admit(&img, 0.0, 1e9, &p, &c).unwrap_err().reason, "queue_full");
+    assert_eq!(pool.admit(&img, 0.0, 1e9, &p, &c).unwrap_err().reason.label(), "queue_full");
     let off = SchedConfig { admission: false, max_jobs: 100, ..c.clone() };
     assert!(pool.admit(&img, 0.0, solo * 0.5, &p, &off).is_ok(), "admission off queues everything");
 }

@@ -82,6 +82,7 @@ impl Sim<'_> {
             }
             self.reconcile(now, d.serving, d.warm);
             self.fleet.desired.push(f64::from(d.serving));
+            self.fleet.volatility.push(d.volatility);
         } else {
             self.fleet.desired.push(f64::from(self.plan.engines));
         }

@@ -146,6 +146,7 @@ pub fn joint(text: Option<Decision>, video: Option<ScaleDecision>) -> Option<Dec
         target_utilization: v.target_utilization,
         m_target: v.m_target,
         level: v.level,
+        volatility: v.volatility,
         burst_factor: 1.0,
     });
     match (text, video) {

@@ -363,6 +363,7 @@ fn text(serving: u32, warm: u32, why: crate::autoscale::Why) -> crate::autoscale
         target_utilization: 0.7,
         m_target: serving,
         level: 0,
+        volatility: 0.0,
         burst_factor: 1.0,
     }
 }
