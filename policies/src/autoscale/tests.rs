@@ -1,7 +1,17 @@
 use super::*;
 
+/// The mechanism's tests pin their own table (ρ̂ 0.8 when calm), not the
+/// shipped one, which is profiled and may change.
 fn cfg() -> AutoscaleConfig {
-    AutoscaleConfig { enabled: true, min_engines: 1, max_engines: 16, ..AutoscaleConfig::default() }
+    let levels = [(0.0, 0.8, 1.2), (2.2, 0.65, 2.0), (4.9, 0.5, 3.0)]
+        .into_iter()
+        .map(|(above, target_utilization, burst_factor)| VolatilityLevel {
+            above,
+            target_utilization,
+            burst_factor,
+        })
+        .collect();
+    AutoscaleConfig { enabled: true, min_engines: 1, max_engines: 16, levels, ..AutoscaleConfig::default() }
 }
 
 fn signals(serving: u32, demand: f64, arrivals: u64) -> Signals {
