@@ -5,7 +5,7 @@
 //! thread, so no wake-up between its tasks costs a futex call and a
 //! context switch. Measured on the 2-core benchmark machine, one
 //! multi-threaded runtime (tokio's work stealing) sustained 8,000 req/s
-//! where single-threaded workers sustained 10,000 (docs/benchmarks.md).
+//! where single-threaded workers sustained 10,000 (docs/benchmarks/overhead.md).
 //!
 //! The listener's accept loop stays on the main runtime and hands each
 //! accepted connection to the next worker, round-robin (even with few,

@@ -38,7 +38,7 @@
 // -inf. The products run on the tensor cores (bf16 in, f32 accumulate); the
 // scores of one tile become the A operand of the P·V product without
 // leaving registers (the m16n8k16 accumulator and A layouts line up
-// pairwise). Measured on an H100: docs/benchmarks.md, "The DiT on the GPU".
+// pairwise). Measured on an H100: docs/benchmarks/gpu.md, "The DiT on the GPU".
 //
 // `meta` (i64, kernels::dit::META per member): q offset, q head stride,
 // queries, k/v offset, k/v head stride, keys, output offset, spare; the

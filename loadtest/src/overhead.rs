@@ -10,7 +10,7 @@
 //! Run it against `gateway up --engines 1 --profile
 //! policies/profiles/bench-paced.toml` (prefill 0, 5 ms decode steps) so the
 //! engine itself adds no noise to the non-streaming numbers; see
-//! docs/benchmarks.md.
+//! docs/benchmarks/overhead.md.
 
 use std::path::PathBuf;
 use std::time::Instant;

@@ -1,7 +1,7 @@
 //! `loadtest streams`: many concurrent streamed chat completions held open
 //! against one OpenAI-compatible target (our gateway or a peer), and the
 //! resident memory of the target's process tree before and while they are
-//! held: what a proxy costs per open stream (docs/benchmarks.md, "Against
+//! held: what a proxy costs per open stream (docs/benchmarks/peers.md, "Against
 //! the gateways people run"). The engines behind the target pace the
 //! tokens; this command only opens, holds and reads.
 

@@ -3,7 +3,7 @@
 //! machine noise. Reports, per arm, the latency added over the first arm
 //! (the baseline) at the lowest rate, and the highest sustainable rate.
 //! The proxy-overhead benchmark (gateway vs nginx in front of one engine)
-//! is this command with three arms; see docs/benchmarks.md.
+//! is this command with three arms; see docs/benchmarks/admission.md.
 
 use std::fmt::Write;
 

@@ -162,7 +162,7 @@ impl Default for AutoscaleConfig {
 /// by replay: `scripts/sim-text-levels` (four traces around 15 req/s whose
 /// rate swings 1x, 1.5x, 2x, 3x; per trace the cheapest target within half
 /// a point of its best share within SLO and 25% of its lowest TTFT p99,
-/// made monotone; docs/benchmarks.md "Text volatility levels").
+/// made monotone; docs/benchmarks/fleet.md "Text volatility levels").
 fn default_levels() -> Vec<VolatilityLevel> {
     [(0.0, 0.9, 1.2), (2.2, 0.8, 1.5), (4.9, 0.8, 2.0), (7.7, 0.7, 3.0)]
         .into_iter()

@@ -32,7 +32,7 @@ fn every_shipped_profile_parses() {
             } else if file.starts_with("video-") {
                 let p = policies::video::VideoProfile::parse(&name, &text).unwrap();
                 // The DiT's profile has the fp16 half of the sweep: no fp8
-                // attention kernel yet (docs/benchmarks.md, "The DiT on the GPU").
+                // attention kernel yet (docs/benchmarks/gpu.md, "The DiT on the GPU").
                 let fp16_only = p.model.starts_with("dit-");
                 let want = if fp16_only { 45 } else { 90 };
                 assert_eq!(p.configs.len(), want, "{name}: the whole sweep");

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Priority preemption's benchmark (docs/benchmarks.md, issue 50): per seed
+"""Priority preemption's benchmark (docs/benchmarks/admission.md, issue 50): per seed
 and arm, each tier's met-SLO share, gold's TTFT p99 and refusals, total
 goodput (from each seed's table.md), and the requests started by pausing
 a lower tier (`x-admission-reason: preempts_lower_tier`, from the records).

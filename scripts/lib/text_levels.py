@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The text autoscaler's volatility table, profiled by replay
-(scripts/sim-text-levels; docs/benchmarks.md "Text volatility levels").
+(scripts/sim-text-levels; docs/benchmarks/fleet.md "Text volatility levels").
 
     python3 scripts/lib/text_levels.py traces OUT RATE DURATION
         writes OUT/v<k>.csv: arrivals whose rate switches between a low and a

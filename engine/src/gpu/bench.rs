@@ -1,4 +1,4 @@
-//! `engine gpu-bench`: the GPU benchmarks of docs/benchmarks.md, on the
+//! `engine gpu-bench`: the GPU benchmarks of docs/benchmarks/gpu.md, on the
 //! first GPU (the tests run the same harness on the host emulator of the
 //! kernels, which checks the harness, not the speed). Each result is the median of
 //! `--repeats` timed runs after one warm-up run; times include every

@@ -40,7 +40,7 @@ pub struct Tolerances {
 impl Tolerances {
     /// The host emulator: the same libm as the cpu backend.
     pub const EMULATOR: Tolerances = Tolerances { latent: 1e-4, ssim: 0.9999, logits: 0.03, agreement: 0.9 };
-    /// A GPU (not yet measured on one: see docs/benchmarks.md).
+    /// A GPU (not yet measured on one: see docs/benchmarks/gpu.md).
     pub const GPU: Tolerances = Tolerances { latent: 5e-3, ssim: 0.995, logits: 0.08, agreement: 0.9 };
 }
 

@@ -15,7 +15,7 @@
 //! do). The fidelity knobs act as the profile model says: steps, the
 //! window (past chunks kept besides the sink) and sparsity (context frames
 //! skipped) set how many forwards and how many keys; fp8 attention has no
-//! kernel of its own here yet (see docs/benchmarks.md, "DiT").
+//! kernel of its own here yet (see docs/benchmarks/gpu.md, "DiT").
 //!
 //! What this model is for: chunk times and achieved rates of real shapes
 //! (`engine gpu-bench`, `engine profile --video --dit`), which the
@@ -832,7 +832,7 @@ pub fn modelled_profile(a: &ModelledProfileArgs) -> std::result::Result<String, 
          # chunk_ms: {rest:.1} ms of products per forward plus its attention at {att} TFLOP/s, both from\n\
          # the measured forward ({fwd} ms at S4-r0.0-W7) and attention kernel ({att} TFLOP/s) of\n\
          # {measured}; the same model predicts the measured S4-r0.0-W3 chunk within 3%\n\
-         # (docs/benchmarks.md, \"The DiT on the GPU\"). Written by `engine dit-profile`.\n\
+         # (docs/benchmarks/gpu.md, \"The DiT on the GPU\"). Written by `engine dit-profile`.\n\
          # quality: the synthetic model's measured SSIM at the same configuration (from {q}), since the\n\
          # DiT's weights are random. fp8 rows are absent: there is no fp8 attention kernel yet.\n\
          model = \"dit-wan-1.3b-shape\"\n\
@@ -904,7 +904,7 @@ mod tests {
     }
 
     /// The bundled profile is what `engine dit-profile` writes from the
-    /// rates measured on the H100 (docs/benchmarks.md): no hand edits.
+    /// rates measured on the H100 (docs/benchmarks/gpu.md): no hand edits.
     #[test]
     fn the_bundled_dit_profile_is_the_model_of_the_measured_rates() {
         let text = include_str!("../../../policies/profiles/video-dit-cuda-h100.toml");

@@ -1,5 +1,5 @@
 //! `loadtest sim-diffusion`: GenServe's experiments in virtual time over
-//! the production scheduler (docs/benchmarks.md, "Image and video
+//! the production scheduler (docs/benchmarks/diffusion.md, "Image and video
 //! co-serving"):
 //! - `ablation`: SAR of FCFS, + preemption, + DP, + SP switching (§6 Fig. 14);
 //! - `sigma`: requests meeting their SLO vs σ ∈ [0.8, 1.5] (Fig. 10);

@@ -13,7 +13,7 @@
 //! The median, not the best run: at σ = 1 a deadline is the solo latency
 //! itself, and a request served exactly as if alone meets the best of `n`
 //! idle runs with probability 1/(n + 1) by symmetry, whatever the
-//! scheduler (docs/benchmarks.md, "Live, 8 emulated engines"). Measure it
+//! scheduler (docs/benchmarks/diffusion.md, "Live, 8 emulated engines"). Measure it
 //! once on the reference configuration (`[diffusion] mode = "fcfs"`:
 //! videos at the default SP) with `--solo-out FILE --calibrate-only`, and
 //! give every arm `--solo FILE`: an elastic-SP gateway would widen a lone

@@ -18,7 +18,7 @@
 //! boundary after it (the step in progress completes, as on a GPU).
 //!
 //! Simplifications, measured against live runs in the calibration table
-//! (docs/benchmarks.md): KV is counted in tokens and reserved up front at
+//! (docs/benchmarks/fleet.md): KV is counted in tokens and reserved up front at
 //! admission for the whole answer (the engine reserves prompt + 64 and grows
 //! page by page, preempting when full: the simulation never preempts);
 //! a cancelled sequence leaves the queue at once but a running one runs to

@@ -132,7 +132,7 @@ pub struct SimArgs {
     pub bronze_output_cap: Option<u32>,
     /// One-way client <-> gateway latency, ms (TLS, HTTP/2, parsing). The
     /// default and --engine-ms's are fitted to live runs on loopback
-    /// (docs/benchmarks.md, calibration): 0.8 ms per request in all.
+    /// (docs/benchmarks/fleet.md, calibration): 0.8 ms per request in all.
     #[arg(long, default_value_t = 0.25)]
     pub client_ms: f64,
     /// One-way gateway <-> engine latency, ms.

@@ -14,7 +14,7 @@
 //! The assignment is the one that carries the most of the mix, so the
 //! shares pay near capacity; below it they only restrict where a request
 //! may go, and pooling every replica wins: in the request-level simulator
-//! (docs/benchmarks.md, "OServe at the request level") following the shares
+//! (docs/benchmarks/oserve.md, "OServe at the request level") following the shares
 //! at 60-80% load gave P99 E2E 0.97-1.04x of static where least-loaded
 //! placement on the same deployments gave 1.10-1.13x. [`type_routing`]
 //! turns the routes on only above a utilization (`[oserve]

@@ -94,7 +94,7 @@ pub struct Rates {
 }
 
 impl Rates {
-    /// The DiT on an H100 (docs/benchmarks.md "The DiT on the GPU"): a
+    /// The DiT on an H100 (docs/benchmarks/gpu.md "The DiT on the GPU"): a
     /// forward at S4-r0.0-W7 in 414.853 ms, the fused attention at 95.325
     /// TFLOP/s. fp8 attention at half fp16's time: SageAttention2's INT8/FP8
     /// kernels run about 2x FlashAttention's fp16 rate on Hopper (the

@@ -413,7 +413,7 @@ impl Default for FleetConfig {
 
 /// The shipped tables, one per fleet size profiled: `loadtest sim-video
 /// --experiment levels --levels 10 --engines N --seeds 3` for N = 8, 64
-/// and 256, levels of equal ρ̂ merged (docs/benchmarks.md, "Video fleet
+/// and 256, levels of equal ρ̂ merged (docs/benchmarks/video.md, "Video fleet
 /// control").
 fn default_levels() -> Vec<Level> {
     [

@@ -1,4 +1,4 @@
-//! The experiments of `loadtest sim-video` (docs/benchmarks.md, "Video
+//! The experiments of `loadtest sim-video` (docs/benchmarks/video.md, "Video
 //! fleet control"):
 //!
 //! - `compare` (TurboServe §7.2-7.3): every arm on the same trace. Matched
