@@ -20,6 +20,12 @@ pub struct Limits {
     pub max_admin_connections: usize,
     /// Concurrent HTTP/2 streams per client connection (SETTINGS).
     pub max_streams_per_connection: u32,
+    /// New HTTP/2 streams one client connection may open per second (a
+    /// burst of `max_streams_per_connection`); past it the connection is
+    /// closed (`gateway_connections_closed_total{why="stream_rate"}`), as is
+    /// one that resets more than half of its last 100 streams before their
+    /// answer (`why="rapid_reset"`).
+    pub max_new_streams_per_s: u32,
     /// TLS handshake, and (HTTP/1.1) the request head, must arrive within this.
     pub header_read_timeout_ms: u64,
     /// A connection with no request open for this long is closed (HTTP/2:
@@ -68,6 +74,7 @@ impl Default for Limits {
             max_connections: 16_384,
             max_admin_connections: 64,
             max_streams_per_connection: 1024,
+            max_new_streams_per_s: 10_000,
             header_read_timeout_ms: 10_000,
             idle_timeout_ms: 300_000,
             body_read_timeout_ms: 30_000,
@@ -106,6 +113,7 @@ impl Limits {
             ("max_connections", self.max_connections as u64),
             ("max_admin_connections", self.max_admin_connections as u64),
             ("max_streams_per_connection", u64::from(self.max_streams_per_connection)),
+            ("max_new_streams_per_s", u64::from(self.max_new_streams_per_s)),
             ("header_read_timeout_ms", self.header_read_timeout_ms),
             ("idle_timeout_ms", self.idle_timeout_ms),
             ("body_read_timeout_ms", self.body_read_timeout_ms),

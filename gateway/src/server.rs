@@ -13,7 +13,9 @@
 //! at most `max_streams_per_connection` HTTP/2 streams per connection, and
 //! as many streams reset by the client before we accepted them (a burst of
 //! cancellations is normal client behaviour, not an attack, up to that
-//! count) before the connection is refused with GOAWAY.
+//! count) before the connection is refused with GOAWAY. A connection whose
+//! streams are mostly reset before their answer, or that opens streams
+//! faster than `max_new_streams_per_s`, is closed ([`abuse`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -39,6 +41,8 @@ use crate::limits::Limits;
 use crate::metrics;
 use crate::outbox::StreamReset;
 
+pub mod abuse;
+
 /// Open connections get this long to finish after shutdown begins.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Accept errors (EMFILE: out of file descriptors) back off this long.
@@ -53,6 +57,9 @@ pub struct ListenerLimits {
     pub max_streams: u32,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
+    /// New streams per second one connection may open (a burst of
+    /// `max_streams`).
+    pub max_new_streams_per_s: u32,
 }
 
 impl ListenerLimits {
@@ -63,6 +70,7 @@ impl ListenerLimits {
             max_streams: l.max_streams_per_connection,
             header_read_timeout: l.header_read_timeout(),
             idle_timeout: l.idle_timeout(),
+            max_new_streams_per_s: l.max_new_streams_per_s,
         }
     }
 
@@ -134,10 +142,13 @@ pub async fn serve<H, F>(
             let Ok(tcp) = tokio::net::TcpStream::from_std(tcp) else { return };
             let _open = OpenGauge::new(limits.name);
             let activity = Activity::new();
-            let svc = tracked(handler, Arc::clone(&activity));
+            let watch =
+                abuse::Watch::new(f64::from(limits.max_new_streams_per_s), f64::from(limits.max_streams));
+            let svc = tracked(handler, Arc::clone(&activity), Arc::clone(&watch));
             let Some(acceptor) = acceptor else {
                 let conn = builder.serve_connection(TokioIo::new(tcp), svc).into_owned();
-                return connection(conn, |c| c.graceful_shutdown(), activity, stop, &limits, peer).await;
+                return connection(conn, |c| c.graceful_shutdown(), (activity, watch), stop, &limits, peer)
+                    .await;
             };
             let tls = match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
@@ -149,7 +160,7 @@ pub async fn serve<H, F>(
                 }
             };
             let conn = builder.serve_connection(TokioIo::new(tls), svc).into_owned();
-            connection(conn, |c| c.graceful_shutdown(), activity, stop, &limits, peer).await;
+            connection(conn, |c| c.graceful_shutdown(), (activity, watch), stop, &limits, peer).await;
         };
         match workers {
             Some(w) => w.spawn(serve_one),
@@ -167,11 +178,12 @@ pub async fn serve<H, F>(
 }
 
 /// Drives one connection until it ends, shutting it down gracefully when
-/// the listener stops or the connection has been idle too long.
+/// the listener stops or the connection has been idle too long, and
+/// closing it at once when its peer turns abusive.
 async fn connection<C, E>(
     conn: C,
     shutdown: impl Fn(Pin<&mut C>),
-    activity: Arc<Activity>,
+    (activity, watch): (Arc<Activity>, Arc<abuse::Watch>),
     mut stop: watch::Receiver<bool>,
     limits: &ListenerLimits,
     peer: std::net::SocketAddr,
@@ -188,6 +200,12 @@ async fn connection<C, E>(
                     tracing::debug!(event = "connection_error", %peer, error = %e);
                 }
                 return;
+            }
+            why = watch.tripped() => {
+                ::metrics::counter!(metrics::CONNECTIONS_CLOSED, "listener" => limits.name, "why" => why.label())
+                    .increment(1);
+                tracing::warn!(event = "connection_abusive", %peer, why = why.label());
+                return; // dropping the connection closes it
             }
             _ = stop.wait_for(|s| *s), if !shutting_down => {
                 shutting_down = true;
@@ -281,11 +299,22 @@ impl Drop for ActiveGuard {
     }
 }
 
-/// A response body that counts as activity on its connection until it ends.
+/// A response body that counts as activity on its connection until it
+/// ends, and tells the connection's abuse watch when it ended whole.
 #[derive(Debug)]
 pub struct TrackedBody {
     inner: GatewayBody,
     _active: ActiveGuard,
+    stream: abuse::Stream,
+}
+
+impl TrackedBody {
+    fn new(inner: GatewayBody, active: ActiveGuard, mut stream: abuse::Stream) -> Self {
+        if inner.is_end_stream() {
+            stream.finished();
+        }
+        Self { inner, _active: active, stream }
+    }
 }
 
 impl Body for TrackedBody {
@@ -296,7 +325,11 @@ impl Body for TrackedBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, StreamReset>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        let frame = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(frame, Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.stream.finished();
+        }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {
@@ -313,6 +346,7 @@ impl Body for TrackedBody {
 fn tracked<H, F>(
     handler: H,
     activity: Arc<Activity>,
+    watch: Arc<abuse::Watch>,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
     Response = Response<TrackedBody>,
@@ -325,10 +359,19 @@ where
 {
     hyper::service::service_fn(move |req| {
         let guard = activity.enter();
-        let fut = handler(req);
+        let stream = watch.open();
+        // A connection already marked abusive gets no more work done.
+        let fut = (!watch.is_tripped()).then(|| handler(req));
         async move {
+            let Some(fut) = fut else {
+                let refused = Response::builder()
+                    .status(http::StatusCode::TOO_MANY_REQUESTS)
+                    .body(crate::body::full(Bytes::new()))
+                    .unwrap_or_default();
+                return Ok(refused.map(|inner| TrackedBody::new(inner, guard, stream)));
+            };
             let resp = fut.await?;
-            Ok(resp.map(|inner| TrackedBody { inner, _active: guard }))
+            Ok(resp.map(|inner| TrackedBody::new(inner, guard, stream)))
         }
     })
 }

@@ -535,7 +535,7 @@ async fn a_live_stream_holds_one_of_its_tenants_concurrency() {
 }
 
 /// The shipped policy with TurboServe's video autoscaling on: 1 to 3
-/// engines, one volatility level at ρ̂ = 1, a 1-s scale-in dwell and a
+/// engines, one volatility level at ρ̂ = 1, 1-s scale-in dwell and sustain, a
 /// half-second control tick (a shortened clock for the suite).
 fn video_autoscale_policy() -> String {
     let p = default_policy();
@@ -544,9 +544,11 @@ fn video_autoscale_policy() -> String {
     let head = p[..levels]
         .replace("\nautoscale = false ", "\nmin_engines = 1\nmax_engines = 3\nautoscale = true ")
         .replace("down_cooldown_s = 30.0\n", "down_cooldown_s = 1.0\n")
+        .replace("down_sustain_s = 10.0 ", "down_sustain_s = 1.0 ")
         .replace("control_tick_s = 3.0 ", "control_tick_s = 0.5 ")
         .replace("elastic_sp = true ", "elastic_sp = false ");
     assert!(head.contains("max_engines = 3") && head.contains("control_tick_s = 0.5"));
+    assert!(head.contains("down_sustain_s = 1.0 "));
     let row = "[[video.fleet.levels]]\nabove = 0\ntarget_utilization = 1.0\nlambda = 0.2\n";
     format!("{head}{row}{}", &p[after..])
 }

@@ -372,6 +372,10 @@ pub struct FleetConfig {
     /// of the first decision): a fleet that just grew, or just started,
     /// does not shrink on the first quiet event.
     pub down_cooldown_s: f64,
+    /// ... and only once the scale-in condition has held this long without
+    /// a break: a momentary dip in active streams (a few ending together)
+    /// does not collapse the fleet to M_target of that instant.
+    pub down_sustain_s: f64,
     pub volatility_bin_s: f64,
     /// W: complete bins in the volatility window.
     pub volatility_bins: usize,
@@ -403,6 +407,7 @@ impl Default for FleetConfig {
             max_engines: 256,
             band: 0.1,
             down_cooldown_s: 30.0,
+            down_sustain_s: 10.0,
             volatility_bin_s: 5.0,
             volatility_bins: 12,
             volatility_measure: VolatilityMeasure::Dispersion,
@@ -459,6 +464,9 @@ impl FleetConfig {
         }
         if !(0.0..=86_400.0).contains(&self.down_cooldown_s) {
             return Err(("video.fleet.down_cooldown_s", "must be in [0, 86400]".into()));
+        }
+        if !(0.0..=86_400.0).contains(&self.down_sustain_s) {
+            return Err(("video.fleet.down_sustain_s", "must be in [0, 86400]".into()));
         }
         if !(self.volatility_bin_s > 0.0 && self.volatility_bin_s <= 3600.0) {
             return Err(("video.fleet.volatility_bin_s", "must be in (0, 3600]".into()));

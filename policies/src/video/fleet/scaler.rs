@@ -36,6 +36,9 @@ pub struct Scaler {
     bins: ArrivalBins,
     /// When the budget last changed (or the first decision).
     last_change: Option<f64>,
+    /// Since when the scale-in condition (ρ_max below ρ̂ − δ, fewer
+    /// engines wanted) has held without a break.
+    quiet_since: Option<f64>,
 }
 
 /// What the placement reports to the scaler at one event.
@@ -85,6 +88,9 @@ impl Scaler {
             .clamp(cfg.min_engines, cfg.max_engines);
         let m = load.engines;
         let since_change = now - *self.last_change.get_or_insert(now);
+        // The scale-in condition, and since when it has held unbroken.
+        let quiet = load.rho_max < rho_hat - cfg.band && m_target < m;
+        self.quiet_since = if quiet { Some(self.quiet_since.unwrap_or(now)) } else { None };
         let mut engines = m;
         let mut why = ScaleWhy::Hold;
         if !(cfg.min_engines..=cfg.max_engines).contains(&m) {
@@ -94,7 +100,10 @@ impl Scaler {
             // At least one more: ρ_max may be high from imbalance alone.
             engines = m_target.max(m + 1).min(cfg.max_engines);
             why = ScaleWhy::Out;
-        } else if load.rho_max < rho_hat - cfg.band && m_target < m && since_change >= cfg.down_cooldown_s {
+        } else if quiet
+            && since_change >= cfg.down_cooldown_s
+            && now - self.quiet_since.unwrap_or(now) >= cfg.down_sustain_s
+        {
             let (now_l, then_l) = (bottleneck_at(m), bottleneck_at(m_target));
             let objective = |engines: u32, l_ms: f64| f64::from(engines) + lambda * l_ms / 1e3;
             if then_l <= slo_ms && objective(m_target, then_l) < objective(m, now_l) {
@@ -104,6 +113,7 @@ impl Scaler {
         }
         if engines != m {
             self.last_change = Some(now);
+            self.quiet_since = None;
         }
         ScaleDecision {
             engines,

@@ -415,3 +415,28 @@ fn the_scaler_never_scales_in_below_the_engines_its_live_streams_need() {
         assert!(d.engines >= 3, "{d:?}");
     }
 }
+
+#[test]
+fn a_momentary_dip_does_not_collapse_the_fleet_and_a_sustained_quiet_scales_in() {
+    let mut cfg =
+        FleetConfig { down_cooldown_s: 0.0, down_sustain_s: 10.0, max_engines: 16, ..FleetConfig::default() };
+    cfg.levels = vec![Level { above: 0.0, target_utilization: 0.7, lambda: 0.2, engines: 0 }];
+    let lat = ChunkLatency { chunk_ms: 600.0, batch_cost: 0.3 };
+    // Busy: 6 streams on 8 engines of K = 1 (ρ_max 0.75, inside the band);
+    // quiet: none.
+    let load =
+        |n: u32| Load { rho_max: f64::from(n) / 8.0, required: n, engines: 8, capacity: 1, activations: 0 };
+    let mut s = Scaler::new();
+    let step =
+        |s: &mut Scaler, t: f64, n: u32| s.decide(t, &load(n), 750.0, |m| bottleneck_on(lat, m, n), &cfg);
+    // Busy, then one second with no stream, then busy again.
+    assert_eq!(step(&mut s, 0.0, 6).why, ScaleWhy::Hold);
+    assert_eq!(step(&mut s, 1.0, 0).why, ScaleWhy::Hold, "the dip starts the clock only");
+    assert_eq!(step(&mut s, 2.0, 6).why, ScaleWhy::Hold);
+    // Quiet from t = 3: nothing before t = 13, then straight to M_target.
+    for t in 3..13 {
+        assert_eq!(step(&mut s, f64::from(t), 0).engines, 8, "t = {t}");
+    }
+    let d = step(&mut s, 13.0, 0);
+    assert_eq!((d.why, d.engines), (ScaleWhy::In, 1));
+}

@@ -1,0 +1,226 @@
+//! Abusive HTTP/2 peers (the rapid-reset shape of CVE-2023-44487): a
+//! connection that opens streams and resets them before their answer, or
+//! opens streams faster than any client needs, is closed.
+//!
+//! Per connection: the outcome of its last [`WINDOW`] streams (finished, or
+//! reset by the client within [`PREMATURE`] of opening, before its answer
+//! ended: Envoy's "premature reset"), and a token bucket of new streams
+//! (`[limits] max_new_streams_per_s` per connection, a burst of
+//! `max_streams_per_connection`). More than half of a full window reset, or
+//! an empty bucket, marks the connection abusive; the listener then closes
+//! it at once. A client that cancels a few requests, or all of a short
+//! burst, is never closed: the window must be full first.
+//!
+//! The work of a stream reset before dispatch is already dropped: hyper
+//! drops the handler's future when the client resets the stream, so
+//! admission stops at its next await.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Streams whose outcomes are kept per connection.
+pub const WINDOW: usize = 100;
+/// A stream reset this soon after it opened, before its answer ended, is
+/// a premature reset; one that lived longer was a client changing its mind.
+pub const PREMATURE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Why a connection was closed as abusive (the metric's `why`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Abuse {
+    /// More than half of its last [`WINDOW`] streams reset prematurely.
+    Resets,
+    /// New streams faster than `max_new_streams_per_s`.
+    StreamRate,
+}
+
+impl Abuse {
+    pub fn label(self) -> &'static str {
+        match self {
+            Abuse::Resets => "rapid_reset",
+            Abuse::StreamRate => "stream_rate",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Window {
+    /// true: reset before its answer.
+    outcomes: VecDeque<bool>,
+    resets: usize,
+    /// Stream tokens left, and when they were last refilled.
+    tokens: f64,
+    refilled: Instant,
+}
+
+/// One connection's stream outcomes and stream rate.
+#[derive(Debug)]
+pub struct Watch {
+    window: Mutex<Window>,
+    rate: f64,
+    burst: f64,
+    tripped: AtomicBool,
+    why: Mutex<Option<Abuse>>,
+    notify: Notify,
+}
+
+impl Watch {
+    /// `rate`: new streams per second (0: unbounded); `burst`: the bucket.
+    pub fn new(rate: f64, burst: f64) -> Arc<Self> {
+        Arc::new(Self {
+            window: Mutex::new(Window {
+                outcomes: VecDeque::with_capacity(WINDOW),
+                resets: 0,
+                tokens: burst,
+                refilled: Instant::now(),
+            }),
+            rate,
+            burst: burst.max(1.0),
+            tripped: AtomicBool::new(false),
+            why: Mutex::new(None),
+            notify: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Window> {
+        self.window.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new stream: takes a token; false (and the connection marked) when
+    /// the bucket is empty.
+    pub fn open(self: &Arc<Self>) -> Stream {
+        if self.rate > 0.0 {
+            let mut w = self.lock();
+            let now = Instant::now();
+            w.tokens = (w.tokens + now.duration_since(w.refilled).as_secs_f64() * self.rate).min(self.burst);
+            w.refilled = now;
+            if w.tokens < 1.0 {
+                drop(w);
+                self.trip(Abuse::StreamRate);
+            } else {
+                w.tokens -= 1.0;
+            }
+        }
+        Stream { watch: Arc::clone(self), opened: Instant::now(), done: false }
+    }
+
+    fn record(&self, reset: bool) {
+        let mut w = self.lock();
+        if w.outcomes.len() == WINDOW && w.outcomes.pop_front() == Some(true) {
+            w.resets -= 1;
+        }
+        w.outcomes.push_back(reset);
+        w.resets += usize::from(reset);
+        let abusive = w.outcomes.len() == WINDOW && w.resets * 2 > WINDOW;
+        drop(w);
+        if abusive {
+            self.trip(Abuse::Resets);
+        }
+    }
+
+    fn trip(&self, why: Abuse) {
+        if !self.tripped.swap(true, Ordering::AcqRel) {
+            *self.why.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+            self.notify.notify_one();
+        }
+    }
+
+    pub fn is_tripped(&self) -> bool {
+        self.tripped.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the connection is marked abusive, with why.
+    pub async fn tripped(&self) -> Abuse {
+        loop {
+            let notified = self.notify.notified();
+            if let Some(why) = *self.why.lock().unwrap_or_else(|p| p.into_inner()) {
+                return why;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One stream's outcome: dropped before [`Stream::finished`] within
+/// [`PREMATURE`] of opening, it counts as a premature reset.
+#[derive(Debug)]
+pub struct Stream {
+    watch: Arc<Watch>,
+    opened: Instant,
+    done: bool,
+}
+
+impl Stream {
+    /// Its answer went out whole.
+    pub fn finished(&mut self) {
+        if !self.done {
+            self.done = true;
+            self.watch.record(false);
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if !self.done {
+            self.watch.record(self.opened.elapsed() < PREMATURE);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn more_than_half_of_a_full_window_reset_trips_and_a_few_cancels_do_not() {
+        let w = Watch::new(0.0, 1.0);
+        // Every stream of a short burst cancelled: the window is not full.
+        for _ in 0..WINDOW - 1 {
+            drop(w.open());
+        }
+        assert!(!w.is_tripped());
+        // A full window with exactly half reset: still honest.
+        let w = Watch::new(0.0, 1.0);
+        for i in 0..WINDOW {
+            let mut s = w.open();
+            if i % 2 == 0 {
+                s.finished();
+            }
+        }
+        assert!(!w.is_tripped(), "half is not more than half");
+        drop(w.open()); // the oldest (finished) leaves, a reset comes in
+        assert!(w.is_tripped());
+        assert_eq!(w.tripped().await, Abuse::Resets);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_cancelled_after_a_second_is_not_premature() {
+        let w = Watch::new(0.0, 1.0);
+        for _ in 0..WINDOW {
+            let s = w.open();
+            tokio::time::advance(PREMATURE).await;
+            drop(s);
+        }
+        assert!(!w.is_tripped());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_stream_rate_is_a_token_bucket() {
+        let w = Watch::new(100.0, 10.0);
+        for _ in 0..10 {
+            w.open().finished();
+        }
+        assert!(!w.is_tripped(), "the burst");
+        tokio::time::advance(std::time::Duration::from_millis(100)).await; // 10 more tokens
+        for _ in 0..10 {
+            w.open().finished();
+        }
+        assert!(!w.is_tripped());
+        w.open().finished();
+        assert_eq!(w.tripped().await, Abuse::StreamRate);
+    }
+}
