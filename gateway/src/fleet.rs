@@ -331,7 +331,10 @@ impl FleetControl {
             ready.iter().copied().filter(|&e| !self.pool.slot(e).is_standby()).collect();
         let want = serving.max(1).min(ready.len());
         if routed.len() > want {
-            routed.sort_by_key(|&e| self.pool.slot(e).active());
+            // Those holding the fewest video streams leave first (the
+            // control tick moves theirs off), then the least busy.
+            let homed = self.streams.as_ref().map(|s| s.homed()).unwrap_or_default();
+            routed.sort_by_key(|&e| (homed.get(e).copied().unwrap_or(0), self.pool.slot(e).active()));
             for &e in &routed[..routed.len() - want] {
                 self.pool.slot(e).set_standby(true);
             }

@@ -353,7 +353,10 @@ impl Streams {
                 if slot.routable_for_video() {
                     Some((i, true))
                 } else {
-                    let leaving = slot.is_ready() && slot.is_draining() && !slot.is_retired();
+                    // Drained for scale-in, or held back as warm standby
+                    // (Kubernetes: the pod may go next).
+                    let leaving =
+                        slot.is_ready() && (slot.is_draining() || slot.is_standby()) && !slot.is_retired();
                     (leaving && homed[i] > 0).then_some((i, false))
                 }
             })
