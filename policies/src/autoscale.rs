@@ -25,9 +25,10 @@
 //!   engines leave by draining at token boundaries (the caller's job).
 //! - **Dwell:** no scale-out within `up_cooldown_s` of a change, no scale-in
 //!   within `down_cooldown_s`: a noisy signal never flaps the fleet.
-//! - **Volatility levels** (TurboServe Appendix A): the standard deviation
-//!   over the mean of arrivals per `volatility_bin_s` bin, over the last
-//!   `volatility_bins` bins, picks a row of the `levels` table: calmer
+//! - **Volatility levels** (TurboServe Appendix A): σ of arrivals per
+//!   `volatility_bin_s` bin over the last `volatility_bins` bins
+//!   (`volatility_measure`: std / √mean by default, 1 for Poisson arrivals
+//!   at any rate, as the video scaler's), picks a row of the `levels` table: calmer
 //!   traffic packs denser (higher ρ̂), bursty traffic keeps headroom.
 //! - **Warm pool** (Vennamaneni §4.4): N_warm = ⌈λ_burst · T_cold · margin⌉
 //!   ready engines beyond the serving ones, where T_cold is the measured
