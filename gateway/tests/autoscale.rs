@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use http::StatusCode;
-use loadtest::client::{body_bytes, Proto};
+use loadtest::client::Proto;
 
 /// The shipped policy with fast autoscaling knobs and `extra` lines added
 /// to `[autoscale]`.
@@ -24,31 +24,6 @@ fn policy(extra: &str) -> String {
     let start = text.find("[autoscale]\n").expect("the shipped policy has [autoscale]");
     let end = start + text[start..].find("\n\n").unwrap();
     format!("{}{fast}{}", &text[..start], &text[end..])
-}
-
-async fn fleet(sys: &System) -> serde_json::Value {
-    let conn = sys.admin_conn().await;
-    let resp = conn.get("/admin/fleet", Some(&sys.admin_token())).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
-    json(&body_bytes(resp).await.unwrap())
-}
-
-/// Polls `/admin/fleet` until `ok` holds, at most `within`.
-async fn until(
-    sys: &System,
-    within: Duration,
-    what: &str,
-    ok: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    let t = Instant::now();
-    loop {
-        let v = fleet(sys).await;
-        if ok(&v) {
-            return v;
-        }
-        assert!(t.elapsed() < within, "{what}: not within {within:?}: {v:#}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[tokio::test]
@@ -72,7 +47,7 @@ async fn an_engine_killed_is_restarted_after_its_backoff_and_serves_again() {
     assert!(resp.status() == StatusCode::SERVICE_UNAVAILABLE || resp.status() == StatusCode::BAD_GATEWAY);
     assert!(resp.headers().contains_key("retry-after"));
     // After the 2 s backoff both come back (new processes, same ids).
-    let v = until(&sys, Duration::from_secs(20), "both engines restarted", |v| {
+    let v = fleet_until(&sys, Duration::from_secs(20), "both engines restarted", |v| {
         v["supervisor"]["restarts"] == 2 && v["supervisor"]["engines"]["serving"] == 2
     })
     .await;
@@ -152,7 +127,7 @@ async fn load_starts_engines_and_quiet_drains_them_without_failing_a_request() {
         }
     }
     assert!(ok >= 8, "{ok} of 16 streams served");
-    let v = until(&sys, Duration::from_secs(15), "scaled out", |v| {
+    let v = fleet_until(&sys, Duration::from_secs(15), "scaled out", |v| {
         v["supervisor"]["cold_starts"].as_u64().unwrap_or(0) >= 2
     })
     .await;
@@ -183,7 +158,7 @@ async fn load_starts_engines_and_quiet_drains_them_without_failing_a_request() {
             served
         }));
     }
-    let v = until(&sys, Duration::from_secs(40), "scaled back in", |v| {
+    let v = fleet_until(&sys, Duration::from_secs(40), "scaled back in", |v| {
         // On a loaded machine slower engines may scale it out again after;
         // what matters is that a drain completed and nothing failed.
         let quiet = v["decisions"].as_array().unwrap().iter().any(|d| d["why"] == "quiet");
@@ -240,9 +215,10 @@ async fn a_warm_engine_is_ready_but_unrouted_until_load_promotes_it() {
         Some(&text),
     )
     .await;
-    let v =
-        until(&sys, Duration::from_secs(15), "a warm engine", |v| v["supervisor"]["engines"]["warm"] == 1)
-            .await;
+    let v = fleet_until(&sys, Duration::from_secs(15), "a warm engine", |v| {
+        v["supervisor"]["engines"]["warm"] == 1
+    })
+    .await;
     assert_eq!(v["supervisor"]["engines"]["serving"], 1, "{v:#}");
     // The new engine joins the pool at once; its first probe marks it ready.
     let t = Instant::now();

@@ -554,22 +554,9 @@ fn video_autoscale_policy() -> String {
 }
 
 async fn admin_get(sys: &System, path: &str) -> Value {
-    let resp = sys.admin_conn().await.get(path, Some(&sys.admin_token())).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
-    json(&body_bytes(resp).await.unwrap())
-}
-
-/// Polls `/admin/fleet` until `ok` holds, at most `within`.
-async fn fleet_until(sys: &System, within: Duration, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    let t = std::time::Instant::now();
-    loop {
-        let v = admin_get(sys, "/admin/fleet").await;
-        if ok(&v) {
-            return v;
-        }
-        assert!(t.elapsed() < within, "{what}: not within {within:?}: {v:#}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let (status, v) = admin_json(sys, "GET", path, None).await;
+    assert_eq!(status, StatusCode::OK);
+    v
 }
 
 #[tokio::test]

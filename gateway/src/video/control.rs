@@ -75,12 +75,12 @@ pub fn tick(streams: &Streams, cfg: &VideoConfig) -> Vec<Move> {
         st.urgency = pv::urgency(credit, next_s, cfg.alpha);
         // Free: no move planned or under way; settled: free and out of
         // its last move's cooldown (an evacuation waits for free only).
-        let free = st.moving.is_none() && st.move_to.is_none();
+        let free = st.not_moving();
         let settled = free && st.last_moved.is_none_or(|t| now - t >= cfg.rehome_cooldown_s);
         // Paused streams take part only to leave a draining engine. A
         // stream being moved counts where it is going: planning again on
         // its old home would send a second stream after it.
-        let at = st.moving.as_ref().map(|m| m.to).or(st.move_to).unwrap_or(st.home);
+        let at = st.destination();
         active.push((i, at, settled, st.playout.paused(), free));
         if settled {
             views.push(StreamView {

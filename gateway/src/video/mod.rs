@@ -115,6 +115,19 @@ pub struct Stream {
     tenant_hold: Mutex<Option<crate::cluster::Hold>>,
 }
 
+impl StreamState {
+    /// Where the stream is going: a running or planned move's target, else
+    /// its home (what the placement counts it on).
+    pub fn destination(&self) -> usize {
+        self.moving.as_ref().map(|m| m.to).or(self.move_to).unwrap_or(self.home)
+    }
+
+    /// No move planned or under way.
+    pub fn not_moving(&self) -> bool {
+        self.moving.is_none() && self.move_to.is_none()
+    }
+}
+
 impl Stream {
     pub fn lock(&self) -> MutexGuard<'_, StreamState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -385,11 +398,11 @@ impl Streams {
             if st.ended.is_some() || st.playout.paused() {
                 continue;
             }
-            let to = st.moving.as_ref().map(|m| m.to).or(st.move_to).unwrap_or(st.home);
+            let to = st.destination();
             let at =
                 engines.iter().position(|&e| e == to).or_else(|| engines.iter().position(|&e| e == st.home));
             if let Some(gpu) = at {
-                let free = st.moving.is_none() && st.move_to.is_none();
+                let free = st.not_moving();
                 sessions.push(fleet::Active {
                     id: sessions.len() as u64,
                     gpu,

@@ -544,3 +544,24 @@ pub async fn admin_text(
     let status = resp.status();
     (status, String::from_utf8(body_bytes(resp).await.unwrap().to_vec()).unwrap())
 }
+
+/// `GET /admin/fleet` polled until `ok` holds, at most `within`; fails the
+/// test with `what` and the last answer otherwise.
+#[allow(clippy::disallowed_methods)] // process-level: real time on purpose
+pub async fn fleet_until(
+    sys: &System,
+    within: std::time::Duration,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let t = std::time::Instant::now();
+    loop {
+        let (status, v) = admin_json(sys, "GET", "/admin/fleet", None).await;
+        assert_eq!(status, http::StatusCode::OK);
+        if ok(&v) {
+            return v;
+        }
+        assert!(t.elapsed() < within, "{what}: not within {within:?}: {v:#}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
