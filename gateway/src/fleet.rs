@@ -233,30 +233,7 @@ impl FleetControl {
                 ::metrics::gauge!(m::AUTOSCALE_DESIRED, "class" => class.clone()).set(alive);
                 continue;
             };
-            ::metrics::gauge!(m::AUTOSCALE_DESIRED, "class" => class.clone())
-                .set(f64::from(d.serving + d.warm));
-            ::metrics::gauge!(m::AUTOSCALE_SERVING, "class" => class.clone()).set(f64::from(d.serving));
-            ::metrics::gauge!(m::AUTOSCALE_WARM, "class" => class.clone()).set(f64::from(d.warm));
-            ::metrics::gauge!(m::AUTOSCALE_UTILIZATION, "class" => class.clone()).set(d.utilization);
-            if d.why != Why::Hold {
-                ::metrics::counter!(m::AUTOSCALE_DECISIONS, "class" => class.clone(), "why" => d.why.label())
-                    .increment(1);
-                tracing::info!(event = "autoscale", class = %class, serving = d.serving, warm = d.warm,
-                    why = d.why.label(), utilization = d.utilization, target = d.target_utilization,
-                    burst_factor = d.burst_factor);
-                if st.changes.len() >= HISTORY {
-                    st.changes.pop_front();
-                }
-                st.changes.push_back(Change {
-                    at_s: now,
-                    class: class.clone(),
-                    serving: d.serving,
-                    warm: d.warm,
-                    why: d.why.label(),
-                    utilization: d.utilization,
-                    target_utilization: d.target_utilization,
-                });
-            }
+            record(&mut st, now, class, &d);
             st.last.insert(class.clone(), d);
             match &self.supervisor {
                 Some(sup) if leader && i == 0 => sup.apply(&d, &with_video_bounds(cfg, policy)),
@@ -403,6 +380,35 @@ impl FleetControl {
             "decisions": st.changes,
             "oserve": self.oserve.detail(&self.admission),
         })
+    }
+}
+
+/// Exports a class's decision, and keeps it in the history when it changed
+/// the target.
+fn record(st: &mut State, now: f64, class: &str, d: &Decision) {
+    let class = class.to_string();
+    ::metrics::gauge!(m::AUTOSCALE_DESIRED, "class" => class.clone()).set(f64::from(d.serving + d.warm));
+    ::metrics::gauge!(m::AUTOSCALE_SERVING, "class" => class.clone()).set(f64::from(d.serving));
+    ::metrics::gauge!(m::AUTOSCALE_WARM, "class" => class.clone()).set(f64::from(d.warm));
+    ::metrics::gauge!(m::AUTOSCALE_UTILIZATION, "class" => class.clone()).set(d.utilization);
+    if d.why != Why::Hold {
+        ::metrics::counter!(m::AUTOSCALE_DECISIONS, "class" => class.clone(), "why" => d.why.label())
+            .increment(1);
+        tracing::info!(event = "autoscale", class = %class, serving = d.serving, warm = d.warm,
+            why = d.why.label(), utilization = d.utilization, target = d.target_utilization,
+            burst_factor = d.burst_factor);
+        if st.changes.len() >= HISTORY {
+            st.changes.pop_front();
+        }
+        st.changes.push_back(Change {
+            at_s: now,
+            class: class.clone(),
+            serving: d.serving,
+            warm: d.warm,
+            why: d.why.label(),
+            utilization: d.utilization,
+            target_utilization: d.target_utilization,
+        });
     }
 }
 

@@ -16,8 +16,7 @@
 //! admission stops at its next await.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -62,8 +61,8 @@ pub struct Watch {
     window: Mutex<Window>,
     rate: f64,
     burst: f64,
-    tripped: AtomicBool,
-    why: Mutex<Option<Abuse>>,
+    /// Set once, when the connection is found abusive.
+    why: OnceLock<Abuse>,
     notify: Notify,
 }
 
@@ -79,8 +78,7 @@ impl Watch {
             }),
             rate,
             burst: burst.max(1.0),
-            tripped: AtomicBool::new(false),
-            why: Mutex::new(None),
+            why: OnceLock::new(),
             notify: Notify::new(),
         })
     }
@@ -122,21 +120,20 @@ impl Watch {
     }
 
     fn trip(&self, why: Abuse) {
-        if !self.tripped.swap(true, Ordering::AcqRel) {
-            *self.why.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        if self.why.set(why).is_ok() {
             self.notify.notify_one();
         }
     }
 
     pub fn is_tripped(&self) -> bool {
-        self.tripped.load(Ordering::Acquire)
+        self.why.get().is_some()
     }
 
     /// Resolves once the connection is marked abusive, with why.
     pub async fn tripped(&self) -> Abuse {
         loop {
             let notified = self.notify.notified();
-            if let Some(why) = *self.why.lock().unwrap_or_else(|p| p.into_inner()) {
+            if let Some(&why) = self.why.get() {
                 return why;
             }
             notified.await;
