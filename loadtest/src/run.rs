@@ -52,6 +52,11 @@ pub struct RunArgs {
     /// Do not print the summary table.
     #[arg(long)]
     pub quiet: bool,
+    /// Also summarise the requests scheduled in this window, seconds from
+    /// the start: `FROM,TO` (a burst, or a steady run after its warm-up);
+    /// written as `window` in results.json.
+    #[arg(long, value_parser = parse_window)]
+    pub window: Option<(f64, f64)>,
     #[command(flatten)]
     pub watch: crate::watch::WatchArgs,
 }
@@ -243,10 +248,10 @@ pub async fn run(a: &RunArgs) -> Result<Results, RunError> {
         },
         summary: summarise(&records, planned.len(), duration_s, &slos),
         timeseries: time_series(&records, duration_s),
+        window: a.window.map(|w| crate::summary::window(&records, w, &slos)),
         slos,
         records,
         fleet,
-        window: None,
     };
     write(&a.out.join("results.json"), &results.to_json())?;
     write(&a.out.join("report.html"), &crate::report::html(&results))?;

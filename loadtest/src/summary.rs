@@ -213,6 +213,19 @@ pub fn time_series(records: &[Record], duration_s: f64) -> TimeSeries {
     s
 }
 
+/// The summary of the requests scheduled in `[from_s, to_s)` (a burst, or
+/// a steady run after its warm-up): `--window` of `run` and `sim`.
+pub fn window(
+    records: &[crate::record::Record],
+    (from_s, to_s): (f64, f64),
+    slos: &std::collections::BTreeMap<String, Slo>,
+) -> crate::results::Window {
+    let inside: Vec<_> =
+        records.iter().filter(|r| (from_s * 1e3..to_s * 1e3).contains(&r.scheduled_at_ms)).cloned().collect();
+    let summary = summarise(&inside, inside.len(), to_s - from_s, slos);
+    crate::results::Window { from_s, to_s, summary }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -55,7 +55,10 @@ use crate::profile::LatencyProfile;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Queued {
     pub id: u64,
+    /// What its prefill computes: the prompt after its cached prefix.
     pub prompt_tokens: u32,
+    /// The prefix already in the KV cache (its rows attend to it).
+    pub cached_tokens: u32,
     /// Ordering key sent by the gateway; lower runs first (for example
     /// estimated service time over priority weight, or a deadline for EDF).
     pub key: f64,
@@ -219,7 +222,7 @@ pub fn form_prefill(
         return PrefillPlan {
             admit: chosen.iter().map(|q| q.id).collect(),
             prompt_tokens: tokens,
-            prefill: profile.prefill(tokens),
+            prefill: batch_time(profile, &chosen, None),
         };
     }
     let long_waiting = order.iter().filter(|q| limits.is_long(q)).count() as u32;
@@ -245,7 +248,7 @@ pub fn form_prefill(
         let fits = chosen.is_empty()
             || (total <= limits.max_prefill_tokens
                 && within_ratio(&chosen, q, limits.split_ratio)
-                && within_ttft(&chosen, q, profile.prefill(total), limits.ttft_fraction, now));
+                && within_ttft(&chosen, q, batch_time(profile, &chosen, Some(q)), limits.ttft_fraction, now));
         if fits {
             chosen.push(q);
             tokens = total;
@@ -259,8 +262,13 @@ pub fn form_prefill(
     PrefillPlan {
         admit: chosen.iter().map(|q| q.id).collect(),
         prompt_tokens: tokens,
-        prefill: profile.prefill(tokens),
+        prefill: batch_time(profile, &chosen, None),
     }
+}
+
+/// The prefill time of `chosen` (and `more`) as one batch.
+fn batch_time(profile: &LatencyProfile, chosen: &[&Queued], more: Option<&Queued>) -> Duration {
+    profile.prefill_batch(chosen.iter().copied().chain(more).map(|q| (q.prompt_tokens, q.cached_tokens)))
 }
 
 fn within_ratio(chosen: &[&Queued], q: &Queued, ratio: f64) -> bool {
@@ -295,6 +303,7 @@ mod tests {
         Queued {
             id,
             prompt_tokens: tokens,
+            cached_tokens: 0,
             key,
             enqueued_at: Duration::ZERO,
             ttft_budget: Duration::from_secs(10),
@@ -423,6 +432,7 @@ mod tests {
                 .map(|id| Queued {
                     id,
                     prompt_tokens: 1 + rnd(3000) as u32,
+                    cached_tokens: 0,
                     key: rnd(100) as f64,
                     enqueued_at: Duration::from_millis(rnd(500)),
                     ttft_budget: Duration::from_millis(200 + rnd(3000)),

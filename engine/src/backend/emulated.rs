@@ -1,7 +1,9 @@
 //! The emulated backend: deterministic, readable text seeded by the prompt,
 //! and device time from a latency profile.
 //!
-//! A prefill batch takes `profile.prefill(total prompt tokens)`; a decode
+//! A prefill batch takes `profile.prefill_batch(each member's computed and
+//! cached tokens)` (the linear part on the batch's tokens, attention per
+//! member: `policies::profile`); a decode
 //! step takes `profile.decode_step(batch size, total context)`, so batching
 //! gains (step time grows slowly with batch size) and long-context
 //! interference look like a real GPU's.
@@ -37,12 +39,18 @@ impl Backend for Emulated {
     }
 
     fn prefill(&mut self, batch: &mut [Slot<'_, TextSource>]) -> Duration {
-        // Cached prefixes cost nothing: only the computed tokens are charged.
-        let tokens: u32 = batch.iter().map(|s| s.context - s.cached.min(s.context)).sum();
+        // A cached prefix costs no linear work; the new rows attend to it.
+        let members: Vec<(u32, u32)> = batch
+            .iter()
+            .map(|s| {
+                let cached = s.cached.min(s.context);
+                (s.context - cached, cached)
+            })
+            .collect();
         for slot in batch.iter_mut() {
             slot.out = Some(slot.seq.next_token().map_or(Token::End, Token::Text));
         }
-        self.profile.prefill(tokens)
+        self.profile.prefill_batch(members)
     }
 
     fn decode(&mut self, batch: &mut [Slot<'_, TextSource>]) -> Duration {

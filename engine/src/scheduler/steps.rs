@@ -69,6 +69,7 @@ impl<B: Backend> Core<B> {
                 id: s.id,
                 // What the prefill will compute: the cached prefix is free.
                 prompt_tokens: s.context() - s.cached(),
+                cached_tokens: s.cached(),
                 key: s.key,
                 enqueued_at: s.enqueued_at,
                 ttft_budget: s.ttft_budget,

@@ -8,8 +8,9 @@
 //! (`batching::prefill_turn`: no further prefill batch once the running
 //! sequences have gone `max_decode_stall_ms` without a token). Device time
 //! comes from the latency
-//! profile exactly as the emulated backend takes it: `prefill(Σ prompt
-//! tokens)` for a prefill batch, `decode_step(batch, Σ context)` per step.
+//! profile exactly as the emulated backend takes it: `prefill_batch` over
+//! the members' computed and cached tokens for a prefill batch,
+//! `decode_step(batch, Σ context)` per step.
 //!
 //! To be fast, decode steps are not events: between two moments that
 //! matter to the outside (a sequence finishing, a sequence arriving) the
@@ -455,7 +456,8 @@ impl SimEngine {
             .iter()
             .map(|(s, _)| Queued {
                 id: s.req as u64,
-                prompt_tokens: s.prompt - s.cached, // a cached prefix costs no prefill
+                prompt_tokens: s.prompt - s.cached, // a cached prefix costs no linear work
+                cached_tokens: s.cached,
                 key: s.key,
                 enqueued_at: secs(s.enqueued_at),
                 ttft_budget: secs(s.ttft_budget_ms / 1e3),

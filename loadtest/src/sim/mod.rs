@@ -347,15 +347,7 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
         }
     }
     let summary = summarise(&records, planned.len(), duration_s, &slos);
-    let window = a.window.map(|(from_s, to_s)| {
-        let inside: Vec<_> = records
-            .iter()
-            .filter(|r| (from_s * 1e3..to_s * 1e3).contains(&r.scheduled_at_ms))
-            .cloned()
-            .collect();
-        let summary = summarise(&inside, inside.len(), to_s - from_s, &slos);
-        crate::results::Window { from_s, to_s, summary }
-    });
+    let window = a.window.map(|w| crate::summary::window(&records, w, &slos));
     let timeseries = time_series(&records, duration_s);
     let keep = match a.records {
         Records::Always => true,
