@@ -92,159 +92,9 @@ pub(crate) struct Pending {
     steps_left: Option<u32>,
 }
 
-type Reply<T> = oneshot::Sender<Result<T, VideoError>>;
-
-enum Cmd {
-    Create(CreateSession, Reply<()>),
-    Chunk(String, ChunkRequest, oneshot::Sender<Result<ChunkOut, VideoError>>),
-    Prompt(String, String, Reply<u32>),
-    Suspend(String, Reply<()>),
-    Resume(String, Reply<()>),
-    Export(String, Reply<Vec<u8>>),
-    Import(String, Vec<u8>, Reply<()>),
-    State(String, Reply<Vec<u8>>),
-    End(String, Reply<()>),
-    Load(oneshot::Sender<VideoLoad>),
-    /// Source: allow `token` to fetch the session; answers its version.
-    Offer(String, String, Reply<Version>),
-    /// Source: the session's wire form for an offered token: all of it, or
-    /// what changed since a version. The session stays here.
-    Snapshot(String, String, Option<Version>, Reply<Vec<u8>>),
-    /// Target: keep a full copy aside (no chunks run on it).
-    Stage(String, Vec<u8>, Reply<Version>),
-    /// Target: apply the final delta to the staged copy and own the
-    /// session.
-    Commit(String, Vec<u8>, Reply<()>),
-    /// Target: drop a staged copy.
-    Unstage(String, Reply<()>),
-    /// Target: own the staged copy as it is (its source is gone: the
-    /// session resumes from the last state the source offloaded).
-    Adopt(String, Reply<Version>),
-    /// Donor: run another engine's SP2 half for this many ms (elastic SP,
-    /// emulated): a batch slot and its coalescing cost.
-    Lend(f64, Reply<()>),
-}
-
-/// Handle to the video scheduler; cheap to clone.
-#[derive(Debug, Clone)]
-pub struct VideoEngine {
-    tx: mpsc::UnboundedSender<Cmd>,
-    pub profile: Arc<VideoProfile>,
-}
-
-impl VideoEngine {
-    pub fn spawn(cfg: VideoConfig) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let profile = Arc::new(cfg.profile.clone());
-        let core = Core {
-            model: Arc::new(VideoModel::new(cfg.model_seed)),
-            cfg,
-            sessions: HashMap::new(),
-            staged: HashMap::new(),
-            offers: HashMap::new(),
-            lends: Vec::new(),
-            pending: Vec::new(),
-            load: VideoLoad::default(),
-        };
-        tokio::spawn(core.run(rx));
-        Self { tx, profile }
-    }
-
-    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, VideoError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(make(reply)).map_err(|_| VideoError::Stopped)?;
-        rx.await.unwrap_or(Err(VideoError::Stopped))
-    }
-
-    pub async fn create(&self, c: CreateSession) -> Result<(), VideoError> {
-        self.call(|r| Cmd::Create(c, r)).await
-    }
-
-    /// Queues the session's next chunk; resolves when it is generated.
-    pub async fn chunk(&self, id: &str, req: ChunkRequest) -> Result<ChunkOut, VideoError> {
-        self.call(|r| Cmd::Chunk(id.to_string(), req, r)).await
-    }
-
-    /// A prompt switch: a new epoch with fresh state; returns the epoch.
-    pub async fn prompt(&self, id: &str, prompt: String) -> Result<u32, VideoError> {
-        self.call(|r| Cmd::Prompt(id.to_string(), prompt, r)).await
-    }
-
-    pub async fn suspend(&self, id: &str) -> Result<(), VideoError> {
-        self.call(|r| Cmd::Suspend(id.to_string(), r)).await
-    }
-
-    pub async fn resume(&self, id: &str) -> Result<(), VideoError> {
-        self.call(|r| Cmd::Resume(id.to_string(), r)).await
-    }
-
-    /// Removes the session and returns it serialised (for migration).
-    pub async fn export(&self, id: &str) -> Result<Vec<u8>, VideoError> {
-        self.call(|r| Cmd::Export(id.to_string(), r)).await
-    }
-
-    pub async fn import(&self, id: &str, bytes: Vec<u8>) -> Result<(), VideoError> {
-        self.call(|r| Cmd::Import(id.to_string(), bytes, r)).await
-    }
-
-    /// The model state's exact bytes, wherever it is (resident or suspended).
-    pub async fn state(&self, id: &str) -> Result<Vec<u8>, VideoError> {
-        self.call(|r| Cmd::State(id.to_string(), r)).await
-    }
-
-    pub async fn end(&self, id: &str) -> Result<(), VideoError> {
-        self.call(|r| Cmd::End(id.to_string(), r)).await
-    }
-
-    pub async fn offer(&self, id: &str, token: String) -> Result<Version, VideoError> {
-        self.call(|r| Cmd::Offer(id.to_string(), token, r)).await
-    }
-
-    pub async fn snapshot(
-        &self,
-        id: &str,
-        token: String,
-        since: Option<Version>,
-    ) -> Result<Vec<u8>, VideoError> {
-        self.call(|r| Cmd::Snapshot(id.to_string(), token, since, r)).await
-    }
-
-    pub async fn stage(&self, id: &str, bytes: Vec<u8>) -> Result<Version, VideoError> {
-        self.call(|r| Cmd::Stage(id.to_string(), bytes, r)).await
-    }
-
-    pub async fn commit(&self, id: &str, delta: Vec<u8>) -> Result<(), VideoError> {
-        self.call(|r| Cmd::Commit(id.to_string(), delta, r)).await
-    }
-
-    pub async fn unstage(&self, id: &str) -> Result<(), VideoError> {
-        self.call(|r| Cmd::Unstage(id.to_string(), r)).await
-    }
-
-    /// Owns the staged copy without a final delta; answers its version.
-    pub async fn adopt(&self, id: &str) -> Result<Version, VideoError> {
-        self.call(|r| Cmd::Adopt(id.to_string(), r)).await
-    }
-
-    /// The staged copy's version, if one is kept.
-    pub async fn staged(&self, id: &str) -> Option<Version> {
-        // A zero-length stage is refused: used only to read the version.
-        self.call(|r| Cmd::Stage(id.to_string(), Vec::new(), r)).await.ok()
-    }
-
-    /// Donates `ms` of this engine to another's sequence-parallel chunk.
-    pub async fn lend(&self, ms: f64) -> Result<(), VideoError> {
-        self.call(|r| Cmd::Lend(ms, r)).await
-    }
-
-    pub async fn load(&self) -> VideoLoad {
-        let (reply, rx) = oneshot::channel();
-        if self.tx.send(Cmd::Load(reply)).is_err() {
-            return VideoLoad::default();
-        }
-        rx.await.unwrap_or_default()
-    }
-}
+mod handle;
+use handle::Cmd;
+pub use handle::{VideoEngine, COMMAND_QUEUE};
 
 /// Parses and checks an exported session (untrusted input: an import may
 /// come from anywhere; see [`state::parse`]). Returns the meta and the
@@ -284,7 +134,7 @@ pub(crate) struct Member {
 }
 
 impl Core {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+    async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
         loop {
             if self.pending.is_empty() {
                 match rx.recv().await {

@@ -65,7 +65,7 @@ impl Core {
         Running { step_ms: chunk_ms / f64::from(steps), steps_left, since: crate::clock::now(), member }
     }
 
-    pub(super) async fn run_steps(&mut self, batch: Vec<Member>, rx: &mut mpsc::UnboundedReceiver<Cmd>) {
+    pub(super) async fn run_steps(&mut self, batch: Vec<Member>, rx: &mut mpsc::Receiver<Cmd>) {
         let mut running: Vec<Running> = batch.into_iter().map(|m| self.running(m)).collect();
         let mut deferred: Vec<Cmd> = Vec::new();
         self.load.batches += 1;
