@@ -40,6 +40,15 @@ use crate::metrics as m;
 use crate::reload::PolicyStore;
 use crate::supervisor::Supervisor;
 
+/// What the whole gateway observes in a tick, shared by every class.
+struct GatewaySignals {
+    waiting: f64,
+    queue_ratio_p95: Option<f64>,
+    brownout_level: usize,
+    arrivals: u64,
+    cold_start_s: Option<f64>,
+}
+
 /// Decisions kept for the admin API and `/readyz`.
 const HISTORY: usize = 64;
 
@@ -154,13 +163,7 @@ impl FleetControl {
     /// the supervisor's reconciliation. `dt`: seconds since the last tick.
     pub fn tick(&self, policy: &PolicyDocument, leader: bool, dt: f64) {
         let now = crate::clock::since(self.started).as_secs_f64();
-        let mut cfg = policy.autoscale.clone();
-        if let Some((min, max)) = self.bounds {
-            cfg.enabled = true;
-            cfg.min_engines = min;
-            cfg.max_engines = max;
-        }
-        let cfg = &cfg;
+        let cfg = &self.autoscale_config(policy);
         let parts = (&*self.pool, &*self.admission);
         self.oserve.tick(&policy.oserve, now, leader, parts, self.supervisor.as_ref());
         if let Some(sup) = &self.supervisor {
@@ -168,69 +171,25 @@ impl FleetControl {
         }
         let tokens: u64 = self.pool.views().iter().map(|v| v.inflight_tokens).sum();
         ::metrics::gauge!(m::TOKENS_IN_FLIGHT).set(tokens as f64);
-        let waiting = self.admission.waiting() as f64;
-        let queue = self.admission.queue_ratio_p95(policy);
-        let brownout = self.admission.brownout_level();
-        let arrivals = self.admission.arrivals();
-        let cold = self.supervisor.as_ref().and_then(|s| s.cold_start_s());
+        let gateway = self.gateway_signals(policy);
         let classes = self.classes();
         let mut st = self.lock();
-        let tokens = m::OUTPUT_TOKENS_SO_FAR.load(std::sync::atomic::Ordering::Relaxed);
-        let cost: f64 = st.cost_usd.values().sum();
-        if tokens > 0 {
-            ::metrics::gauge!(m::COST_PER_1M).set(cost / tokens as f64 * 1e6);
-        }
-        let minutes = m::video_minutes();
-        if minutes > 0.0 {
-            ::metrics::gauge!(m::COST_PER_VIDEO_MINUTE).set(cost / minutes);
-        }
+        account_cost(&mut st, policy, &classes, dt);
         for (i, (class, engines)) in classes.iter().enumerate() {
-            let alive = engines.len() as f64;
-            *st.gpu_seconds.entry(class.clone()).or_default() += alive * dt;
-            let price = policy.cost.price(class);
-            *st.cost_usd.entry(class.clone()).or_default() += alive * dt * price / 3600.0;
-            ::metrics::counter!(m::GPU_SECONDS, "class" => class.clone())
-                .absolute(st.gpu_seconds[class] as u64);
-            ::metrics::gauge!(m::COST_USD, "class" => class.clone()).set(st.cost_usd[class]);
             let serving: Vec<usize> =
                 engines.iter().copied().filter(|&e| self.pool.slot(e).routable()).collect();
-            let slots = serving
-                .iter()
-                .filter_map(|&e| self.pool.slot(e).report().map(|r| r.batch_target))
-                .max()
-                .unwrap_or(8);
-            let demand: f64 = serving.iter().map(|&e| f64::from(self.pool.slot(e).active())).sum::<f64>()
-                + if i == 0 { waiting } else { 0.0 };
-            // KV pressure: what this gateway leased there over the largest
-            // engine's KV capacity in tokens.
-            let in_flight: u64 = serving.iter().map(|&e| self.pool.slot(e).inflight_tokens()).sum();
-            let kv_tokens = serving
-                .iter()
-                .filter_map(|&e| self.pool.slot(e).report())
-                .map(|r| u64::from(r.kv_pages_total) * u64::from(r.kv_page_tokens))
-                .max()
-                .unwrap_or(0);
             let warm = engines.iter().filter(|&&e| self.pool.slot(e).is_standby()).count();
             ::metrics::gauge!(m::ENGINES_SERVING, "class" => class.clone()).set(serving.len() as f64);
             ::metrics::gauge!(m::ENGINES_WARM, "class" => class.clone()).set(warm as f64);
+            // Requests waiting at the gate count toward the primary class.
             let text = cfg.enabled.then(|| {
-                let signals = Signals {
-                    serving: serving.len() as u32,
-                    slots_per_engine: slots,
-                    demand,
-                    queue_ratio_p95: queue,
-                    brownout_level: brownout,
-                    arrivals,
-                    cold_start_s: cold,
-                    tokens_in_flight: in_flight as f64,
-                    kv_tokens_per_engine: kv_tokens as f64,
-                };
+                let signals = self.class_signals(&serving, &gateway, i == 0);
                 st.scalers.entry(class.clone()).or_default().tick(now, &signals, cfg)
             });
             // Video streams run on the primary class only.
             let video = if i == 0 { self.video_decision(&mut st, now, policy, serving.len()) } else { None };
             let Some(d) = video_fleet::joint(text, video) else {
-                ::metrics::gauge!(m::AUTOSCALE_DESIRED, "class" => class.clone()).set(alive);
+                ::metrics::gauge!(m::AUTOSCALE_DESIRED, "class" => class.clone()).set(engines.len() as f64);
                 continue;
             };
             record(&mut st, now, class, &d);
@@ -242,6 +201,62 @@ impl FleetControl {
                 // the decided number and keep the rest as warm standby.
                 None => self.hold_warm(engines, d.serving as usize),
             }
+        }
+    }
+
+    /// The policy's `[autoscale]`, with `--min/--max-engines` (when given)
+    /// turning it on between those bounds.
+    fn autoscale_config(&self, policy: &PolicyDocument) -> AutoscaleConfig {
+        let mut cfg = policy.autoscale.clone();
+        if let Some((min, max)) = self.bounds {
+            cfg.enabled = true;
+            cfg.min_engines = min;
+            cfg.max_engines = max;
+        }
+        cfg
+    }
+
+    /// What the whole gateway observes, the same for every class.
+    fn gateway_signals(&self, policy: &PolicyDocument) -> GatewaySignals {
+        GatewaySignals {
+            waiting: self.admission.waiting() as f64,
+            queue_ratio_p95: self.admission.queue_ratio_p95(policy),
+            brownout_level: self.admission.brownout_level(),
+            arrivals: self.admission.arrivals(),
+            cold_start_s: self.supervisor.as_ref().and_then(|s| s.cold_start_s()),
+        }
+    }
+
+    /// The autoscaler's input for one class: its `serving` engines' slots,
+    /// demand and KV pressure, beside the gateway's signals (`primary`: the
+    /// class the requests waiting at the gate count toward).
+    fn class_signals(&self, serving: &[usize], g: &GatewaySignals, primary: bool) -> Signals {
+        let slots = serving
+            .iter()
+            .filter_map(|&e| self.pool.slot(e).report().map(|r| r.batch_target))
+            .max()
+            .unwrap_or(8);
+        let demand: f64 = serving.iter().map(|&e| f64::from(self.pool.slot(e).active())).sum::<f64>()
+            + if primary { g.waiting } else { 0.0 };
+        // KV pressure: what this gateway leased there over the largest
+        // engine's KV capacity in tokens.
+        let in_flight: u64 = serving.iter().map(|&e| self.pool.slot(e).inflight_tokens()).sum();
+        let kv_tokens = serving
+            .iter()
+            .filter_map(|&e| self.pool.slot(e).report())
+            .map(|r| u64::from(r.kv_pages_total) * u64::from(r.kv_page_tokens))
+            .max()
+            .unwrap_or(0);
+        Signals {
+            serving: serving.len() as u32,
+            slots_per_engine: slots,
+            demand,
+            queue_ratio_p95: g.queue_ratio_p95,
+            brownout_level: g.brownout_level,
+            arrivals: g.arrivals,
+            cold_start_s: g.cold_start_s,
+            tokens_in_flight: in_flight as f64,
+            kv_tokens_per_engine: kv_tokens as f64,
         }
     }
 
@@ -380,6 +395,28 @@ impl FleetControl {
             "decisions": st.changes,
             "oserve": self.oserve.detail(&self.admission),
         })
+    }
+}
+
+/// Accrues each class's engine-seconds and cost over `dt` (every live
+/// engine, serving or warm, holds its device) and exports the fleet's cost
+/// per 1M output tokens and per video minute so far.
+fn account_cost(st: &mut State, policy: &PolicyDocument, classes: &[(String, Vec<usize>)], dt: f64) {
+    for (class, engines) in classes {
+        let alive = engines.len() as f64;
+        *st.gpu_seconds.entry(class.clone()).or_default() += alive * dt;
+        *st.cost_usd.entry(class.clone()).or_default() += alive * dt * policy.cost.price(class) / 3600.0;
+        ::metrics::counter!(m::GPU_SECONDS, "class" => class.clone()).absolute(st.gpu_seconds[class] as u64);
+        ::metrics::gauge!(m::COST_USD, "class" => class.clone()).set(st.cost_usd[class]);
+    }
+    let cost: f64 = st.cost_usd.values().sum();
+    let tokens = m::OUTPUT_TOKENS_SO_FAR.load(std::sync::atomic::Ordering::Relaxed);
+    if tokens > 0 {
+        ::metrics::gauge!(m::COST_PER_1M).set(cost / tokens as f64 * 1e6);
+    }
+    let minutes = m::video_minutes();
+    if minutes > 0.0 {
+        ::metrics::gauge!(m::COST_PER_VIDEO_MINUTE).set(cost / minutes);
     }
 }
 
