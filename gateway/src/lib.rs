@@ -182,6 +182,8 @@ pub enum StartError {
     Workers(std::io::Error),
     #[error("cluster: {0}")]
     PolicyKey(String),
+    #[error("cluster.redis: {0}")]
+    RedisUrl(String),
     #[error("no engine became ready within {0:?}")]
     EnginesNotReady(Duration),
     #[error("no engines configured: add [[engines]] to the config, give --redis to discover them, or use `gateway up`")]
@@ -311,6 +313,9 @@ async fn serve_until_signal(
     control: Control,
 ) -> Result<(), StartError> {
     metrics::handle(); // install the recorder before the first metric
+    if let Some(url) = &config.cluster.redis {
+        fleet_redis::Target::parse(url).map_err(StartError::RedisUrl)?;
+    }
     let policy_key = config.cluster.policy_key().map_err(StartError::PolicyKey)?;
     if config.cluster.redis.is_some() && policy_key.is_none() {
         tracing::warn!(

@@ -143,6 +143,7 @@ pub const VIDEO_MOVE_STALL: &str = "gateway_video_move_stall_seconds";
 /// Donor engines borrowed for elastic sequence parallelism.
 pub const VIDEO_SP_BORROWS: &str = "gateway_video_sp_borrows_total";
 pub const CLUSTER_REDIS_UP: &str = "gateway_cluster_redis_up";
+pub const CLUSTER_SENTINEL_ERRORS: &str = "gateway_cluster_redis_sentinel_errors_total";
 pub const POLICY_VERSION: &str = "gateway_policy_version_info";
 pub const POLICY_RELOADS: &str = "gateway_policy_reloads_total";
 pub const STREAM_RESETS: &str = "gateway_stream_resets_total";
@@ -209,6 +210,10 @@ pub const HELP: &[(&str, &str)] = &[
     (VIDEO_MOVE_STALL, "How long a moving video stream waited on its move, seconds."),
     (VIDEO_SP_BORROWS, "Donor engines borrowed for elastic sequence parallelism."),
     (CLUSTER_REDIS_UP, "Whether the shared Redis answers (1) or not (0)."),
+    (
+        CLUSTER_SENTINEL_ERRORS,
+        "Resolutions of the Redis primary through Sentinel that found none usable, by reason (no_sentinel, unknown_master, master_unreachable, not_primary).",
+    ),
     (POLICY_VERSION, "The policy document in force (its version as a label; value 1)."),
     (POLICY_RELOADS, "Policy reloads, by result."),
     (STREAM_RESETS, "HTTP/2 streams reset, by reason."),

@@ -401,3 +401,122 @@ async fn a_stored_response_continues_on_another_gateway() {
     assert_eq!(redis.command(&["EXISTS", &format!("slo:resp:demo-gold:{id}")]), ":0");
     assert_eq!(ca.send(get(GOLD)).await.unwrap().status(), StatusCode::NOT_FOUND, "deleted fleet-wide");
 }
+
+/// Redis behind Sentinel (a primary, a replica, three sentinels): the
+/// primary is SIGKILLed under load; Sentinel promotes the replica, and the
+/// gateway and its engines follow it: within 5 s of the promotion both
+/// write to the new primary again (keys deleted there come back), and no
+/// request failed meanwhile (the gateway served on local limits while no
+/// primary answered).
+#[tokio::test]
+async fn the_fleet_follows_a_sentinel_failover_under_load_and_fails_no_request() {
+    let dir = scratch_dir();
+    let mut primary = start_redis();
+    let replica = Redis::start_replica(&dir, primary.port).unwrap();
+    let sentinels: Vec<Sentinel> =
+        (0..3).map(|_| Sentinel::start(&dir, "fleet", primary.port).unwrap()).collect();
+    within(Duration::from_secs(20), "the replica syncs and the sentinels find each other", async || {
+        let master = sentinels[0].reply(&["SENTINEL", "MASTER", "fleet"]);
+        replica.reply(&["INFO", "replication"]).contains("master_link_status:up")
+            && master.contains("num-other-sentinels\r\n$1\r\n2\r\n")
+            && master.contains("num-slaves\r\n$1\r\n1\r\n")
+    })
+    .await;
+    let hosts: Vec<String> = sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
+    let url = format!("redis+sentinel://{}/fleet", hosts.join(","));
+    let sys = System::start_with_policy(&paced(1, 2), 2, &["--redis", &url], Some(&default_policy())).await;
+    wait_ready(&sys, "Redis up through Sentinel", |r| r["detail"]["cluster"]["redis_up"] == true).await;
+    let engine_key = format!("slo:engine:{}", sys.engines[0].id);
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while primary.command(&["EXISTS", "slo:leader"]) != ":1"
+        || primary.command(&["EXISTS", &engine_key]) != ":1"
+    {
+        assert!(
+            Instant::now() < deadline,
+            "state not written to the primary: {}",
+            primary.reply(&["KEYS", "*"])
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let (conn, stop) = (sys.conn(Proto::H2).await, Arc::clone(&stop));
+        workers.push(tokio::spawn(async move {
+            let (mut sent, mut failed) = (0, Vec::new());
+            while !stop.load(Ordering::Relaxed) && sent < 4000 {
+                sent += 1;
+                match conn.send(request("/v1/chat/completions", GOLD, chat_body("hi", 4, true), &[])).await {
+                    Ok(r) if r.status() == StatusCode::OK => {
+                        if sse_events(r).await.last().map(|e| e.data.as_str()) != Some("[DONE]") {
+                            failed.push("unfinished stream".to_string());
+                        }
+                    }
+                    Ok(r) => failed.push(r.status().to_string()),
+                    Err(e) => failed.push(e.to_string()),
+                }
+            }
+            (sent, failed)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    primary.kill();
+    let promoted = format!("\r\n{}\r\n", replica.port);
+    within(Duration::from_secs(30), "Sentinel promotes the replica", async || {
+        sentinels[0].reply(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "fleet"]).contains(&promoted)
+    })
+    .await;
+    // The gateway renews its leader lease every 0.5 s and engines their
+    // registration every 3 s: deleted on the new primary, both come back.
+    replica.command(&["DEL", "slo:leader", &engine_key]);
+    let took = within(Duration::from_secs(5), "the fleet writes to the promoted replica", async || {
+        replica.command(&["EXISTS", "slo:leader"]) == ":1"
+            && replica.command(&["EXISTS", &engine_key]) == ":1"
+    })
+    .await;
+    eprintln!("the fleet wrote to the new primary {took:?} after the promotion was visible");
+    wait_ready(&sys, "Redis up again", |r| r["detail"]["cluster"]["redis_up"] == true).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut sent, mut failed) = (0, Vec::new());
+    for w in workers {
+        let (n, f) = w.await.unwrap();
+        sent += n;
+        failed.extend(f);
+    }
+    assert!(sent > 50, "only {sent} requests");
+    assert!(failed.is_empty(), "{} of {sent} failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
+}
+
+/// A Sentinel set that names a primary nobody can reach, or a primary it
+/// does not know: the gateway serves on local limits, counts the reason
+/// (`gateway_cluster_redis_sentinel_errors_total{reason}`) and never hangs.
+#[tokio::test]
+async fn a_sentinel_naming_an_unreachable_primary_is_refused_with_a_reason_and_serving_goes_on() {
+    let dir = scratch_dir();
+    let primary = start_redis();
+    let sentinel = Sentinel::start(&dir, "fleet", primary.port).unwrap();
+    drop(primary); // the sentinel still names it
+    let url = format!("redis+sentinel://127.0.0.1:{}/fleet", sentinel.port);
+    let sys = System::start_with_policy(&paced(0, 1), 1, &["--redis", &url], Some(&default_policy())).await;
+    let conn = sys.conn(Proto::H2).await;
+    let r = conn.send(request("/v1/chat/completions", GOLD, chat_body("hi", 2, false), &[])).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "served on local limits");
+    within(Duration::from_secs(5), "the reason is counted", async || {
+        sys.metrics()
+            .await
+            .contains("gateway_cluster_redis_sentinel_errors_total{reason=\"master_unreachable\"}")
+    })
+    .await;
+    let r = sys.readyz().await;
+    assert_eq!(r["detail"]["cluster"]["redis_up"], false, "{r}");
+    // An unknown primary name is a reason of its own.
+    let url = format!("redis+sentinel://127.0.0.1:{}/nobody", sentinel.port);
+    let other = System::start_with_policy(&paced(0, 1), 1, &["--redis", &url], Some(&default_policy())).await;
+    within(Duration::from_secs(5), "unknown_master is counted", async || {
+        other
+            .metrics()
+            .await
+            .contains("gateway_cluster_redis_sentinel_errors_total{reason=\"unknown_master\"}")
+    })
+    .await;
+}

@@ -30,7 +30,9 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
-    /// `redis://host:port[/db]`; unset: in-memory state (one gateway).
+    /// `redis://[[user]:password@]host:port[/db]`, or Sentinel:
+    /// `redis+sentinel://[[user]:password@]host:port[,host:port…]/master[/db]`
+    /// (the fleet-redis crate); unset: in-memory state (one gateway).
     pub redis: Option<String>,
     /// Timeout of a Redis call on the request path.
     pub timeout_ms: u64,
@@ -170,7 +172,13 @@ impl Cluster {
             .node_id
             .clone()
             .unwrap_or_else(|| format!("gateway-{}-{}", std::process::id(), listen.port()));
-        let redis = cfg.redis.as_deref().map(|url| redis::RedisState::new(url, &cfg));
+        let redis = cfg.redis.as_deref().and_then(|url| match fleet_redis::Target::parse(url) {
+            Ok(t) => Some(redis::RedisState::new(t, &cfg)),
+            Err(e) => {
+                tracing::error!(event = "redis_url_invalid", error = %e);
+                None
+            }
+        });
         let leader = AtomicBool::new(redis.is_none()); // alone, a gateway leads
         Self { cfg, node_id, local: local::Local::default(), redis, policy_key, leader }
     }

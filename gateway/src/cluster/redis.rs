@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
-use tokio::sync::OnceCell;
 
 use super::{retry_after_window, ClusterConfig, Denied, Grant, Limits};
 use crate::metrics as m;
@@ -78,12 +78,41 @@ end
 return 0
 ";
 
+/// The connection to the primary, made on first use (a gateway starts
+/// without Redis). Direct: one `ConnectionManager`, which reconnects by
+/// itself. Sentinel: dropped on a connection-level error (the primary died,
+/// or was demoted and answers `READONLY`) and re-resolved through the
+/// sentinels, at most once per [`REDIAL`].
+struct Conn {
+    target: fleet_redis::Target,
+    current: ArcSwapOption<ConnectionManager>,
+    /// Held while dialling; the earliest next attempt.
+    dial: tokio::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+/// The least time between two resolutions of the primary (each asks the
+/// sentinels over new connections: bounded, whatever fails).
+const REDIAL: Duration = Duration::from_millis(500);
+
+impl Conn {
+    /// Drops the connection after `e` when the primary may have moved.
+    fn invalidate(&self, e: &redis::RedisError) {
+        let moved = e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_timeout()
+            || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
+        if moved && self.target.follows_failover() && self.current.swap(None).is_some() {
+            tracing::warn!(event = "redis_primary_lost", target = ?self.target, error = %e);
+        }
+    }
+}
+
 /// The Redis side of the cluster.
 pub struct RedisState {
-    url: String,
     timeout: Duration,
     lease_ttl_ms: u64,
-    conn: Arc<OnceCell<ConnectionManager>>,
+    conn: Arc<Conn>,
     up: Arc<AtomicBool>,
     acquire: Script,
     lead: Script,
@@ -95,11 +124,12 @@ pub struct RedisState {
 
 impl std::fmt::Debug for RedisState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisState").field("url", &redacted(&self.url)).field("up", &self.is_up()).finish()
+        f.debug_struct("RedisState").field("target", &self.conn.target).field("up", &self.is_up()).finish()
     }
 }
 
-fn mark_down(up: &AtomicBool, e: &redis::RedisError) {
+fn mark_down(up: &AtomicBool, conn: &Conn, e: &redis::RedisError) {
+    conn.invalidate(e);
     if up.swap(false, Ordering::AcqRel) {
         tracing::warn!(event = "redis_down", error = %e);
         ::metrics::gauge!(m::CLUSTER_REDIS_UP).set(0.0);
@@ -111,12 +141,15 @@ fn timeout_err() -> redis::RedisError {
 }
 
 impl RedisState {
-    pub fn new(url: &str, cfg: &ClusterConfig) -> Self {
+    pub fn new(target: fleet_redis::Target, cfg: &ClusterConfig) -> Self {
         Self {
-            url: url.to_string(),
             timeout: Duration::from_millis(cfg.timeout_ms.max(1)),
             lease_ttl_ms: cfg.lease_ttl_s.max(1) * 1000,
-            conn: Arc::new(OnceCell::new()),
+            conn: Arc::new(Conn {
+                target,
+                current: ArcSwapOption::empty(),
+                dial: tokio::sync::Mutex::new(None),
+            }),
             up: Arc::new(AtomicBool::new(false)),
             acquire: Script::new(ACQUIRE),
             lead: Script::new(LEAD),
@@ -131,33 +164,48 @@ impl RedisState {
     }
 
     pub(crate) fn mark_down(&self, e: &redis::RedisError) {
-        mark_down(&self.up, e);
+        mark_down(&self.up, &self.conn, e);
     }
 
     fn mark_up(&self) {
         if !self.up.swap(true, Ordering::AcqRel) {
-            tracing::info!(event = "redis_up", url = %redacted(&self.url));
+            tracing::info!(event = "redis_up", target = ?self.conn.target);
             ::metrics::gauge!(m::CLUSTER_REDIS_UP).set(1.0);
         }
     }
 
-    /// The connection, made on first use (a gateway starts without Redis).
+    /// The connection to the primary (see [`Conn`]).
     async fn conn(&self) -> redis::RedisResult<ConnectionManager> {
-        let url = self.url.clone();
-        let timeout = self.timeout;
-        let c = self
-            .conn
-            .get_or_try_init(|| async move {
-                let client = redis::Client::open(url)?;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(Duration::from_millis(500)))
-                    .set_response_timeout(Some(timeout.max(Duration::from_millis(200))))
-                    .set_number_of_retries(1)
-                    .set_max_delay(Duration::from_millis(500));
-                client.get_connection_manager_with_config(config).await
-            })
-            .await?;
-        Ok(c.clone())
+        if let Some(c) = self.conn.current.load_full() {
+            return Ok((*c).clone());
+        }
+        let mut next = self.conn.dial.lock().await;
+        if let Some(c) = self.conn.current.load_full() {
+            return Ok((*c).clone()); // another caller dialled meanwhile
+        }
+        let now = tokio::time::Instant::now();
+        if next.is_some_and(|at| now < at) {
+            return Err(redis::RedisError::from((redis::ErrorKind::Io, "redis: redialling shortly")));
+        }
+        *next = Some(now + REDIAL);
+        let client = self.conn.target.client(self.timeout.max(Duration::from_millis(200))).await.map_err(|e| {
+            if let fleet_redis::Resolve::Sentinel(why) = &e {
+                ::metrics::counter!(m::CLUSTER_SENTINEL_ERRORS, "reason" => why.as_str()).increment(1);
+                tracing::warn!(event = "redis_sentinel_unusable", target = ?self.conn.target, reason = why.as_str());
+            }
+            redis::RedisError::from(e)
+        })?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(500)))
+            .set_response_timeout(Some(self.timeout.max(Duration::from_millis(200))))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let c = client.get_connection_manager_with_config(config).await?;
+        if self.conn.target.follows_failover() {
+            tracing::info!(event = "redis_primary", target = ?self.conn.target, addr = ?client.get_connection_info().addr());
+        }
+        self.conn.current.store(Some(Arc::new(c.clone())));
+        Ok(c)
     }
 
     /// Runs `f` with the request-path timeout.
@@ -223,11 +271,11 @@ impl RedisState {
         }
         let (conn, tenant, up) = (Arc::clone(&self.conn), tenant.to_string(), Arc::clone(&self.up));
         tokio::spawn(async move {
-            if let Some(c) = conn.get() {
-                let mut c = c.clone();
+            if let Some(c) = conn.current.load_full() {
+                let mut c = (*c).clone();
                 let r: redis::RedisResult<()> = c.zrem(format!("slo:lease:{tenant}"), lease).await;
                 if let Err(e) = r {
-                    mark_down(&up, &e);
+                    mark_down(&up, &conn, &e);
                 }
             }
         });
@@ -439,28 +487,4 @@ pub struct Published {
     pub text: String,
     /// Hex HMAC-SHA256 (see [`super::signing`]).
     pub mac: String,
-}
-
-/// `url` with any password replaced by `***` (for logs and `Debug`).
-pub fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
-    match rest.split_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
-            format!("{scheme}://{user}:***@{host}")
-        }
-        None => url.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod redaction_tests {
-    use super::redacted;
-
-    #[test]
-    fn passwords_never_reach_logs() {
-        assert_eq!(redacted("redis://:hunter2@10.0.0.1:6379/0"), "redis://:***@10.0.0.1:6379/0");
-        assert_eq!(redacted("rediss://app:hunter2@r:6380"), "rediss://app:***@r:6380");
-        assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
-    }
 }

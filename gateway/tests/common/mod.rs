@@ -105,7 +105,8 @@ fn gateway_command(dir: &Path) -> Command {
     cmd
 }
 
-fn scratch_dir() -> PathBuf {
+/// A fresh directory under the temp dir, private to this call.
+pub fn scratch_dir() -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
         "gateway-test-{}-{}",
@@ -446,7 +447,8 @@ pub fn header<'a>(resp: &'a http::Response<hyper::body::Incoming>, name: &str) -
 
 /// A real `redis-server` on a free loopback port, private to one test
 /// (`scripts/test-all` installs it from Debian's packages when missing).
-pub use loadtest::chaos::system::Redis;
+#[allow(unused_imports)] // not every test binary uses Sentinel
+pub use loadtest::chaos::system::{Redis, Sentinel};
 
 /// Starts a [`Redis`] in a scratch directory of this test.
 pub fn start_redis() -> Redis {

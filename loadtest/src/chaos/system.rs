@@ -167,18 +167,26 @@ pub struct Redis {
     pub port: u16,
     child: Option<std::process::Child>,
     dir: PathBuf,
+    /// Further server arguments (a replica's `--replicaof`).
+    extra: Vec<String>,
 }
 
 impl Redis {
     /// Starts one with its files under `scratch`.
     pub fn start(scratch: &Path) -> Result<Self, String> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
+        Self::start_with(scratch, Vec::new())
+    }
+
+    /// Starts a replica of the primary on `primary_port`.
+    pub fn start_replica(scratch: &Path, primary_port: u16) -> Result<Self, String> {
+        Self::start_with(scratch, vec!["--replicaof".into(), "127.0.0.1".into(), primary_port.to_string()])
+    }
+
+    fn start_with(scratch: &Path, extra: Vec<String>) -> Result<Self, String> {
+        let port = free_port()?;
         let dir = scratch.join(format!("redis-{port}"));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let mut r = Self { port, child: None, dir };
+        let mut r = Self { port, child: None, dir, extra };
         r.restart()?;
         Ok(r)
     }
@@ -206,6 +214,7 @@ impl Redis {
             ])
             .arg("--dir")
             .arg(&self.dir)
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -225,19 +234,12 @@ impl Redis {
     /// One command over RESP; the reply's first line (`:1`, `+OK`, …), or
     /// empty when Redis does not answer.
     pub fn command(&self, args: &[&str]) -> String {
-        use std::io::{BufRead, Write};
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else { return String::new() };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        let mut req = format!("*{}\r\n", args.len());
-        for a in args {
-            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-        }
-        if s.write_all(req.as_bytes()).is_err() {
-            return String::new();
-        }
-        let mut line = String::new();
-        let _ = std::io::BufReader::new(s).read_line(&mut line);
-        line.trim_end().to_string()
+        command(self.port, args)
+    }
+
+    /// The whole reply to `args` as text (an `INFO` section, a `ROLE`).
+    pub fn reply(&self, args: &[&str]) -> String {
+        reply(self.port, args)
     }
 
     /// SIGKILLs the server.
@@ -246,6 +248,111 @@ impl Redis {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// A port free on loopback (bound, then released).
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
+
+/// Sends one RESP command to the server on `port`; the connection to read
+/// the reply from, reads timing out after `read`.
+fn send(port: u16, args: &[&str], read: Duration) -> Option<std::net::TcpStream> {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(read)).ok()?;
+    let mut req = format!("*{}\r\n", args.len());
+    for a in args {
+        req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    s.write_all(req.as_bytes()).ok()?;
+    Some(s)
+}
+
+/// One RESP command to the server on `port`: the reply's first line.
+fn command(port: u16, args: &[&str]) -> String {
+    use std::io::BufRead;
+    let Some(s) = send(port, args, Duration::from_secs(2)) else { return String::new() };
+    let mut line = String::new();
+    let _ = std::io::BufReader::new(s).read_line(&mut line);
+    line.trim_end().to_string()
+}
+
+/// One RESP command to the server on `port`: everything it answers until
+/// 200 ms of silence, as text.
+fn reply(port: u16, args: &[&str]) -> String {
+    use std::io::Read;
+    let Some(mut s) = send(port, args, Duration::from_millis(200)) else { return String::new() };
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A `redis-server --sentinel` on a free loopback port watching one
+/// primary as `master` (quorum 2, down after 1 s), killed when dropped.
+pub struct Sentinel {
+    pub port: u16,
+    child: Option<std::process::Child>,
+    dir: PathBuf,
+}
+
+impl Sentinel {
+    pub fn start(scratch: &Path, master: &str, primary_port: u16) -> Result<Self, String> {
+        let port = free_port()?;
+        let dir = scratch.join(format!("sentinel-{port}"));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        // Sentinel rewrites its configuration file: it must be its own.
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor {master} 127.0.0.1 {primary_port} 2\n\
+                 sentinel down-after-milliseconds {master} 1000\nsentinel failover-timeout {master} 5000\n\
+                 sentinel parallel-syncs {master} 1\n",
+                dir.display()
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let child = std::process::Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("redis-server --sentinel (apt-get install redis-server): {e}"))?;
+        let s = Self { port, child: Some(child), dir };
+        for _ in 0..400 {
+            if command(port, &["PING"]) == "+PONG" {
+                return Ok(s);
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        Err(format!("redis sentinel did not start on {port}"))
+    }
+
+    /// The whole reply to `args` as text.
+    pub fn reply(&self, args: &[&str]) -> String {
+        reply(self.port, args)
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
