@@ -3,10 +3,11 @@
 //! - `redis://[[user]:password@]host:port[/db]`: one server (the redis
 //!   crate's own URL form; a managed Redis behind one address too).
 //! - `redis+sentinel://[[user]:password@]host:port[,host:port…]/master[/db]`:
-//!   Redis Sentinel. The sentinels are asked, in order, for `master`'s
-//!   address (`SENTINEL GET-MASTER-ADDR-BY-NAME`); the first address that
-//!   answers `ROLE` as a primary is used. The credentials and db are the
-//!   data nodes'; the sentinels are reached without them (their default).
+//!   Redis Sentinel, through the redis crate's `SentinelClient`: the
+//!   sentinels are asked for `master` and the first address that answers
+//!   `ROLE` as a primary is used. The credentials and db are the data
+//!   nodes'; the sentinels are reached without them (their default). The
+//!   URL form is ours (the crate takes a list of sentinel addresses).
 //!
 //! [`Target::client`] resolves the address each time it is called: a caller
 //! that loses its connection (the primary died, or was demoted and refuses
@@ -28,7 +29,7 @@ pub enum Target {
 /// A Sentinel set and the primary it watches.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Sentinel {
-    /// `host:port` of each sentinel, asked in this order.
+    /// `host:port` of each sentinel.
     pub sentinels: Vec<String>,
     /// The monitored primary's name (`sentinel monitor <name> ...`).
     pub master: String,
@@ -42,23 +43,18 @@ pub struct Sentinel {
 /// `*_redis_sentinel_errors_total{reason}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unusable {
-    /// No sentinel answered.
-    NoSentinel,
-    /// The sentinels answered but know no primary of that name.
-    UnknownMaster,
-    /// The named primary did not answer.
-    MasterUnreachable,
-    /// The named address answered as a replica (a failover in progress).
-    NotPrimary,
+    /// The sentinels answered but name no primary that is up by that name
+    /// (an unknown name, or the primary is down and not yet replaced).
+    NoPrimary,
+    /// No sentinel, or not the primary they named, answered in time.
+    Unreachable,
 }
 
 impl Unusable {
     pub fn as_str(self) -> &'static str {
         match self {
-            Unusable::NoSentinel => "no_sentinel",
-            Unusable::UnknownMaster => "unknown_master",
-            Unusable::MasterUnreachable => "master_unreachable",
-            Unusable::NotPrimary => "not_primary",
+            Unusable::NoPrimary => "no_primary",
+            Unusable::Unreachable => "unreachable",
         }
     }
 }
@@ -163,76 +159,31 @@ impl From<Resolve> for redis::RedisError {
 
 impl Sentinel {
     async fn primary(&self, timeout: Duration) -> Result<redis::Client, Resolve> {
-        let mut why = Unusable::NoSentinel;
-        for addr in &self.sentinels {
-            let Some(master) = ask(addr, &self.master, timeout).await else { continue };
-            let Some((host, port)) = master else {
-                why = why.max_with(Unusable::UnknownMaster);
-                continue;
-            };
-            let auth = self.userinfo.as_ref().map_or(String::new(), |u| format!("{u}@"));
-            let url = format!("redis://{auth}{host}:{port}/{}", self.db);
-            let client = redis::Client::open(url).map_err(Resolve::Redis)?;
-            match role(&client, timeout).await {
-                Some(true) => return Ok(client),
-                Some(false) => why = why.max_with(Unusable::NotPrimary),
-                None => why = why.max_with(Unusable::MasterUnreachable),
+        use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+        let sentinels: Vec<String> = self.sentinels.iter().map(|a| format!("redis://{a}")).collect();
+        // The data nodes' credentials and db, parsed the crate's way from a
+        // URL of the same userinfo.
+        let auth = self.userinfo.as_ref().map_or(String::new(), |u| format!("{u}@"));
+        let node = redis::Client::open(format!("redis://{auth}localhost/{}", self.db))
+            .map_err(Resolve::Redis)?
+            .get_connection_info()
+            .redis_settings()
+            .clone();
+        let mut client = SentinelClient::build(
+            sentinels,
+            self.master.clone(),
+            Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(node)),
+            SentinelServerType::Master,
+        )
+        .map_err(Resolve::Redis)?;
+        match tokio::time::timeout(timeout, client.async_get_client()).await {
+            Ok(Ok(c)) => Ok(c),
+            Ok(Err(e)) if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel => {
+                Err(Resolve::Sentinel(Unusable::NoPrimary))
             }
-        }
-        Err(Resolve::Sentinel(why))
-    }
-}
-
-impl Unusable {
-    /// The more telling of two reasons (a sentinel that answered beats one
-    /// that did not).
-    fn max_with(self, other: Unusable) -> Unusable {
-        let rank = |u| match u {
-            Unusable::NoSentinel => 0,
-            Unusable::UnknownMaster => 1,
-            Unusable::MasterUnreachable => 2,
-            Unusable::NotPrimary => 3,
-        };
-        if rank(other) > rank(self) {
-            other
-        } else {
-            self
+            Ok(Err(_)) | Err(_) => Err(Resolve::Sentinel(Unusable::Unreachable)),
         }
     }
-}
-
-/// One sentinel's answer for `master`: `None` if it did not answer,
-/// `Some(None)` if it knows no such primary.
-async fn ask(addr: &str, master: &str, timeout: Duration) -> Option<Option<(String, u16)>> {
-    let client = redis::Client::open(format!("redis://{addr}")).ok()?;
-    let query = async {
-        let mut c = client.get_multiplexed_async_connection().await?;
-        redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(master)
-            .query_async::<Option<(String, u16)>>(&mut c)
-            .await
-    };
-    tokio::time::timeout(timeout, query).await.ok()?.ok()
-}
-
-/// Whether the server answers `ROLE` as a primary; `None` if it does not
-/// answer.
-async fn role(client: &redis::Client, timeout: Duration) -> Option<bool> {
-    let query = async {
-        let mut c = client.get_multiplexed_async_connection().await?;
-        redis::cmd("ROLE").query_async::<redis::Value>(&mut c).await
-    };
-    let value = tokio::time::timeout(timeout, query).await.ok()?.ok()?;
-    let first = match value {
-        redis::Value::Array(items) => items.into_iter().next(),
-        _ => None,
-    };
-    Some(match first {
-        Some(redis::Value::BulkString(b)) => b == b"master",
-        Some(redis::Value::SimpleString(s)) => s == "master",
-        _ => false,
-    })
 }
 
 /// A URL with the password in its userinfo replaced by `***` (the user
@@ -300,7 +251,7 @@ mod tests {
             Target::parse(&format!("redis+sentinel://127.0.0.1:{},127.0.0.1:{}/m", free(), free())).unwrap();
         let started = std::time::Instant::now();
         let err = t.client(Duration::from_millis(200)).await.unwrap_err();
-        assert!(matches!(err, Resolve::Sentinel(Unusable::NoSentinel)), "{err}");
+        assert!(matches!(err, Resolve::Sentinel(Unusable::Unreachable)), "{err}");
         assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
     }
 }

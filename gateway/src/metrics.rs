@@ -212,7 +212,7 @@ pub const HELP: &[(&str, &str)] = &[
     (CLUSTER_REDIS_UP, "Whether the shared Redis answers (1) or not (0)."),
     (
         CLUSTER_SENTINEL_ERRORS,
-        "Resolutions of the Redis primary through Sentinel that found none usable, by reason (no_sentinel, unknown_master, master_unreachable, not_primary).",
+        "Resolutions of the Redis primary through Sentinel that found none usable, by reason (no_primary: the sentinels name none that is up by that name; unreachable: no sentinel, or not the primary they named, answered in time).",
     ),
     (POLICY_VERSION, "The policy document in force (its version as a label; value 1)."),
     (POLICY_RELOADS, "Policy reloads, by result."),
