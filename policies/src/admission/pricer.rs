@@ -113,7 +113,7 @@ impl<'a> Pricer<'a> {
     fn joining(&self, e: &Candidate) -> Fit {
         let s = self.predict(e);
         let backlog = if e.prefill_backlog_tokens > 0 {
-            self.model.prefill_raw_ms(e.prefill_backlog_tokens.min(u64::from(u32::MAX)) as u32)
+            self.model.backlog_raw_ms(e.prefill_backlog_tokens.min(u64::from(u32::MAX)) as u32)
         } else {
             0.0
         };

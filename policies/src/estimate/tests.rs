@@ -150,3 +150,23 @@ fn output_quantile_from_the_sorted_window_matches_a_selection_over_the_window() 
         }
     }
 }
+
+#[test]
+fn a_backlog_of_several_prompts_is_not_charged_one_long_prompts_attention() {
+    // The A100 profile has no attention term: a backlog costs the fit.
+    let a100 = LatencyProfile::parse("a100", include_str!("../../profiles/emulated-a100-8b.toml")).unwrap();
+    let m = ServiceModel::from_profile(&a100);
+    assert_eq!(m.backlog_raw_ms(1000), m.prefill_raw_ms(1000));
+    // The cpu profile's attention is most of a long prompt's prefill; a
+    // backlog of 1,000 tokens in five prompts measures ~389 ms (the
+    // profile's batch model), one prompt of 1,000 ~915 ms.
+    let cpu = LatencyProfile::parse("cpu", include_str!("../../profiles/cpu-epyc-2core.toml")).unwrap();
+    let m = ServiceModel::from_profile(&cpu);
+    let five = cpu.prefill_batch_ms((0..5).map(|_| (200, 0)));
+    for (tokens, batch) in [(1000, five), (600, cpu.prefill_batch_ms((0..5).map(|_| (120, 0))))] {
+        let backlog = m.backlog_raw_ms(tokens);
+        assert!(backlog < 0.6 * m.prefill_raw_ms(tokens), "{tokens}: {backlog} vs one prompt");
+        assert!((backlog / batch - 1.0).abs() < 0.2, "{tokens}: {backlog} vs batched {batch}");
+    }
+    assert!(m.backlog_raw_ms(1) >= m.c, "never below the fixed cost");
+}
