@@ -20,6 +20,8 @@ use crate::backend::{Backend, BackendKind, Slot, Token};
 use crate::cli::EngineArgs;
 use crate::kv::{KvAllocator, PageSet};
 
+mod mixed;
+
 /// Options of `engine profile`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProfileArgs {
@@ -295,7 +297,7 @@ fn measure<B: Backend>(
     args: &ProfileArgs,
 ) -> Result<Measured, ProfileError> {
     let repeats = args.repeats.max(1) as usize;
-    let steps = args.prompts.len() + 2 * args.batches.len() + MIXED_STEPS;
+    let steps = args.prompts.len() + 2 * args.batches.len() + mixed::MIXED_STEPS;
     let mut done = 0;
     let mut report = |label: String, ms: f64| {
         done += 1;
@@ -307,7 +309,7 @@ fn measure<B: Backend>(
             .map_err(|_| ProfileError::KvTooSmall(kv.total_pages()))?;
         Ok(Probe { seq: backend.start(&request(prompt), prompt), pages, context: prompt })
     };
-    let decode_steps = DECODE_STEPS;
+    let decode_steps = mixed::DECODE_STEPS;
     let room = (repeats as u32 + 2) * decode_steps;
 
     let mut prefill = Vec::new();
@@ -357,134 +359,9 @@ fn measure<B: Backend>(
         (xy + extra(b) * (long_ms - short), xx + extra(b) * extra(b))
     });
     let ms_per_1k_context = if xx > 0.0 { (xy / xx).max(0.0) } else { 0.0 };
-    let checks = measure_mixed(backend, args, repeats, &new_probe, &mut report)?;
-    let attention_ms_per_1k2 = fit_attention(&prefill, &decode, ms_per_1k_context, &checks);
+    let checks = mixed::measure(backend, args, repeats, &new_probe, &mut report)?;
+    let attention_ms_per_1k2 = mixed::fit_attention(&prefill, &decode, ms_per_1k_context, &checks);
     Ok(Measured { prefill, decode, ms_per_1k_context, attention_ms_per_1k2, checks })
-}
-
-/// Makes a sequence of a prompt length with room for some decode steps.
-type NewProbe<'a, B> = dyn Fn(&mut B, u32, u32) -> Result<Probe<<B as Backend>::Seq>, ProfileError> + 'a;
-
-/// Decode steps averaged per timed run: single steps of a few milliseconds
-/// are noisy on a shared host.
-const DECODE_STEPS: u32 = 8;
-
-/// How many mixed steps [`measure_mixed`] times.
-const MIXED_STEPS: usize = 8;
-
-/// Times the steps a serving engine meets and the single-prompt curve does
-/// not show: prefill batches mixing long and short prompts, decode steps
-/// over mixed contexts, and a decode step right after a long prefill.
-fn measure_mixed<B: Backend>(
-    backend: &mut B,
-    args: &ProfileArgs,
-    repeats: usize,
-    new_probe: &NewProbe<'_, B>,
-    report: &mut dyn FnMut(String, f64),
-) -> Result<Vec<policies::profile::StepCheck>, ProfileError> {
-    let long = args.prompts.iter().copied().max().unwrap_or(1024).max(64);
-    let short = args.prompts.iter().copied().min().unwrap_or(16).max(1);
-    let check = |prefill: Vec<u32>, decode: Vec<u32>, ms: f64, note: &str| policies::profile::StepCheck {
-        prefill,
-        decode,
-        ms,
-        note: note.to_string(),
-    };
-    let mut checks = Vec::new();
-    let prefills: [(Vec<u32>, &str); 5] = [
-        ([vec![long], vec![short; 4]].concat(), "one long prompt beside four short ones"),
-        (vec![long / 4; 4], "four quarter-length prompts"),
-        (vec![long / 16; 16], "sixteen prompts of a sixteenth"),
-        (vec![long / 2, long / 4, long / 8, long / 8], "halving lengths"),
-        ([vec![long / 4], vec![long / 16; 2], vec![short; 4]].concat(), "one medium, two small, four short"),
-    ];
-    for (sizes, note) in prefills {
-        let mut times = Vec::new();
-        for i in 0..=repeats {
-            let mut probes =
-                sizes.iter().map(|&n| new_probe(backend, n, 1)).collect::<Result<Vec<_>, _>>()?;
-            let t = step(backend, &mut probes, false).as_secs_f64() * 1e3;
-            if i > 0 {
-                times.push(t);
-            }
-        }
-        let ms = median(times);
-        report(format!("prefill {sizes:?}"), ms);
-        checks.push(check(sizes, vec![], ms, note));
-    }
-    // Decode over mixed contexts; the last one right after a long prefill
-    // (the interleaving a serving engine runs: prefill, then decode).
-    let spread: Vec<u32> = (0..16).map(|i| short + (long - short) * i / 15).collect();
-    let decodes: [(Vec<u32>, bool, &str); 3] = [
-        ([vec![long], vec![short; 7]].concat(), false, "one long context beside seven short ones"),
-        (spread, false, "sixteen contexts spread from the shortest to the longest prompt"),
-        (vec![long / 2; 8], true, "right after a prefill of the longest prompt"),
-    ];
-    let decode_steps = DECODE_STEPS;
-    let room = (repeats as u32 + 2) * decode_steps;
-    for (contexts, after_prefill, note) in decodes {
-        let mut probes =
-            contexts.iter().map(|&n| new_probe(backend, n, room)).collect::<Result<Vec<_>, _>>()?;
-        step(backend, &mut probes, false);
-        let mut times = Vec::new();
-        for i in 0..=repeats {
-            let mut t = 0.0;
-            for _ in 0..decode_steps {
-                if after_prefill {
-                    let mut p = vec![new_probe(backend, long, 1)?];
-                    step(backend, &mut p, false);
-                }
-                t += step(backend, &mut probes, true).as_secs_f64() * 1e3;
-            }
-            if i > 0 {
-                times.push(t / f64::from(decode_steps));
-            }
-        }
-        let ms = median(times);
-        // The contexts halfway through the timed steps.
-        let at: Vec<u32> = probes.iter().map(|p| p.context - room / 2).collect();
-        report(format!("decode contexts {contexts:?}"), ms);
-        checks.push(check(vec![], at, ms, note));
-    }
-    Ok(checks)
-}
-
-/// The attention term (ms per 1k²) that best reproduces the mixed prefill
-/// batches (least squares on relative error), between 0 and the largest
-/// the single-prompt points allow.
-fn fit_attention(
-    prefill: &[(u32, f64)],
-    decode: &[(u32, f64)],
-    ms_per_1k_context: f64,
-    checks: &[policies::profile::StepCheck],
-) -> f64 {
-    let sq = |n: u32| (f64::from(n) / 1000.0).powi(2);
-    let max = prefill.iter().filter(|(n, _)| *n > 0).map(|&(n, ms)| ms / sq(n)).fold(f64::INFINITY, f64::min);
-    if !max.is_finite() {
-        return 0.0;
-    }
-    let doc = |q: f64| {
-        let points =
-            |v: &[(u32, f64)]| v.iter().map(|(x, ms)| format!("[{x}, {ms}]")).collect::<Vec<_>>().join(", ");
-        format!(
-            "model = \"m\"\nengine_class = \"c\"\n[prefill]\npoints = [{}]\nattention_ms_per_1k2 = {q}\n\
-             [decode]\nbatch_points = [{}]\nms_per_1k_context = {ms_per_1k_context}\n",
-            points(prefill),
-            points(decode)
-        )
-    };
-    let error = |q: f64| -> f64 {
-        let Ok(p) = policies::LatencyProfile::parse("fit", &doc(q)) else { return f64::INFINITY };
-        checks
-            .iter()
-            .filter(|c| !c.prefill.is_empty())
-            .map(|c| (c.predicted_ms(&p) / c.ms - 1.0).powi(2))
-            .sum()
-    };
-    (0..=1000)
-        .map(|i| max * f64::from(i) / 1000.0)
-        .min_by(|a, b| error(*a).total_cmp(&error(*b)))
-        .unwrap_or(0.0)
 }
 
 fn render(args: &ProfileArgs, class: &str, host: &str, m: &Measured) -> String {
@@ -617,12 +494,12 @@ mod tests {
         // The mixed steps replay the profile's own model (no attention term
         // in the A100 profile: a batch costs the curve at its total), and
         // the written file keeps them as checks.
-        assert_eq!(m.checks.len(), MIXED_STEPS);
+        assert_eq!(m.checks.len(), mixed::MIXED_STEPS);
         for c in &m.checks {
             let want = c.predicted_ms(&bundled);
             assert!(c.ms >= want * 0.97 && c.ms < want * 1.05 + 5.0, "{c:?}: replayed {} vs {want}", c.ms);
         }
-        assert_eq!(p.checks.len(), MIXED_STEPS, "{text}");
+        assert_eq!(p.checks.len(), mixed::MIXED_STEPS, "{text}");
         assert_eq!(m.attention_ms_per_1k2, 0.0, "a profile without the term fits none");
         assert!(text.contains("engine_class = \"emulated-"), "{text}");
         std::fs::remove_dir_all(&dir).unwrap();

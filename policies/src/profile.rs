@@ -164,6 +164,16 @@ impl LatencyProfile {
         })
     }
 
+    /// The same measured curves with another attention term (`None` if it
+    /// exceeds what the prefill points take): how `engine profile` fits it.
+    pub fn with_attention(&self, ms_per_1k2: f64) -> Option<Self> {
+        let q = self.attention_ms_per_1k2;
+        let prefill: Vec<(f64, f64)> =
+            self.prefill.iter().map(|&(n, ms)| (n, ms + (q - ms_per_1k2) * sq(n))).collect();
+        let ok = ms_per_1k2.is_finite() && ms_per_1k2 >= 0.0 && prefill.iter().all(|&(_, ms)| ms >= 0.0);
+        ok.then(|| Self { prefill, attention_ms_per_1k2: ms_per_1k2, ..self.clone() })
+    }
+
     /// The same curves with every time multiplied by `factor` (a slower or
     /// faster device; the simulator's predictor-error runs).
     pub fn scaled(&self, factor: f64) -> Self {
@@ -325,6 +335,11 @@ mod tests {
         // A cached prefix costs no linear work, but its new rows attend to it.
         let cached = p.prefill_batch_ms([(1000, 1000)]);
         assert!(close(cached, 101.0 + 0.5 * (4.0 - 1.0)), "{cached}");
+        // The same points with another term: a single prompt costs the same.
+        let other = p.with_attention(0.25).unwrap();
+        assert!(close(other.prefill_ms(2000), 203.0), "{}", other.prefill_ms(2000));
+        assert!(close(other.prefill_batch_ms([(1000, 0), (1000, 0)]), 202.0 + 0.5));
+        assert!(p.with_attention(60.0).is_none(), "more than the points take");
         // Without the key a batch costs the curve at its total.
         let flat = LatencyProfile::parse("t.toml", DOC).unwrap();
         assert_eq!(flat.prefill_batch_ms([(500, 0), (500, 0)]), flat.prefill_ms(1000));
