@@ -219,28 +219,7 @@ async fn redis_dying_under_load_fails_no_request_and_state_comes_back() {
     let url = redis.url();
     let sys = System::start_with_policy(&paced(1, 2), 2, &["--redis", &url], Some(&default_policy())).await;
     wait_ready(&sys, "Redis up", |r| r["detail"]["cluster"]["redis_up"] == true).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut workers = Vec::new();
-    for _ in 0..4 {
-        let (conn, stop) = (sys.conn(Proto::H2).await, Arc::clone(&stop));
-        workers.push(tokio::spawn(async move {
-            let (mut sent, mut failed) = (0, Vec::new());
-            while !stop.load(Ordering::Relaxed) && sent < 2000 {
-                sent += 1;
-                match conn.send(request("/v1/chat/completions", GOLD, chat_body("hi", 4, true), &[])).await {
-                    Ok(r) if r.status() == StatusCode::OK => {
-                        let events = sse_events(r).await;
-                        if events.last().map(|e| e.data.as_str()) != Some("[DONE]") {
-                            failed.push("unfinished stream".to_string());
-                        }
-                    }
-                    Ok(r) => failed.push(r.status().to_string()),
-                    Err(e) => failed.push(e.to_string()),
-                }
-            }
-            (sent, failed)
-        }));
-    }
+    let load = ChatLoad::start(&sys, 2000).await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     redis.kill();
     let r = wait_ready(&sys, "Redis down is reported", |r| r["detail"]["cluster"]["redis_up"] == false).await;
@@ -261,15 +240,57 @@ async fn redis_dying_under_load_fails_no_request_and_state_comes_back() {
         assert!(Instant::now() < deadline, "state did not resync into the restarted Redis");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    stop.store(true, Ordering::Relaxed);
-    let (mut sent, mut failed) = (0, Vec::new());
-    for w in workers {
-        let (n, f) = w.await.unwrap();
-        sent += n;
-        failed.extend(f);
+    load.stop_expecting_no_failure().await;
+}
+
+/// Four connections of streamed gold chats, back to back, until stopped
+/// (at most `limit` each): the load of the Redis fault tests.
+struct ChatLoad {
+    stop: Arc<AtomicBool>,
+    workers: Vec<tokio::task::JoinHandle<(usize, Vec<String>)>>,
+}
+
+impl ChatLoad {
+    async fn start(sys: &System, limit: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut workers = Vec::new();
+        for _ in 0..4 {
+            let (conn, stop) = (sys.conn(Proto::H2).await, Arc::clone(&stop));
+            workers.push(tokio::spawn(async move {
+                let (mut sent, mut failed) = (0, Vec::new());
+                while !stop.load(Ordering::Relaxed) && sent < limit {
+                    sent += 1;
+                    match conn
+                        .send(request("/v1/chat/completions", GOLD, chat_body("hi", 4, true), &[]))
+                        .await
+                    {
+                        Ok(r) if r.status() == StatusCode::OK => {
+                            if sse_events(r).await.last().map(|e| e.data.as_str()) != Some("[DONE]") {
+                                failed.push("unfinished stream".to_string());
+                            }
+                        }
+                        Ok(r) => failed.push(r.status().to_string()),
+                        Err(e) => failed.push(e.to_string()),
+                    }
+                }
+                (sent, failed)
+            }));
+        }
+        Self { stop, workers }
     }
-    assert!(sent > 50, "only {sent} requests");
-    assert!(failed.is_empty(), "{} of {sent} failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
+
+    /// Stops the load; asserts it sent a fair number and none failed.
+    async fn stop_expecting_no_failure(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let (mut sent, mut failed) = (0, Vec::new());
+        for w in self.workers {
+            let (n, f) = w.await.unwrap();
+            sent += n;
+            failed.extend(f);
+        }
+        assert!(sent > 50, "only {sent} requests");
+        assert!(failed.is_empty(), "{} of {sent} failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
+    }
 }
 
 /// Polls `ok` every 100 ms for at most `within`; how long it took.
@@ -438,27 +459,7 @@ async fn the_fleet_follows_a_sentinel_failover_under_load_and_fails_no_request()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut workers = Vec::new();
-    for _ in 0..4 {
-        let (conn, stop) = (sys.conn(Proto::H2).await, Arc::clone(&stop));
-        workers.push(tokio::spawn(async move {
-            let (mut sent, mut failed) = (0, Vec::new());
-            while !stop.load(Ordering::Relaxed) && sent < 4000 {
-                sent += 1;
-                match conn.send(request("/v1/chat/completions", GOLD, chat_body("hi", 4, true), &[])).await {
-                    Ok(r) if r.status() == StatusCode::OK => {
-                        if sse_events(r).await.last().map(|e| e.data.as_str()) != Some("[DONE]") {
-                            failed.push("unfinished stream".to_string());
-                        }
-                    }
-                    Ok(r) => failed.push(r.status().to_string()),
-                    Err(e) => failed.push(e.to_string()),
-                }
-            }
-            (sent, failed)
-        }));
-    }
+    let load = ChatLoad::start(&sys, 4000).await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     primary.kill();
     let promoted = format!("\r\n{}\r\n", replica.port);
@@ -476,15 +477,7 @@ async fn the_fleet_follows_a_sentinel_failover_under_load_and_fails_no_request()
     .await;
     eprintln!("the fleet wrote to the new primary {took:?} after the promotion was visible");
     wait_ready(&sys, "Redis up again", |r| r["detail"]["cluster"]["redis_up"] == true).await;
-    stop.store(true, Ordering::Relaxed);
-    let (mut sent, mut failed) = (0, Vec::new());
-    for w in workers {
-        let (n, f) = w.await.unwrap();
-        sent += n;
-        failed.extend(f);
-    }
-    assert!(sent > 50, "only {sent} requests");
-    assert!(failed.is_empty(), "{} of {sent} failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
+    load.stop_expecting_no_failure().await;
 }
 
 /// Sentinel sets that give no usable primary: one naming a primary that
