@@ -27,6 +27,7 @@ RUN apt-get update \
 COPY --from=build /out/gateway /out/loadtest /usr/local/bin/
 COPY policies/default.toml /usr/share/slo-gateway/policies/default.toml
 COPY policies/profiles /usr/share/slo-gateway/policies/profiles
+COPY policies/oserve-lstm.json /usr/share/slo-gateway/policies/oserve-lstm.json
 COPY loadtest/workloads /usr/share/slo-gateway/loadtest/workloads
 WORKDIR /usr/share/slo-gateway
 USER 10001:10001

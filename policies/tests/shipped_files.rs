@@ -199,3 +199,27 @@ fn every_example_policy_is_valid() {
     let default = PolicyDocument::parse("default.toml", &default).unwrap().version;
     assert!(!versions.contains(&default));
 }
+
+/// The default forecaster is the LSTM of the shipped model file: it must
+/// be at the default path, for the default policy's types, and forecast a
+/// series at its own level (the windows are scaled by their mean).
+#[test]
+fn the_shipped_lstm_models_fit_the_default_types() {
+    use policies::oserve::forecast::LstmModels;
+    use policies::oserve::{Forecaster, DEFAULT_LSTM_MODELS};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc =
+        PolicyDocument::parse("default.toml", &std::fs::read_to_string(root.join("default.toml")).unwrap())
+            .unwrap();
+    assert_eq!(doc.oserve.forecast, Forecaster::Lstm);
+    assert_eq!(doc.oserve.lstm_models, DEFAULT_LSTM_MODELS);
+    let file = root.join("..").join(DEFAULT_LSTM_MODELS);
+    let models: LstmModels = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    let names: Vec<&str> = doc.oserve.types.iter().map(|t| t.name.as_str()).collect();
+    models.check(&names).unwrap();
+    for level in [10.0, 1000.0] {
+        let flat = vec![level; 60];
+        let f = models.models[0].forecast(&flat);
+        assert!((f / level - 1.0).abs() < 0.25, "a flat series at {level} forecasts {f}");
+    }
+}

@@ -8,7 +8,7 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use policies::batching::BatchLimits;
 use policies::oserve::capacity::{CostModel, Parallel};
-use policies::oserve::deploy::{evaluate, mix_capacity, search_mix, switch_plan, Deployment, Step};
+use policies::oserve::deploy::{evaluate, mix_capacity, search_mix, switch_plan_within, Deployment, Step};
 use policies::oserve::route::{type_routing, Routes};
 use policies::oserve::typing::nearest_centroid;
 use policies::LatencyProfile;
@@ -34,6 +34,9 @@ struct Replica {
     state: State,
     /// Tokens (prompt + output) of its unfinished requests.
     inflight: u64,
+    /// Requests bound to it that its KV has no room for yet (the
+    /// `vllm-like` arm: a vLLM engine's own waiting queue).
+    local: VecDeque<usize>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -73,6 +76,8 @@ pub(super) struct Sim<'a> {
     outs: Vec<Out>,
     mix: usize,
     switches: usize,
+    /// The `vllm-like` arm's round-robin cursor.
+    next: usize,
 }
 
 /// Seconds a replica of `p` takes to serve after its start: engine start
@@ -123,6 +128,7 @@ impl<'a> Sim<'a> {
             outs: Vec::new(),
             mix: 0,
             switches: 0,
+            next: 0,
         }
     }
 
@@ -144,7 +150,14 @@ impl<'a> Sim<'a> {
     fn add_replica(&mut self, p: Parallel, state: State) -> usize {
         let cfg = self.cfg_index(p);
         self.free_gpus -= p.gpus();
-        self.replicas.push(Replica { p, cfg, engine: SimEngine::default(), state, inflight: 0 });
+        self.replicas.push(Replica {
+            p,
+            cfg,
+            engine: SimEngine::default(),
+            state,
+            inflight: 0,
+            local: VecDeque::new(),
+        });
         self.replicas.len() - 1
     }
 
@@ -152,7 +165,7 @@ impl<'a> Sim<'a> {
     fn target(&self, s: usize, fixed: &Deployment) -> Deployment {
         let (model, gpus) = (self.model, self.args.gpus);
         match self.arm {
-            Arm::Static => fixed.clone(),
+            Arm::Static | Arm::Vllm => fixed.clone(),
             Arm::Reload => best_static(model, gpus, &self.mixes[s]).0,
             Arm::Oserve | Arm::OserveUnrouted => {
                 search_mix(model, gpus, &TYPES, &self.mixes[s], self.args.iterations)
@@ -180,7 +193,16 @@ impl<'a> Sim<'a> {
         let mix = &self.mixes[s];
         let gain = mix_capacity(self.model, &target, &TYPES, mix)
             >= mix_capacity(self.model, &current, &TYPES, mix) * (1.0 + self.args.min_gain);
-        let plan = switch_plan(self.model, self.args.gpus, &current, &target, &TYPES, &need).filter(|_| gain);
+        let plan = switch_plan_within(
+            self.model,
+            self.args.gpus,
+            &current,
+            &target,
+            &TYPES,
+            &need,
+            self.args.max_dip,
+        )
+        .filter(|_| gain);
 
         if let Some(steps) = plan.filter(|st| !st.is_empty()) {
             self.switches += 1;
@@ -199,7 +221,11 @@ impl<'a> Sim<'a> {
                     if self.free_gpus < p.gpus() {
                         return;
                     }
-                    let gbs = if self.arm == Arm::Reload { self.args.disk_gbs } else { self.model.link_gbs };
+                    let gbs = if self.arm == Arm::Reload && self.args.disk_gbs > 0.0 {
+                        self.args.disk_gbs
+                    } else {
+                        self.model.link_gbs
+                    };
                     let k = self.add_replica(p, State::Loading);
                     self.push(now + load_s(self.model, p, self.args.start_s, gbs), Ev::Ready(k));
                 }
@@ -301,7 +327,27 @@ impl<'a> Sim<'a> {
     }
 
     fn place(&mut self, now: f64, r: usize) -> bool {
-        let Some(k) = self.pick(r) else { return false };
+        match self.pick(r) {
+            Some(k) => self.place_on(now, r, k),
+            None => false,
+        }
+    }
+
+    /// The `vllm-like` arm: `r` is bound to the next serving replica in
+    /// turn, and waits in that replica's queue while its KV is full.
+    fn round_robin(&mut self, now: f64, r: usize) {
+        if self.serving.is_empty() {
+            self.waiting.push_back(r);
+            return;
+        }
+        let k = self.serving[self.next % self.serving.len()];
+        self.next += 1;
+        if !self.replicas[k].local.is_empty() || !self.place_on(now, r, k) {
+            self.replicas[k].local.push_back(r);
+        }
+    }
+
+    fn place_on(&mut self, now: f64, r: usize, k: usize) -> bool {
         let q = self.reqs[r];
         let seq = SimSeq {
             req: r,
@@ -368,14 +414,23 @@ impl<'a> Sim<'a> {
         }
         self.outs = outs;
         if freed {
+            while let Some(&r) = self.replicas[k].local.front() {
+                if !self.place_on(now, r, k) {
+                    break;
+                }
+                self.replicas[k].local.pop_front();
+            }
             self.drained(k);
             self.advance(now);
             self.retry(now);
         }
     }
 
-    pub(super) fn run(mut self, fixed: &Deployment, horizon: f64) -> (Vec<Done>, usize) {
-        for &p in &self.target(0, fixed).replicas {
+    /// Runs the trace to `horizon`: each request's times, the switches
+    /// made, and the first deployment.
+    pub(super) fn run(mut self, fixed: &Deployment, horizon: f64) -> (Vec<Done>, usize, String) {
+        let first = self.target(0, fixed);
+        for &p in &first.replicas {
             self.add_replica(p, State::Serving);
         }
         self.reroute();
@@ -391,6 +446,7 @@ impl<'a> Sim<'a> {
                 break;
             }
             match ev {
+                Ev::Arrive(r) if self.arm == Arm::Vllm => self.round_robin(t, r),
                 Ev::Arrive(r) => {
                     if !self.waiting.is_empty() || !self.place(t, r) {
                         self.waiting.push_back(r);
@@ -406,6 +462,6 @@ impl<'a> Sim<'a> {
                 Ev::Segment(s) => self.segment(t, s, fixed),
             }
         }
-        (self.done, self.switches)
+        (self.done, self.switches, first.to_string())
     }
 }

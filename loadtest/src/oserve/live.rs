@@ -43,8 +43,14 @@ pub fn write_trace(a: &TraceArgs) -> Result<String, String> {
     if a.segments == 0 || a.segment_s <= 0.0 || !(0.05..=3.0).contains(&a.load) {
         return Err("need a segment, --segment-s > 0 and --load in [0.05, 3]".into());
     }
-    let Trace { fixed, rates, reqs, .. } =
-        Trace::new(&model, a.gpus, (a.segments, a.segment_s), (a.cv, a.shift), a.seed, a.load);
+    let Trace { fixed, rates, reqs, .. } = Trace::new(
+        &model,
+        a.gpus,
+        (a.segments, a.segment_s),
+        (&super::latency::TraceSpec::Generated { cv: a.cv }, a.shift),
+        a.seed,
+        a.load,
+    );
     let mut csv = String::from("seconds,input_tokens,output_tokens\n");
     for r in &reqs {
         let _ = writeln!(csv, "{:.6},{},{}", r.at, r.prompt, r.out);

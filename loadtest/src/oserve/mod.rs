@@ -33,7 +33,7 @@ mod fleet;
 pub mod latency;
 pub mod live;
 
-use policies::oserve::capacity::{CostModel, Parallel};
+use policies::oserve::capacity::CostModel;
 use policies::oserve::deploy::{min_gpus, mix_capacity, search_mix, Deployment};
 use policies::oserve::forecast::{moving_average, rrmse, HoltWinters, Lstm};
 use policies::rng::SplitMix;
@@ -51,11 +51,41 @@ pub enum Gpu {
     H200,
 }
 
-impl Gpu {
-    pub fn model(self) -> CostModel {
+/// `--model`: the served model of the cost model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Model {
+    /// Llama-2-70B: grouped KV (327,680 bytes per token), TP 1/2/4/8.
+    #[default]
+    #[value(name = "llama-70b")]
+    Llama70b,
+    /// OPT-66B, the paper's Table 3 model: full multi-head KV (2.36 MB per
+    /// token), 72 heads (TP 1/2/3/4/6/8).
+    #[value(name = "opt-66b")]
+    Opt66b,
+}
+
+impl Model {
+    pub fn label(self) -> &'static str {
         match self {
-            Gpu::H100 => CostModel::LLAMA70B_H100,
-            Gpu::H200 => CostModel::LLAMA70B_H200,
+            Model::Llama70b => "Llama-2-70B",
+            Model::Opt66b => "OPT-66B",
+        }
+    }
+}
+
+impl Gpu {
+    /// Llama-2-70B on this GPU.
+    pub fn model(self) -> CostModel {
+        self.cost(Model::Llama70b)
+    }
+
+    /// `model` on this GPU.
+    pub fn cost(self, model: Model) -> CostModel {
+        match (model, self) {
+            (Model::Llama70b, Gpu::H100) => CostModel::LLAMA70B_H100,
+            (Model::Llama70b, Gpu::H200) => CostModel::LLAMA70B_H200,
+            (Model::Opt66b, Gpu::H100) => CostModel::OPT66B_H100,
+            (Model::Opt66b, Gpu::H200) => CostModel::OPT66B_H200,
         }
     }
 
@@ -72,6 +102,9 @@ pub struct SimOserveArgs {
     /// The GPU of the cost model.
     #[arg(long, value_enum, default_value_t = Gpu::H200)]
     pub gpu: Gpu,
+    /// The served model of the cost model.
+    #[arg(long, value_enum, default_value_t = Model::Llama70b)]
+    pub model: Model,
     /// GPUs in the fleet.
     #[arg(long, default_value_t = 16)]
     pub gpus: u32,
@@ -120,13 +153,53 @@ pub fn cv_of(v: &[f64]) -> f64 {
 }
 
 /// The first line of a report: the fleet, the trace and the types.
-pub(crate) fn header(gpu: Gpu, gpus: u32, segments: &str, shift: f64, seeds: u64, level: &str) -> String {
+pub(crate) fn header(
+    (gpu, model): (Gpu, Model),
+    gpus: u32,
+    segments: &str,
+    shift: f64,
+    seeds: u64,
+    level: &str,
+) -> String {
     let types: Vec<String> = NAMES.iter().zip(TYPES).map(|(n, (i, o))| format!("{n} ({i}/{o})")).collect();
     format!(
-        "{gpus} GPUs ({} cost model, 70B), {segments}, shift {shift}, {seeds} seeds (medians), types {}; backend `simulated` ({level})\n\n",
+        "{gpus} GPUs ({} cost model, {}), {segments}, shift {shift}, {seeds} seeds (medians), types {}; backend `simulated` ({level})\n\n",
         gpu.label(),
+        model.label(),
         types.join(", ")
     )
+}
+
+/// The paper's workload compositions (Table 1, S1-S5), as shares of
+/// SISO / SILO / LISO / LILO (the paper lists SILO/LILO/SISO/LISO).
+pub const PAPER_MIXES: [(&str, [f64; 4]); 5] = [
+    ("S1", [0.273, 0.263, 0.202, 0.262]),
+    ("S2", [0.242, 0.300, 0.178, 0.280]),
+    ("S3", [0.355, 0.188, 0.268, 0.189]),
+    ("S4", [0.411, 0.132, 0.315, 0.142]),
+    ("S5", [0.471, 0.082, 0.366, 0.082]),
+];
+
+/// The paper's temporal traces (Table 2): the compositions they move
+/// through.
+pub const PAPER_TRACES: [(&str, [&str; 3]); 4] = [
+    ("T1", ["S1", "S2", "S1"]),
+    ("T2", ["S1", "S3", "S2"]),
+    ("T3", ["S2", "S4", "S3"]),
+    ("T4", ["S1", "S4", "S5"]),
+];
+
+/// The mixes of `segments` segments of the paper's trace or composition
+/// `name` (`T1`-`T4`: each composition held for an equal share of the
+/// segments; `S1`-`S5`: one composition throughout); `None` for another
+/// name.
+pub fn paper_trace(name: &str, segments: usize) -> Option<Vec<Vec<f64>>> {
+    let mix = |s: &str| PAPER_MIXES.iter().find(|(n, _)| *n == s).map(|(_, m)| m.to_vec());
+    if let Some(m) = mix(name) {
+        return Some(vec![m; segments]);
+    }
+    let (_, seq) = PAPER_TRACES.iter().find(|(n, _)| *n == name)?;
+    (0..segments).map(|i| mix(seq[(i * seq.len() / segments.max(1)).min(seq.len() - 1)])).collect()
 }
 
 /// The 99th percentile (nearest rank) of `v`; NaN when empty.
@@ -265,16 +338,15 @@ pub fn write_profiles(args: &OserveProfilesArgs) -> Result<String, String> {
     let model = CostModel::LLAMA70B_H200;
     std::fs::create_dir_all(&args.out).map_err(|e| e.to_string())?;
     let mut out = String::new();
-    let mut g = 1;
-    while g <= args.max_gpus {
-        for p in Parallel::splits(g).into_iter().filter(|&p| model.fits(p)) {
+    // The power-of-two replicas the shipped policies deploy.
+    for g in (0..=3).map(|e| 1u32 << e).filter(|&g| g <= args.max_gpus) {
+        for p in model.splits(g).into_iter().filter(|p| p.tp.is_power_of_two()) {
             let name = format!("oserve-70b-h200-{}", p.to_string().to_lowercase());
             let path = args.out.join(format!("{name}.toml"));
             std::fs::write(&path, model.profile_toml(p, "llama-70b", &name))
                 .map_err(|e| format!("{}: {e}", path.display()))?;
             let _ = writeln!(out, "{}", path.display());
         }
-        g *= 2;
     }
     Ok(out)
 }
@@ -381,12 +453,13 @@ fn forecast_table(seed: u64, epochs: usize) -> String {
 
 /// Runs the experiment; returns the Markdown report.
 pub fn main(args: &SimOserveArgs) -> Result<String, String> {
-    let model = args.gpu.model();
+    let model = args.gpu.cost(args.model);
     if min_gpus(&model).is_none_or(|g| g > args.gpus) || args.segments == 0 || args.seeds == 0 {
         return Err("need GPUs for at least one replica, one segment and one seed".into());
     }
     let segments = format!("{} segments", args.segments);
-    let mut md = header(args.gpu, args.gpus, &segments, args.shift, args.seeds, "capacity level");
+    let mut md =
+        header((args.gpu, args.model), args.gpus, &segments, args.shift, args.seeds, "capacity level");
     md.push_str("| spatial CV (asked / measured) | static req/s | static+reload | oserve (oracle mix) | oserve (last mix) | oserve / static | planner ms (median) |\n|---|---:|---:|---:|---:|---:|---:|\n");
     let mut first_example = None;
     for &cv in &args.cv {
@@ -482,6 +555,7 @@ mod tests {
     fn oserve_sustains_at_least_the_best_static_deployment_in_every_segment() {
         let args = SimOserveArgs {
             gpu: Gpu::H200,
+            model: Model::Llama70b,
             gpus: 16,
             segments: 3,
             cv: vec![0.6],

@@ -6,10 +6,13 @@
 //! hidden width `h`, a GPU of `F` FLOP/s (effective), `B` bytes/s of HBM,
 //! `Mem` bytes, a link of `Lk` bytes/s per GPU and `α` per collective:
 //!
-//! - prefill of `I` tokens (compute-bound, §D): `2·P·I / (tp·F)` (the
-//!   stages run one after another for one request), plus TP's two
-//!   all-reduces per layer, `L·2·(α + 2·(tp−1)/tp · I·h·2 / Lk)` when
-//!   `tp > 1`, plus `(pp − 1)` activation hops `α + I·h·2 / Lk`;
+//! - prefill of `I` tokens (compute-bound, §D): `2·P·I / (tp·F)` plus
+//!   TP's two all-reduces per layer, `L·2·(α + 2·(tp−1)/tp · I·h·2 / Lk)`
+//!   when `tp > 1`, pipelined over the stages: the batch is cut into
+//!   `m = pp` micro-batches of `I / m` tokens (GPipe), each stage holds
+//!   `1 / pp` of the layers, so the batch takes `m + pp − 1` stage times of
+//!   one micro-batch plus `pp − 1` activation hops `α + (I/m)·h·2 / Lk`:
+//!   `(2·pp − 1) / pp²` of the unpipelined time (3/4 at PP2, 7/16 at PP4);
 //! - one decode step of `b` sequences at context `c` (memory-bound): the
 //!   weights `P·bytes / (tp·B)` (each stage reads its share, the stages in
 //!   turn), the KV `b·c·kv / (tp·B)`, compute `2·P·b / (tp·F)` when larger
@@ -34,6 +37,9 @@ pub struct CostModel {
     pub params_b: f64,
     pub layers: u32,
     pub hidden: u32,
+    /// Attention heads: a TP degree must divide them (and the KV heads);
+    /// 64 for Llama-2-70B (TP 1, 2, 4, 8), 72 for OPT-66B (also TP 3, 6).
+    pub heads: u32,
     /// Bytes per parameter (2: bf16).
     pub bytes_per_param: f64,
     /// KV bytes per token (all layers, K and V).
@@ -64,6 +70,7 @@ impl CostModel {
         params_b: 70.0,
         layers: 80,
         hidden: 8192,
+        heads: 64,
         bytes_per_param: 2.0,
         kv_bytes_per_token: 327_680.0,
         gpu_tflops: 400.0,
@@ -81,6 +88,24 @@ impl CostModel {
     /// the strong form of the trade-off.
     pub const LLAMA70B_H100: CostModel =
         CostModel { gpu_tbs: 3.35, gpu_gb: 80.0, link_gbs: 400.0, ..CostModel::LLAMA70B_H200 };
+
+    /// OPT-66B (64 layers, hidden 9216, 72 heads, full multi-head KV:
+    /// 2·64·9216·2 = 2,359,296 bytes per token, 7.2x Llama-2-70B's grouped
+    /// KV) on H100-80GB: the model of the paper's Table 3 deployments, whose
+    /// 72 heads allow TP3 and TP6. Two GPUs hold its 132 GB of weights with
+    /// room for ~5,000 tokens of KV, three with ~36,000, four ~66,000.
+    pub const OPT66B_H100: CostModel = CostModel {
+        params_b: 66.0,
+        layers: 64,
+        hidden: 9216,
+        heads: 72,
+        kv_bytes_per_token: 2_359_296.0,
+        ..CostModel::LLAMA70B_H100
+    };
+
+    /// OPT-66B on H200-141GB.
+    pub const OPT66B_H200: CostModel =
+        CostModel { gpu_tbs: 4.8, gpu_gb: 141.0, link_gbs: 450.0, ..CostModel::OPT66B_H100 };
 
     fn weight_bytes(&self) -> f64 {
         self.params_b * 1e9 * self.bytes_per_param
@@ -109,12 +134,14 @@ impl CostModel {
             * (self.hop_us * 1e-6 + rows * f64::from(self.hidden) * 2.0 / (self.link_gbs * 1e9))
     }
 
-    /// Seconds to prefill `input` tokens on `p`.
+    /// Seconds to prefill a batch of `input` tokens on `p`, pipelined: `pp`
+    /// micro-batches of `input / pp` tokens, each stage `1 / pp` of the
+    /// layers, `2·pp − 1` stage times end to end plus the hops.
     pub fn prefill_s(&self, p: Parallel, input: f64) -> f64 {
-        let flops = 2.0 * self.params_b * 1e9 * input;
-        flops / (f64::from(p.tp) * self.gpu_tflops * 1e12)
-            + self.tp_comm_s(p, input)
-            + self.pp_comm_s(p, input)
+        let (pp, micro) = (f64::from(p.pp), input / f64::from(p.pp));
+        let flops = 2.0 * self.params_b * 1e9 * micro;
+        let stage = (flops / (f64::from(p.tp) * self.gpu_tflops * 1e12) + self.tp_comm_s(p, micro)) / pp;
+        (2.0 * pp - 1.0) * stage + self.pp_comm_s(p, micro)
     }
 
     /// Seconds of one decode step of `batch` sequences at `context` tokens.
@@ -153,11 +180,28 @@ impl CostModel {
     }
 }
 
+/// The most GPUs one replica takes.
+pub const MAX_REPLICA_GPUS: u32 = 16;
+
+/// The largest TP degree (one node's GPUs).
+pub const MAX_TP: u32 = 8;
+
 impl CostModel {
-    /// Every configuration of 1 to 16 GPUs (powers of two, TP up to 8) the
-    /// model fits on: the replicas a deployment is made of.
+    /// Every TP × PP split of `gpus` GPUs the model fits on: TP up to 8
+    /// dividing the GPUs and the attention heads (TP3 and TP6 for OPT-66B's
+    /// 72), the rest pipeline stages (at most one per layer).
+    pub fn splits(&self, gpus: u32) -> Vec<Parallel> {
+        (1..=MAX_TP)
+            .filter(|&tp| gpus % tp == 0 && self.heads % tp == 0 && gpus / tp <= self.layers)
+            .map(|tp| Parallel { tp, pp: gpus / tp })
+            .filter(|&p| self.fits(p))
+            .collect()
+    }
+
+    /// Every configuration of 1 to 16 GPUs the model fits on, any GPU
+    /// count (three, five, six…): the replicas a deployment is made of.
     pub fn configurations(&self) -> Vec<Parallel> {
-        (0..=4).flat_map(|e| Parallel::splits(1 << e)).filter(|&p| self.fits(p)).collect()
+        (1..=MAX_REPLICA_GPUS).flat_map(|g| self.splits(g)).collect()
     }
 
     /// The most that any deployment of [`CostModel::configurations`] can
@@ -204,15 +248,6 @@ impl Parallel {
     pub fn gpus(self) -> u32 {
         self.tp * self.pp
     }
-
-    /// Every TP × PP split of `gpus` (powers of two, TP up to 8: one node).
-    pub fn splits(gpus: u32) -> Vec<Parallel> {
-        (0..=3)
-            .map(|e| 1u32 << e)
-            .filter(|tp| gpus % tp == 0)
-            .map(|tp| Parallel { tp, pp: gpus / tp })
-            .collect()
-    }
 }
 
 impl std::fmt::Display for Parallel {
@@ -246,7 +281,8 @@ impl CostModel {
              # policies/src/oserve/capacity.rs (not measured): {params} B parameters of {bytes} bytes, {layers} layers,\n\
              # hidden {hidden}, {kv} bytes of KV per token; per GPU {tf} TFLOP/s effective, {tb} TB/s, {gb} GB;\n\
              # links {link} GB/s and {hop} us per collective or hop.\n\
-             #   prefill(n)    = 2 P n / (tp F) + TP all-reduces + PP hops\n\
+             #   prefill(n)    = (2 pp - 1) stage times of a micro-batch of n / pp tokens\n\
+             #                   (stage: (2 P n/pp / (tp F) + TP all-reduces) / pp) + PP hops\n\
              #   decode step(b) = max(weights + KV reads / (tp B), 2 P b' / (tp F)) + TP all-reduces + PP hops,\n\
              #                    b' = b / pp: pp micro-batches in flight, one trip per token\n\
              #   context term  = KV bytes per 1,000 tokens / (tp pp B) = {per_1k:.4} ms\n\

@@ -2,18 +2,21 @@
 //! split each) to run on `D` GPUs, and how to move from one deployment to
 //! another without dropping below the capacity the forecast needs (§5).
 //!
-//! Search (flow-network-guided generation): start from identical replicas
-//! of the fewest GPUs that hold the model, pure TP; each iteration solves
-//! the lower level ([`assign`]) for the forecast, then tries the moves its
-//! flow suggests: merge an under-used replica into a bottleneck one (the
-//! GPUs go where the flow is saturated), merge two under-used replicas,
-//! split a bottleneck replica into two, and re-split any replica's GPUs
-//! (TP ↔ PP); it takes the best move and stops when none improves
-//! (requests served, then the most loaded replica's load: headroom) or after
-//! `max_iterations`.
+//! Search (flow-network-guided generation, Appendix E): start from
+//! identical replicas of the fewest GPUs that hold the model, the widest TP;
+//! each iteration solves the lower level ([`assign`]) for the forecast,
+//! then tries the moves its flow suggests: merge two replicas (an under-used
+//! replica's GPUs go where the flow is saturated, or two saturated small
+//! replicas become one with room for larger batches), split a saturated
+//! replica into two, swap GPUs (one or two move from an under-used replica
+//! to a saturated one), and re-split any replica's GPUs (TP ↔ PP); each
+//! move's replicas get their best split. Replicas take any GPU count up to
+//! 16 (the paper's TP3 and 5-replica deployments). It takes the best move
+//! and stops when none improves (requests served, then the most loaded
+//! replica's load: headroom) or after `max_iterations`.
 
 use super::assign::{assign, Assignment, Replica};
-use super::capacity::{CostModel, Parallel};
+use super::capacity::{CostModel, Parallel, MAX_REPLICA_GPUS};
 
 /// Replicas, each a parallel configuration on its own GPUs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,9 +81,9 @@ impl Scored {
     }
 }
 
-/// The smallest power-of-two GPU count whose pure-TP replica fits.
+/// The smallest GPU count one replica of the model fits on.
 pub fn min_gpus(model: &CostModel) -> Option<u32> {
-    (0..=4).map(|e| 1u32 << e).find(|&g| model.fits(Parallel { tp: g.min(8), pp: g / g.min(8) }))
+    (1..=MAX_REPLICA_GPUS).find(|&g| !model.splits(g).is_empty())
 }
 
 /// The best split of `gpus` GPUs for replica slot `k` of `dep` (others
@@ -93,7 +96,7 @@ fn best_split(
     score: &dyn Fn(&Deployment) -> Scored,
 ) -> Option<(Deployment, Scored)> {
     let mut best: Option<(Deployment, Scored)> = None;
-    for p in Parallel::splits(gpus).into_iter().filter(|&p| model.fits(p)) {
+    for p in model.splits(gpus) {
         let mut d = dep.clone();
         d.replicas[k] = p;
         let s = score(&d);
@@ -156,13 +159,23 @@ fn search_by(
     max_iterations: usize,
     score: &dyn Fn(&Deployment) -> Scored,
 ) -> Option<Plan> {
-    let g = min_gpus(model)?;
-    let start = Parallel { tp: g.min(8), pp: g / g.min(8) };
-    let mut dep = Deployment { replicas: vec![start; (gpus / g) as usize] };
-    if dep.replicas.is_empty() {
-        return None;
+    // The start: the uniform deployment scoring most, the smallest
+    // replicas and the widest TP on a tie (the paper starts from a uniform one; starting
+    // from the best of them means the search never ends below what a
+    // homogeneous fleet sustains; a tie goes to data parallelism, as
+    // headroom compared across replica counts says little).
+    let mut start: Option<(Deployment, Scored)> = None;
+    let mut uniform: Vec<Parallel> =
+        model.configurations().into_iter().filter(|p| p.gpus() <= gpus).collect();
+    uniform.sort_by_key(|p| (p.gpus(), std::cmp::Reverse(p.tp)));
+    for p in uniform {
+        let d = Deployment { replicas: vec![p; (gpus / p.gpus()) as usize] };
+        let s = score(&d);
+        if start.as_ref().is_none_or(|(_, b)| s.score > b.score + 1e-6 * b.score.abs().max(1.0)) {
+            start = Some((d, s));
+        }
     }
-    let mut cur = score(&dep);
+    let (mut dep, mut cur) = start?;
     let mut iterations = 0;
     while iterations < max_iterations {
         iterations += 1;
@@ -189,13 +202,11 @@ fn neighbours(
     let full = |k: usize| cur.load[k] >= 1.0 - 1e-6;
     let n = dep.replicas.len();
     let mut out = Vec::new();
-    // Merges: the pair's GPUs become one replica (a power of two, ≤ 16):
-    // an under-used replica's GPUs go to a bottleneck, or two saturated
-    // small replicas become one with room for larger batches.
+    // Merges: the pair's GPUs become one replica (≤ 16 GPUs).
     for a in 0..n {
         for b in a + 1..n {
             let gpus = dep.replicas[a].gpus() + dep.replicas[b].gpus();
-            if !gpus.is_power_of_two() || gpus > 16 {
+            if gpus > MAX_REPLICA_GPUS {
                 continue;
             }
             let mut d = dep.clone();
@@ -203,16 +214,27 @@ fn neighbours(
             out.extend(best_split(model, &d, a, gpus, score));
         }
     }
-    // Splits of saturated replicas into two halves (each must fit).
+    // Splits of saturated replicas into two (halves, the larger first).
     for k in (0..n).filter(|&k| full(k)) {
-        let half = dep.replicas[k].gpus() / 2;
-        if half == 0 || !Parallel::splits(half).into_iter().any(|p| model.fits(p)) {
+        let g = dep.replicas[k].gpus();
+        let (big, small) = (g - g / 2, g / 2);
+        if small == 0 || model.splits(small).is_empty() {
             continue;
         }
         let mut d = dep.clone();
         d.replicas.insert(k + 1, dep.replicas[k]);
-        if let Some((d1, _)) = best_split(model, &d, k, half, score) {
-            out.extend(best_split(model, &d1, k + 1, half, score));
+        out.extend(resize_pair(model, &d, (k, big), (k + 1, small), score));
+    }
+    // Swaps: one or two GPUs from an under-used replica to a saturated one.
+    for to in (0..n).filter(|&k| full(k)) {
+        for from in (0..n).filter(|&k| !full(k)) {
+            for moved in 1..=2 {
+                let (gf, gt) = (dep.replicas[from].gpus(), dep.replicas[to].gpus());
+                if gf <= moved || gt + moved > MAX_REPLICA_GPUS {
+                    continue;
+                }
+                out.extend(resize_pair(model, dep, (from, gf - moved), (to, gt + moved), score));
+            }
         }
     }
     // Re-splits of one replica's GPUs.
@@ -224,6 +246,22 @@ fn neighbours(
         }
     }
     out
+}
+
+/// `dep` with replica slots `a` and `b` resized to the given GPU counts,
+/// each with its best split (`a` first); `None` when either fits no split.
+fn resize_pair(
+    model: &CostModel,
+    dep: &Deployment,
+    (a, ga): (usize, u32),
+    (b, gb): (usize, u32),
+    score: &dyn Fn(&Deployment) -> Scored,
+) -> Option<(Deployment, Scored)> {
+    let mut d = dep.clone();
+    // `b` at any split of its new count while `a`'s is chosen.
+    d.replicas[b] = *model.splits(gb).first()?;
+    let (d1, _) = best_split(model, &d, a, ga, score)?;
+    best_split(model, &d1, b, gb, score)
 }
 
 /// One step of a switch between deployments.
@@ -250,7 +288,27 @@ pub fn switch_plan(
     types: &[(f64, f64)],
     need: &[f64],
 ) -> Option<Vec<Step>> {
-    let floor = need.iter().sum::<f64>().min(evaluate(model, current, types, need).served) - 1e-6;
+    switch_plan_within(model, gpus, current, target, types, need, 0.0)
+}
+
+/// [`switch_plan`] allowing each intermediate deployment to serve down to
+/// `1 − max_dip` of that floor: the paper's switches take a replica's GPUs
+/// out of service for the transfer (§5.2, ~10 s), which from a full fleet
+/// near its knee is the only way to reach a better deployment. The dip
+/// lasts while a drained replica finishes its sequences and the started one
+/// loads; `max_dip` 0 is [`switch_plan`].
+pub fn switch_plan_within(
+    model: &CostModel,
+    gpus: u32,
+    current: &Deployment,
+    target: &Deployment,
+    types: &[(f64, f64)],
+    need: &[f64],
+    max_dip: f64,
+) -> Option<Vec<Step>> {
+    let floor = need.iter().sum::<f64>().min(evaluate(model, current, types, need).served)
+        * (1.0 - max_dip.clamp(0.0, 1.0))
+        - 1e-6;
     let mut running = current.clone().canonical();
     let target = target.clone().canonical();
     let mut steps = Vec::new();

@@ -71,13 +71,20 @@ impl Configuration {
 #[serde(rename_all = "snake_case")]
 pub enum Forecaster {
     /// The mean of the last `forecast_intervals` intervals.
-    #[default]
     MovingAverage,
     /// The LSTMs of `lstm_models` (per type, over the last 50 intervals),
     /// the moving average until 8 intervals are known or if the file is
-    /// unusable.
+    /// unusable (the paper's choice, and the default).
+    #[default]
     Lstm,
 }
+
+/// `[oserve] lstm_models` by default: LSTMs fitted to the generated
+/// trace of `loadtest sim-oserve` for the default policy's four types
+/// (`loadtest oserve-train --out policies/oserve-lstm.json`), shipped so
+/// that the paper's forecaster runs out of the box; each window is scaled
+/// by its own mean, so the weights carry shapes, not a fleet's rates.
+pub const DEFAULT_LSTM_MODELS: &str = "policies/oserve-lstm.json";
 
 /// `[oserve] gpu`: the cost model's GPU.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
@@ -116,7 +123,7 @@ pub struct OserveConfig {
     pub forecast: Forecaster,
     /// `loadtest oserve-train`'s model file (relative to the gateway's
     /// working directory), for `forecast = "lstm"`.
-    #[serde(default)]
+    #[serde(default = "default_lstm_models")]
     pub lstm_models: String,
     /// Also switch the deployment (embedded mode, leader only): the
     /// flow-guided search for the forecast mix on the fleet's GPUs, carried
@@ -146,6 +153,10 @@ pub struct OserveConfig {
     pub configurations: Vec<Configuration>,
 }
 
+fn default_lstm_models() -> String {
+    DEFAULT_LSTM_MODELS.into()
+}
+
 fn default_forecast_intervals() -> u32 {
     3
 }
@@ -169,7 +180,7 @@ impl Default for OserveConfig {
             plan_interval_s: 0,
             forecast_intervals: default_forecast_intervals(),
             forecast: Forecaster::default(),
-            lstm_models: String::new(),
+            lstm_models: default_lstm_models(),
             switch: false,
             gpus: 0,
             search_iterations: default_search_iterations(),
@@ -235,8 +246,11 @@ impl OserveConfig {
             {
                 return Err((key("class"), "1-128 bytes, unique".into()));
             }
-            if !c.tp.is_power_of_two() || c.tp > 8 || !c.pp.is_power_of_two() || c.pp > 16 {
-                return Err((key("tp"), "tp a power of two ≤ 8, pp a power of two ≤ 16".into()));
+            if !(1..=capacity::MAX_TP).contains(&c.tp)
+                || c.pp == 0
+                || c.tp * c.pp > capacity::MAX_REPLICA_GPUS
+            {
+                return Err((key("tp"), "tp in [1, 8], pp ≥ 1, tp × pp ≤ 16 GPUs".into()));
             }
             if c.profile.is_empty() || c.profile.len() > 4096 {
                 return Err((key("profile"), "a profile path".into()));

@@ -532,8 +532,14 @@ fn planning_settings_are_bounded_and_need_types_and_configurations() {
     assert_eq!(err(many), "oserve.configurations");
     let twice = OserveConfig { configurations: vec![c(1), c(1)], ..ok.clone() };
     assert_eq!(err(twice), "oserve.configurations[1].class");
-    let odd = OserveConfig { configurations: vec![Configuration { tp: 3, ..c(0) }], ..ok.clone() };
-    assert_eq!(err(odd), "oserve.configurations[0].tp");
+    // TP3 (the paper's OPT-66B replicas) is a configuration; TP9, PP0 and
+    // more than 16 GPUs are not.
+    let tp3 = OserveConfig { configurations: vec![Configuration { tp: 3, pp: 2, ..c(0) }], ..ok.clone() };
+    assert!(tp3.validate().is_ok());
+    for (tp, pp) in [(9, 1), (2, 0), (4, 5)] {
+        let odd = OserveConfig { configurations: vec![Configuration { tp, pp, ..c(0) }], ..ok.clone() };
+        assert_eq!(err(odd), "oserve.configurations[0].tp", "TP{tp}PP{pp}");
+    }
     let window = OserveConfig { forecast_intervals: 0, ..ok.clone() };
     assert_eq!(err(window), "oserve.forecast_intervals");
     let search = OserveConfig { search_iterations: 1001, ..ok.clone() };
@@ -545,4 +551,75 @@ fn planning_settings_are_bounded_and_need_types_and_configurations() {
     let flag =
         OserveConfig { configurations: vec![Configuration { engine_args: vec!["rm".into()], ..c(0) }], ..ok };
     assert_eq!(err(flag), "oserve.configurations[0].engine_args");
+}
+
+mod paper_deployments {
+    use super::super::capacity::{CostModel, Parallel};
+    use super::super::deploy::{mix_capacity, search_mix, Deployment};
+    use super::SplitMix;
+
+    const TYPES: [(f64, f64); 4] = [(200.0, 100.0), (200.0, 1500.0), (6000.0, 100.0), (6000.0, 1500.0)];
+    const OPT: CostModel = CostModel::OPT66B_H100;
+
+    #[test]
+    fn pipeline_stages_overlap_a_prefill_batchs_micro_batches() {
+        let m = CostModel::LLAMA70B_H200;
+        let (tp2, tp2pp2, tp2pp4) =
+            (Parallel { tp: 2, pp: 1 }, Parallel { tp: 2, pp: 2 }, Parallel { tp: 2, pp: 4 });
+        // Long prompts: compute dominates, so (2·pp − 1) / pp² of it.
+        let r2 = m.prefill_s(tp2pp2, 8192.0) / m.prefill_s(tp2, 8192.0);
+        let r4 = m.prefill_s(tp2pp4, 8192.0) / m.prefill_s(tp2, 8192.0);
+        assert!((0.75..0.76).contains(&r2), "PP2: {r2}");
+        assert!((0.4375..0.45).contains(&r4), "PP4: {r4}");
+        // One pipeline stage is the unpipelined model.
+        let flops = 2.0 * m.params_b * 1e9 * 8192.0 / (2.0 * m.gpu_tflops * 1e12);
+        assert!(m.prefill_s(tp2, 8192.0) > flops);
+    }
+
+    #[test]
+    fn tp_must_divide_the_heads_and_replicas_take_any_gpu_count() {
+        let opt6: Vec<Parallel> = OPT.splits(6);
+        for p in [Parallel { tp: 3, pp: 2 }, Parallel { tp: 6, pp: 1 }, Parallel { tp: 2, pp: 3 }] {
+            assert!(opt6.contains(&p), "OPT-66B on 6 GPUs: {p} in {opt6:?}");
+        }
+        let llama6 = CostModel::LLAMA70B_H100.splits(6);
+        assert!(llama6.iter().all(|p| p.tp != 3 && p.tp != 6), "64 heads: no TP3 or TP6 ({llama6:?})");
+        assert!(OPT.configurations().contains(&Parallel { tp: 3, pp: 1 }), "a three-GPU replica");
+        assert!(!OPT.fits(Parallel { tp: 1, pp: 1 }), "132 GB of weights need two 80 GB GPUs");
+        assert!(OPT.configurations().iter().all(|p| p.gpus() <= 16 && OPT.fits(*p)));
+    }
+
+    #[test]
+    fn the_search_never_ends_below_the_best_homogeneous_deployment() {
+        let mut rng = SplitMix(11);
+        for m in [OPT, CostModel::LLAMA70B_H100, CostModel::LLAMA70B_H200] {
+            for _ in 0..3 {
+                let mix: Vec<f64> = (0..TYPES.len()).map(|_| 0.05 + rng.unit_f64()).collect();
+                let plan = search_mix(&m, 16, &TYPES, &mix, 10).expect("a replica fits");
+                assert!(plan.deployment.gpus() <= 16);
+                for p in m.configurations() {
+                    let uniform = Deployment { replicas: vec![p; (16 / p.gpus()) as usize] };
+                    let own = mix_capacity(&m, &uniform, &TYPES, &mix);
+                    assert!(
+                        plan.score >= own * (1.0 - 1e-6),
+                        "{} {} < {uniform} {own}",
+                        plan.deployment,
+                        plan.score
+                    );
+                }
+            }
+        }
+    }
+
+    /// The paper's Table 3 ordering, where the cost model allows it: as
+    /// short work takes over the mix (its compositions S2 → S5), the plan
+    /// runs more, smaller replicas (S5: SISO 47%, LISO 37%).
+    #[test]
+    fn short_heavy_mixes_get_more_replicas_than_long_heavy_ones() {
+        let s2 = [0.242, 0.300, 0.178, 0.280];
+        let s5 = [0.471, 0.082, 0.366, 0.082];
+        let long = search_mix(&OPT, 16, &TYPES, &s2, 50).unwrap().deployment;
+        let short = search_mix(&OPT, 16, &TYPES, &s5, 50).unwrap().deployment;
+        assert!(short.replicas.len() > long.replicas.len(), "S5 {short} vs S2 {long}");
+    }
 }
