@@ -17,7 +17,7 @@
 // Process-level code: it measures real time on purpose.
 #![allow(clippy::disallowed_methods)]
 
-use engine::profile::median;
+use engine::stats::median;
 use std::time::{Duration, Instant};
 
 use engine::api::{Event, GenerateRequest};

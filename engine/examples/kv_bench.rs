@@ -15,7 +15,7 @@
 // Process-level code: it measures real time on purpose.
 #![allow(clippy::disallowed_methods)]
 
-use engine::profile::median;
+use engine::stats::median;
 use std::hint::black_box;
 use std::time::Instant;
 

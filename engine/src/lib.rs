@@ -18,20 +18,23 @@ pub mod clock;
 pub mod diffusion;
 #[allow(unsafe_code)]
 pub mod gpu;
+pub mod http;
 pub mod kv;
 pub mod metrics;
+pub mod models;
 mod openai;
 
 /// Entry points for the fuzz targets (`fuzz/`).
 pub mod fuzzing {
     pub use crate::openai::fuzz_request as openai_request;
 }
-pub mod profile;
 pub mod registry;
 mod routes;
 pub mod scheduler;
 pub mod server;
+pub mod stats;
 pub mod stop;
+pub mod tools;
 pub mod video;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -251,9 +254,14 @@ pub fn build(args: &EngineArgs) -> Result<Arc<Engine>, StartError> {
         BackendKind::Cuda => {
             let model = args.model_config();
             model.validate().map_err(StartError::Model)?;
-            let (lm, video, diffusion) =
-                gpu::start_cuda(model, kv.total_pages(), args.page_tokens, args.model_seed, &engine_class)
-                    .map_err(StartError::Gpu)?;
+            let (lm, video, diffusion) = backend::cuda::start_cuda(
+                model,
+                kv.total_pages(),
+                args.page_tokens,
+                args.model_seed,
+                &engine_class,
+            )
+            .map_err(StartError::Gpu)?;
             gpu_video = Some(video);
             gpu_diffusion = Some(diffusion);
             Scheduler::spawn(lm, Arc::clone(&kv), cfg)

@@ -26,13 +26,13 @@ struct Cli {
 enum Command {
     /// Measure prefill and decode timings of a backend and write a latency
     /// profile that `emulated` replays and the gateway's estimator loads.
-    Profile(Box<engine::profile::ProfileArgs>),
+    Profile(Box<engine::tools::profile::ProfileArgs>),
     /// Run both models on the GPU and on the cpu backend and compare their
     /// outputs within the documented tolerances (exit 1 when one is out).
     GpuCheck,
     /// Measure the GPU: dense bf16 GEMM rate, the video model's achieved
     /// rate, coalescing, pinned offload/restore bandwidth, LM decode.
-    GpuBench(engine::gpu::bench::BenchArgs),
+    GpuBench(engine::tools::gpu_bench::BenchArgs),
     /// Write the DiT-shaped video model's profile from rates `engine
     /// gpu-bench` measured on a GPU (runs anywhere).
     DitProfile(engine::gpu::dit::ModelledProfileArgs),
@@ -48,12 +48,12 @@ fn main() -> std::process::ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Some(Command::Profile(p)) if p.diffusion => engine::profile::run_diffusion(&p)
+        Some(Command::Profile(p)) if p.diffusion => engine::tools::profile::run_diffusion(&p)
             .map(|()| eprintln!("wrote {} (diffusion profile)", p.out.display())),
-        Some(Command::Profile(p)) if p.video => engine::profile::run_video(&p).map(|n| {
+        Some(Command::Profile(p)) if p.video => engine::tools::profile::run_video(&p).map(|n| {
             eprintln!("wrote {} ({n} video configurations)", p.out.display());
         }),
-        Some(Command::Profile(p)) => engine::profile::run(&p).map(|m| {
+        Some(Command::Profile(p)) => engine::tools::profile::run(&p).map(|m| {
             eprintln!(
                 "wrote {} ({} prefill points, {} decode points, {:.4} ms per 1k context)",
                 p.out.display(),
@@ -62,13 +62,13 @@ fn main() -> std::process::ExitCode {
                 m.ms_per_1k_context
             );
         }),
-        Some(Command::GpuCheck) => match engine::gpu::run_check() {
+        Some(Command::GpuCheck) => match engine::tools::run_check() {
             Ok(true) => Ok(()),
             Ok(false) => Err(engine::StartError::Gpu("some GPU results are outside tolerance".into()).into()),
             Err(e) => Err(engine::StartError::Gpu(e).into()),
         },
         Some(Command::GpuBench(b)) => {
-            engine::gpu::run_bench(&b).map_err(|e| engine::StartError::Gpu(e).into())
+            engine::tools::run_bench(&b).map_err(|e| engine::StartError::Gpu(e).into())
         }
         Some(Command::DitProfile(a)) => engine::gpu::dit::modelled_profile(&a)
             .and_then(|text| std::fs::write(&a.out, text).map_err(|e| format!("{}: {e}", a.out.display())))

@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 
 use crate::api::{Event, GenerateRequest};
 use crate::body::ChannelBody;
-use crate::server::{EngineBody, MAX_REQUEST_BYTES};
+use crate::http::{EngineBody, MAX_REQUEST_BYTES};
 use crate::Engine;
 
 /// Answers a chat or text completion request.

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Either, Full, Limited};
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
@@ -27,16 +27,12 @@ use tokio::sync::mpsc;
 
 use openai_wire::Kind;
 
-use crate::api::{self, ErrorBody, GenerateRequest};
+use crate::api::{self, GenerateRequest};
 use crate::body::ChannelBody;
+use crate::http::{error, json, read_json, EngineBody};
 use crate::routes::Endpoint;
 use crate::Engine;
 
-/// Response body of every engine route.
-pub type EngineBody = Either<Full<Bytes>, ChannelBody>;
-
-/// Largest generate request body accepted (prompts are long, not huge).
-pub(crate) const MAX_REQUEST_BYTES: usize = 16 << 20;
 /// Open connections at most by default (gateways hold a few each).
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Concurrent HTTP/2 streams per connection.
@@ -178,8 +174,8 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
         }
         (Endpoint::Models, &Method::GET) => crate::openai::models(&engine),
         (Endpoint::Health, &Method::GET) => crate::openai::health(&engine),
-        (Endpoint::Video, _) => crate::video::routes::handle(&engine, req, target).await,
-        (Endpoint::Diffusion, _) => crate::diffusion::routes::handle(&engine, req, target).await,
+        (Endpoint::Video, _) => crate::routes::video::handle(&engine, req, target).await,
+        (Endpoint::Diffusion, _) => crate::routes::diffusion::handle(&engine, req, target).await,
         (_, method) => error(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
@@ -187,18 +183,6 @@ async fn handle(engine: Arc<Engine>, req: Request<Incoming>) -> Result<Response<
         ),
     };
     Ok(resp)
-}
-
-/// A JSON body of at most `MAX_REQUEST_BYTES`, or the 400 to answer with.
-pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
-    req: Request<Incoming>,
-) -> Result<T, Response<EngineBody>> {
-    let bytes = match Limited::new(req.into_body(), MAX_REQUEST_BYTES).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) => return Err(error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string())),
-    };
-    serde_json::from_slice(&bytes)
-        .map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string()))
 }
 
 async fn batching_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response<EngineBody> {
@@ -245,17 +229,4 @@ async fn generate_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response
         .header(header::CONTENT_TYPE, api::NDJSON)
         .body(Either::Right(ChannelBody::new(rx, api::is_terminal_line)))
         .expect("static response parts are valid")
-}
-
-pub(crate) fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response<EngineBody> {
-    let body = serde_json::to_vec(value).expect("engine JSON always serialises");
-    Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Either::Left(Full::new(Bytes::from(body))))
-        .expect("static response parts are valid")
-}
-
-pub(crate) fn error(status: StatusCode, code: &str, message: &str) -> Response<EngineBody> {
-    json(status, &ErrorBody { code: code.to_string(), message: message.to_string() })
 }

@@ -9,10 +9,11 @@
 use std::sync::Arc;
 
 use engine::backend::cpu::ModelConfig;
+use engine::backend::cuda::GpuBackend;
 use engine::backend::{BackendChoice, BackendKind};
-use engine::gpu::check::{self, Comparison, Tolerances};
 use engine::gpu::cuda::{self, CudaDevice};
-use engine::gpu::lm::{GpuBackend, GpuLm};
+use engine::gpu::lm::GpuLm;
+use engine::tools::gpu_check::{self as check, Comparison, Tolerances};
 use engine::video::Resolution;
 
 mod common;
@@ -113,7 +114,9 @@ fn without_a_gpu_opening_the_cuda_backend_is_an_error_not_a_panic() {
         return;
     };
     let cfg = ModelConfig { layers: 1, hidden: 64, heads: 4, ffn: 128, vocab: 256, seed: 0 };
-    let Err(lm) = engine::gpu::open_lm(cfg, 8, 4) else { panic!("open_lm succeeded without a GPU") };
+    let Err(lm) = engine::backend::cuda::open_lm(cfg, 8, 4) else {
+        panic!("open_lm succeeded without a GPU")
+    };
     assert_eq!(lm, why);
     let Err(video) = engine::gpu::open_video(0) else { panic!("open_video succeeded without a GPU") };
     assert_eq!(video, why);

@@ -7,10 +7,11 @@
 use std::sync::Arc;
 
 use engine::backend::cpu::ModelConfig;
+use engine::backend::cuda::GpuBackend;
 use engine::backend::BackendKind;
-use engine::gpu::check::{self, Comparison, Tolerances};
-use engine::gpu::lm::{GpuBackend, GpuLm};
+use engine::gpu::lm::GpuLm;
 use engine::gpu::video::{ChunkResult, GpuVideo, StepJob, VideoRunner};
+use engine::tools::gpu_check::{self as check, Comparison, Tolerances};
 use engine::video::model::VideoModel;
 use engine::video::{BatchItem, ChunkRequest, CreateSession, Resolution, VideoConfig, VideoEngine};
 use kernel_emu::Emu;
@@ -179,7 +180,7 @@ fn the_gpu_benchmark_harness_runs_end_to_end_on_the_emulator() {
     #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
-        b: engine::gpu::bench::BenchArgs,
+        b: engine::tools::gpu_bench::BenchArgs,
     }
     let args = Cli::parse_from([
         "bench",
@@ -221,7 +222,7 @@ fn the_gpu_benchmark_harness_runs_end_to_end_on_the_emulator() {
         "video,offload,lm",
     ])
     .b;
-    let results = engine::gpu::bench::run(Arc::new(Emu::new()), &args, |_| {}).unwrap();
+    let results = engine::tools::gpu_bench::run(Arc::new(Emu::new()), &args, |_| {}).unwrap();
     let names: Vec<&str> = results.iter().map(|m| m.name.as_str()).collect();
     // GEMM, bandwidth; video: chunk, rate, cpu, coalescing; offload 2; LM 2.
     assert_eq!(results.len(), 10, "{names:?}");

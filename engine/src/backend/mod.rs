@@ -13,6 +13,7 @@
 //!   already passed.
 
 pub mod cpu;
+pub mod cuda;
 pub mod emulated;
 
 use std::time::Duration;

@@ -28,7 +28,6 @@
 //! model's resolution, 4 frames per latent frame.
 
 pub mod profile;
-pub mod routes;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -135,7 +134,7 @@ fn latent_frames(backend: BackendKind, frames: u32) -> usize {
 
 /// The diffusion jobs' model (its own weights, not the live video's).
 pub fn model(seed: u64) -> VideoModel {
-    VideoModel::new(seed ^ 0xD1FF_0510)
+    crate::models::video::diffusion_model(seed)
 }
 
 /// Steps `from..to` of `total` of each latent (all at `res`, one prompt

@@ -6,14 +6,10 @@
 //! cpu backend's arena.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use kernels::{bf16_bits, f32_bytes, f32s, i32_bytes, Arg, Device, DeviceError, Gemm, Result, BLOCK};
 
-use crate::api::GenerateRequest;
-use crate::backend::cpu::model::{inv_freq, per_sequence, SeqInput, Weights};
-use crate::backend::cpu::{run_step, CpuSeq, ModelConfig};
-use crate::backend::{Backend, BackendKind, Slot};
+use crate::models::lm::{inv_freq, per_sequence, ModelConfig, SeqInput, Weights};
 
 struct Layer<B> {
     wqkv: B,
@@ -36,7 +32,7 @@ pub struct GpuLm<D: Device> {
     k_cache: D::Buf,
     v_cache: D::Buf,
     pages: usize,
-    page_tokens: usize,
+    pub(crate) page_tokens: usize,
     bos_logits: Vec<f32>,
     /// Work buffers kept between steps (their row capacity), and the
     /// scores buffer (its bytes): decode would otherwise allocate and zero
@@ -427,35 +423,4 @@ struct Tables<B> {
     rows: usize,
     lasts: usize,
     stride: usize,
-}
-
-/// The LM as an engine backend: the scheduler's batches run on the device.
-pub struct GpuBackend<D: Device> {
-    pub lm: GpuLm<D>,
-}
-
-impl<D: Device> Backend for GpuBackend<D> {
-    type Seq = CpuSeq;
-
-    fn kind(&self) -> BackendKind {
-        BackendKind::Cuda
-    }
-
-    fn start(&mut self, req: &GenerateRequest, prompt_tokens: u32) -> CpuSeq {
-        CpuSeq::start(req, prompt_tokens, self.lm.cfg.vocab as u32)
-    }
-
-    fn prefill(&mut self, batch: &mut [Slot<'_, CpuSeq>]) -> Duration {
-        run_step(batch, false, self.lm.page_tokens, |inputs| self.lm.forward(inputs));
-        Duration::ZERO
-    }
-
-    fn decode(&mut self, batch: &mut [Slot<'_, CpuSeq>]) -> Duration {
-        run_step(batch, true, self.lm.page_tokens, |inputs| self.lm.forward(inputs));
-        Duration::ZERO
-    }
-
-    fn output_round_trips(&self) -> bool {
-        true // one vocabulary word per token (`vocab::ROUND_TRIP_IDS`)
-    }
 }

@@ -2,9 +2,7 @@
 //! step-synchronous denoising (step k of every member together, members in
 //! parallel) and frames as PNG; the emulated backend's placeholder frames.
 
-use policies::video::Fidelity;
-
-use super::model::{Resolution, StreamState, VideoModel};
+use super::model::{BatchItem, Resolution, StreamState, VideoModel};
 use super::sched::Member;
 use super::{base64, png};
 use crate::gpu::video::VideoRunner;
@@ -55,17 +53,6 @@ fn items_of(members: &mut [Member], sessions: bool) -> Vec<BatchItem<'_>> {
             latent_frames: m.latent_frames as usize,
         })
         .collect()
-}
-
-/// One member of a coalesced batch.
-pub struct BatchItem<'a> {
-    /// The session, when the chunk belongs to one (the cuda backend keeps
-    /// its context on the device between chunks).
-    pub session: Option<&'a str>,
-    pub state: &'a mut StreamState,
-    pub fidelity: Fidelity,
-    pub res: Resolution,
-    pub latent_frames: usize,
 }
 
 /// Denoises one chunk per item, step by step across the batch (step k of

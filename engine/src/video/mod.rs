@@ -10,11 +10,10 @@
 //! prompt switch, suspend, resume, export, import, end.
 
 pub(crate) mod batch;
-pub use batch::BatchItem;
-pub mod model;
+pub use crate::models::video as model;
+pub use crate::models::video::BatchItem;
 pub mod png;
 pub mod profile;
-pub mod routes;
 pub mod sched;
 pub mod state;
 pub mod transfer;

@@ -11,10 +11,11 @@
 
 use policies::video::{ConfigPoint, Fidelity, VideoProfile};
 
-use super::batch::{denoise_batch, BatchItem};
+use super::batch::denoise_batch;
 use super::model::{ssim, Resolution, StreamState, VideoModel};
 use crate::gpu::video::VideoRunner;
-use crate::profile::median;
+use crate::models::video::BatchItem;
+use crate::stats::median;
 
 /// Where the measured chunks run.
 #[derive(Clone, Copy)]

@@ -16,7 +16,7 @@ use kernels::{f32_bytes, Device, DeviceError, Result};
 
 use super::BatchItem;
 use crate::gpu::offload::StateStore;
-use crate::video::model::MAX_WINDOW;
+use crate::models::video::MAX_WINDOW;
 
 /// How batches found their contexts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -24,8 +24,8 @@ pub use contexts::ContextStats;
 use contexts::Contexts;
 use plan::{Member, Plan, StepTables, Work};
 
-use crate::video::model::{Resolution, VideoModel};
-pub use crate::video::BatchItem;
+pub use crate::models::video::BatchItem;
+use crate::models::video::{Resolution, VideoModel};
 
 /// The model's weights on a device, and the sessions' contexts kept there
 /// between chunks.
@@ -342,7 +342,7 @@ impl<D: Device> GpuVideo<D> {
 /// step `from` of `total` (a whole number of latent frames), advanced to
 /// step `to`.
 pub struct StepJob<'a> {
-    pub prompt: &'a crate::video::model::StreamState,
+    pub prompt: &'a crate::models::video::StreamState,
     pub res: Resolution,
     pub latent: &'a mut [f32],
     pub from: u32,
@@ -401,7 +401,7 @@ impl<D: Device> VideoRunner for GpuVideo<D> {
 /// One chunk of a scratch stream, so the first real batch does not pay for
 /// first launches.
 pub fn warm_up<D: Device>(gpu: &GpuVideo<D>, model: &VideoModel) -> Result<()> {
-    let mut state = crate::video::model::StreamState::new("warm up");
+    let mut state = crate::models::video::StreamState::new("warm up");
     let mut items = [BatchItem {
         session: None,
         state: &mut state,

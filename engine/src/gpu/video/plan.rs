@@ -7,7 +7,7 @@ use kernels::{f32_bytes, f32s, Device, Result};
 use policies::video::Precision;
 
 use super::{BatchItem, ChunkResult};
-use crate::video::model::{Resolution, StreamState, VideoModel};
+use crate::models::video::{Resolution, StreamState, VideoModel};
 use policies::video::Fidelity;
 
 /// Where one member's data sits in the batch's buffers (tokens, except

@@ -19,7 +19,7 @@
 use policies::rng::SplitMix;
 use policies::video::{Fidelity, Precision};
 
-use crate::backend::cpu::math::{dot, softmax};
+use super::math::{dot, softmax};
 
 /// Latent channels per token (the kernels' shape: `kernels::video`).
 pub const CHANNELS: usize = kernels::video::CHANNELS;
@@ -436,6 +436,22 @@ pub fn ssim(a: &[Vec<u8>], b: &[Vec<u8>], side: usize) -> f64 {
     } else {
         total / count as f64
     }
+}
+
+/// One member of a coalesced batch.
+pub struct BatchItem<'a> {
+    /// The session, when the chunk belongs to one (the cuda backend keeps
+    /// its context on the device between chunks).
+    pub session: Option<&'a str>,
+    pub state: &'a mut StreamState,
+    pub fidelity: Fidelity,
+    pub res: Resolution,
+    pub latent_frames: usize,
+}
+
+/// The diffusion jobs' model (its own weights, not the live video's).
+pub fn diffusion_model(seed: u64) -> VideoModel {
+    VideoModel::new(seed ^ 0xD1FF_0510)
 }
 
 #[cfg(test)]

@@ -17,12 +17,12 @@ use std::sync::Arc;
 use kernels::{Device, Result};
 use policies::video::{Fidelity, Precision};
 
-use super::lm::GpuLm;
-use super::video::{ContextStats, GpuVideo};
-use crate::backend::cpu::model::{KvArena, Model, ModelConfig, SeqInput};
+use crate::gpu::lm::GpuLm;
+use crate::gpu::video::{ContextStats, GpuVideo};
+use crate::models::lm::{KvArena, Model, ModelConfig, SeqInput};
+use crate::models::video::BatchItem;
+use crate::models::video::{ssim, Resolution, StreamState, VideoModel};
 use crate::video::batch::denoise_batch;
-use crate::video::model::{ssim, Resolution, StreamState, VideoModel};
-use crate::video::BatchItem;
 
 /// Limits of a comparison run.
 #[derive(Debug, Clone, Copy)]
@@ -239,10 +239,10 @@ pub fn lm_vs_cpu<D: Device>(
 /// model's small resolution; latent max |Δ| after the last step.
 pub fn diffusion_vs_cpu<D: Device>(dev: Arc<D>, tol: Tolerances) -> Result<Vec<Comparison>> {
     use crate::diffusion::advance;
-    let model = crate::diffusion::model(0);
+    let model = crate::models::video::diffusion_model(0);
     let gpu = GpuVideo::new(dev, &model)?;
     let res = Resolution::Tiny;
-    let tokens = res.latent_side() * res.latent_side() * crate::video::model::CHANNELS;
+    let tokens = res.latent_side() * res.latent_side() * crate::models::video::CHANNELS;
     let mut rng = policies::rng::SplitMix(0x5EED);
     let mut latents = |n: usize, frames: usize| -> Vec<Vec<f32>> {
         (0..n).map(|_| (0..tokens * frames).map(|_| rng.normal() as f32).collect()).collect()
@@ -357,7 +357,7 @@ impl LogitStats {
 
 /// Offload to pinned memory and restore: the bytes come back exactly.
 pub fn offload_round_trip<D: Device>(dev: Arc<D>) -> Result<Vec<Comparison>> {
-    let mut store = super::offload::StateStore::new(dev);
+    let mut store = crate::gpu::offload::StateStore::new(dev);
     let model = VideoModel::new(7);
     let mut st = StreamState::new("a lighthouse in fog");
     for _ in 0..3 {
@@ -384,11 +384,11 @@ pub fn offload_round_trip<D: Device>(dev: Arc<D>) -> Result<Vec<Comparison>> {
 /// a member shorter than a tile) plus, with `real_keys`, one member that
 /// attends over a full window of the 1.3B configuration; then the tiny DiT
 /// (two members of different context, two forwards) against
-/// [`super::dit::reference_forward`]. Limits: relative L2 error, bf16
+/// [`crate::gpu::dit::reference_forward`]. Limits: relative L2 error, bf16
 /// probabilities and activations (measured on the emulator: attention
 /// ~2e-3, network ~5e-3).
 pub fn dit_vs_reference<D: Device>(dev: Arc<D>, real_keys: Option<usize>) -> Result<Vec<Comparison>> {
-    use super::dit::{
+    use crate::gpu::dit::{
         check_attention, reference_forward, rel_l2, AttentionKernel, ChunkShape, DitBatch, DitConfig, GpuDit,
     };
     let mut out = Vec::new();

@@ -1,14 +1,14 @@
 //! The engine's diffusion routes (`/engine/v1/diffusion/…`, docs/api.md).
 
-use crate::routes::Target;
+use super::Target;
 use engine_api::diffusion::{self as api, ImagesResponse};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
-use super::{DiffusionError, MAX_STATE_BYTES};
-use crate::server::{error, json, read_json, EngineBody};
-use crate::video::routes::bytes;
+use super::video::bytes;
+use crate::diffusion::{DiffusionError, MAX_STATE_BYTES};
+use crate::http::{error, json, read_json, EngineBody};
 use crate::Engine;
 
 fn failed(e: &DiffusionError) -> Response<EngineBody> {

@@ -233,7 +233,7 @@ pub fn run(args: &ProfileArgs) -> Result<Measured, ProfileError> {
         BackendKind::Cuda => {
             let model = e.model_config();
             model.validate().map_err(crate::StartError::Model)?;
-            let (mut lm, gpu) = crate::gpu::open_lm(model, kv.total_pages(), e.page_tokens)
+            let (mut lm, gpu) = crate::backend::cuda::open_lm(model, kv.total_pages(), e.page_tokens)
                 .map_err(crate::StartError::Gpu)?;
             (measure(&mut lm, &kv, args)?, gpu)
         }
@@ -285,11 +285,7 @@ fn step<B: Backend>(backend: &mut B, probes: &mut [Probe<B::Seq>], decode: bool)
     took
 }
 
-/// The median of timing samples (the upper one of an even count).
-pub fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+pub use crate::stats::median;
 
 fn measure<B: Backend>(
     backend: &mut B,

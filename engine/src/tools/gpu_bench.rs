@@ -20,13 +20,13 @@ use kernels::video::{CHANNELS, DIM, HIDDEN};
 use kernels::{Device, Gemm, Result};
 use policies::video::Fidelity;
 
-use super::lm::GpuLm;
-use super::offload::StateStore;
-use super::video::GpuVideo;
-use crate::backend::cpu::model::{ModelConfig, SeqInput};
-use crate::profile::median;
-use crate::video::model::{Resolution, StreamState, VideoModel, MAX_WINDOW};
-use crate::video::BatchItem;
+use crate::gpu::lm::GpuLm;
+use crate::gpu::offload::StateStore;
+use crate::gpu::video::GpuVideo;
+use crate::models::lm::{ModelConfig, SeqInput};
+use crate::models::video::BatchItem;
+use crate::models::video::{Resolution, StreamState, VideoModel, MAX_WINDOW};
+use crate::stats::median;
 
 /// Options of `engine gpu-bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -85,7 +85,7 @@ pub struct BenchArgs {
     pub dit_config: DitSize,
     /// DiT: the attention kernel its forwards run (both are timed alone).
     #[arg(long, value_enum, default_value = "staged")]
-    pub dit_attention: super::dit::AttentionKernel,
+    pub dit_attention: crate::gpu::dit::AttentionKernel,
     /// MiB copied by the bandwidth measurement.
     #[arg(long, default_value_t = 1024)]
     pub bandwidth_mib: usize,
@@ -114,10 +114,10 @@ pub enum DitSize {
 }
 
 impl DitSize {
-    pub fn config(self) -> super::dit::DitConfig {
+    pub fn config(self) -> crate::gpu::dit::DitConfig {
         match self {
-            DitSize::Wan13b => super::dit::DitConfig::WAN_1_3B,
-            DitSize::Tiny => super::dit::DitConfig::TINY,
+            DitSize::Wan13b => crate::gpu::dit::DitConfig::WAN_1_3B,
+            DitSize::Tiny => crate::gpu::dit::DitConfig::TINY,
         }
     }
 }
@@ -427,7 +427,7 @@ impl<D: Device, P: FnMut(&Measurement)> Bench<'_, D, P> {
     /// batches against single chunks, and with `--dit-profile` every fp16
     /// configuration of the sweep.
     fn dit(&mut self, gemm: f64) -> Result<()> {
-        use super::dit::{forward_flops, forwards, AttentionKernel, ChunkShape, DitBatch, GpuDit};
+        use crate::gpu::dit::{forward_flops, forwards, AttentionKernel, ChunkShape, DitBatch, GpuDit};
         let args = self.args;
         let cfg = args.dit_config.config();
         let mut model = GpuDit::new(Arc::clone(&self.dev), cfg)?;

@@ -2,6 +2,9 @@
 //! path belongs to, and the session or video `{id}` and `{action}` it
 //! names. Methods are checked by each family's handler.
 
+pub(crate) mod diffusion;
+pub(crate) mod video;
+
 use std::sync::OnceLock;
 
 use engine_api::diffusion as diffusion_api;

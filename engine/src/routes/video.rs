@@ -1,14 +1,14 @@
 //! The engine's video routes (`/engine/v1/video/…`, docs/api.md):
 //! sessions, chunks, prompt switches, suspend / resume, export / import.
 
-use crate::routes::Target;
+use super::Target;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 
-use super::{ChunkRequest, CreateSession, VideoError};
-use crate::server::{error, json, read_json, EngineBody};
+use crate::http::{error, json, read_json, EngineBody};
+use crate::video::{ChunkRequest, CreateSession, VideoError};
 use crate::Engine;
 use engine_api::video::{Lend, Offer, PromptSwitch};
 
@@ -126,8 +126,8 @@ pub(crate) async fn handle(
             Err(resp) => resp,
         },
         (Method::GET, Some(id), "snapshot") => {
-            let token = req.headers().get(super::transfer::TOKEN_HEADER).and_then(|t| t.to_str().ok());
-            let since = super::transfer::since_of(req.uri().query());
+            let token = req.headers().get(crate::video::transfer::TOKEN_HEADER).and_then(|t| t.to_str().ok());
+            let since = crate::video::transfer::since_of(req.uri().query());
             match v.snapshot(id, token.unwrap_or_default().to_string(), since).await {
                 Ok(b) => bytes("application/octet-stream", b),
                 Err(e) => video_error(&e),
@@ -136,7 +136,8 @@ pub(crate) async fn handle(
         (Method::POST, Some(id), "pull") => match read_json::<Pull>(req).await {
             Ok(p) => {
                 let started = crate::clock::now();
-                let pulled = super::transfer::pull(&p.from, id, &p.token, None, pull_limit(engine)).await;
+                let pulled =
+                    crate::video::transfer::pull(&p.from, id, &p.token, None, pull_limit(engine)).await;
                 let staged = match pulled {
                     Ok(b) => v.stage(id, b.clone()).await.map(|ver| (ver, b.len())),
                     Err(e) => Err(e),
@@ -151,24 +152,28 @@ pub(crate) async fn handle(
             }
             Err(resp) => resp,
         },
-        (Method::POST, Some(id), "commit") => match read_json::<Pull>(req).await {
-            Ok(p) => {
-                let started = crate::clock::now();
-                let since = v.staged(id).await;
-                let result =
-                    match super::transfer::pull(&p.from, id, &p.token, since, pull_limit(engine)).await {
-                        Ok(b) => v.commit(id, b.clone()).await.map(|()| b.len()),
-                        Err(e) => Err(e),
-                    };
-                done(
+        (Method::POST, Some(id), "commit") => {
+            match read_json::<Pull>(req).await {
+                Ok(p) => {
+                    let started = crate::clock::now();
+                    let since = v.staged(id).await;
+                    let result =
+                        match crate::video::transfer::pull(&p.from, id, &p.token, since, pull_limit(engine))
+                            .await
+                        {
+                            Ok(b) => v.commit(id, b.clone()).await.map(|()| b.len()),
+                            Err(e) => Err(e),
+                        };
+                    done(
                     StatusCode::OK,
                     result.map(
                         |n| serde_json::json!({"bytes": n, "ms": crate::clock::since(started).as_secs_f64() * 1e3}),
                     ),
                 )
+                }
+                Err(resp) => resp,
             }
-            Err(resp) => resp,
-        },
+        }
         (Method::POST, Some(id), "adopt") => done(StatusCode::OK, v.adopt(id).await),
         (Method::DELETE, Some(id), "staged") => {
             done(StatusCode::OK, v.unstage(id).await.map(|()| serde_json::json!({})))
