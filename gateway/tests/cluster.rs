@@ -2,7 +2,9 @@
 //! across gateways; engines registered through one are used by the other;
 //! a reload on one is active on both; the leader lease moves when the
 //! leader dies; Redis killed during load fails no request, and state comes
-//! back when Redis does.
+//! back when Redis does. And on hosts of their own (network namespaces,
+//! `loadtest::chaos::hosts`): a gateway cut from an engine answers from the
+//! others; an engine moved to another host is followed.
 // Process-level code: it measures real time on purpose.
 #![allow(clippy::disallowed_methods)]
 
@@ -515,4 +517,237 @@ async fn sentinels_without_a_usable_primary_are_refused_with_a_reason_and_servin
         within(Duration::from_secs(5), &counted, async || sys.metrics().await.contains(&counted)).await;
         assert_eq!(sys.readyz().await["detail"]["cluster"]["redis_up"], false, "{url}");
     }
+}
+
+/// Issue 52: a fleet on hosts of its own (network namespaces on one
+/// switch, `loadtest::chaos::hosts`): Redis on one host, engines on
+/// others, a `gateway serve` on another, clients from this process.
+mod hosts {
+    use std::path::{Path, PathBuf};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    use loadtest::chaos::hosts::Hosts;
+    use loadtest::client::{body_bytes, Conn, Proto};
+
+    const TOKEN: &str = "hosts-engine-token-0123456789";
+
+    pub struct Fleet {
+        pub hosts: Hosts,
+        pub dir: PathBuf,
+        pub redis: String,
+        pub gateway: String,
+        engines: Vec<(usize, String, u32)>,
+    }
+
+    fn bin(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_BIN_EXE_gateway")).with_file_name(name)
+    }
+
+    fn log(dir: &Path, name: &str) -> Stdio {
+        Stdio::from(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap())
+    }
+
+    fn wait_port(addr: &str, what: &str) {
+        let start = Instant::now();
+        while std::net::TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_millis(300))
+            .is_err()
+        {
+            assert!(start.elapsed() < Duration::from_secs(30), "{what} listening on {addr}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    impl Fleet {
+        /// `hosts` hosts: Redis on 0, the gateway on 1, an engine on each
+        /// of `engine_hosts` (ids `e<host>`), each engine `profile`.
+        pub fn start(n: usize, engine_hosts: &[usize], profile: &str) -> Fleet {
+            let hosts = Hosts::create(n).expect("hosts of our own: network namespaces (root, iproute2)");
+            let dir = super::common::scratch_dir();
+            std::fs::write(dir.join("engine.token"), TOKEN).unwrap();
+            std::fs::write(dir.join("profile.toml"), profile).unwrap();
+            let mut fleet = Fleet {
+                redis: format!("redis://{}:6379", hosts.addr(0)),
+                gateway: format!("http://{}:8080", hosts.addr(1)),
+                hosts,
+                dir,
+                engines: Vec::new(),
+            };
+            let mut redis = fleet.hosts.command(0, "redis-server");
+            redis
+                .args([
+                    "--bind",
+                    &fleet.hosts.addr(0).to_string(),
+                    "--port",
+                    "6379",
+                    "--save",
+                    "",
+                    "--appendonly",
+                ])
+                .args(["no", "--protected-mode", "no"])
+                .stdout(log(&fleet.dir, "redis"));
+            fleet.hosts.spawn(redis).unwrap();
+            wait_port(&format!("{}:6379", fleet.hosts.addr(0)), "redis");
+            for &h in engine_hosts {
+                fleet.engine(h);
+            }
+            fleet.gateway();
+            fleet
+        }
+
+        /// Starts engine `e<host>` on `host`; its process id.
+        pub fn engine(&mut self, host: usize) -> u32 {
+            let addr = format!("{}:9000", self.hosts.addr(host));
+            let mut cmd = self.hosts.command(host, bin("engine"));
+            cmd.args(["--listen", &addr, "--advertise", &format!("http://{addr}")])
+                .args(["--id", &format!("e{host}"), "--redis", &self.redis])
+                .arg("--api-token-file")
+                .arg(self.dir.join("engine.token"))
+                .arg("--profile")
+                .arg(self.dir.join("profile.toml"))
+                .stdout(log(&self.dir, &format!("engine-{host}")))
+                .stderr(Stdio::null());
+            let pid = self.hosts.spawn(cmd).unwrap();
+            wait_port(&addr, "engine");
+            self.engines.push((host, format!("e{host}"), pid));
+            pid
+        }
+
+        /// Kills the engine on `host` (SIGKILL).
+        pub fn kill_engine(&mut self, host: usize) {
+            if let Some(at) = self.engines.iter().position(|e| e.0 == host) {
+                let (_, _, pid) = self.engines.remove(at);
+                self.hosts.stop(pid);
+            }
+        }
+
+        fn gateway(&mut self) {
+            let d = &self.dir;
+            let made = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
+                .arg("certs")
+                .arg("--out")
+                .arg(d.join("certs"))
+                .output()
+                .unwrap();
+            assert!(made.status.success());
+            let a = self.hosts.addr(1);
+            let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/default.toml");
+            let config = format!(
+                "listen = \"{a}:8443\"\nplaintext_listen = \"{a}:8080\"\npolicies = {policies:?}\n\
+                 engine_token_file = {:?}\n[tls]\ncert = {:?}\nkey = {:?}\n\
+                 [admin]\nlisten = \"{a}:9444\"\n[[admin.tokens]]\nid = \"ops\"\ntoken = \"{}\"\n\
+                 [cluster]\nengine_ttl_s = 5\n",
+                d.join("engine.token"),
+                d.join("certs/server.pem"),
+                d.join("certs/server.key"),
+                super::common::ADMIN_TOKEN,
+            );
+            std::fs::write(d.join("gateway.toml"), config).unwrap();
+            let mut cmd = self.hosts.command(1, env!("CARGO_BIN_EXE_gateway"));
+            cmd.arg("serve").arg("--config").arg(d.join("gateway.toml")).args(["--redis", &self.redis]);
+            cmd.stdout(log(d, "gateway-out")).stderr(log(d, "gateway"));
+            self.hosts.spawn(cmd).unwrap();
+            wait_port(&format!("{a}:8080"), "gateway");
+        }
+
+        /// One non-streamed gold chat through the gateway: its status, the
+        /// engine that answered, and how long it took.
+        pub async fn chat(&self) -> (u16, String, Duration) {
+            let start = Instant::now();
+            let Ok(conn) = Conn::connect(&self.gateway, None, Proto::Http1).await else {
+                return (0, String::new(), start.elapsed());
+            };
+            let body = serde_json::json!({"model": "synthetic-small", "max_tokens": 8,
+                "messages": [{"role": "user", "content": "hello over the switch"}]});
+            match conn.post_json("/v1/chat/completions", Some("sk-demo-gold"), body.to_string()).await {
+                Ok(resp) => {
+                    let status = resp.status().as_u16();
+                    let engine = resp.headers().get("x-engine").and_then(|v| v.to_str().ok()).unwrap_or("");
+                    let engine = engine.to_string();
+                    let _ = body_bytes(resp).await;
+                    (status, engine, start.elapsed())
+                }
+                Err(_) => (0, String::new(), start.elapsed()),
+            }
+        }
+
+        /// Chats until every engine in `ids` has answered one (30 s at most).
+        pub async fn until_served_by(&self, ids: &[&str]) {
+            let start = Instant::now();
+            let mut seen = std::collections::BTreeSet::new();
+            while !ids.iter().all(|id| seen.contains(*id)) {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "engines {ids:?} serve through the gateway; seen {seen:?}; {}",
+                    std::fs::read_to_string(self.dir.join("gateway.log")).unwrap_or_default()
+                );
+                let (status, engine, _) = self.chat().await;
+                if status == 200 {
+                    seen.insert(engine);
+                } else {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
+
+/// A gateway cut off from one engine (silently: its packets vanish, as
+/// across a real network cut) keeps answering from the other; the cut
+/// costs each request at most the first-event wait, and requests stop
+/// going to the cut engine once the gateway notices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_cut_from_one_engine_answers_from_the_other() {
+    let mut fleet = hosts::Fleet::start(4, &[2, 3], &paced(0, 2));
+    fleet.until_served_by(&["e2", "e3"]).await;
+    fleet.hosts.cut(1, 2).unwrap();
+    let cut_at = Instant::now();
+    let mut results = Vec::new();
+    while cut_at.elapsed() < Duration::from_secs(20) {
+        results.push(fleet.chat().await);
+    }
+    let failed: Vec<_> = results.iter().filter(|r| r.0 != 200).collect();
+    let slowest = results.iter().map(|r| r.2).max().unwrap();
+    let late: Vec<_> = results.iter().filter(|r| r.2 > Duration::from_secs(3)).collect();
+    eprintln!(
+        "cut: {} requests, {} failed, slowest {slowest:?}, {} over 3 s, engines {:?}",
+        results.len(),
+        failed.len(),
+        late.len(),
+        results.iter().map(|r| r.1.as_str()).collect::<std::collections::BTreeSet<_>>()
+    );
+    assert!(failed.is_empty(), "no request fails: {failed:?}");
+    // A request caught on the cut engine waits for the HTTP/2 keepalive to
+    // give up on the connection (engine_keepalive_interval_ms +
+    // engine_keepalive_timeout_ms = 2 s + 3 s), then retries on the other
+    // engine before its first byte; nothing waits longer.
+    assert!(slowest < Duration::from_secs(7), "the wait is bounded by the keepalive: {slowest:?}");
+    assert!(late.len() <= 4, "only requests caught on the cut engine wait: {}", late.len());
+    let tail: Vec<_> = results.iter().rev().take(10).collect();
+    assert!(tail.iter().all(|r| r.1 == "e3"), "the cut engine gets nothing once noticed: {tail:?}");
+    fleet.hosts.heal(1, 2);
+    fleet.until_served_by(&["e2", "e3"]).await;
+}
+
+/// An engine killed and started again on another host: the registry
+/// follows it (the gateway routes to the new address), and nothing goes to
+/// the dead address after the registry's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_moved_to_another_host_is_followed() {
+    let mut fleet = hosts::Fleet::start(5, &[2, 3], &paced(0, 2));
+    fleet.until_served_by(&["e2", "e3"]).await;
+    fleet.kill_engine(2);
+    let killed = Instant::now();
+    fleet.engine(4);
+    fleet.until_served_by(&["e3", "e4"]).await;
+    let followed = killed.elapsed();
+    let mut results = Vec::new();
+    for _ in 0..20 {
+        results.push(fleet.chat().await);
+    }
+    eprintln!(
+        "moved: e4 served {followed:?} after e2 died; then {:?}",
+        results.iter().map(|r| (r.0, r.1.clone())).collect::<Vec<_>>()
+    );
+    assert!(results.iter().all(|r| r.0 == 200 && r.1 != "e2"), "nothing to the dead engine: {results:?}");
 }
