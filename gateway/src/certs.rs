@@ -49,6 +49,12 @@ pub enum CertError {
 /// Generates a new CA and server certificate into `dir` (created if needed),
 /// replacing any there.
 pub fn generate(dir: &Path) -> Result<DevPki, CertError> {
+    generate_for(dir, &[])
+}
+
+/// [`generate`], the server certificate also naming `extra` (host names
+/// or IP addresses: a development fleet's hosts).
+pub fn generate_for(dir: &Path, extra: &[String]) -> Result<DevPki, CertError> {
     fs::create_dir_all(dir).map_err(|e| CertError::Write(dir.to_path_buf(), e))?;
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
@@ -59,7 +65,8 @@ pub fn generate(dir: &Path) -> Result<DevPki, CertError> {
     let ca_key_pem = ca_key.serialize_pem();
     let ca = CertifiedIssuer::self_signed(ca, ca_key)?;
 
-    let names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+    names.extend(extra.iter().cloned());
     let mut server = CertificateParams::new(names)?;
     server.distinguished_name.push(DnType::CommonName, "localhost");
     server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];

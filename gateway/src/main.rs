@@ -118,10 +118,14 @@ enum Command {
         state_dir: Option<PathBuf>,
     },
     /// Write a development CA (ca.pem) and a server certificate for
-    /// localhost / 127.0.0.1 / ::1 signed by it.
+    /// localhost / 127.0.0.1 / ::1 (and each --san) signed by it.
     Certs {
         #[arg(long, default_value = "certs")]
         out: PathBuf,
+        /// Another name or IP address the server certificate covers (a
+        /// development fleet's hosts); repeatable, at most 16.
+        #[arg(long = "san", num_args = 1, action = clap::ArgAction::Append)]
+        san: Vec<String>,
     },
 }
 
@@ -216,8 +220,11 @@ fn main() -> ExitCode {
                 }
                 gateway::run_serve(cfg).await.map_err(|e| e.to_string())
             }
-            Command::Certs { out } => {
-                let pki = gateway::certs::generate(&out).map_err(|e| e.to_string())?;
+            Command::Certs { out, san } => {
+                if san.len() > 16 || san.iter().any(|n| n.is_empty() || n.len() > 253) {
+                    return Err("--san: at most 16 names, each 1-253 bytes".into());
+                }
+                let pki = gateway::certs::generate_for(&out, &san).map_err(|e| e.to_string())?;
                 println!(
                     "wrote {} (trust this), {} and {}",
                     pki.ca_cert.display(),
