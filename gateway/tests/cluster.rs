@@ -539,6 +539,8 @@ mod hosts {
         /// The gateways' hosts.
         pub gateways: Vec<usize>,
         engines: Vec<(usize, String, u32)>,
+        /// The gateway processes: (host, pid).
+        gateway_pids: Vec<(usize, u32)>,
     }
 
     fn bin(name: &str) -> PathBuf {
@@ -575,6 +577,7 @@ mod hosts {
                 dir,
                 gateways: gateways.to_vec(),
                 engines: Vec::new(),
+                gateway_pids: Vec::new(),
             };
             let mut redis = fleet.hosts.command(0, "redis-server");
             redis
@@ -651,9 +654,23 @@ mod hosts {
             std::fs::write(&file, config).unwrap();
             let mut cmd = self.hosts.command(host, env!("CARGO_BIN_EXE_gateway"));
             cmd.arg("serve").arg("--config").arg(&file).args(["--redis", &self.redis]);
-            cmd.stdout(log(d, &format!("gateway-{host}-out"))).stderr(log(d, &format!("gateway-{host}")));
-            self.hosts.spawn(cmd).unwrap();
+            let n = self.gateway_pids.iter().filter(|g| g.0 == host).count();
+            cmd.stdout(log(d, &format!("gateway-{host}-{n}-out"))).stderr(log(d, &format!("gateway-{host}")));
+            let pid = self.hosts.spawn(cmd).unwrap();
+            self.gateway_pids.push((host, pid));
             wait_port(&format!("{a}:8080"), "gateway");
+        }
+
+        /// Stops the gateway on `host` as an orchestrator does (SIGTERM:
+        /// it refuses new connections, sends GOAWAY and drains its open
+        /// streams up to its bound), then starts it again. How long the
+        /// drain took, and whether it exited by itself within 15 s.
+        pub fn restart_gateway(&mut self, host: usize) -> (Duration, bool) {
+            let at = self.gateway_pids.iter().rposition(|g| g.0 == host).expect("a gateway on the host");
+            let (_, pid) = self.gateway_pids[at];
+            let stopped = self.hosts.terminate(pid, Duration::from_secs(15));
+            self.gateway(host);
+            stopped
         }
 
         /// The plaintext URL of the gateway on `host`.
@@ -867,4 +884,111 @@ async fn a_gateway_cut_from_redis_serves_and_catches_up_when_healed() {
     assert!(served > 0);
     assert_eq!(open, 0, "no lease leaks: the live lease counts come back to what is open (0)");
     assert!(caught_up < Duration::from_secs(5), "the policy arrives soon after the heal: {caught_up:?}");
+}
+
+/// Every gateway restarted in turn under load (SIGTERM: GOAWAY, drain,
+/// exit; then started again) behind a load balancer as an orchestrator
+/// runs one: it sends to gateways whose `/readyz` answered 200 at its last
+/// probe (every 100 ms), and to the next gateway when one refuses the
+/// connection: no accepted request fails and no stream is cut short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_every_gateway_fails_no_accepted_request() {
+    use std::sync::atomic::AtomicUsize;
+    let mut fleet = hosts::Fleet::start(6, &[1, 2, 3], &[4, 5], &paced(0, 5));
+    for g in [1, 2, 3] {
+        fleet.until_served_on(g, &["e4", "e5"]).await;
+    }
+    let urls: Arc<Vec<String>> = Arc::new([1, 2, 3].iter().map(|&g| fleet.url(g)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (done, refused, failed) =
+        (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+    // The load balancer's readiness probes.
+    let ready: Arc<Vec<AtomicBool>> = Arc::new(urls.iter().map(|_| AtomicBool::new(true)).collect());
+    let prober = {
+        let (urls, ready, stop) = (Arc::clone(&urls), Arc::clone(&ready), Arc::clone(&stop));
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                for (i, url) in urls.iter().enumerate() {
+                    let ok = match loadtest::client::Conn::connect(url, None, Proto::Http1).await {
+                        Ok(conn) => {
+                            conn.get("/readyz", None).await.is_ok_and(|r| r.status() == StatusCode::OK)
+                        }
+                        Err(_) => false,
+                    };
+                    ready[i].store(ok, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let mut clients = Vec::new();
+    for c in 0..4usize {
+        let (urls, stop, done, refused) =
+            (Arc::clone(&urls), Arc::clone(&stop), Arc::clone(&done), Arc::clone(&refused));
+        let (failed, failures, ready) = (Arc::clone(&failed), Arc::clone(&failures), Arc::clone(&ready));
+        clients.push(tokio::spawn(async move {
+            let mut k = c;
+            while !stop.load(Ordering::Relaxed) {
+                k += 1;
+                let i = k % urls.len();
+                if !ready[i].load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                let url = &urls[i];
+                // Not accepted: the load balancer's next gateway takes it.
+                let Ok(conn) = loadtest::client::Conn::connect(url, None, Proto::Http1).await else {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                let body = json!({"model": "synthetic-small", "max_tokens": 48, "stream": true,
+                    "messages": [{"role": "user", "content": "a rolling restart"}]});
+                let outcome = match conn.post_json("/v1/chat/completions", Some(GOLD), body.to_string()).await
+                {
+                    Ok(resp) if resp.status() == StatusCode::OK => match body_bytes(resp).await {
+                        Ok(b) if String::from_utf8_lossy(&b).contains("data: [DONE]") => Ok(()),
+                        Ok(b) => Err(format!("{url}: a stream cut short ({} bytes)", b.len())),
+                        Err(e) => Err(format!("{url}: body: {e}")),
+                    },
+                    Ok(resp) => Err(format!("{url}: {}", resp.status())),
+                    // Closed before the request went out (the gateway was
+                    // draining): not accepted, try the next gateway.
+                    Err(e) if e.to_string().contains("connection closed before") => {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    Err(e) => Err(format!("{url}: {e}")),
+                };
+                match outcome {
+                    Ok(()) => done.fetch_add(1, Ordering::Relaxed),
+                    Err(e) => {
+                        failures.lock().unwrap().push(e);
+                        failed.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut drains = Vec::new();
+    for g in [1, 2, 3] {
+        let before = done.load(Ordering::Relaxed);
+        let drained = tokio::task::block_in_place(|| fleet.restart_gateway(g));
+        drains.push(drained);
+        fleet.until_served_on(g, &["e4", "e5"]).await;
+        assert!(done.load(Ordering::Relaxed) > before, "requests went on while gateway {g} restarted");
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    prober.await.unwrap();
+    let (done, refused, failed) =
+        (done.load(Ordering::Relaxed), refused.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    eprintln!("rolling restart: {done} streams completed, {refused} connections refused or closed before the request (retried elsewhere), {failed} failed; drains {drains:?}");
+    assert_eq!(failed, 0, "no accepted request fails: {:?}", failures.lock().unwrap());
+    assert!(drains.iter().all(|d| d.1), "every gateway exits by itself after its drain: {drains:?}");
 }

@@ -177,6 +177,27 @@ impl Hosts {
         }
     }
 
+    /// Asks the process `pid` this bed started to stop (SIGTERM, by its
+    /// id) and waits for it up to `grace`, then kills it; how long it took
+    /// and whether it exited by itself.
+    pub fn terminate(&mut self, pid: u32, grace: std::time::Duration) -> (std::time::Duration, bool) {
+        let start = clock::now();
+        let Some(at) = self.children.iter().position(|c| c.id() == pid) else {
+            return (std::time::Duration::ZERO, false);
+        };
+        let mut c = self.children.remove(at);
+        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+        while clock::since(start) < grace {
+            if let Ok(Some(_)) = c.try_wait() {
+                return (clock::since(start), true);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        (clock::since(start), false)
+    }
+
     fn route_into_void(&self, from: usize, to: Ipv4Addr) -> Result<(), String> {
         let ns = self.ns(from);
         let to = to.to_string();
