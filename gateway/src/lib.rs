@@ -96,6 +96,9 @@ pub struct App {
     pub(crate) usage: Arc<usage::UsageStore>,
     id_prefix: u32,
     next_id: AtomicU64,
+    /// Set on SIGTERM: `/readyz` says 503 `draining` while the listeners
+    /// still accept (`limits.shutdown_grace_ms`).
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 impl App {
@@ -148,6 +151,7 @@ impl App {
             cluster,
             fleet,
             id_prefix,
+            draining: std::sync::atomic::AtomicBool::new(false),
             next_id: AtomicU64::new(0),
         }
     }
@@ -445,7 +449,14 @@ async fn serve_until_signal(
         quit(quit_rx.clone()),
     );
     tokio::join!(public, plain, async {
-        signal.await;
+        if signal.await == Stop::Terminate {
+            // Out of rotation first: balancers probing /readyz stop sending
+            // while connections are still accepted and served.
+            app.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+            let grace = std::time::Duration::from_millis(app.config.limits.shutdown_grace_ms);
+            tracing::info!(event = "gateway_draining", grace_ms = grace.as_millis() as u64);
+            tokio::time::sleep(grace).await;
+        }
         let _ = quit_tx.send(true);
     });
     drop(workers); // joins the worker threads
@@ -460,16 +471,25 @@ async fn serve_until_signal(
     Ok(())
 }
 
+/// Which stop was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// SIGINT: an interactive stop, at once.
+    Interrupt,
+    /// SIGTERM: an orchestrator's, after the drain grace.
+    Terminate,
+}
+
 /// Resolves on SIGINT or SIGTERM; the handlers are installed by this call,
 /// so a signal that arrives before the future is polled is not lost.
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+fn shutdown_signal() -> impl std::future::Future<Output = Stop> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler installs");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler installs");
     async move {
         tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
+            _ = int.recv() => Stop::Interrupt,
+            _ = term.recv() => Stop::Terminate,
         }
     }
 }

@@ -66,6 +66,12 @@ pub struct Limits {
     /// Bytes of unread events a video stream's feed holds; past it the
     /// stream stops generating (and is suspended) until the reader catches up.
     pub video_feed_buffer_bytes: usize,
+    /// On SIGTERM (an orchestrator's stop), `/readyz` answers 503
+    /// `draining` for this long while the listeners still accept, so load
+    /// balancers stop sending before connections are refused; then GOAWAY
+    /// and the drain. 0: stop accepting at once. SIGINT (an interactive
+    /// stop) never waits.
+    pub shutdown_grace_ms: u64,
 }
 
 impl Default for Limits {
@@ -89,6 +95,7 @@ impl Default for Limits {
             engine_connections: 2,
             worker_threads: None,
             video_feed_buffer_bytes: 4 << 20,
+            shutdown_grace_ms: 2_000,
         }
     }
 }
@@ -134,6 +141,9 @@ impl Limits {
             }
             None if self.engine_connections > 64 => {
                 Err("limits.engine_connections must be at most 64".into())
+            }
+            None if self.shutdown_grace_ms > 600_000 => {
+                Err("limits.shutdown_grace_ms must be at most 600000".into())
             }
             None => Ok(()),
         }

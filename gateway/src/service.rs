@@ -278,9 +278,10 @@ fn readyz(app: &App, policy: &PolicyDocument) -> Response<GatewayBody> {
         "waiting_at_gate": app.admission.waiting(),
         "policy_version": policy.version,
     });
-    let ready = app.engines.routable_count() > 0;
+    let draining = app.draining.load(std::sync::atomic::Ordering::Relaxed);
+    let ready = app.engines.routable_count() > 0 && !draining;
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    json_response(status, &json!({"ready": ready, "detail": detail}))
+    json_response(status, &json!({"ready": ready, "draining": draining, "detail": detail}))
 }
 
 /// The client's `x-request-id` when it is a sane token, else a new one.

@@ -565,8 +565,10 @@ mod hosts {
         /// `n` hosts: Redis on 0, a gateway on each of `gateways`, an
         /// engine on each of `engine_hosts` (ids `e<host>`), each engine
         /// `profile`.
-        pub fn start(n: usize, gateways: &[usize], engine_hosts: &[usize], profile: &str) -> Fleet {
-            let hosts = Hosts::create(n).expect("hosts of our own: network namespaces (root, iproute2)");
+        /// `None` (said on standard error) where this machine cannot make
+        /// network namespaces.
+        pub fn start(n: usize, gateways: &[usize], engine_hosts: &[usize], profile: &str) -> Option<Fleet> {
+            let hosts = Hosts::create_or_skip(n, "the multi-host fleet")?;
             let dir = super::common::scratch_dir();
             std::fs::write(dir.join("engine.token"), TOKEN).unwrap();
             std::fs::write(dir.join("policy.key"), "hosts-policy-signing-key-0123456789").unwrap();
@@ -606,7 +608,7 @@ mod hosts {
             for &g in gateways {
                 fleet.gateway(g);
             }
-            fleet
+            Some(fleet)
         }
 
         /// Starts engine `e<host>` on `host`; its process id.
@@ -749,7 +751,7 @@ mod hosts {
 /// going to the cut engine once the gateway notices.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_cut_from_one_engine_answers_from_the_other() {
-    let mut fleet = hosts::Fleet::start(4, &[1], &[2, 3], &paced(0, 2));
+    let Some(mut fleet) = hosts::Fleet::start(4, &[1], &[2, 3], &paced(0, 2)) else { return };
     fleet.until_served_by(&["e2", "e3"]).await;
     fleet.hosts.cut(1, 2).unwrap();
     let cut_at = Instant::now();
@@ -785,7 +787,7 @@ async fn a_gateway_cut_from_one_engine_answers_from_the_other() {
 /// the dead address after the registry's TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_moved_to_another_host_is_followed() {
-    let mut fleet = hosts::Fleet::start(5, &[1], &[2, 3], &paced(0, 2));
+    let Some(mut fleet) = hosts::Fleet::start(5, &[1], &[2, 3], &paced(0, 2)) else { return };
     fleet.until_served_by(&["e2", "e3"]).await;
     fleet.kill_engine(2);
     let killed = Instant::now();
@@ -811,7 +813,7 @@ async fn an_engine_moved_to_another_host_is_followed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_cut_from_redis_serves_and_catches_up_when_healed() {
     let secs: u64 = std::env::var("SLO_PARTITION_S").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
-    let fleet_hosts = hosts::Fleet::start(4, &[1, 2], &[3], &paced(0, 2));
+    let Some(fleet_hosts) = hosts::Fleet::start(4, &[1, 2], &[3], &paced(0, 2)) else { return };
     let fleet = &fleet_hosts;
     fleet.until_served_on(1, &["e3"]).await;
     fleet.until_served_on(2, &["e3"]).await;
@@ -894,7 +896,7 @@ async fn a_gateway_cut_from_redis_serves_and_catches_up_when_healed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_of_every_gateway_fails_no_accepted_request() {
     use std::sync::atomic::AtomicUsize;
-    let mut fleet = hosts::Fleet::start(6, &[1, 2, 3], &[4, 5], &paced(0, 5));
+    let Some(mut fleet) = hosts::Fleet::start(6, &[1, 2, 3], &[4, 5], &paced(0, 5)) else { return };
     for g in [1, 2, 3] {
         fleet.until_served_on(g, &["e4", "e5"]).await;
     }

@@ -218,14 +218,34 @@ async fn engines_at_capacity_give_a_retryable_503_naming_the_reason() {
     drop(held);
 }
 
+/// SIGTERM (an orchestrator's stop): first out of rotation (`/readyz` 503
+/// `draining`) while connections are still accepted and served, for
+/// `limits.shutdown_grace_ms` (2 s), then the drain and the exit, engines
+/// included.
 #[tokio::test]
 async fn sigterm_stops_the_gateway_and_its_engines() {
     let mut sys = System::start(&paced(0, 0), 2).await;
     let pids: Vec<u32> = sys.engines.iter().map(|e| e.pid).collect();
     assert!(pids.iter().all(|p| alive(*p)));
+    assert_eq!(sys.readyz().await["ready"], true);
+    let termed = Instant::now();
     signal(sys.child.id().unwrap(), "TERM");
+    // Within the grace: a new connection is accepted, answered, and told
+    // the gateway is draining; requests are still served.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = sys.readyz().await;
+    assert_eq!((&r["ready"], &r["draining"]), (&serde_json::json!(false), &serde_json::json!(true)), "{r}");
+    let conn = sys.conn(Proto::H2).await;
+    let resp = conn.post_json("/v1/completions", Some(GOLD), completion("draining", 2, false)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "served while draining");
+    assert!(termed.elapsed() < Duration::from_secs(2), "checked within the grace");
     let status = tokio::time::timeout(Duration::from_secs(15), sys.child.wait()).await.unwrap().unwrap();
     assert!(status.success(), "{status:?}");
+    assert!(
+        termed.elapsed() >= Duration::from_secs(2),
+        "stopped only after the grace: {:?}",
+        termed.elapsed()
+    );
     let t = Instant::now();
     while pids.iter().any(|p| alive(*p)) {
         assert!(t.elapsed() < Duration::from_secs(6), "engine children outlived the gateway");

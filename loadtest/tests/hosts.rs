@@ -51,7 +51,9 @@ fn host_connects(h: &Hosts, from: usize, to: Ipv4Addr, port: u16) -> (bool, Dura
 
 #[test]
 fn hosts_reach_each_other_until_cut_and_a_cut_is_silent() {
-    let mut h = Hosts::create(3).expect("network namespaces (root and iproute2)");
+    let Some(mut h) = Hosts::create_or_skip(3, "hosts_reach_each_other_until_cut_and_a_cut_is_silent") else {
+        return;
+    };
     let port = free_port();
     listen(&mut h, 1, port);
     listen(&mut h, 2, port);

@@ -68,6 +68,27 @@ fn free_subnet(seed: u32) -> Result<[u8; 3], String> {
 }
 
 impl Hosts {
+    /// Whether `create`'s error `e` says this machine cannot make network
+    /// namespaces at all (not root, no iproute2): tests then skip, loudly.
+    pub fn cannot_make(e: &str) -> bool {
+        ["Operation not permitted", "Permission denied", "apt-get install iproute2"]
+            .iter()
+            .any(|m| e.contains(m))
+    }
+
+    /// [`Hosts::create`], or `None` after saying on standard error why this
+    /// machine cannot make hosts (a test skips then); other errors panic.
+    pub fn create_or_skip(n: usize, test: &str) -> Option<Self> {
+        match Self::create(n) {
+            Ok(h) => Some(h),
+            Err(e) if Self::cannot_make(&e) => {
+                eprintln!("SKIPPED {test}: this machine cannot make network namespaces ({e})");
+                None
+            }
+            Err(e) => panic!("{test}: building the hosts: {e}"),
+        }
+    }
+
     /// Builds `n` hosts on one switch, reachable from this process.
     pub fn create(n: usize) -> Result<Self, String> {
         if n == 0 || n > MAX_HOSTS {
