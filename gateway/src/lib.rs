@@ -28,6 +28,12 @@ pub(crate) mod error;
 pub(crate) mod fleet;
 #[doc(hidden)]
 pub mod fuzzing;
+/// The cluster state's Redis side, for the cluster tests (not an API).
+#[doc(hidden)]
+pub mod cluster_testing {
+    pub use crate::cluster::redis::RedisState;
+    pub use crate::cluster::{wall_ms, ClusterConfig, Denied, Limits};
+}
 pub(crate) mod headers;
 pub(crate) mod hints;
 pub(crate) mod keys;

@@ -640,7 +640,10 @@ mod hosts {
         fn gateway(&mut self, host: usize) {
             let d = &self.dir;
             let a = self.hosts.addr(host);
-            let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/default.toml");
+            // Each gateway its own copy: a policy published through the fleet
+            // is written back to the file the gateway was started with.
+            let policies = d.join(format!("policies-{host}.toml"));
+            std::fs::write(&policies, super::common::default_policy()).unwrap();
             let config = format!(
                 "listen = \"{a}:8443\"\nplaintext_listen = \"{a}:8080\"\npolicies = {policies:?}\n\
                  engine_token_file = {:?}\n[tls]\ncert = {:?}\nkey = {:?}\n\
@@ -993,4 +996,40 @@ async fn a_rolling_restart_of_every_gateway_fails_no_accepted_request() {
     eprintln!("rolling restart: {done} streams completed, {refused} connections refused or closed before the request (retried elsewhere), {failed} failed; drains {drains:?}");
     assert_eq!(failed, 0, "no accepted request fails: {:?}", failures.lock().unwrap());
     assert!(drains.iter().all(|d| d.1), "every gateway exits by itself after its drain: {drains:?}");
+}
+
+/// Two gateways whose clocks are 2 s behind and 2 s ahead, either side of
+/// a minute's end: the requests they let through count in one window and
+/// their leases expire alike, because the limit scripts read Redis's clock
+/// (on the gateways' clocks the window would split and let 4 of a limit of
+/// 3 through, and a lease written 2 s behind would look 4 s older to the
+/// other gateway).
+#[tokio::test]
+async fn gateways_with_skewed_clocks_count_one_window_and_one_lease_clock() {
+    use gateway::cluster_testing::{wall_ms, ClusterConfig, Denied, Limits, RedisState};
+    let redis = start_redis();
+    let state = || {
+        let target = fleet_redis::Target::parse(&redis.url()).unwrap();
+        RedisState::new(target, &ClusterConfig { timeout_ms: 500, ..ClusterConfig::default() })
+    };
+    let (a, b) = (state(), state());
+    let edge = (wall_ms() / 60_000 + 1) * 60_000;
+    let (behind, ahead) = (edge - 1_000, edge + 1_000);
+    let rpm = Limits { max_concurrency: None, requests_per_minute: Some(3), tokens_per_minute: None };
+    let mut granted = 0;
+    for (gw, now) in [(&a, behind), (&b, ahead), (&a, behind), (&b, ahead)] {
+        if gw.acquire("skew", rpm, 1, now).await.unwrap().is_ok() {
+            granted += 1;
+        }
+    }
+    assert_eq!(granted, 3, "one window for both clocks: 3 of 4 within a limit of 3");
+    // A lease taken by a gateway whose clock is a minute behind is live for
+    // one a minute ahead: its expiry is Redis's now + the TTL.
+    let conc = Limits { max_concurrency: Some(1), requests_per_minute: None, tokens_per_minute: None };
+    assert!(a.acquire("lease", conc, 1, behind - 60_000).await.unwrap().is_ok());
+    let denied = b.acquire("lease", conc, 1, ahead + 60_000).await.unwrap();
+    assert_eq!(denied.unwrap_err(), Denied::Concurrency { limit: 1 });
+    a.heartbeat().await.unwrap();
+    let still = b.acquire("lease", conc, 1, ahead + 60_000).await.unwrap();
+    assert_eq!(still.unwrap_err(), Denied::Concurrency { limit: 1 }, "renewed on Redis's clock");
 }

@@ -3,8 +3,15 @@
 //! | key | type | TTL | what |
 //! | --- | --- | --- | --- |
 //! | `slo:lease:{tenant}` | sorted set: lease id -> expiry ms | lease TTL | open requests of a tenant |
-//! | `slo:rpm:{tenant}:{minute}` | counter | 61 s | requests in a wall-clock minute |
+//! | `slo:rpm:{tenant}:{minute}` | counter | 61 s | requests in a minute of Redis's clock |
 //! | `slo:tpm:{tenant}:{minute}` | counter | 61 s | tokens in it |
+//!
+//! Lease expiries and the minute windows are read from Redis's own clock
+//! (`TIME` inside the scripts), not the gateways': gateways whose clocks
+//! disagree by seconds still count one minute and expire one lease alike.
+//! (Effects replication, Redis 5 and later, carries a script that reads
+//! `TIME` to replicas; Redis Cluster, which would need the minute key
+//! declared, is not supported.)
 //! | `slo:engines` | set of engine ids | none (ids whose key expired are skipped) | the registry's index |
 //! | `slo:engine:{id}` | string: base URL | 10 s, refreshed every 3 s by the engine | a live engine |
 //! | `slo:load:{id}` | string: JSON load report | 5 s, refreshed every 0.5 s | an engine's latest load |
@@ -44,27 +51,44 @@ redis.call('PEXPIRE', KEYS[2], ttl)
 return 0
 ";
 
-/// Concurrency lease, request window and token window in one step.
-/// KEYS: lease zset, rpm counter, tpm counter. ARGV: now ms, lease id,
-/// lease ttl ms, max concurrency, rpm, tpm, tokens (0 = no limit).
-/// Returns {0, requests, tokens} granted (the windows' counts with this
-/// request), {1} concurrency, {2} requests, {3} tokens.
+/// Concurrency lease, request window and token window in one step, on
+/// Redis's clock. KEYS: lease zset, the rpm and tpm counters' prefix (the
+/// minute is appended here). ARGV: (unused), lease id, lease ttl ms, max
+/// concurrency, rpm, tpm, tokens (0 = no limit). Returns {0, requests,
+/// tokens, now ms} granted (the windows' counts with this request), {1,
+/// 0, 0, now} concurrency, {2, ...} requests, {3, ...} tokens.
 const ACQUIRE: &str = r"
-local now = tonumber(ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local minute = tostring(math.floor(now / 60000))
+local rpm_key, tpm_key = KEYS[2] .. minute, KEYS[3] .. minute
 local ttl = tonumber(ARGV[3])
 local conc, rpm, tpm, tokens = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if conc > 0 and redis.call('ZCARD', KEYS[1]) >= conc then return {1} end
-if rpm > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') + 1 > rpm then return {2} end
-if tpm > 0 and tonumber(redis.call('GET', KEYS[3]) or '0') + tokens > tpm then return {3} end
+if conc > 0 and redis.call('ZCARD', KEYS[1]) >= conc then return {1, 0, 0, now} end
+if rpm > 0 and tonumber(redis.call('GET', rpm_key) or '0') + 1 > rpm then return {2, 0, 0, now} end
+if tpm > 0 and tonumber(redis.call('GET', tpm_key) or '0') + tokens > tpm then return {3, 0, 0, now} end
 local used_r, used_t = 0, 0
-if rpm > 0 then used_r = redis.call('INCR', KEYS[2]); redis.call('PEXPIRE', KEYS[2], 61000) end
-if tpm > 0 then used_t = redis.call('INCRBY', KEYS[3], tokens); redis.call('PEXPIRE', KEYS[3], 61000) end
+if rpm > 0 then used_r = redis.call('INCR', rpm_key); redis.call('PEXPIRE', rpm_key, 61000) end
+if tpm > 0 then used_t = redis.call('INCRBY', tpm_key, tokens); redis.call('PEXPIRE', tpm_key, 61000) end
 if conc > 0 then
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ttl)
 end
-return {0, used_r, used_t}
+return {0, used_r, used_t, now}
+";
+
+/// Renews leases on Redis's clock. KEYS: each lease's zset. ARGV: ttl ms,
+/// then each lease id in KEYS' order.
+const RENEW: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, 'XX', now + ttl, ARGV[i + 1])
+  redis.call('PEXPIRE', key, ttl)
+end
+return #KEYS
 ";
 
 /// Take or keep the leader lease. KEYS: leader key. ARGV: node id, ttl ms.
@@ -115,6 +139,7 @@ pub struct RedisState {
     conn: Arc<Conn>,
     up: Arc<AtomicBool>,
     acquire: Script,
+    renew: Script,
     lead: Script,
     /// Leases this gateway holds: renewed while held.
     held: Arc<Mutex<HashSet<(String, String)>>>,
@@ -152,6 +177,7 @@ impl RedisState {
             }),
             up: Arc::new(AtomicBool::new(false)),
             acquire: Script::new(ACQUIRE),
+            renew: Script::new(RENEW),
             lead: Script::new(LEAD),
             held: Arc::new(Mutex::new(HashSet::new())),
             next_lease: AtomicU64::new(0),
@@ -225,15 +251,14 @@ impl RedisState {
         now_ms: u64,
     ) -> redis::RedisResult<Result<Grant, Denied>> {
         let lease = format!("{}-{}", self.lease_prefix, self.next_lease.fetch_add(1, Ordering::Relaxed));
-        let minute = now_ms / 60_000;
         let mut conn = self.timed(self.conn()).await?;
         let reply: Vec<i64> = self
             .timed(
                 self.acquire
                     .key(format!("slo:lease:{tenant}"))
-                    .key(format!("slo:rpm:{tenant}:{minute}"))
-                    .key(format!("slo:tpm:{tenant}:{minute}"))
-                    .arg(now_ms)
+                    .key(format!("slo:rpm:{tenant}:"))
+                    .key(format!("slo:tpm:{tenant}:"))
+                    .arg(0)
                     .arg(&lease)
                     .arg(self.lease_ttl_ms)
                     .arg(limits.max_concurrency.unwrap_or(0))
@@ -243,7 +268,9 @@ impl RedisState {
                     .invoke_async(&mut conn),
             )
             .await?;
-        let retry_after_s = retry_after_window(now_ms);
+        // The window's end on Redis's clock (this gateway's, if no reply said).
+        let redis_now = reply.get(3).copied().filter(|&t| t > 0).map_or(now_ms, |t| t as u64);
+        let retry_after_s = retry_after_window(redis_now);
         let at = |i: usize| reply.get(i).copied().unwrap_or(0).max(0) as u64;
         Ok(match reply.first().copied().unwrap_or(0) {
             0 => {
@@ -281,22 +308,26 @@ impl RedisState {
         });
     }
 
-    /// Health check and lease renewal, every sync tick.
-    pub async fn heartbeat(&self, now_ms: u64) -> redis::RedisResult<()> {
+    /// Health check and lease renewal (on Redis's clock), every sync tick.
+    pub async fn heartbeat(&self) -> redis::RedisResult<()> {
         let mut conn = self.timed(self.conn()).await?;
-        let mut pipe = redis::pipe();
-        pipe.cmd("PING").ignore();
         let held: Vec<(String, String)> =
             self.held.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
-        for (tenant, lease) in &held {
-            let key = format!("slo:lease:{tenant}");
-            pipe.cmd("ZADD").arg(&key).arg("XX").arg(now_ms + self.lease_ttl_ms).arg(lease).ignore();
-            pipe.cmd("PEXPIRE").arg(&key).arg(self.lease_ttl_ms).ignore();
-        }
+        let renew = async {
+            let () = redis::cmd("PING").query_async(&mut conn).await?;
+            // On Redis's clock, in batches (one script call per 256 leases).
+            for batch in held.chunks(256) {
+                let mut call = self.renew.prepare_invoke();
+                call.arg(self.lease_ttl_ms);
+                for (tenant, lease) in batch {
+                    call.key(format!("slo:lease:{tenant}")).arg(lease);
+                }
+                let _: i64 = call.invoke_async(&mut conn).await?;
+            }
+            Ok(())
+        };
         let r: redis::RedisResult<()> =
-            tokio::time::timeout(Duration::from_secs(1), pipe.query_async(&mut conn))
-                .await
-                .unwrap_or_else(|_| Err(timeout_err()));
+            tokio::time::timeout(Duration::from_secs(1), renew).await.unwrap_or_else(|_| Err(timeout_err()));
         match r {
             Ok(()) => {
                 self.mark_up();

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::redis::Published;
-use super::{wall_ms, Cluster, SYNC_EVERY};
+use super::{Cluster, SYNC_EVERY};
 use crate::audit::Source;
 use crate::engines::{EnginePool, EngineSpec};
 use crate::reload::{Mode, PolicyStore};
@@ -33,7 +33,7 @@ pub async fn run(cluster: Arc<Cluster>, pool: Arc<EnginePool>, store: Arc<Policy
             _ = ticks.tick() => {}
             changed = versions.changed() => if changed.is_err() { return },
         }
-        if redis.heartbeat(wall_ms()).await.is_err() {
+        if redis.heartbeat().await.is_err() {
             cluster.set_leader(false);
             continue;
         }
