@@ -541,6 +541,8 @@ mod hosts {
         engines: Vec<(usize, String, u32)>,
         /// The gateway processes: (host, pid).
         gateway_pids: Vec<(usize, u32)>,
+        /// Redis servers and sentinels: (host, pid).
+        pub redis_pids: Vec<(usize, u32)>,
     }
 
     fn bin(name: &str) -> PathBuf {
@@ -568,11 +570,27 @@ mod hosts {
         /// `None` (said on standard error) where this machine cannot make
         /// network namespaces.
         pub fn start(n: usize, gateways: &[usize], engine_hosts: &[usize], profile: &str) -> Option<Fleet> {
+            Self::start_with(n, gateways, engine_hosts, profile, &super::common::default_policy(), None)
+        }
+
+        /// [`Fleet::start`] with the gateways' policy text, and with
+        /// `sentinel` = (replica host, sentinel hosts): a replica of the
+        /// primary and sentinels watching it as `fleet` (quorum 2, down
+        /// after 1 s), everyone given the `redis+sentinel://` URL.
+        pub fn start_with(
+            n: usize,
+            gateways: &[usize],
+            engine_hosts: &[usize],
+            profile: &str,
+            policy: &str,
+            sentinel: Option<(usize, &[usize])>,
+        ) -> Option<Fleet> {
             let hosts = Hosts::create_or_skip(n, "the multi-host fleet")?;
             let dir = super::common::scratch_dir();
             std::fs::write(dir.join("engine.token"), TOKEN).unwrap();
             std::fs::write(dir.join("policy.key"), "hosts-policy-signing-key-0123456789").unwrap();
             std::fs::write(dir.join("profile.toml"), profile).unwrap();
+            std::fs::write(dir.join("policy.toml"), policy).unwrap();
             let mut fleet = Fleet {
                 redis: format!("redis://{}:6379", hosts.addr(0)),
                 hosts,
@@ -580,6 +598,7 @@ mod hosts {
                 gateways: gateways.to_vec(),
                 engines: Vec::new(),
                 gateway_pids: Vec::new(),
+                redis_pids: Vec::new(),
             };
             let mut redis = fleet.hosts.command(0, "redis-server");
             redis
@@ -594,8 +613,12 @@ mod hosts {
                 ])
                 .args(["no", "--protected-mode", "no"])
                 .stdout(log(&fleet.dir, "redis"));
-            fleet.hosts.spawn(redis).unwrap();
+            let pid = fleet.hosts.spawn(redis).unwrap();
+            fleet.redis_pids.push((0, pid));
             wait_port(&format!("{}:6379", fleet.hosts.addr(0)), "redis");
+            if let Some((replica, sentinels)) = sentinel {
+                fleet.sentinel(replica, sentinels);
+            }
             for &h in engine_hosts {
                 fleet.engine(h);
             }
@@ -637,13 +660,88 @@ mod hosts {
             }
         }
 
+        /// `redis-cli` against `host:port`; its output.
+        pub fn cli(&self, host: usize, port: u16, args: &[&str]) -> String {
+            let out = std::process::Command::new("redis-cli")
+                .args(["-h", &self.hosts.addr(host).to_string(), "-p", &port.to_string()])
+                .args(args)
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).to_string()
+        }
+
+        fn sentinel(&mut self, replica: usize, sentinels: &[usize]) {
+            let primary = self.hosts.addr(0).to_string();
+            let a = self.hosts.addr(replica).to_string();
+            let mut cmd = self.hosts.command(replica, "redis-server");
+            cmd.args([
+                "--bind",
+                &a,
+                "--port",
+                "6379",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+            ])
+            .args(["--replicaof", &primary, "6379"])
+            .stdout(log(&self.dir, "replica"));
+            let pid = self.hosts.spawn(cmd).unwrap();
+            self.redis_pids.push((replica, pid));
+            for &h in sentinels {
+                let dir = self.dir.join(format!("sentinel-{h}"));
+                std::fs::create_dir_all(&dir).unwrap();
+                let conf = dir.join("sentinel.conf");
+                std::fs::write(
+                    &conf,
+                    format!(
+                        "port 26379\nbind {}\nprotected-mode no\ndir {}\nsentinel monitor fleet {primary} 6379 2\n\
+                         sentinel down-after-milliseconds fleet 1000\nsentinel failover-timeout fleet 5000\n\
+                         sentinel parallel-syncs fleet 1\n",
+                        self.hosts.addr(h),
+                        dir.display()
+                    ),
+                )
+                .unwrap();
+                let mut cmd = self.hosts.command(h, "redis-server");
+                cmd.arg(&conf).arg("--sentinel").stdout(log(&self.dir, &format!("sentinel-{h}")));
+                let pid = self.hosts.spawn(cmd).unwrap();
+                self.redis_pids.push((h, pid));
+            }
+            let start = Instant::now();
+            loop {
+                let master = self.cli(sentinels[0], 26379, &["SENTINEL", "MASTER", "fleet"]);
+                let synced =
+                    self.cli(replica, 6379, &["INFO", "replication"]).contains("master_link_status:up");
+                let seen = |k: &str, v: &str| {
+                    master.lines().collect::<Vec<_>>().windows(2).any(|w| w[0] == k && w[1] == v)
+                };
+                if synced
+                    && seen("num-other-sentinels", &(sentinels.len() - 1).to_string())
+                    && seen("num-slaves", "1")
+                {
+                    break;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "the replica syncs and the sentinels find each other"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let hosts: Vec<String> =
+                sentinels.iter().map(|&h| format!("{}:26379", self.hosts.addr(h))).collect();
+            self.redis = format!("redis+sentinel://{}/fleet", hosts.join(","));
+        }
+
         fn gateway(&mut self, host: usize) {
             let d = &self.dir;
             let a = self.hosts.addr(host);
             // Each gateway its own copy: a policy published through the fleet
             // is written back to the file the gateway was started with.
             let policies = d.join(format!("policies-{host}.toml"));
-            std::fs::write(&policies, super::common::default_policy()).unwrap();
+            std::fs::copy(d.join("policy.toml"), &policies).unwrap();
             let config = format!(
                 "listen = \"{a}:8443\"\nplaintext_listen = \"{a}:8080\"\npolicies = {policies:?}\n\
                  engine_token_file = {:?}\n[tls]\ncert = {:?}\nkey = {:?}\n\
@@ -1032,4 +1130,142 @@ async fn gateways_with_skewed_clocks_count_one_window_and_one_lease_clock() {
     a.heartbeat().await.unwrap();
     let still = b.acquire("lease", conc, 1, ahead + 60_000).await.unwrap();
     assert_eq!(still.unwrap_err(), Denied::Concurrency { limit: 1 }, "renewed on Redis's clock");
+}
+
+/// Redis's primary SIGKILLed on its own host under a tenant held at its
+/// fleet-wide concurrency limit through three gateways: Sentinel (three,
+/// on hosts of their own) promotes the replica; no request fails; the
+/// tenant's fleet-wide open streams stay within the limit while Redis is
+/// shared, within what the local fraction allows while no primary answers,
+/// and the gateways are back on shared limits soon after the promotion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_across_hosts_bounds_the_limit_overshoot() {
+    use std::sync::atomic::{AtomicI64, AtomicUsize};
+    const LIMIT: i64 = 4;
+    let policy = default_policy().replacen("max_concurrency = 256", &format!("max_concurrency = {LIMIT}"), 3);
+    let sentinels = [6, 7, 8];
+    let Some(mut fleet) =
+        hosts::Fleet::start_with(9, &[1, 2, 3], &[4], &paced(0, 20), &policy, Some((5, &sentinels)))
+    else {
+        return;
+    };
+    for g in [1, 2, 3] {
+        fleet.until_served_on(g, &["e4"]).await;
+    }
+    let urls: Arc<Vec<String>> = Arc::new([1, 2, 3].iter().map(|&g| fleet.url(g)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let open = Arc::new(AtomicI64::new(0));
+    // Peak open streams per phase: 0 shared, 1 failing over, 2 shared again.
+    let phase = Arc::new(AtomicUsize::new(0));
+    let peaks: Arc<[AtomicI64; 3]> = Arc::new([AtomicI64::new(0), AtomicI64::new(0), AtomicI64::new(0)]);
+    let (served, limited) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut clients = Vec::new();
+    for c in 0..12usize {
+        let (urls, stop, open, phase, peaks) =
+            (Arc::clone(&urls), Arc::clone(&stop), Arc::clone(&open), Arc::clone(&phase), Arc::clone(&peaks));
+        let (served, limited, failures) = (Arc::clone(&served), Arc::clone(&limited), Arc::clone(&failures));
+        clients.push(tokio::spawn(async move {
+            let mut k = c;
+            while !stop.load(Ordering::Relaxed) {
+                k += 1;
+                let url = &urls[k % urls.len()];
+                let Ok(conn) = loadtest::client::Conn::connect(url, None, Proto::Http1).await else {
+                    failures.lock().unwrap().push(format!("{url}: connect"));
+                    continue;
+                };
+                let body = json!({"model": "synthetic-small", "max_tokens": 30, "stream": true,
+                    "messages": [{"role": "user", "content": "held at the limit"}]});
+                match conn.post_json("/v1/chat/completions", Some(BRONZE), body.to_string()).await {
+                    Ok(resp) if resp.status() == StatusCode::OK => {
+                        let now = open.fetch_add(1, Ordering::SeqCst) + 1;
+                        peaks[phase.load(Ordering::SeqCst)].fetch_max(now, Ordering::SeqCst);
+                        let done = body_bytes(resp).await;
+                        open.fetch_sub(1, Ordering::SeqCst);
+                        match done {
+                            Ok(b) if String::from_utf8_lossy(&b).contains("data: [DONE]") => {
+                                served.fetch_add(1, Ordering::Relaxed);
+                            }
+                            _ => failures.lock().unwrap().push(format!("{url}: a stream cut short")),
+                        }
+                    }
+                    Ok(resp) if resp.status() == StatusCode::TOO_MANY_REQUESTS => {
+                        limited.fetch_add(1, Ordering::Relaxed);
+                        let _ = body_bytes(resp).await;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Ok(resp) => failures.lock().unwrap().push(format!("{url}: {}", resp.status())),
+                    Err(e) => failures.lock().unwrap().push(format!("{url}: {e}")),
+                }
+            }
+        }));
+    }
+    let redis_up = |fleet: &hosts::Fleet, g: usize| {
+        let url = fleet.url(g);
+        async move {
+            let Ok(conn) = loadtest::client::Conn::connect(&url, None, Proto::Http1).await else {
+                return false;
+            };
+            let Ok(resp) = conn.get("/readyz", None).await else { return false };
+            let v: Value =
+                serde_json::from_slice(&body_bytes(resp).await.unwrap_or_default()).unwrap_or_default();
+            v["detail"]["cluster"]["redis_up"] == true
+        }
+    };
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let primary = fleet.redis_pids.iter().find(|p| p.0 == 0).unwrap().1;
+    phase.store(1, Ordering::SeqCst);
+    let killed = Instant::now();
+    tokio::task::block_in_place(|| fleet.hosts.stop(primary));
+    let replica = fleet.hosts.addr(5).to_string();
+    let promoted = loop {
+        let got = tokio::task::block_in_place(|| {
+            fleet.cli(6, 26379, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "fleet"])
+        });
+        if got.lines().next() == Some(replica.as_str()) {
+            break killed.elapsed();
+        }
+        assert!(killed.elapsed() < Duration::from_secs(30), "Sentinel promotes the replica");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let shared = loop {
+        let mut up = true;
+        for g in [1, 2, 3] {
+            up &= redis_up(&fleet, g).await;
+        }
+        if up {
+            break killed.elapsed();
+        }
+        assert!(killed.elapsed() < promoted + Duration::from_secs(15), "the gateways reach the new primary");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Streams admitted on local limits may still be open: shared again
+    // once they have had time to end (a stream lasts ~0.6 s).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    phase.store(2, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    let p = [0, 1, 2].map(|i| peaks[i].load(Ordering::SeqCst));
+    let failures = failures.lock().unwrap().clone();
+    eprintln!(
+        "sentinel failover across hosts: promoted {promoted:?} after the kill, every gateway on the new primary {:?} after the promotion; \
+         {} streams served, {} limited, {} failed; peak open streams {p:?} (limit {LIMIT}) before / during / after",
+        shared.saturating_sub(promoted),
+        served.load(Ordering::Relaxed),
+        limited.load(Ordering::Relaxed),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "no request fails: {failures:?}");
+    assert!(p[0] <= LIMIT && p[2] <= LIMIT, "shared limits hold before and after: {p:?}");
+    // Released while no primary answered, the streams' leases are removed
+    // as soon as one does: the tenant is admitted again at once, not held
+    // at its limit by finished requests until their TTL (15 s).
+    assert!(p[2] >= LIMIT - 1, "admitted up to its limit again after the failover: {p:?}");
+    // While no primary answers each of the 3 gateways admits up to half the
+    // limit on its own; streams it admitted on shared limits are still open.
+    assert!(p[1] <= LIMIT + 3 * LIMIT / 2, "the overshoot stays within the local fraction: {p:?}");
+    assert!(shared - promoted < Duration::from_secs(5), "shared again within 5 s of the promotion");
 }

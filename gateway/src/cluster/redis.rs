@@ -143,6 +143,11 @@ pub struct RedisState {
     lead: Script,
     /// Leases this gateway holds: renewed while held.
     held: Arc<Mutex<HashSet<(String, String)>>>,
+    /// Leases released while Redis did not answer: removed from Redis as
+    /// soon as it answers again, so a tenant is not held at its limit by
+    /// requests long finished until their TTL runs out (at most
+    /// [`MAX_PENDING_RELEASES`]; past that, the TTL).
+    pending_releases: Arc<Mutex<Vec<(String, String)>>>,
     next_lease: AtomicU64,
     lease_prefix: String,
 }
@@ -165,6 +170,17 @@ fn timeout_err() -> redis::RedisError {
     redis::RedisError::from((redis::ErrorKind::Io, "timed out"))
 }
 
+/// Most leases kept for removal while Redis does not answer; past it, the
+/// lease TTL frees the rest.
+pub const MAX_PENDING_RELEASES: usize = 65_536;
+
+fn defer_release(pending: &Mutex<Vec<(String, String)>>, tenant: String, lease: String) {
+    let mut p = pending.lock().unwrap_or_else(|p| p.into_inner());
+    if p.len() < MAX_PENDING_RELEASES {
+        p.push((tenant, lease));
+    }
+}
+
 impl RedisState {
     pub fn new(target: fleet_redis::Target, cfg: &ClusterConfig) -> Self {
         Self {
@@ -180,6 +196,7 @@ impl RedisState {
             renew: Script::new(RENEW),
             lead: Script::new(LEAD),
             held: Arc::new(Mutex::new(HashSet::new())),
+            pending_releases: Arc::new(Mutex::new(Vec::new())),
             next_lease: AtomicU64::new(0),
             lease_prefix: format!("{}-{}", std::process::id(), super::wall_ms()),
         }
@@ -290,20 +307,24 @@ impl RedisState {
         })
     }
 
-    /// Removes a lease, off the request path (it expires anyway).
+    /// Removes a lease, off the request path (it expires anyway); while
+    /// Redis does not answer, as soon as it does again.
     pub fn release(&self, tenant: &str, lease: String) {
         self.held.lock().unwrap_or_else(|p| p.into_inner()).remove(&(tenant.to_string(), lease.clone()));
+        let pending = Arc::clone(&self.pending_releases);
         if !self.is_up() {
+            defer_release(&pending, tenant.to_string(), lease);
             return;
         }
         let (conn, tenant, up) = (Arc::clone(&self.conn), tenant.to_string(), Arc::clone(&self.up));
         tokio::spawn(async move {
-            if let Some(c) = conn.current.load_full() {
-                let mut c = (*c).clone();
-                let r: redis::RedisResult<()> = c.zrem(format!("slo:lease:{tenant}"), lease).await;
-                if let Err(e) = r {
-                    mark_down(&up, &conn, &e);
-                }
+            let r: redis::RedisResult<()> = match conn.current.load_full() {
+                Some(c) => (*c).clone().zrem(format!("slo:lease:{tenant}"), &lease).await,
+                None => Err(timeout_err()),
+            };
+            if let Err(e) = r {
+                mark_down(&up, &conn, &e);
+                defer_release(&pending, tenant, lease);
             }
         });
     }
@@ -313,8 +334,18 @@ impl RedisState {
         let mut conn = self.timed(self.conn()).await?;
         let held: Vec<(String, String)> =
             self.held.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
+        let pending: Vec<(String, String)> =
+            std::mem::take(&mut *self.pending_releases.lock().unwrap_or_else(|p| p.into_inner()));
         let renew = async {
             let () = redis::cmd("PING").query_async(&mut conn).await?;
+            // Leases released while Redis did not answer.
+            if !pending.is_empty() {
+                let mut pipe = redis::pipe();
+                for (tenant, lease) in &pending {
+                    pipe.cmd("ZREM").arg(format!("slo:lease:{tenant}")).arg(lease).ignore();
+                }
+                let () = pipe.query_async(&mut conn).await?;
+            }
             // On Redis's clock, in batches (one script call per 256 leases).
             for batch in held.chunks(256) {
                 let mut call = self.renew.prepare_invoke();
@@ -328,6 +359,11 @@ impl RedisState {
         };
         let r: redis::RedisResult<()> =
             tokio::time::timeout(Duration::from_secs(1), renew).await.unwrap_or_else(|_| Err(timeout_err()));
+        if r.is_err() {
+            for (tenant, lease) in pending {
+                defer_release(&self.pending_releases, tenant, lease);
+            }
+        }
         match r {
             Ok(()) => {
                 self.mark_up();
