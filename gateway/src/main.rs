@@ -10,6 +10,9 @@ use clap::{Parser, Subcommand};
 use gateway::config::GatewayConfig;
 use gateway::supervisor::EngineLaunch;
 
+// mimalloc, unless built with `--features system-alloc` (the C library's
+// malloc, which heap profilers such as heaptrack see).
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
