@@ -555,3 +555,19 @@ pub struct Published {
     /// Hex HMAC-SHA256 (see [`super::signing`]).
     pub mac: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn releases_kept_while_redis_is_down_are_bounded() {
+        let pending = Mutex::new(Vec::new());
+        for i in 0..MAX_PENDING_RELEASES + 10 {
+            defer_release(&pending, "t".into(), format!("lease-{i}"));
+        }
+        let kept = pending.into_inner().unwrap();
+        assert_eq!(kept.len(), MAX_PENDING_RELEASES, "past the bound the lease TTL frees the rest");
+        assert_eq!(kept[0].1, "lease-0", "the oldest are kept, in order");
+    }
+}
