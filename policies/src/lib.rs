@@ -21,6 +21,11 @@
 //! - [`fairness`]: deficit round-robin across tenants, in tokens.
 //! - [`routing`]: the `[routing]` knobs and the baseline routing policies.
 //! - [`batching`]: micro-batch formation for the engine scheduler.
+//! - [`kv`]: the engine's paged KV cache and its prefix cache (pages,
+//!   reference counts, LRU eviction, watermarks, the block event log).
+//! - [`turn`]: the engine scheduler's per-turn decision (the turn rule,
+//!   admission and KV growth, prefix reuse, preemption and pausing) as a
+//!   state machine the engine and the simulator drive.
 //! - [`text`]: key paths of a policy text: their lines, diffs between
 //!   versions, tenant keys redacted.
 //! - [`video`]: streaming video: playout and slack, service credit and
@@ -39,6 +44,7 @@ pub mod config;
 pub mod diffusion;
 pub mod estimate;
 pub mod fairness;
+pub mod kv;
 pub mod oserve;
 pub mod preempt;
 pub mod prefix;
@@ -47,6 +53,7 @@ pub mod rng;
 pub mod routing;
 pub mod text;
 pub mod tokens;
+pub mod turn;
 pub mod video;
 
 pub use config::{Budget, PolicyDocument, PolicyError, Tenant, Tier, TokenPrice};

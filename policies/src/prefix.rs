@@ -18,7 +18,7 @@
 //!
 //! The gateway ([`crate::admission`] credits a candidate with its cached
 //! tokens when [`applies`] says affinity may decide) and the simulator run
-//! this module unchanged; the engines' caches (`engine::kv`) name their
+//! this module unchanged; the engines' caches (`crate::kv`) name their
 //! pages with [`blocks`], so their events and this index speak of the
 //! same hashes.
 
@@ -116,9 +116,16 @@ impl Chain {
 /// word cut into runs of four characters.
 fn pieces(text: &str) -> impl Iterator<Item = &str> {
     text.split_whitespace().flat_map(|w| {
-        let ends: Vec<usize> = w.char_indices().map(|(i, _)| i).chain(std::iter::once(w.len())).collect();
-        (0..w.chars().count().div_ceil(4))
-            .map(move |k| &w[ends[k * 4]..ends[((k + 1) * 4).min(ends.len() - 1)]])
+        let mut rest = w;
+        std::iter::from_fn(move || {
+            if rest.is_empty() {
+                return None;
+            }
+            let end = rest.char_indices().nth(4).map_or(rest.len(), |(i, _)| i);
+            let (piece, tail) = rest.split_at(end);
+            rest = tail;
+            Some(piece)
+        })
     })
 }
 

@@ -1,64 +1,40 @@
 //! The engine's scheduler: one task owns the waiting queue, the running
 //! batch and every sequence's KV pages; everything else sends it commands.
 //!
-//! Each turn of the loop is one token boundary: apply commands, drop
-//! sequences whose client went away, then run either a prefill batch (formed
-//! by `policies::batching::form_prefill`) or one decode step over every
-//! running sequence (continuous batching: sequences join after their
-//! prefill and leave when they finish). Prefill batches go first, but not
-//! once the running sequences have waited `max_decode_stall_ms` for a token
-//! (`batching::prefill_turn`). While the device "works" (the time a backend
-//! step returns), the loop keeps answering commands.
+//! What runs at each token boundary is decided by `policies::turn` (the
+//! turn rule, admission and KV growth, prefix reuse, preemption for KV
+//! room and pausing for a higher class), the same state machine the
+//! simulator drives in virtual time. This task drives it with real time:
+//! apply commands, drop sequences whose client went away, ask for the next
+//! step, run it on the backend and hand the tokens back. While the device
+//! "works" (the time a backend step returns), the loop keeps answering
+//! commands.
 //!
-//! Preemption happens only at token boundaries, when a running sequence
-//! cannot grow its KV pages: the running sequence with the worst key that
-//! has produced at least `min_quantum_tokens` since it last started, and
-//! has been preempted fewer than `max_preemptions` times, gives its pages
-//! back and returns to the queue; it is prefilled again later (recompute)
-//! and continues exactly where it stopped.
-//!
-//! Priority preemption happens at token boundaries too, when every decode
-//! slot is taken and a waiting sequence of a higher class (the gateway's
-//! tier) would miss its TTFT budget waiting for one: a running sequence of
-//! a strictly lower class is *paused* with its pages kept
-//! (`policies::preempt` decides which, bounded per sequence and never past
-//! the victim's own end-to-end budget), and resumes, without recompute,
-//! at the first free slot no higher class waits for.
+//! A sequence preempted for KV room gives its pages back and is prefilled
+//! again later (recompute), continuing exactly where it stopped; one
+//! paused for a higher class keeps its pages and resumes without
+//! recompute.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use policies::batching::{prefill_turn, BatchHints, BatchLimits};
-use policies::LatencyProfile;
+use policies::batching::{BatchHints, BatchLimits};
+use policies::prefix::{Block, Chain};
+use policies::turn::{self, Admitted, Spec, Step, Turns};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::api::{FinishReason, GenerateRequest};
 use crate::backend::{Backend, Slot, Token};
 use crate::kv::{KvAllocator, KvRefusal};
 use crate::metrics as m;
-use policies::prefix::{Block, Chain};
 
 mod seq;
 use crate::stop::StopMatcher;
-use seq::Seq;
+use seq::{Job, Seq};
 
-/// Scheduler settings.
-#[derive(Debug, Clone)]
-pub struct SchedulerConfig {
-    pub limits: BatchLimits,
-    /// Used by batch formation to predict prefill time.
-    pub profile: LatencyProfile,
-    /// Output tokens reserved at admission beyond the prompt (capped by
-    /// `max_tokens`): the over-estimate of the output.
-    pub output_reserve_tokens: u32,
-    /// KV pages added at a time when a sequence outgrows its pages.
-    pub extend_pages: u32,
-    /// TTFT budget when the gateway sends none.
-    pub default_ttft: Duration,
-    pub max_preemptions: u32,
-    pub min_quantum_tokens: u32,
-}
+/// Scheduler settings: those of `policies::turn`.
+pub use policies::turn::TurnConfig as SchedulerConfig;
 
 /// Why the scheduler refused a sequence.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,6 +45,15 @@ pub enum Refusal {
     Kv(#[from] KvRefusal),
     #[error("scheduler stopped")]
     Stopped,
+}
+
+impl From<turn::Refusal> for Refusal {
+    fn from(r: turn::Refusal) -> Self {
+        match r {
+            turn::Refusal::Draining => Refusal::Draining,
+            turn::Refusal::Kv(k) => Refusal::Kv(k),
+        }
+    }
 }
 
 impl Refusal {
@@ -148,19 +133,12 @@ impl Scheduler {
         let (tx, rx) = mpsc::unbounded_channel();
         let core = Core {
             backend,
-            kv,
             base_limits: cfg.limits.clone(),
-            cfg,
-            queue: Vec::new(),
-            running: Vec::new(),
-            paused: Vec::new(),
-            draining: false,
+            turns: Turns::new(cfg, kv),
             drained: Vec::new(),
-            next_id: 0,
             origin: crate::clock::now(),
             stats: Stats::default(),
             device_free_at: tokio::time::Instant::now(),
-            tokens_at: Duration::ZERO,
         };
         if core.backend.kind().computes_on_host() {
             // Real host compute blocks for the length of a step: give the
@@ -248,10 +226,6 @@ struct Stats {
     prefilling: (u32, u64),
     decode_step_ms: f64,
     batch_achieved: f64,
-    preemptions: u64,
-    pauses: u64,
-    prompt_tokens: u64,
-    cached_tokens: u64,
 }
 
 fn smooth(old: f64, new: f64) -> f64 {
@@ -280,7 +254,7 @@ fn compute<B: Backend>(backend: &mut B, seqs: &mut [Seq<B::Seq>], phase: Phase) 
                 Phase::Decode => 0,
             },
             pages: s.pages.as_ref().map_or(&[][..], |p| p.pages()),
-            seq: &mut s.state,
+            seq: &mut s.payload.state,
             out: None,
         })
         .collect();
@@ -293,33 +267,23 @@ fn compute<B: Backend>(backend: &mut B, seqs: &mut [Seq<B::Seq>], phase: Phase) 
 
 struct Core<B: Backend> {
     backend: B,
-    kv: Arc<KvAllocator>,
-    cfg: SchedulerConfig,
+    /// The scheduling state (`policies::turn`).
+    turns: Turns<Job<B::Seq>>,
     /// The limits from the engine's flags; hints apply over these.
     base_limits: BatchLimits,
-    queue: Vec<Seq<B::Seq>>,
-    running: Vec<Seq<B::Seq>>,
-    /// Paused for a higher class, pages kept (see `preempt.rs`).
-    paused: Vec<Seq<B::Seq>>,
-    draining: bool,
     drained: Vec<oneshot::Sender<()>>,
-    next_id: u64,
     origin: Instant,
     stats: Stats,
     /// When the (emulated) device finishes its current step. Steps run back
     /// to back on the device's own clock, so timer rounding never
     /// accumulates: the mean cadence is exactly the profile's.
     device_free_at: tokio::time::Instant,
-    /// When every running sequence last had a token, at the latest (on
-    /// `now()`'s clock): the end of the last decode step, or of the prefill
-    /// that started the running batch.
-    tokens_at: Duration,
 }
 
 impl<B: Backend> Core<B> {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         loop {
-            if self.queue.is_empty() && self.running.is_empty() && self.paused.is_empty() {
+            if self.turns.is_empty() {
                 for d in self.drained.drain(..) {
                     let _ = d.send(());
                 }
@@ -331,13 +295,10 @@ impl<B: Backend> Core<B> {
             while let Ok(c) = rx.try_recv() {
                 self.command(c);
             }
-            ::metrics::gauge!(m::RUNNING).set(self.running.len() as f64);
-            ::metrics::gauge!(m::QUEUED).set(self.queue.len() as f64);
+            ::metrics::gauge!(m::RUNNING).set(self.turns.running().len() as f64);
+            ::metrics::gauge!(m::QUEUED).set(self.turns.queue().len() as f64);
             // Token boundary: clients that went away free their pages now.
-            self.queue.retain(|s| !s.tx.is_closed());
-            self.running.retain(|s| !s.tx.is_closed());
-            self.paused.retain(|s| !s.tx.is_closed());
-            self.reprioritize();
+            self.turns.retain(|s| !s.payload.tx.is_closed());
             let progressed = self.turn(&mut rx).await;
             if !progressed {
                 // Nothing could run (waiting sequences cannot get pages
@@ -353,15 +314,20 @@ impl<B: Backend> Core<B> {
         }
     }
 
-    /// One token boundary: a prefill batch or a decode step, in the order
-    /// `batching::prefill_turn` gives; `false` if neither could run.
+    /// One token boundary: the step `policies::turn` picks; `false` if
+    /// nothing could run.
     async fn turn(&mut self, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
-        let stalled = self.now().saturating_sub(self.tokens_at);
-        let prefill_first = prefill_turn(self.running.len() as u32, stalled, &self.cfg.limits);
-        if prefill_first && self.prefill_step(rx).await {
-            return true;
+        match self.turns.next(self.now()) {
+            Step::Prefill(batch) => {
+                self.prefill_step(batch, rx).await;
+                true
+            }
+            Step::Decode => {
+                self.decode_step(rx).await;
+                true
+            }
+            Step::Idle => false,
         }
-        self.decode_step(rx).await || (!prefill_first && self.prefill_step(rx).await)
     }
 
     fn now(&self) -> Duration {
@@ -377,15 +343,16 @@ impl<B: Backend> Core<B> {
                 let _ = reply.send(self.snapshot());
             }
             Command::Drain { reply } => {
-                self.draining = true;
+                self.turns.drain();
                 self.drained.push(reply);
             }
             Command::Hints { hints, reply } => {
                 if let Some(hints) = hints {
-                    self.cfg.limits = hints.apply(&self.base_limits);
-                    tracing::info!(event = "batching_hints", hints = ?hints, limits = ?self.cfg.limits);
+                    let limits = hints.apply(&self.base_limits);
+                    tracing::info!(event = "batching_hints", hints = ?hints, limits = ?limits);
+                    self.turns.set_limits(limits);
                 }
-                let _ = reply.send(self.cfg.limits.clone());
+                let _ = reply.send(self.turns.config().limits.clone());
             }
         }
     }
@@ -397,46 +364,36 @@ impl<B: Backend> Core<B> {
         tx: mpsc::UnboundedSender<Bytes>,
         trace: Option<telemetry::Context>,
     ) -> Result<(), Refusal> {
-        if self.draining {
+        if self.turns.draining() {
             return Err(Refusal::Draining);
         }
-        let reserve = self.cfg.output_reserve_tokens.min(req.max_tokens);
         let (blocks, reusable, chain) = self.blocks(&req.prompt, prompt_tokens);
-        let pages = self.kv.admit(u64::from(prompt_tokens) + u64::from(reserve), &blocks[..reusable])?;
-        let state = self.backend.start(&req, prompt_tokens);
-        let mut seq = Seq {
-            id: {
-                self.next_id += 1;
-                self.next_id
-            },
+        let spec = Spec {
             prompt_tokens,
             max_tokens: req.max_tokens,
-            generated: 0,
-            key: req.priority_key.unwrap_or((u64::from(prompt_tokens) + u64::from(req.max_tokens)) as f64),
-            enqueued_at: self.now(),
-            ttft_budget: req
-                .ttft_budget_ms
-                .map_or(self.cfg.default_ttft, |ms| Duration::from_millis(ms.into())),
-            pages: Some(pages),
-            state,
-            stops: StopMatcher::new(&req.stop),
-            tx,
-            preemptions: 0,
-            priority: req.priority,
-            pauses: 0,
-            since_start: 0,
-            queue_ms: 0.0,
-            prefill_ms: 0.0,
+            key: req.priority_key,
+            ttft_budget: req.ttft_budget_ms.map(|ms| Duration::from_millis(ms.into())),
+            priority: req.priority.map(|p| turn::Priority {
+                class: p.class,
+                max_pauses: p.max_pauses,
+                e2e_budget_ms: p.e2e_budget_ms,
+            }),
             blocks,
             reusable,
-            chain,
-            cached_tokens: 0,
-            trace: trace::SeqTrace::start(trace, prompt_tokens),
         };
-        if req.max_tokens == 0 {
-            seq.finish(FinishReason::Length);
-        } else {
-            self.queue.push(seq);
+        let backend = &mut self.backend;
+        let now = crate::clock::since(self.origin);
+        let admitted = self.turns.admit(now, spec, |_| Job {
+            state: backend.start(&req, prompt_tokens),
+            stops: StopMatcher::new(&req.stop),
+            tx,
+            chain,
+            queue_ms: 0.0,
+            prefill_ms: 0.0,
+            trace: trace::SeqTrace::start(trace, prompt_tokens),
+        })?;
+        if let Admitted::Finished(mut seq) = admitted {
+            seq::finish(&mut seq, FinishReason::Length);
         }
         Ok(())
     }
@@ -446,10 +403,11 @@ impl<B: Backend> Core<B> {
     /// the chain its output continues when the backend's tokens round-trip
     /// and the prompt is as many pieces as tokens.
     fn blocks(&self, prompt: &str, prompt_tokens: u32) -> (Vec<Block>, usize, Option<Chain>) {
-        if !self.kv.prefix_cache() {
+        let kv = self.turns.kv();
+        if !kv.prefix_cache() {
             return (Vec::new(), 0, None);
         }
-        let page = self.kv.page_tokens();
+        let page = kv.page_tokens();
         let (mut blocks, chain) = Chain::of(prompt, page);
         let chain = (self.backend.output_round_trips() && chain.pieces() == u64::from(prompt_tokens))
             .then_some(chain);
@@ -460,21 +418,23 @@ impl<B: Backend> Core<B> {
     }
 
     fn snapshot(&self) -> SchedSnapshot {
+        let t = &self.turns;
+        let stats = t.stats();
         SchedSnapshot {
-            queued_sequences: self.queue.len() as u32,
-            queued_tokens: self.queue.iter().map(Seq::tokens).sum(),
-            inflight_sequences: (self.running.len() + self.paused.len()) as u32 + self.stats.prefilling.0,
-            inflight_tokens: self.running.iter().chain(&self.paused).map(Seq::tokens).sum::<u64>()
+            queued_sequences: t.queue().len() as u32,
+            queued_tokens: t.queue().iter().map(Seq::tokens).sum(),
+            inflight_sequences: (t.running().len() + t.paused().len()) as u32 + self.stats.prefilling.0,
+            inflight_tokens: t.running().iter().chain(t.paused()).map(Seq::tokens).sum::<u64>()
                 + self.stats.prefilling.1,
-            draining: self.draining,
+            draining: t.draining(),
             decode_step_ms: self.stats.decode_step_ms,
             batch_achieved: self.stats.batch_achieved,
-            batch_target: self.cfg.limits.max_batch,
-            preemptions: self.stats.preemptions,
-            pauses: self.stats.pauses,
-            paused_sequences: self.paused.len() as u32,
-            prompt_tokens: self.stats.prompt_tokens,
-            cached_tokens: self.stats.cached_tokens,
+            batch_target: t.config().limits.max_batch,
+            preemptions: stats.preemptions,
+            pauses: stats.pauses,
+            paused_sequences: t.paused().len() as u32,
+            prompt_tokens: stats.prompt_tokens,
+            cached_tokens: stats.cached_tokens,
         }
     }
 
@@ -497,7 +457,6 @@ impl<B: Backend> Core<B> {
     }
 }
 
-mod preempt;
 mod steps;
 mod trace;
 

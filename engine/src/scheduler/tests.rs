@@ -4,6 +4,8 @@ use super::*;
 use crate::api::Event;
 use crate::backend::emulated::Emulated;
 use crate::kv::KvConfig;
+use policies::prefix::Chain;
+use policies::LatencyProfile;
 
 /// Prefill `prefill_ms` flat; decode 10 ms at batch 1, 12 ms at batch 2.
 fn profile(prefill_ms: u32) -> LatencyProfile {
@@ -392,4 +394,191 @@ async fn an_equal_class_waits_for_a_slot_and_a_sequence_is_paused_at_most_its_ca
     assert_eq!(s.snapshot().await.pauses, 1, "paused once, then no more");
     assert!(!text(&silver.await.unwrap()).is_empty());
     assert!(first_token_at(&peer.await.unwrap()) > Duration::from_millis(500), "waited for the slot");
+}
+
+/// What one request saw: first token and end (ms since the start), and
+/// whether it finished (else it failed or was refused).
+type Seen = Vec<(Option<u64>, Option<u64>, &'static str)>;
+
+/// A prompt of exactly `tokens` one-piece words: the first `shared` from a
+/// system prompt every such request shares, the rest its own.
+fn words(i: usize, tokens: u32, shared: u32) -> String {
+    (0..tokens)
+        .map(|k| if k < shared { format!("s{k}") } else { format!("r{i}x{k}") })
+        .map(|w| w.chars().take(4).collect::<String>())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The arrivals: (ms, prompt, prompt tokens, max_tokens). The first, at 0,
+/// runs through the whole load, so the engine is never idle and every
+/// token boundary falls on an even millisecond (every device time is
+/// even); the others arrive on odd ones. No arrival meets a boundary,
+/// where which goes first would be the runtime's choice.
+fn parity_load() -> Vec<(u64, String, u32, u32)> {
+    let mut rng = 7u64;
+    let mut next = |n: u64| {
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (rng >> 33) % n
+    };
+    let mut load = vec![(0, words(0, 40, 0), 40, 600)];
+    load.extend((1..40).map(|i| {
+        let at = (i as u64 * 120 + next(40)) | 1;
+        let tokens = 20 + next(140) as u32;
+        let shared = if i % 2 == 0 { tokens.min(64) } else { 0 };
+        let max_tokens = 4 + next(120) as u32;
+        (at, words(i, tokens, shared), tokens, max_tokens)
+    }));
+    load
+}
+
+/// The blocks the engine names for a request: its prompt's full blocks,
+/// then those its output completes while each token is one piece (the
+/// emulated model's words; a longer word ends the naming), as
+/// `scheduler::seq` continues the chain.
+fn named_blocks(prompt: &str, tokens: u32, max_tokens: u32, page_tokens: u32) -> Vec<u64> {
+    let (mut blocks, mut chain) = Chain::of(prompt, page_tokens);
+    blocks.truncate((tokens / page_tokens) as usize);
+    let mut src = crate::backend::emulated::TextSource::new(prompt, None);
+    for _ in 0..max_tokens {
+        let Some(text) = src.next_token() else { break };
+        let piece = text.trim();
+        if policies::tokens::count(piece) != 1 {
+            break;
+        }
+        blocks.extend(chain.push(piece));
+    }
+    blocks.iter().map(|b| b.hash).collect()
+}
+
+/// The simulator's engine (`loadtest::sim::engine`) runs this scheduler's
+/// decisions (`policies::turn`): the same arrivals, through this engine
+/// (emulated backend, paused time) and through the simulated one, give
+/// every request the same first-token and end times and the same outcome,
+/// with a cache small enough to refuse and preempt, and half the prompts
+/// sharing a prefix.
+#[tokio::test(start_paused = true)]
+async fn the_simulators_engine_makes_the_same_decisions_at_the_same_times() {
+    // Whole even milliseconds everywhere: the timer's 1 ms grain rounds
+    // nothing, and token boundaries stay on even milliseconds.
+    let profile = || {
+        LatencyProfile::parse(
+            "t",
+            "model = \"m\"\nengine_class = \"t\"\n[prefill]\npoints = [[0, 6.0], [1000, 2006.0]]\n\
+             [decode]\nbatch_points = [[1, 10.0], [2, 12.0], [3, 14.0], [4, 16.0]]\n",
+        )
+        .unwrap()
+    };
+    let limits = BatchLimits { max_batch: 4, reserved_long_slots: 0, ..BatchLimits::default() };
+    let (pages, page_tokens) = (96, 16);
+    let load = parity_load();
+
+    // The engine.
+    let kv = KvAllocator::new(KvConfig {
+        total_pages: pages,
+        page_tokens,
+        low_watermark: 0.05,
+        high_watermark: 0.15,
+        prefix_cache: true,
+    });
+    let cfg = SchedulerConfig {
+        limits: limits.clone(),
+        profile: profile(),
+        output_reserve_tokens: 16,
+        extend_pages: 2,
+        default_ttft: Duration::from_secs(2),
+        max_preemptions: 2,
+        min_quantum_tokens: 4,
+    };
+    let s = Scheduler::spawn(Emulated { profile: profile(), to_max_tokens: true }, kv, cfg);
+    let t0 = tokio::time::Instant::now();
+    let mut runs = Vec::new();
+    for (at, prompt, tokens, max_tokens) in &load {
+        tokio::time::sleep_until(t0 + Duration::from_millis(*at)).await;
+        let (tx, rx) = mpsc::unbounded_channel();
+        match s.enqueue(req(prompt, *max_tokens), *tokens, tx).await {
+            Ok(()) => runs.push(Some(tokio::spawn(collect(rx, t0)))),
+            Err(_) => runs.push(None),
+        }
+    }
+    let mut live: Seen = Vec::new();
+    for run in runs {
+        let Some(run) = run else {
+            live.push((None, None, "refused"));
+            continue;
+        };
+        let events = run.await.unwrap();
+        assert!(events.iter().all(|(t, _)| t.as_millis() % 2 == 0), "a boundary off the grid: {events:?}");
+        let ms = |d: Duration| Some(d.as_millis() as u64);
+        let first = events.iter().find(|(_, e)| matches!(e, Event::Token { .. })).and_then(|(t, _)| ms(*t));
+        let (end, how) = match events.last() {
+            Some((t, Event::Done { .. })) => (ms(*t), "finished"),
+            Some((t, Event::Error { .. })) => (ms(*t), "failed"),
+            _ => (None, "lost"),
+        };
+        live.push((first, end, how));
+    }
+    let snap = s.snapshot().await;
+
+    // The simulated engine.
+    use loadtest::sim::engine::{EngineConfig, Out, SimEngine, SimSeq};
+    let mut c = EngineConfig::new(limits, profile(), u64::from(pages * page_tokens), page_tokens);
+    c.output_reserve_tokens = 16;
+    c.extend_pages = 2;
+    c.max_preemptions = 2;
+    c.min_quantum_tokens = 4;
+    let mut e = SimEngine::new(&c);
+    let mut sim: Seen = vec![(None, None, "lost"); load.len()];
+    let mut wake: Option<f64> = None;
+    let mut arrivals = load.iter().enumerate().peekable();
+    loop {
+        let next_arrival = arrivals.peek().map(|(_, (at, ..))| *at as f64 / 1e3);
+        let mut outs = Vec::new();
+        let now = match (wake, next_arrival) {
+            (None, None) => break,
+            (w, Some(a)) if w.is_none_or(|w| a < w) => {
+                let (i, (_, prompt, tokens, max_tokens)) = arrivals.next().unwrap();
+                let seq = SimSeq {
+                    req: i,
+                    prompt: *tokens,
+                    out: *max_tokens,
+                    max_tokens: *max_tokens,
+                    key: f64::from(tokens + max_tokens),
+                    enqueued_at: a,
+                    ttft_budget_ms: 2000.0,
+                    priority: None,
+                    blocks: policies::prefix::block_hashes(prompt, page_tokens).into(),
+                    answer: named_blocks(prompt, *tokens, *max_tokens, page_tokens).into(),
+                };
+                match e.enqueue(a, seq, &c) {
+                    Ok(Some(w)) => wake = Some(w),
+                    Ok(None) => {}
+                    Err(_) => sim[i].2 = "refused",
+                }
+                a
+            }
+            (Some(w), _) => {
+                wake = e.wake(w, &c, &mut outs);
+                w
+            }
+            _ => unreachable!(),
+        };
+        let ms = Some((now * 1e3).round() as u64);
+        for o in outs {
+            match o {
+                Out::FirstToken { req } => sim[req].0 = ms,
+                Out::Finished { req, .. } => (sim[req].1, sim[req].2) = (ms, "finished"),
+                Out::Failed { req, .. } => (sim[req].1, sim[req].2) = (ms, "failed"),
+            }
+        }
+    }
+    for (i, (l, s)) in live.iter().zip(&sim).enumerate() {
+        assert_eq!(l, s, "request {i}: engine {l:?}, simulator {s:?}");
+    }
+    assert_eq!((e.preemptions(), e.hit_tokens()), (snap.preemptions, snap.cached_tokens));
+    let count = |what: &str| live.iter().filter(|r| r.2 == what).count();
+    assert!(count("finished") >= 25, "{live:?}");
+    assert!(count("refused") > 0, "the cache was small enough to refuse: {live:?}");
+    assert!(snap.preemptions > 0, "and to preempt");
+    assert!(snap.cached_tokens > 0, "and prompts shared prefixes");
 }

@@ -90,14 +90,9 @@ fn engine_config(model: &CostModel, p: Parallel) -> EngineConfig {
     let text = model.profile_toml(p, "llama-70b", &p.to_string());
     let profile = LatencyProfile::parse("generated", &text).expect("the cost model writes valid profiles");
     let room = 0.9 * model.gpu_gb * 1e9 * f64::from(p.gpus()) - model.params_b * 1e9 * model.bytes_per_param;
-    EngineConfig {
-        limits: BatchLimits { max_batch: model.max_batch, ..BatchLimits::default() },
-        profile,
-        kv_tokens: (room / model.kv_bytes_per_token).max(0.0) as u64,
-        kv_low_watermark: 0.05,
-        page_tokens: 16,
-        prefix_cache: false,
-    }
+    let limits = BatchLimits { max_batch: model.max_batch, ..BatchLimits::default() };
+    let kv_tokens = (room / model.kv_bytes_per_token).max(0.0) as u64;
+    EngineConfig { prefix_cache: false, ..EngineConfig::new(limits, profile, kv_tokens, 16) }
 }
 
 impl<'a> Sim<'a> {
@@ -153,7 +148,7 @@ impl<'a> Sim<'a> {
         self.replicas.push(Replica {
             p,
             cfg,
-            engine: SimEngine::default(),
+            engine: SimEngine::new(&self.configs[cfg].1),
             state,
             inflight: 0,
             local: VecDeque::new(),
@@ -353,12 +348,13 @@ impl<'a> Sim<'a> {
             req: r,
             prompt: q.prompt,
             out: q.out,
+            max_tokens: q.out,
             key: q.at,
             enqueued_at: now,
             ttft_budget_ms: 10_000.0,
+            priority: None,
             blocks: std::sync::Arc::from(Vec::new()),
             answer: std::sync::Arc::from(Vec::new()),
-            cached: 0,
         };
         let cfg = &self.configs[self.replicas[k].cfg].1;
         match self.replicas[k].engine.enqueue(now, seq, cfg) {
@@ -404,8 +400,11 @@ impl<'a> Sim<'a> {
         for o in &outs {
             match *o {
                 Out::FirstToken { req } => self.done[req].first = Some(now),
-                Out::Finished { req, .. } => {
-                    self.done[req].end = Some(now);
+                Out::Finished { req, .. } | Out::Failed { req, .. } => {
+                    // A failed request never ends: it counts at the horizon.
+                    if matches!(o, Out::Finished { .. }) {
+                        self.done[req].end = Some(now);
+                    }
                     let q = self.reqs[req];
                     self.replicas[k].inflight -= u64::from(q.prompt) + u64::from(q.out);
                     freed = true;

@@ -107,9 +107,24 @@ struct Slot {
 enum Ev {
     Arrive(usize),
     Dispatch(usize),
-    Wake { engine: usize, gen: u64 },
+    Wake {
+        engine: usize,
+        gen: u64,
+    },
     FirstToken(usize),
-    Finished { req: usize, tokens: u32, prefill_ms: f64, decode_ms: f64, batch: f64, cached: u32 },
+    Finished {
+        req: usize,
+        tokens: u32,
+        prefill_ms: f64,
+        decode_ms: f64,
+        batch: f64,
+        cached: u32,
+    },
+    /// The engine ended the sequence with an error event.
+    EngineError {
+        req: usize,
+        code: &'static str,
+    },
     FirstTimeout(usize),
     GateTick,
     ScaleTick,
@@ -228,7 +243,7 @@ impl<'a> Sim<'a> {
             horizon,
         };
         for _ in 0..sim.plan.engines {
-            sim.slots.push(Slot::new(State::Serving, 0.0));
+            sim.slots.push(Slot::new(cfg, State::Serving, 0.0));
         }
         for (i, r) in reqs.iter().enumerate() {
             let mut rec =
@@ -273,6 +288,7 @@ impl<'a> Sim<'a> {
                 Ev::Finished { req, tokens, prefill_ms, decode_ms, batch, cached } => {
                     self.finished(t, req, tokens, (prefill_ms, cached), decode_ms, batch)
                 }
+                Ev::EngineError { req, code } => self.engine_error(t, req, code),
                 Ev::FirstTimeout(r) => self.first_timeout(t, r),
                 Ev::GateTick => {
                     let (_, expired) = self.ctl.tick(t, self.policy);
@@ -298,8 +314,8 @@ impl<'a> Sim<'a> {
         self.fleet.cost_per_1m_output_tokens =
             (self.output_tokens > 0).then(|| self.fleet.cost_usd / self.output_tokens as f64 * 1e6);
         let busy: f64 = self.slots.iter().map(|s| s.engine.busy_s).sum();
-        self.fleet.prefix_lookup_tokens += self.slots.iter().map(|s| s.engine.lookup_tokens).sum::<u64>();
-        self.fleet.prefix_hit_tokens += self.slots.iter().map(|s| s.engine.hit_tokens).sum::<u64>();
+        self.fleet.prefix_lookup_tokens += self.slots.iter().map(|s| s.engine.lookup_tokens()).sum::<u64>();
+        self.fleet.prefix_hit_tokens += self.slots.iter().map(|s| s.engine.hit_tokens()).sum::<u64>();
         self.fleet.device_utilization = (self.fleet.gpu_seconds > 0.0).then(|| busy / self.fleet.gpu_seconds);
         RunOutput { records: self.records, fleet: self.fleet, events: self.events }
     }
@@ -508,9 +524,9 @@ impl<'a> Sim<'a> {
 }
 
 impl Slot {
-    fn new(state: State, started_at: f64) -> Self {
+    fn new(cfg: &EngineConfig, state: State, started_at: f64) -> Self {
         Self {
-            engine: SimEngine::default(),
+            engine: SimEngine::new(cfg),
             state,
             started_at,
             active: 0,

@@ -317,13 +317,10 @@ pub fn run(a: &SimArgs) -> Result<SimRun, RunError> {
     let (sched, words) = schedule(&a.load)?;
     let planned = plan(&workload, &sched, a.load.seed);
     let reqs = requests(a, &workload, &planned);
+    let kv_tokens = u64::from(a.kv_pages) * u64::from(a.page_tokens);
     let cfg = EngineConfig {
-        limits,
-        kv_tokens: u64::from(a.kv_pages) * u64::from(a.page_tokens),
-        kv_low_watermark: 0.05,
-        page_tokens: a.page_tokens,
         prefix_cache: a.prefix_cache == Toggle::On,
-        profile: profile.scaled(1.0 + a.predictor_error),
+        ..EngineConfig::new(limits, profile.scaled(1.0 + a.predictor_error), kv_tokens, a.page_tokens)
     };
     let hops = Hops { client_s: a.client_ms / 1e3, engine_s: a.engine_ms / 1e3 };
     let fleet_plan = FleetPlan {

@@ -12,14 +12,8 @@ fn cfg(max_batch: u32) -> EngineConfig {
         batch_points = [[1, 10.0], [8, 10.0]]
         ms_per_1k_context = 0.0
     "#;
-    EngineConfig {
-        limits: BatchLimits { max_batch, ..BatchLimits::default() },
-        profile: LatencyProfile::parse("t", text).unwrap(),
-        kv_tokens: 1 << 20,
-        kv_low_watermark: 0.05,
-        page_tokens: 16,
-        prefix_cache: true,
-    }
+    let limits = BatchLimits { max_batch, ..BatchLimits::default() };
+    EngineConfig::new(limits, LatencyProfile::parse("t", text).unwrap(), 1 << 20, 16)
 }
 
 fn seq(req: usize, out: u32, at: f64) -> SimSeq {
@@ -29,12 +23,13 @@ fn seq(req: usize, out: u32, at: f64) -> SimSeq {
         req,
         prompt: 100,
         out,
+        max_tokens: out,
         key: at,
         enqueued_at: at,
         ttft_budget_ms: 1000.0,
+        priority: None,
         blocks,
         answer,
-        cached: 0,
     }
 }
 
@@ -70,7 +65,7 @@ fn drive(
 #[test]
 fn one_sequence_takes_prefill_plus_a_step_per_further_token() {
     let c = cfg(8);
-    let mut e = SimEngine::default();
+    let mut e = SimEngine::new(&c);
     let log = drive(&mut e, &c, None, &[(0.0, seq(0, 5, 0.0))]);
     assert_eq!(log[0], (0.01, Out::FirstToken { req: 0 }));
     let (t, Out::Finished { tokens, .. }) = log[1] else { panic!("{log:?}") };
@@ -82,7 +77,7 @@ fn one_sequence_takes_prefill_plus_a_step_per_further_token() {
 #[test]
 fn an_arrival_mid_run_is_prefilled_at_the_next_token_boundary() {
     let c = cfg(8);
-    let mut e = SimEngine::default();
+    let mut e = SimEngine::new(&c);
     // A long answer decodes; a second request arrives at 34 ms: the
     // step in progress ends at 40 ms, its prefill runs 40-50 ms.
     let log = drive(&mut e, &c, None, &[(0.0, seq(0, 100, 0.0)), (0.034, seq(1, 3, 0.034))]);
@@ -106,7 +101,7 @@ fn prefill_batches_run_back_to_back_only_until_running_sequences_stall_too_long(
         c.limits.max_long_per_prefill = 1;
         c.limits.reserved_long_slots = 0;
         c.limits.max_decode_stall_ms = bound_ms;
-        let mut e = SimEngine::default();
+        let mut e = SimEngine::new(&c);
         let mut arrivals = vec![(0.0, seq(0, 100, 0.0))];
         arrivals.extend((1..4).map(|i| (0.034, seq(i, 3, 0.034))));
         let log = drive(&mut e, &c, None, &arrivals);
@@ -127,7 +122,7 @@ fn prefill_batches_run_back_to_back_only_until_running_sequences_stall_too_long(
 #[test]
 fn the_batch_cap_makes_the_ninth_sequence_wait_for_a_slot() {
     let c = cfg(8);
-    let mut e = SimEngine::default();
+    let mut e = SimEngine::new(&c);
     let arrivals: Vec<(f64, SimSeq)> = (0..9).map(|i| (0.0, seq(i, 10, 0.0))).collect();
     let log = drive(&mut e, &c, None, &arrivals);
     let firsts: Vec<f64> =
@@ -140,7 +135,8 @@ fn the_batch_cap_makes_the_ninth_sequence_wait_for_a_slot() {
 #[test]
 fn a_cancelled_running_sequence_leaves_at_the_next_token_boundary_and_frees_its_kv() {
     let c = cfg(8);
-    let mut e = SimEngine::default();
+    let mut e = SimEngine::new(&c);
+    let headroom = e.kv_headroom(&c);
     let wake = e.enqueue(0.0, seq(0, 100, 0.0), &c).unwrap();
     let mut outs = Vec::new();
     let next = e.wake(wake.unwrap(), &c, &mut outs); // prefill 0-10 ms
@@ -153,19 +149,38 @@ fn a_cancelled_running_sequence_leaves_at_the_next_token_boundary_and_frees_its_
     assert_eq!(e.wake(cut, &c, &mut outs), None, "nothing left to run");
     assert!(outs.is_empty(), "a cancelled sequence reports nothing: {outs:?}");
     assert!(e.is_empty());
-    assert_eq!(e.kv_headroom(&c), (c.kv_tokens as f64 * 0.95) as u64, "its KV is back");
+    assert_eq!(e.kv_headroom(&c), headroom, "its KV is back");
 }
 
+/// The engine's KV rules: admission reserves the prompt plus the output
+/// reserve and refuses below the low watermark; running sequences grow
+/// page by page and, when the cache runs out, the worst key past its
+/// quantum is preempted and recomputed later, at most `max_preemptions`
+/// times (then, with no other victim, it ends `kv_exhausted`, as on the
+/// engine); finishing gives every page back.
 #[test]
-fn kv_headroom_refuses_and_finishing_gives_it_back() {
-    let mut c = cfg(8);
-    c.kv_tokens = 1000;
-    let mut e = SimEngine::default();
-    assert!(e.enqueue(0.0, seq(0, 500, 0.0), &c).is_ok());
-    assert_eq!(e.enqueue(0.0, seq(1, 500, 0.0), &c), Err(Refused::Kv));
-    let log = drive(&mut e, &c, Some(0.0), &[]);
-    assert!(log.iter().any(|(_, o)| matches!(o, Out::Finished { req: 0, .. })));
-    assert!(e.enqueue(1.0, seq(1, 500, 1.0), &c).is_ok());
+fn admission_reserves_a_prompt_and_the_output_reserve_and_growth_preempts() {
+    let run = |max_preemptions: u32| {
+        let mut c = cfg(8);
+        c.kv_tokens = 1000; // 62 pages, 4 kept free at admission
+        c.max_preemptions = max_preemptions;
+        let mut e = SimEngine::new(&c);
+        let headroom = e.kv_headroom(&c);
+        // 100 + 64 reserved: 11 pages each; five fit, the sixth is refused.
+        for r in 0..5 {
+            assert!(e.enqueue(0.0, seq(r, 500, 0.0), &c).is_ok(), "{r}");
+        }
+        assert_eq!(e.enqueue(0.0, seq(5, 500, 0.0), &c), Err(Refused::Kv));
+        // Each grows to 600 tokens (38 pages): they cannot all run at once.
+        let log = drive(&mut e, &c, Some(0.0), &[]);
+        assert!(e.preemptions() > 0, "the cache ran out and sequences were preempted");
+        assert_eq!(e.kv_headroom(&c), headroom, "every page is back");
+        assert!(e.enqueue(100.0, seq(5, 500, 100.0), &c).is_ok());
+        let count = |f: fn(&Out) -> bool| log.iter().filter(|(_, o)| f(o)).count();
+        (count(|o| matches!(o, Out::Finished { .. })), count(|o| matches!(o, Out::Failed { .. })))
+    };
+    assert_eq!(run(8), (5, 0));
+    assert_eq!(run(2), (4, 1), "the engine's default bound ends one");
 }
 
 #[test]
@@ -173,7 +188,7 @@ fn a_cached_prefix_is_charged_no_prefill_and_evictions_are_reported() {
     // Prefill 1 ms per token; KV for 10 pages of 16 tokens.
     let text = "model = \"m\"\nengine_class = \"t\"\n[prefill]\npoints = [[0, 0.0], [1000, 1000.0]]\n\
                 [decode]\nbatch_points = [[1, 10.0]]\nms_per_1k_context = 0.0\n";
-    let c = EngineConfig { profile: LatencyProfile::parse("t", text).unwrap(), kv_tokens: 160, ..cfg(8) };
+    let c = EngineConfig { profile: LatencyProfile::parse("t", text).unwrap(), kv_tokens: 128, ..cfg(8) };
     let prompt = |req: usize, blocks: Vec<u64>, at: f64| SimSeq {
         prompt: 65,
         blocks: blocks.into(),
@@ -181,20 +196,20 @@ fn a_cached_prefix_is_charged_no_prefill_and_evictions_are_reported() {
     };
     let first_at =
         |log: &[(f64, Out)]| log.iter().find(|(_, o)| matches!(o, Out::FirstToken { .. })).unwrap().0;
-    let mut e = SimEngine::default();
+    let mut e = SimEngine::new(&c);
     let log = drive(&mut e, &c, None, &[(0.0, prompt(0, vec![1, 2, 3, 4], 0.0))]);
     assert!((first_at(&log) - 0.065).abs() < 1e-9, "65 tokens computed: {log:?}");
     // The same four blocks and one more token: 64 cached, 1 computed.
     let log = drive(&mut e, &c, None, &[(1.0, prompt(1, vec![1, 2, 3, 4], 1.0))]);
     assert!((first_at(&log) - 1.001).abs() < 1e-9, "{log:?}");
-    assert_eq!((e.lookup_tokens, e.hit_tokens), (130, 64));
-    // Another prompt's blocks push the oldest out of the 10 pages (a
-    // 65-token prompt + 1 output holds 5 while it runs).
+    assert_eq!((e.lookup_tokens(), e.hit_tokens()), (130, 64));
+    // Another prompt's blocks push the least recently used out of the 8
+    // pages (a 65-token prompt + 1 output holds 5 while it runs).
     drive(&mut e, &c, None, &[(2.0, prompt(2, vec![5, 6, 7, 8], 2.0))]);
     assert!(!e.evicted.is_empty(), "evictions are reported");
     assert!(e.evicted.iter().all(|h| [1, 2, 3, 4].contains(h)), "{:?}", e.evicted);
     let off = EngineConfig { prefix_cache: false, ..c.clone() };
-    let mut e = SimEngine::default();
+    let mut e = SimEngine::new(&c);
     drive(&mut e, &off, None, &[(0.0, prompt(0, vec![1, 2, 3, 4], 0.0))]);
     let log = drive(&mut e, &off, None, &[(1.0, prompt(1, vec![1, 2, 3, 4], 1.0))]);
     assert!((first_at(&log) - 1.065).abs() < 1e-9, "the cache off: all computed");
@@ -217,12 +232,12 @@ fn an_answer_a_later_prompt_resends_is_named_when_it_ends() {
         ..seq(req, 30, at)
     };
     for (resent, cached) in [(true, 64), (false, 32)] {
-        let mut e = SimEngine::default();
+        let mut e = SimEngine::new(&c);
         let answer = if resent { vec![1, 2, 3, 4, 5] } else { vec![] };
         drive(&mut e, &c, None, &[(0.0, turn(0, 40, vec![1, 2], answer, 0.0))]);
         // The next turn: prompt, answer and a 10-token message, 80 tokens.
         let log = drive(&mut e, &c, None, &[(5.0, turn(1, 80, vec![1, 2, 3, 4, 5], vec![], 5.0))]);
-        assert_eq!(e.hit_tokens, cached, "answer resent: {resent}");
+        assert_eq!(e.hit_tokens(), cached, "answer resent: {resent}");
         let computed = f64::from(80 - cached as u32) / 1e3;
         assert!((first_at(&log) - 5.0 - computed).abs() < 1e-9, "{log:?}");
     }

@@ -164,13 +164,13 @@ impl Sim<'_> {
 
     pub(super) fn start(&mut self, now: f64, to_warm: bool) {
         let ready_at = now + self.plan.cold_start_s;
-        let slot = Slot::new(State::Starting { ready_at, to_warm }, now);
+        let slot = Slot::new(self.cfg, State::Starting { ready_at, to_warm }, now);
         let i = match self.slots.iter().position(|s| s.state == State::Stopped) {
             Some(i) => {
                 // A new engine in a stopped one's place: its cache is empty.
                 let old = std::mem::replace(&mut self.slots[i], slot);
-                self.fleet.prefix_lookup_tokens += old.engine.lookup_tokens;
-                self.fleet.prefix_hit_tokens += old.engine.hit_tokens;
+                self.fleet.prefix_lookup_tokens += old.engine.lookup_tokens();
+                self.fleet.prefix_hit_tokens += old.engine.hit_tokens();
                 if let Ok(e) = u16::try_from(i) {
                     self.index.forget_engine(e);
                 }

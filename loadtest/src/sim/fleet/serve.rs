@@ -17,16 +17,26 @@ impl Sim<'_> {
         let Some(engine) = self.live[r].engine else { return };
         let admit = self.live[r].admit.as_ref().expect("admitted");
         let out = admit.max_tokens.min(self.reqs[r].natural_len).max(1);
+        // Its standing for priority preemption, as the gateway sends it.
+        let priority = match self.policy.tier(&self.reqs[r].tier) {
+            Some(tier) if self.policy.admission.preempt_lower_tiers => Some(policies::turn::Priority {
+                class: tier.priority_weight.get(),
+                max_pauses: self.policy.admission.max_pauses,
+                e2e_budget_ms: admit.e2e_budget_ms.min(f64::from(u32::MAX)) as u32,
+            }),
+            _ => None,
+        };
         let seq = SimSeq {
             req: t,
             prompt: self.reqs[r].prompt,
             out,
+            max_tokens: admit.max_tokens,
             key: admit.key,
             enqueued_at: now,
             ttft_budget_ms: admit.ttft_budget_ms,
+            priority,
             blocks: std::sync::Arc::clone(&self.reqs[r].blocks),
             answer: std::sync::Arc::clone(&self.reqs[r].answer),
-            cached: 0,
         };
         let enqueued = self.slots[engine].engine.enqueue(now, seq, self.cfg);
         self.kv_events(engine);
@@ -64,6 +74,7 @@ impl Sim<'_> {
                 Out::Finished { req, tokens, prefill_ms, decode_ms, batch, cached } => {
                     self.push(back, Ev::Finished { req, tokens, prefill_ms, decode_ms, batch, cached })
                 }
+                Out::Failed { req, code } => self.push(back, Ev::EngineError { req, code }),
             }
         }
         self.outs = outs;
@@ -128,6 +139,19 @@ impl Sim<'_> {
             batch,
         );
         self.ctl.release(&tenant);
+        if let Some(e) = engine {
+            self.settle(e, now);
+        }
+        self.pump(now);
+    }
+
+    /// The engine ended the attempt with an error event (`kv_exhausted`):
+    /// the stream ends with it, as the gateway's relay ends it.
+    pub(super) fn engine_error(&mut self, now: f64, t: usize, code: &str) {
+        let Some(r) = self.current(t) else { return };
+        let engine = self.live[r].engine;
+        self.unlease(r);
+        self.fail(now, r, code);
         if let Some(e) = engine {
             self.settle(e, now);
         }

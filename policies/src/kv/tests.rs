@@ -82,7 +82,7 @@ fn block(hash: u64, content: &str) -> Block {
 /// hashes): words of exactly one token.
 fn prompt(tag: char, n: usize) -> Vec<Block> {
     let text: Vec<String> = (0..n * 16).map(|i| format!("{tag}{i:03x}")).collect();
-    let blocks = policies::prefix::blocks(&text.join(" "), 16);
+    let blocks = crate::prefix::blocks(&text.join(" "), 16);
     assert_eq!(blocks.len(), n);
     blocks
 }
