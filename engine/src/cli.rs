@@ -194,6 +194,12 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = crate::server::MAX_CONNECTIONS,
           value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u32).range(1..=1_048_576), |n| n as usize))]
     pub max_connections: usize,
+    /// New HTTP/2 streams per second one connection may open (a bucket of
+    /// `MAX_STREAMS`); past it the connection is closed as abusive, as it is
+    /// when more than half of its last 100 streams were reset before their
+    /// response head (rapid reset). 0: unbounded.
+    #[arg(long, default_value_t = crate::server::MAX_NEW_STREAMS_PER_S)]
+    pub max_new_streams_per_s: u32,
     /// The model name the OpenAI surface (`/v1/chat/completions`,
     /// `/v1/completions`, `/v1/models`) serves, as vLLM's flag of the same
     /// name; a request naming another model is a 404 `model_not_found`.

@@ -421,7 +421,11 @@ pub async fn run(args: EngineArgs) -> Result<(), StartError> {
             }
         }
     };
-    server::serve(engine, listener, args.max_connections, stop).await;
+    let limits = server::Limits {
+        max_connections: args.max_connections,
+        max_new_streams_per_s: args.max_new_streams_per_s,
+    };
+    server::serve(engine, listener, limits, stop).await;
     Ok(())
 }
 

@@ -12,6 +12,13 @@
 //! arrives as a burst of resets and must not close the connection that
 //! carries everyone else's streams), HTTP/2 keepalive PINGs, and a
 //! back-off after accept errors.
+//!
+//! Abusive peers (`connguard`: the rapid-reset shape of CVE-2023-44487, as
+//! the gateway's listeners): a connection more than half of whose last 100
+//! streams were reset before their response head was ready, or that opens
+//! streams faster than `--max-new-streams-per-s` (a burst of
+//! [`MAX_STREAMS`]), is closed at once. A gateway's own cancellations do
+//! not count: it cancels answers under way, after their head.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -37,15 +44,26 @@ use crate::Engine;
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Concurrent HTTP/2 streams per connection.
 pub const MAX_STREAMS: u32 = 16_384;
+/// New streams per second one connection may open, by default: far above
+/// what a gateway's connection carries (each stream is a generation).
+pub const MAX_NEW_STREAMS_PER_S: u32 = 50_000;
 /// Accept errors (EMFILE: out of file descriptors) back off this long.
 const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// Serves `engine` on `listener`, at most `max_connections` connections at
-/// once, until `shutdown` resolves.
+/// The listener's bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Open connections at most; past it new ones are closed at once.
+    pub max_connections: usize,
+    /// New streams per second per connection (0: unbounded).
+    pub max_new_streams_per_s: u32,
+}
+
+/// Serves `engine` on `listener` within `limits` until `shutdown` resolves.
 pub async fn serve(
     engine: Arc<Engine>,
     listener: TcpListener,
-    max_connections: usize,
+    limits: Limits,
     shutdown: impl Future<Output = ()>,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -57,7 +75,7 @@ pub async fn serve(
         .max_pending_accept_reset_streams(MAX_STREAMS as usize)
         .keep_alive_interval(std::time::Duration::from_secs(10))
         .keep_alive_timeout(std::time::Duration::from_secs(10));
-    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     tokio::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {
@@ -77,13 +95,36 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let engine = Arc::clone(&engine);
-        let svc = hyper::service::service_fn(move |req| handle(Arc::clone(&engine), req));
+        let watch = connguard::Watch::with_premature(
+            f64::from(limits.max_new_streams_per_s),
+            f64::from(MAX_STREAMS),
+            std::time::Duration::MAX,
+        );
+        let streams = Arc::clone(&watch);
+        let svc = hyper::service::service_fn(move |req| {
+            // Finished once the response head is ready; dropped before
+            // (the peer reset the stream), it counts as a premature reset.
+            let mut stream = streams.open();
+            let engine = Arc::clone(&engine);
+            async move {
+                let response = handle(engine, req).await;
+                stream.finished();
+                response
+            }
+        });
         let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             let _permit = permit;
-            if let Err(e) = conn.await {
-                tracing::debug!(event = "connection_error", error = %e);
+            tokio::select! {
+                result = conn => if let Err(e) = result {
+                    tracing::debug!(event = "connection_error", error = %e);
+                },
+                why = watch.tripped() => {
+                    // Dropping the connection closes its socket: its streams end.
+                    ::metrics::counter!(crate::metrics::CONNECTIONS_CLOSED, "why" => why.label()).increment(1);
+                    tracing::warn!(event = "connection_closed", why = why.label());
+                }
             }
         });
     }

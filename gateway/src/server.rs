@@ -41,7 +41,9 @@ use crate::limits::Limits;
 use crate::metrics;
 use crate::outbox::StreamReset;
 
-pub mod abuse;
+/// The per-connection abuse watch (the `connguard` crate, shared with the
+/// engine's listener).
+pub use connguard as abuse;
 
 /// Open connections get this long to finish after shutdown begins.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);

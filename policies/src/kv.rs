@@ -438,6 +438,19 @@ impl KvAllocator {
         self.lock().last_seq
     }
 
+    /// The hashes evicted by the events after `after` still kept, appended
+    /// to `out` (a reader that follows only evictions: the simulator's
+    /// engines); returns the last event's sequence number.
+    pub fn evicted_since(&self, after: u64, out: &mut Vec<u64>) -> u64 {
+        let inner = self.lock();
+        let first = inner.events.front().map_or(inner.last_seq + 1, |e| e.seq);
+        let skip = after.saturating_add(1).saturating_sub(first) as usize;
+        for e in inner.events.range(skip.min(inner.events.len())..) {
+            out.extend_from_slice(&e.evicted);
+        }
+        inner.last_seq
+    }
+
     pub fn snapshot(&self) -> KvSnapshot {
         let inner = self.lock();
         KvSnapshot {

@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::api::{FinishReason, GenerateRequest};
 use crate::backend::{Backend, Slot, Token};
-use crate::kv::{KvAllocator, KvRefusal};
+use crate::kv::KvAllocator;
 use crate::metrics as m;
 
 mod seq;
@@ -36,32 +36,22 @@ use seq::{Job, Seq};
 /// Scheduler settings: those of `policies::turn`.
 pub use policies::turn::TurnConfig as SchedulerConfig;
 
-/// Why the scheduler refused a sequence.
+/// Why the scheduler refused a sequence: `policies::turn`'s reasons, or
+/// the scheduler task gone.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
-    #[error("engine is draining")]
-    Draining,
     #[error(transparent)]
-    Kv(#[from] KvRefusal),
+    Turn(#[from] turn::Refusal),
     #[error("scheduler stopped")]
     Stopped,
-}
-
-impl From<turn::Refusal> for Refusal {
-    fn from(r: turn::Refusal) -> Self {
-        match r {
-            turn::Refusal::Draining => Refusal::Draining,
-            turn::Refusal::Kv(k) => Refusal::Kv(k),
-        }
-    }
 }
 
 impl Refusal {
     /// Stable machine label for the gateway.
     pub fn code(&self) -> &'static str {
         match self {
-            Refusal::Draining => "engine_draining",
-            Refusal::Kv(k) => k.code(),
+            Refusal::Turn(turn::Refusal::Draining) => "engine_draining",
+            Refusal::Turn(turn::Refusal::Kv(k)) => k.code(),
             Refusal::Stopped => "engine_not_ready",
         }
     }
@@ -364,9 +354,6 @@ impl<B: Backend> Core<B> {
         tx: mpsc::UnboundedSender<Bytes>,
         trace: Option<telemetry::Context>,
     ) -> Result<(), Refusal> {
-        if self.turns.draining() {
-            return Err(Refusal::Draining);
-        }
         let (blocks, reusable, chain) = self.blocks(&req.prompt, prompt_tokens);
         let spec = Spec {
             prompt_tokens,

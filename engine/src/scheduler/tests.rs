@@ -190,7 +190,7 @@ async fn drain_refuses_new_work_and_resolves_when_in_flight_work_is_done() {
     };
     tokio::task::yield_now().await;
     let (tx, _rx) = mpsc::unbounded_channel();
-    assert_eq!(s.enqueue(req("late", 4), 2, tx).await, Err(Refusal::Draining));
+    assert_eq!(s.enqueue(req("late", 4), 2, tx).await, Err(Refusal::Turn(turn::Refusal::Draining)));
     let events = events.await.unwrap();
     assert!(matches!(events.last().unwrap().1, Event::Done { .. }));
     assert_eq!(drained.await.unwrap(), events.last().unwrap().0, "drain ends when the last sequence does");

@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use policies::batching::BatchLimits;
-use policies::kv::{KvAllocator, KvConfig, KvEventsSince};
+use policies::kv::{KvAllocator, KvConfig};
 use policies::prefix::Block;
 use policies::turn::{self, Admitted, Payload, Spec, Step, TurnConfig, Turns};
 use policies::LatencyProfile;
@@ -278,29 +278,13 @@ impl SimEngine {
         self.turns.stats().preemptions
     }
 
-    /// The KV cache's evictions since the last call, into `evicted`.
+    /// The KV cache's evictions since the last call, into `evicted`; the
+    /// free pages routing reads.
     fn read_events(&mut self) {
-        self.kv_free = self.turns.kv().free_pages();
-        if self.turns.kv().last_seq() == self.events_seen {
-            return;
-        }
-        loop {
-            match self.turns.kv().events_since(self.events_seen, 1024) {
-                KvEventsSince::Events { events, last_seq, more } => {
-                    for e in events {
-                        self.evicted.extend(e.evicted);
-                    }
-                    self.events_seen = last_seq;
-                    if !more {
-                        return;
-                    }
-                }
-                // The first read: what is named now was stored, not evicted.
-                KvEventsSince::Snapshot { last_seq, .. } => {
-                    self.events_seen = last_seq;
-                    return;
-                }
-            }
+        let kv = self.turns.kv();
+        self.kv_free = kv.free_pages();
+        if kv.last_seq() != self.events_seen {
+            self.events_seen = kv.evicted_since(self.events_seen, &mut self.evicted);
         }
     }
 

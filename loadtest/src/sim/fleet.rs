@@ -111,20 +111,8 @@ enum Ev {
         engine: usize,
         gen: u64,
     },
-    FirstToken(usize),
-    Finished {
-        req: usize,
-        tokens: u32,
-        prefill_ms: f64,
-        decode_ms: f64,
-        batch: f64,
-        cached: u32,
-    },
-    /// The engine ended the sequence with an error event.
-    EngineError {
-        req: usize,
-        code: &'static str,
-    },
+    /// What an engine's token boundary produced, reaching the gateway.
+    Engine(Out),
     FirstTimeout(usize),
     GateTick,
     ScaleTick,
@@ -284,11 +272,11 @@ impl<'a> Sim<'a> {
                 Ev::Arrive(r) => self.arrive(t, r),
                 Ev::Dispatch(r) => self.dispatch(t, r),
                 Ev::Wake { engine, gen } => self.wake(t, engine, gen),
-                Ev::FirstToken(r) => self.first_token(t, r),
-                Ev::Finished { req, tokens, prefill_ms, decode_ms, batch, cached } => {
+                Ev::Engine(Out::FirstToken { req }) => self.first_token(t, req),
+                Ev::Engine(Out::Finished { req, tokens, prefill_ms, decode_ms, batch, cached }) => {
                     self.finished(t, req, tokens, (prefill_ms, cached), decode_ms, batch)
                 }
-                Ev::EngineError { req, code } => self.engine_error(t, req, code),
+                Ev::Engine(Out::Failed { req, code }) => self.engine_error(t, req, code),
                 Ev::FirstTimeout(r) => self.first_timeout(t, r),
                 Ev::GateTick => {
                     let (_, expired) = self.ctl.tick(t, self.policy);
@@ -393,6 +381,16 @@ impl<'a> Sim<'a> {
             prefix_blocks: req.blocks.len() as u32,
         };
         let off = self.policy.admission.mode == policies::admission::AdmissionMode::Off;
+        // The tier's concurrency limit holds whatever the admission mode:
+        // the gateway counts it in its tenant limits before admission
+        // (admission `on` counts it itself).
+        if off && tier.max_concurrency.is_some_and(|l| self.ctl.open(&tenant.name) >= l.get()) {
+            self.refuse_plain(now, r, 429, "tenant_concurrency");
+            let rec = &mut self.records[r];
+            rec.admission.decision = Some("rejected".into());
+            rec.admission.reason = Some("tenant_concurrency".into());
+            return;
+        }
         let affinity = &self.policy.routing.prefix;
         let matched = match affinity.enabled {
             true => self.index.matched(&req.blocks, self.slots.len()),

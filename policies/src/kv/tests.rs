@@ -288,3 +288,28 @@ fn with_the_cache_off_nothing_is_named_or_shared() {
     assert_eq!(a.admit(32, &p).unwrap().cached_tokens(), 0);
     assert_eq!(a.snapshot().cached_pages, 0);
 }
+
+#[test]
+fn a_reader_of_evictions_gets_each_evicted_hash_once() {
+    let a = alloc(4, 0.0, 0.0);
+    let mut seen = Vec::new();
+    let mut last = a.evicted_since(0, &mut seen);
+    assert_eq!((last, seen.len()), (0, 0));
+    // Two named pages, released: they stay cached (no eviction yet).
+    let mut s = a.admit(32, &[]).unwrap();
+    s.commit(&[block(1, "p"), block(2, "q")]);
+    drop(s);
+    last = a.evicted_since(last, &mut seen);
+    assert_eq!((last, seen.as_slice()), (1, &[][..]));
+    // Four fresh pages take the two free ones, then evict both named.
+    let s = a.admit(64, &[]).unwrap();
+    last = a.evicted_since(last, &mut seen);
+    assert_eq!(seen, vec![1, 2], "least recently released first");
+    assert_eq!(a.last_seq(), last);
+    // Nothing new: nothing appended.
+    assert_eq!(a.evicted_since(last, &mut seen), last);
+    assert_eq!(seen.len(), 2);
+    assert_eq!(a.free_pages(), 0);
+    drop(s);
+    assert_eq!(a.free_pages(), 4);
+}

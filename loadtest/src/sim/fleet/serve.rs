@@ -68,14 +68,8 @@ impl Sim<'_> {
             self.push(at, Ev::Wake { engine, gen });
         }
         let back = now + self.hops.engine_s;
-        for o in &outs {
-            match *o {
-                Out::FirstToken { req } => self.push(back, Ev::FirstToken(req)),
-                Out::Finished { req, tokens, prefill_ms, decode_ms, batch, cached } => {
-                    self.push(back, Ev::Finished { req, tokens, prefill_ms, decode_ms, batch, cached })
-                }
-                Out::Failed { req, code } => self.push(back, Ev::EngineError { req, code }),
-            }
+        for &o in &outs {
+            self.push(back, Ev::Engine(o));
         }
         self.outs = outs;
         self.settle(engine, now);

@@ -1,18 +1,27 @@
 //! Abusive HTTP/2 peers (the rapid-reset shape of CVE-2023-44487): a
 //! connection that opens streams and resets them before their answer, or
-//! opens streams faster than any client needs, is closed.
+//! opens streams faster than any client needs, is closed. The gateway's
+//! public and admin listeners and the engine's internal listener each keep
+//! one [`Watch`] per connection.
 //!
 //! Per connection: the outcome of its last [`WINDOW`] streams (finished, or
-//! reset by the client within [`PREMATURE`] of opening, before its answer
-//! ended: Envoy's "premature reset"), and a token bucket of new streams
-//! (`[limits] max_new_streams_per_s` per connection, a burst of
-//! `max_streams_per_connection`). More than half of a full window reset, or
-//! an empty bucket, marks the connection abusive; the listener then closes
-//! it at once. A client that cancels a few requests, or all of a short
-//! burst, is never closed: the window must be full first.
+//! reset by the peer prematurely: within the watch's `premature` window of
+//! opening, before its answer ended: Envoy's "premature reset"), and a
+//! token bucket of new streams (`rate` per second, a burst of `burst`).
+//! More than half of a full window reset, or an empty bucket, marks the
+//! connection abusive; the listener then closes it at once. A peer that
+//! cancels a few requests, or all of a short burst, is never closed: the
+//! window must be full first.
+//!
+//! What "finished" means is the listener's: the gateway marks a stream
+//! finished when its answer went out whole and counts a reset within
+//! [`PREMATURE`] of opening; the engine, whose peer is a gateway relaying
+//! its clients' cancellations, marks a stream finished once its response
+//! head is ready and counts every reset before that (an attacker resets
+//! before any answer; a gateway cancels answers under way).
 //!
 //! The work of a stream reset before dispatch is already dropped: hyper
-//! drops the handler's future when the client resets the stream, so
+//! drops the handler's future when the peer resets the stream, so
 //! admission stops at its next await.
 
 use std::collections::VecDeque;
@@ -61,6 +70,8 @@ pub struct Watch {
     window: Mutex<Window>,
     rate: f64,
     burst: f64,
+    /// A stream reset sooner than this after it opened is premature.
+    premature: std::time::Duration,
     /// Set once, when the connection is found abusive.
     why: OnceLock<Abuse>,
     notify: Notify,
@@ -68,7 +79,16 @@ pub struct Watch {
 
 impl Watch {
     /// `rate`: new streams per second (0: unbounded); `burst`: the bucket.
+    /// A stream reset within [`PREMATURE`] of opening is premature.
     pub fn new(rate: f64, burst: f64) -> Arc<Self> {
+        Self::with_premature(rate, burst, PREMATURE)
+    }
+
+    /// [`Watch::new`] with the premature window: a stream reset before
+    /// [`Stream::finished`] and sooner than `premature` after it opened
+    /// counts as a premature reset (`Duration::MAX`: every reset before
+    /// finished does).
+    pub fn with_premature(rate: f64, burst: f64, premature: std::time::Duration) -> Arc<Self> {
         Arc::new(Self {
             window: Mutex::new(Window {
                 outcomes: VecDeque::with_capacity(WINDOW),
@@ -78,6 +98,7 @@ impl Watch {
             }),
             rate,
             burst: burst.max(1.0),
+            premature,
             why: OnceLock::new(),
             notify: Notify::new(),
         })
@@ -141,8 +162,8 @@ impl Watch {
     }
 }
 
-/// One stream's outcome: dropped before [`Stream::finished`] within
-/// [`PREMATURE`] of opening, it counts as a premature reset.
+/// One stream's outcome: dropped before [`Stream::finished`] within the
+/// watch's premature window of opening, it counts as a premature reset.
 #[derive(Debug)]
 pub struct Stream {
     watch: Arc<Watch>,
@@ -163,7 +184,7 @@ impl Stream {
 impl Drop for Stream {
     fn drop(&mut self) {
         if !self.done {
-            self.watch.record(self.opened.elapsed() < PREMATURE);
+            self.watch.record(self.opened.elapsed() < self.watch.premature);
         }
     }
 }
