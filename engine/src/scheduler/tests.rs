@@ -550,7 +550,7 @@ async fn the_simulators_engine_makes_the_same_decisions_at_the_same_times() {
                     blocks: policies::prefix::block_hashes(prompt, page_tokens).into(),
                     answer: named_blocks(prompt, *tokens, *max_tokens, page_tokens).into(),
                 };
-                match e.enqueue(a, seq, &c) {
+                match e.enqueue(a, seq) {
                     Ok(Some(w)) => wake = Some(w),
                     Ok(None) => {}
                     Err(_) => sim[i].2 = "refused",
@@ -558,7 +558,7 @@ async fn the_simulators_engine_makes_the_same_decisions_at_the_same_times() {
                 a
             }
             (Some(w), _) => {
-                wake = e.wake(w, &c, &mut outs);
+                wake = e.wake(w, &mut outs);
                 w
             }
             _ => unreachable!(),

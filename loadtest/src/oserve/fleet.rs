@@ -29,7 +29,6 @@ enum State {
 #[derive(Debug)]
 struct Replica {
     p: Parallel,
-    cfg: usize,
     engine: SimEngine,
     state: State,
     /// Tokens (prompt + output) of its unfinished requests.
@@ -147,7 +146,6 @@ impl<'a> Sim<'a> {
         self.free_gpus -= p.gpus();
         self.replicas.push(Replica {
             p,
-            cfg,
             engine: SimEngine::new(&self.configs[cfg].1),
             state,
             inflight: 0,
@@ -291,7 +289,7 @@ impl<'a> Sim<'a> {
             .iter()
             .copied()
             .filter(|&k| ok(k))
-            .filter(|&k| self.replicas[k].engine.kv_headroom(&self.configs[self.replicas[k].cfg].1) >= need)
+            .filter(|&k| self.replicas[k].engine.kv_headroom() >= need)
             .min_by(|&a, &b| {
                 let per_gpu =
                     |k: usize| self.replicas[k].inflight as f64 / f64::from(self.replicas[k].p.gpus());
@@ -356,8 +354,7 @@ impl<'a> Sim<'a> {
             blocks: std::sync::Arc::from(Vec::new()),
             answer: std::sync::Arc::from(Vec::new()),
         };
-        let cfg = &self.configs[self.replicas[k].cfg].1;
-        match self.replicas[k].engine.enqueue(now, seq, cfg) {
+        match self.replicas[k].engine.enqueue(now, seq) {
             Ok(wake) => {
                 self.replicas[k].inflight += u64::from(q.prompt) + u64::from(q.out);
                 if let Some(at) = wake {
@@ -390,8 +387,7 @@ impl<'a> Sim<'a> {
         }
         let mut outs = std::mem::take(&mut self.outs);
         outs.clear();
-        let cfg = &self.configs[self.replicas[k].cfg].1;
-        if let Some(at) = self.replicas[k].engine.wake(now, cfg, &mut outs) {
+        if let Some(at) = self.replicas[k].engine.wake(now, &mut outs) {
             self.replicas[k].engine.gen += 1;
             let gen = self.replicas[k].engine.gen;
             self.push(at, Ev::Wake { k, gen });

@@ -259,7 +259,7 @@ impl SimEngine {
     }
 
     /// KV tokens free above the low watermark.
-    pub fn kv_headroom(&self, _cfg: &EngineConfig) -> u64 {
+    pub fn kv_headroom(&self) -> u64 {
         let kv = self.turns.kv();
         u64::from(self.kv_free.saturating_sub(kv.low_pages())) * u64::from(kv.page_tokens())
     }
@@ -290,12 +290,13 @@ impl SimEngine {
 
     /// Admits `seq` at `now`. Returns when the engine must wake next if
     /// that changed (the caller bumps nothing: `gen` is bumped here).
-    pub fn enqueue(&mut self, now: f64, seq: SimSeq, cfg: &EngineConfig) -> Result<Option<f64>, Refused> {
+    pub fn enqueue(&mut self, now: f64, seq: SimSeq) -> Result<Option<f64>, Refused> {
         if self.draining {
             return Err(Refused::Draining);
         }
-        let (blocks, reusable) = if cfg.prefix_cache {
-            let reusable = (seq.prompt.saturating_sub(1) / cfg.page_tokens.max(1)) as usize;
+        let kv = self.turns.kv();
+        let (blocks, reusable) = if kv.prefix_cache() {
+            let reusable = (seq.prompt.saturating_sub(1) / kv.page_tokens()) as usize;
             (blocks(&seq.blocks), reusable)
         } else {
             (Vec::new(), 0)
@@ -375,7 +376,7 @@ impl SimEngine {
     /// `req`'s client went away: a queued sequence leaves now, a running or
     /// prefilling one at the next token boundary. Returns when the engine
     /// must wake if that moved (a decode run cut short).
-    pub fn cancel(&mut self, now: f64, req: usize, _cfg: &EngineConfig) -> Option<f64> {
+    pub fn cancel(&mut self, now: f64, req: usize) -> Option<f64> {
         let queued = self.turns.queue().iter().any(|s| s.payload.req == req);
         if queued {
             self.turns.retain(|s| s.payload.req != req);
@@ -424,7 +425,7 @@ impl SimEngine {
     /// The token boundary the engine scheduled for `now`: completes the
     /// phase in progress, reports first tokens, finishes and failures into
     /// `outs`, starts the next phase; returns when to wake next (None: idle).
-    pub fn wake(&mut self, now: f64, _cfg: &EngineConfig, outs: &mut Vec<Out>) -> Option<f64> {
+    pub fn wake(&mut self, now: f64, outs: &mut Vec<Out>) -> Option<f64> {
         self.complete_phase(now, outs);
         if !self.cancelled.is_empty() {
             let cancelled = std::mem::take(&mut self.cancelled);

@@ -333,7 +333,7 @@ impl<'a> Sim<'a> {
                 active: s.active,
                 active_out_tokens: s.active_out,
                 prefill_backlog_tokens: s.backlog,
-                kv_headroom_tokens: s.engine.kv_headroom(self.cfg),
+                kv_headroom_tokens: s.engine.kv_headroom(),
                 long_lane: false,
                 cached_tokens: 0,
                 preemptible: 0,

@@ -34,12 +34,7 @@ fn seq(req: usize, out: u32, at: f64) -> SimSeq {
 }
 
 /// Runs the engine alone until idle; returns (time, out) in order.
-fn drive(
-    e: &mut SimEngine,
-    c: &EngineConfig,
-    mut wake: Option<f64>,
-    arrivals: &[(f64, SimSeq)],
-) -> Vec<(f64, Out)> {
+fn drive(e: &mut SimEngine, mut wake: Option<f64>, arrivals: &[(f64, SimSeq)]) -> Vec<(f64, Out)> {
     let mut log = Vec::new();
     let mut pending: Vec<(f64, SimSeq)> = arrivals.to_vec();
     loop {
@@ -48,13 +43,13 @@ fn drive(
             (None, None) => return log,
             (w, Some(a)) if w.is_none_or(|w| a <= w) => {
                 let (t, s) = pending.remove(0);
-                if let Some(nw) = e.enqueue(t, s, c).unwrap() {
+                if let Some(nw) = e.enqueue(t, s).unwrap() {
                     wake = Some(nw);
                 }
             }
             (Some(w), _) => {
                 let mut outs = Vec::new();
-                wake = e.wake(w, c, &mut outs);
+                wake = e.wake(w, &mut outs);
                 log.extend(outs.into_iter().map(|o| (w, o)));
             }
             _ => unreachable!(),
@@ -66,7 +61,7 @@ fn drive(
 fn one_sequence_takes_prefill_plus_a_step_per_further_token() {
     let c = cfg(8);
     let mut e = SimEngine::new(&c);
-    let log = drive(&mut e, &c, None, &[(0.0, seq(0, 5, 0.0))]);
+    let log = drive(&mut e, None, &[(0.0, seq(0, 5, 0.0))]);
     assert_eq!(log[0], (0.01, Out::FirstToken { req: 0 }));
     let (t, Out::Finished { tokens, .. }) = log[1] else { panic!("{log:?}") };
     assert!((t - 0.05).abs() < 1e-9, "10 ms prefill + 4 steps of 10 ms: {t}");
@@ -80,7 +75,7 @@ fn an_arrival_mid_run_is_prefilled_at_the_next_token_boundary() {
     let mut e = SimEngine::new(&c);
     // A long answer decodes; a second request arrives at 34 ms: the
     // step in progress ends at 40 ms, its prefill runs 40-50 ms.
-    let log = drive(&mut e, &c, None, &[(0.0, seq(0, 100, 0.0)), (0.034, seq(1, 3, 0.034))]);
+    let log = drive(&mut e, None, &[(0.0, seq(0, 100, 0.0)), (0.034, seq(1, 3, 0.034))]);
     let first1 = log.iter().find(|(_, o)| *o == Out::FirstToken { req: 1 }).unwrap().0;
     assert!((first1 - 0.05).abs() < 1e-9, "{first1}");
     // Then both decode together: req 1 needs 2 more steps -> 70 ms.
@@ -104,7 +99,7 @@ fn prefill_batches_run_back_to_back_only_until_running_sequences_stall_too_long(
         let mut e = SimEngine::new(&c);
         let mut arrivals = vec![(0.0, seq(0, 100, 0.0))];
         arrivals.extend((1..4).map(|i| (0.034, seq(i, 3, 0.034))));
-        let log = drive(&mut e, &c, None, &arrivals);
+        let log = drive(&mut e, None, &arrivals);
         (1..4)
             .map(|r| log.iter().find(|(_, o)| *o == Out::FirstToken { req: r }).unwrap().0)
             .collect::<Vec<_>>()
@@ -124,7 +119,7 @@ fn the_batch_cap_makes_the_ninth_sequence_wait_for_a_slot() {
     let c = cfg(8);
     let mut e = SimEngine::new(&c);
     let arrivals: Vec<(f64, SimSeq)> = (0..9).map(|i| (0.0, seq(i, 10, 0.0))).collect();
-    let log = drive(&mut e, &c, None, &arrivals);
+    let log = drive(&mut e, None, &arrivals);
     let firsts: Vec<f64> =
         log.iter().filter(|(_, o)| matches!(o, Out::FirstToken { .. })).map(|(t, _)| *t).collect();
     assert_eq!(firsts.len(), 9);
@@ -136,20 +131,20 @@ fn the_batch_cap_makes_the_ninth_sequence_wait_for_a_slot() {
 fn a_cancelled_running_sequence_leaves_at_the_next_token_boundary_and_frees_its_kv() {
     let c = cfg(8);
     let mut e = SimEngine::new(&c);
-    let headroom = e.kv_headroom(&c);
-    let wake = e.enqueue(0.0, seq(0, 100, 0.0), &c).unwrap();
+    let headroom = e.kv_headroom();
+    let wake = e.enqueue(0.0, seq(0, 100, 0.0)).unwrap();
     let mut outs = Vec::new();
-    let next = e.wake(wake.unwrap(), &c, &mut outs); // prefill 0-10 ms
-    let next = e.wake(next.unwrap(), &c, &mut outs); // first token; a 99-step run starts
+    let next = e.wake(wake.unwrap(), &mut outs); // prefill 0-10 ms
+    let next = e.wake(next.unwrap(), &mut outs); // first token; a 99-step run starts
     assert_eq!(outs, vec![Out::FirstToken { req: 0 }]);
     assert!(next.unwrap() > 1.0, "the run goes to the end of the answer");
-    let cut = e.cancel(0.035, 0, &c).expect("the run is cut at the step in progress");
+    let cut = e.cancel(0.035, 0).expect("the run is cut at the step in progress");
     assert!((cut - 0.04).abs() < 1e-9, "{cut}");
     outs.clear();
-    assert_eq!(e.wake(cut, &c, &mut outs), None, "nothing left to run");
+    assert_eq!(e.wake(cut, &mut outs), None, "nothing left to run");
     assert!(outs.is_empty(), "a cancelled sequence reports nothing: {outs:?}");
     assert!(e.is_empty());
-    assert_eq!(e.kv_headroom(&c), headroom, "its KV is back");
+    assert_eq!(e.kv_headroom(), headroom, "its KV is back");
 }
 
 /// The engine's KV rules: admission reserves the prompt plus the output
@@ -165,17 +160,17 @@ fn admission_reserves_a_prompt_and_the_output_reserve_and_growth_preempts() {
         c.kv_tokens = 1000; // 62 pages, 4 kept free at admission
         c.max_preemptions = max_preemptions;
         let mut e = SimEngine::new(&c);
-        let headroom = e.kv_headroom(&c);
+        let headroom = e.kv_headroom();
         // 100 + 64 reserved: 11 pages each; five fit, the sixth is refused.
         for r in 0..5 {
-            assert!(e.enqueue(0.0, seq(r, 500, 0.0), &c).is_ok(), "{r}");
+            assert!(e.enqueue(0.0, seq(r, 500, 0.0)).is_ok(), "{r}");
         }
-        assert_eq!(e.enqueue(0.0, seq(5, 500, 0.0), &c), Err(Refused::Kv));
+        assert_eq!(e.enqueue(0.0, seq(5, 500, 0.0)), Err(Refused::Kv));
         // Each grows to 600 tokens (38 pages): they cannot all run at once.
-        let log = drive(&mut e, &c, Some(0.0), &[]);
+        let log = drive(&mut e, Some(0.0), &[]);
         assert!(e.preemptions() > 0, "the cache ran out and sequences were preempted");
-        assert_eq!(e.kv_headroom(&c), headroom, "every page is back");
-        assert!(e.enqueue(100.0, seq(5, 500, 100.0), &c).is_ok());
+        assert_eq!(e.kv_headroom(), headroom, "every page is back");
+        assert!(e.enqueue(100.0, seq(5, 500, 100.0)).is_ok());
         let count = |f: fn(&Out) -> bool| log.iter().filter(|(_, o)| f(o)).count();
         (count(|o| matches!(o, Out::Finished { .. })), count(|o| matches!(o, Out::Failed { .. })))
     };
@@ -197,21 +192,21 @@ fn a_cached_prefix_is_charged_no_prefill_and_evictions_are_reported() {
     let first_at =
         |log: &[(f64, Out)]| log.iter().find(|(_, o)| matches!(o, Out::FirstToken { .. })).unwrap().0;
     let mut e = SimEngine::new(&c);
-    let log = drive(&mut e, &c, None, &[(0.0, prompt(0, vec![1, 2, 3, 4], 0.0))]);
+    let log = drive(&mut e, None, &[(0.0, prompt(0, vec![1, 2, 3, 4], 0.0))]);
     assert!((first_at(&log) - 0.065).abs() < 1e-9, "65 tokens computed: {log:?}");
     // The same four blocks and one more token: 64 cached, 1 computed.
-    let log = drive(&mut e, &c, None, &[(1.0, prompt(1, vec![1, 2, 3, 4], 1.0))]);
+    let log = drive(&mut e, None, &[(1.0, prompt(1, vec![1, 2, 3, 4], 1.0))]);
     assert!((first_at(&log) - 1.001).abs() < 1e-9, "{log:?}");
     assert_eq!((e.lookup_tokens(), e.hit_tokens()), (130, 64));
     // Another prompt's blocks push the least recently used out of the 8
     // pages (a 65-token prompt + 1 output holds 5 while it runs).
-    drive(&mut e, &c, None, &[(2.0, prompt(2, vec![5, 6, 7, 8], 2.0))]);
+    drive(&mut e, None, &[(2.0, prompt(2, vec![5, 6, 7, 8], 2.0))]);
     assert!(!e.evicted.is_empty(), "evictions are reported");
     assert!(e.evicted.iter().all(|h| [1, 2, 3, 4].contains(h)), "{:?}", e.evicted);
     let off = EngineConfig { prefix_cache: false, ..c.clone() };
-    let mut e = SimEngine::new(&c);
-    drive(&mut e, &off, None, &[(0.0, prompt(0, vec![1, 2, 3, 4], 0.0))]);
-    let log = drive(&mut e, &off, None, &[(1.0, prompt(1, vec![1, 2, 3, 4], 1.0))]);
+    let mut e = SimEngine::new(&off);
+    drive(&mut e, None, &[(0.0, prompt(0, vec![1, 2, 3, 4], 0.0))]);
+    let log = drive(&mut e, None, &[(1.0, prompt(1, vec![1, 2, 3, 4], 1.0))]);
     assert!((first_at(&log) - 1.065).abs() < 1e-9, "the cache off: all computed");
 }
 
@@ -234,9 +229,9 @@ fn an_answer_a_later_prompt_resends_is_named_when_it_ends() {
     for (resent, cached) in [(true, 64), (false, 32)] {
         let mut e = SimEngine::new(&c);
         let answer = if resent { vec![1, 2, 3, 4, 5] } else { vec![] };
-        drive(&mut e, &c, None, &[(0.0, turn(0, 40, vec![1, 2], answer, 0.0))]);
+        drive(&mut e, None, &[(0.0, turn(0, 40, vec![1, 2], answer, 0.0))]);
         // The next turn: prompt, answer and a 10-token message, 80 tokens.
-        let log = drive(&mut e, &c, None, &[(5.0, turn(1, 80, vec![1, 2, 3, 4, 5], vec![], 5.0))]);
+        let log = drive(&mut e, None, &[(5.0, turn(1, 80, vec![1, 2, 3, 4, 5], vec![], 5.0))]);
         assert_eq!(e.hit_tokens(), cached, "answer resent: {resent}");
         let computed = f64::from(80 - cached as u32) / 1e3;
         assert!((first_at(&log) - 5.0 - computed).abs() < 1e-9, "{log:?}");

@@ -38,7 +38,7 @@ impl Sim<'_> {
             blocks: std::sync::Arc::clone(&self.reqs[r].blocks),
             answer: std::sync::Arc::clone(&self.reqs[r].answer),
         };
-        let enqueued = self.slots[engine].engine.enqueue(now, seq, self.cfg);
+        let enqueued = self.slots[engine].engine.enqueue(now, seq);
         self.kv_events(engine);
         match enqueued {
             Ok(Some(at)) => {
@@ -60,7 +60,7 @@ impl Sim<'_> {
         }
         let mut outs = std::mem::take(&mut self.outs);
         outs.clear();
-        let next = self.slots[engine].engine.wake(now, self.cfg, &mut outs);
+        let next = self.slots[engine].engine.wake(now, &mut outs);
         self.kv_events(engine);
         if let Some(at) = next {
             self.slots[engine].engine.gen += 1;
@@ -163,7 +163,7 @@ impl Sim<'_> {
         }
         let engine = self.live[r].engine;
         if let Some(e) = engine {
-            if let Some(at) = self.slots[e].engine.cancel(now, t, self.cfg) {
+            if let Some(at) = self.slots[e].engine.cancel(now, t) {
                 let gen = self.slots[e].engine.gen;
                 self.push(at, Ev::Wake { engine: e, gen });
             }
