@@ -9,63 +9,14 @@ use std::time::Duration;
 
 use loadtest::client::{body_bytes, Conn, Proto};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-struct Engine {
-    child: Child,
-    conn: Conn,
-    /// `http://host:port`
-    url: String,
-    _dir: std::path::PathBuf,
-}
+mod common;
+use common::process::{generate, rand_suffix, start_with, Engine, FAST, SLOW};
 
 /// Starts `engine` with a slow decode (so sequences stay resident) and `args`.
 async fn start(args: &[&str]) -> Engine {
     start_with(SLOW, args).await
-}
-
-/// A profile whose decode step takes 200 ms (sequences stay resident).
-const SLOW: &str =
-    "model = \"m\"\nengine_class = \"t\"\n[prefill]\npoints = [[0, 0.0]]\n[decode]\nbatch_points = [[1, 200.0]]\n";
-/// A profile whose decode step takes 2 ms.
-const FAST: &str =
-    "model = \"m\"\nengine_class = \"t\"\n[prefill]\npoints = [[0, 0.0]]\n[decode]\nbatch_points = [[1, 2.0]]\n";
-
-/// Starts `engine` with the latency `profile` (TOML text) and `args`.
-async fn start_with(profile_text: &str, args: &[&str]) -> Engine {
-    let dir = std::env::temp_dir().join(format!("engine-test-{}-{}", std::process::id(), rand_suffix()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let profile = dir.join("p.toml");
-    std::fs::write(&profile, profile_text).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_engine"))
-        .args(["--listen", "127.0.0.1:0", "--id", "t0", "--exit-on-stdin-eof", "--profile"])
-        .arg(&profile)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let line = BufReader::new(child.stdout.take().unwrap()).lines().next_line().await.unwrap().unwrap();
-    let addr = line.split_whitespace().find_map(|w| w.strip_prefix("listen=")).unwrap().to_string();
-    let url = format!("http://{addr}");
-    let conn = Conn::connect(&url, None, Proto::H2).await.unwrap();
-    Engine { child, conn, url, _dir: dir }
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
-}
-
-/// A request of `prompt_words` tokens whose prompt shares no prefix with
-/// any other this process sends (the prefix cache stays out of the counts).
-fn generate(prompt_words: usize, max_tokens: u32) -> String {
-    static CALLS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-    let tag = (b'a' + CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 26) as char;
-    let prompt: String = (0..prompt_words).map(|i| format!("{tag}{i:03x} ")).collect();
-    serde_json::json!({"request_id": "r", "model": "m", "prompt": prompt, "max_tokens": max_tokens})
-        .to_string()
 }
 
 async fn load(e: &Engine) -> serde_json::Value {
@@ -566,111 +517,4 @@ async fn the_official_openai_python_client_talks_to_the_engine() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("OK"), "{stdout}");
-}
-
-const TOKEN: &str = "engine-test-token";
-
-/// An engine on `profile` requiring [`TOKEN`], and a raw HTTP/2
-/// connection to it.
-async fn start_with_token(profile: &str) -> (Engine, h2::client::SendRequest<bytes::Bytes>) {
-    let token = std::env::temp_dir().join(format!("engine-token-{}-{}", std::process::id(), rand_suffix()));
-    std::fs::write(&token, TOKEN).unwrap();
-    let e = start_with(profile, &["--api-token-file", token.to_str().unwrap()]).await;
-    let send = h2_conn(&e).await;
-    (e, send)
-}
-
-async fn h2_conn(e: &Engine) -> h2::client::SendRequest<bytes::Bytes> {
-    let tcp = tokio::net::TcpStream::connect(e.url.trim_start_matches("http://")).await.unwrap();
-    let (send, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
-    send
-}
-
-fn generate_request(e: &Engine) -> http::Request<()> {
-    http::Request::post(format!("{}/engine/v1/generate", e.url))
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .header("content-type", "application/json")
-        .body(())
-        .unwrap()
-}
-
-/// The engine's `/metrics` text, with the token.
-async fn engine_metrics(e: &Engine) -> String {
-    let r = e.conn.get("/metrics", Some(TOKEN)).await.unwrap();
-    String::from_utf8(body_bytes(r).await.unwrap().to_vec()).unwrap()
-}
-
-/// A peer holding the engine token that opens generate streams and resets
-/// each right after its body, as fast as the connection takes them (the
-/// rapid-reset shape of CVE-2023-44487), is closed, and only that
-/// connection: a gateway's connection beside it keeps working.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rapid_reset_peer_with_the_token_is_closed_and_no_one_else() {
-    let (e, mut send) = start_with_token(FAST).await;
-    let honest = h2_conn(&e).await;
-    let body = bytes::Bytes::from(generate(8, 4));
-    let started = std::time::Instant::now();
-    let (mut sent, mut closed) = (0u64, false);
-    while started.elapsed() < Duration::from_secs(10) {
-        let Ok(Ok(mut ready)) = tokio::time::timeout(Duration::from_secs(2), send.ready()).await else {
-            closed = true;
-            break;
-        };
-        let Ok((_resp, mut tx)) = ready.send_request(generate_request(&e), false) else {
-            closed = true;
-            break;
-        };
-        if tx.send_data(body.clone(), true).is_err() {
-            closed = true;
-            break;
-        }
-        tx.send_reset(h2::Reason::CANCEL);
-        sent += 1;
-        send = ready;
-        if sent % 64 == 0 {
-            tokio::task::yield_now().await;
-        }
-    }
-    assert!(closed, "the attacking connection was closed ({sent} streams written in 10 s)");
-    let m = engine_metrics(&e).await;
-    assert!(m.contains("engine_connections_closed_total{why=\"rapid_reset\"} 1"), "{m}");
-    // The honest connection still generates.
-    let mut ready = honest.ready().await.unwrap();
-    let (resp, mut tx) = ready.send_request(generate_request(&e), false).unwrap();
-    tx.send_data(body, true).unwrap();
-    assert_eq!(resp.await.unwrap().status(), 200);
-    eprintln!("rapid reset on the engine listener: closed after {sent} streams written");
-}
-
-/// A gateway relaying a cancel storm (every stream reset after its answer
-/// began, hundreds at once) is not taken for an attacker.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateways_cancel_storm_does_not_close_its_connection() {
-    // A slow decode: the answers under way send few frames nobody reads.
-    let (e, send) = start_with_token(SLOW).await;
-    let body = bytes::Bytes::from(generate(8, 10_000));
-    let mut streams = Vec::new();
-    for _ in 0..300 {
-        let mut ready = send.clone().ready().await.unwrap();
-        let (resp, mut tx) = ready.send_request(generate_request(&e), false).unwrap();
-        tx.send_data(body.clone(), true).unwrap();
-        streams.push((resp, tx));
-    }
-    let mut answers = Vec::new();
-    for (resp, tx) in streams {
-        let resp = resp.await.unwrap();
-        assert_eq!(resp.status(), 200);
-        answers.push((resp, tx));
-    }
-    for (_, mut tx) in answers {
-        tx.send_reset(h2::Reason::CANCEL);
-    }
-    // The same connection takes the next request.
-    let mut ready = send.clone().ready().await.unwrap();
-    let (resp, mut tx) = ready.send_request(generate_request(&e), false).unwrap();
-    tx.send_data(bytes::Bytes::from(generate(8, 2)), true).unwrap();
-    assert_eq!(resp.await.unwrap().status(), 200);
-    let m = engine_metrics(&e).await;
-    assert!(!m.contains("engine_connections_closed_total"), "{m}");
 }

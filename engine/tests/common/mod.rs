@@ -1,6 +1,8 @@
 //! Helpers shared by the engine's integration tests.
 
 #[allow(dead_code)]
+pub mod process;
+#[allow(dead_code)]
 pub mod text;
 
 use policies::video::{ConfigPoint, Fidelity, VideoProfile};
