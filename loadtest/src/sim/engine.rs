@@ -322,8 +322,11 @@ impl SimEngine {
         };
         // Mid-run, the engine has grown its running sequences' pages for
         // the steps begun by now.
-        if let Phase::Decode { start, steps } = self.phase {
-            let (begun, _) = self.begun(now, start, steps);
+        let mid_run = match self.phase {
+            Phase::Decode { start, steps } => Some((start, steps, self.begun(now, start, steps))),
+            _ => None,
+        };
+        if let Some((_, _, (begun, _))) = mid_run {
             self.turns.extend(begun);
         }
         let admitted = self.turns.admit(secs(seq.enqueued_at.min(now)), spec, job);
@@ -335,14 +338,14 @@ impl SimEngine {
             Err(turn::Refusal::Draining) => return Err(Refused::Draining),
             Err(turn::Refusal::Kv(_)) => return Err(Refused::Kv),
         }
-        match self.phase {
-            Phase::Idle => {
+        match (&self.phase, mid_run) {
+            // Cut the run at the first token boundary at or after now.
+            (_, Some((start, steps, begun))) => Ok(self.cut_at(start, steps, begun)),
+            (Phase::Idle, _) => {
                 self.gen += 1;
                 Ok(Some(now))
             }
-            Phase::Prefill { .. } => Ok(None), // it looks at the queue when the batch ends
-            // Cut the run at the first token boundary at or after now.
-            Phase::Decode { start, steps } => Ok(self.cut(now, start, steps)),
+            _ => Ok(None), // a prefill batch: it looks at the queue when it ends
         }
     }
 
@@ -411,7 +414,12 @@ impl SimEngine {
     /// at or after `now`; returns that boundary when it moved the wake-up.
     /// The running sequences' pages grow for the steps begun by `now`.
     fn cut(&mut self, now: f64, start: f64, steps: u64) -> Option<f64> {
-        let (done, t) = self.begun(now, start, steps);
+        let begun = self.begun(now, start, steps);
+        self.cut_at(start, steps, begun)
+    }
+
+    /// [`Self::cut`] with the steps begun, and when they end, known.
+    fn cut_at(&mut self, start: f64, steps: u64, (done, t): (u64, f64)) -> Option<f64> {
         self.turns.extend(done);
         if done == steps {
             return None; // the run ends by now anyway
