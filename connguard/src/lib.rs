@@ -43,6 +43,11 @@ pub enum Abuse {
     Resets,
     /// New streams faster than `max_new_streams_per_s`.
     StreamRate,
+    /// Closed by the HTTP/2 library's own protections (GOAWAY
+    /// ENHANCE_YOUR_CALM: too many streams reset before the server
+    /// accepted them, too many locally reset streams, a flood of frames);
+    /// found in the connection's error by [`h2_calm`].
+    H2Calm,
 }
 
 impl Abuse {
@@ -50,6 +55,7 @@ impl Abuse {
         match self {
             Abuse::Resets => "rapid_reset",
             Abuse::StreamRate => "stream_rate",
+            Abuse::H2Calm => "h2_calm",
         }
     }
 }
@@ -160,6 +166,22 @@ impl Watch {
             notified.await;
         }
     }
+}
+
+/// Whether a connection ended because the HTTP/2 library sent GOAWAY with
+/// ENHANCE_YOUR_CALM on its own (its bounds on streams reset before they
+/// were accepted, on locally reset streams, on frame floods): the same
+/// abuse as [`Abuse::Resets`], caught one layer down before the handler saw
+/// the streams. Walks the error's sources for the `h2` error.
+pub fn h2_calm(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut at = Some(err);
+    while let Some(e) = at {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return h2.is_go_away() && h2.is_library() && h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM);
+        }
+        at = e.source();
+    }
+    false
 }
 
 /// One stream's outcome: dropped before [`Stream::finished`] within the

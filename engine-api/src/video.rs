@@ -93,7 +93,19 @@ pub struct ChunkRequest {
     /// `sp2_factor` of the time, the donor spending as long on its half).
     #[serde(default = "sp1")]
     pub sp: u8,
+    /// The chunk wanted, by its index within the prompt epoch (resuming a
+    /// stream another gateway drove: [`RECENT_CHUNKS`]). A chunk already
+    /// generated is answered from the engine's recent chunks (`replayed`);
+    /// the next one is generated; anything else is refused
+    /// (`chunk_in_flight`: one is being generated, retry; `chunk_gone`).
+    /// Absent: the next chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<u64>,
 }
+
+/// Chunks an engine keeps per session after generating them, for a
+/// gateway that resumes the stream from the last chunk its client saw.
+pub const RECENT_CHUNKS: usize = 16;
 
 fn sp1() -> u8 {
     1
@@ -186,6 +198,10 @@ pub struct ChunkOut {
     pub compute_ms: f64,
     /// The pixel frames, PNG, base64.
     pub frames: Vec<String>,
+    /// Answered from the engine's recent chunks (asked for with `at`), not
+    /// generated for this request.
+    #[serde(default)]
+    pub replayed: bool,
 }
 
 /// A session's state at a point of its generation: the prompt epoch and
@@ -208,6 +224,7 @@ mod tests {
             key,
             credit,
             sp,
+            at: None,
         };
         assert!(chunk(1.0, 2.0, 1).validate().is_ok() && chunk(1.0, 2.0, 2).validate().is_ok());
         assert!(chunk(f64::NAN, 2.0, 1).validate().unwrap_err().starts_with("key"));

@@ -18,7 +18,8 @@
 //! - `engine_video_batch_size` (histogram): chunks per coalesced video batch
 //! - `engine_video_suspends_total` (counter): video states moved to host memory
 //! - `engine_connections_closed_total{why}` (counter): connections closed
-//!   as abusive (`rapid_reset`, `stream_rate`)
+//!   as abusive (`rapid_reset`, `stream_rate`; `h2_calm`: by the HTTP/2
+//!   library's own GOAWAY ENHANCE_YOUR_CALM)
 
 use std::sync::OnceLock;
 

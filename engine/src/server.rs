@@ -118,7 +118,13 @@ pub async fn serve(
             let _permit = permit;
             tokio::select! {
                 result = conn => if let Err(e) = result {
-                    tracing::debug!(event = "connection_error", error = %e);
+                    if connguard::h2_calm(e.as_ref()) {
+                        let why = connguard::Abuse::H2Calm.label();
+                        ::metrics::counter!(crate::metrics::CONNECTIONS_CLOSED, "why" => why).increment(1);
+                        tracing::warn!(event = "connection_closed", why);
+                    } else {
+                        tracing::debug!(event = "connection_error", error = %e);
+                    }
                 },
                 why = watch.tripped() => {
                     // Dropping the connection closes its socket: its streams end.

@@ -129,7 +129,8 @@ fn video_engine(runner: Arc<dyn VideoRunner>) -> VideoEngine {
 async fn chunks(video: &VideoEngine, n: usize) -> Vec<engine::video::ChunkOut> {
     let mut out = Vec::new();
     for _ in 0..n {
-        let req = ChunkRequest { epoch: 0, fidelity: Fidelity::HIGHEST, key: 0.0, credit: 0.0, sp: 1 };
+        let req =
+            ChunkRequest { epoch: 0, fidelity: Fidelity::HIGHEST, key: 0.0, credit: 0.0, sp: 1, at: None };
         out.push(video.chunk("s", req).await.unwrap());
     }
     out

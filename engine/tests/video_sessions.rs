@@ -32,7 +32,7 @@ fn create(id: &str, prompt: &str) -> CreateSession {
 }
 
 fn req(epoch: u32, credit: f64) -> ChunkRequest {
-    ChunkRequest { epoch, fidelity: Fidelity::HIGHEST, key: credit, credit, sp: 1 }
+    ChunkRequest { epoch, fidelity: Fidelity::HIGHEST, key: credit, credit, sp: 1, at: None }
 }
 
 #[tokio::test]
@@ -237,4 +237,49 @@ async fn staged_copies_are_bounded_by_the_arena_and_snapshots_need_an_offer() {
     assert_eq!(target.stage("y", copies[1].clone()).await, Err(VideoError::Busy));
     target.unstage("x").await.unwrap();
     target.stage("y", copies[1].clone()).await.unwrap();
+}
+
+/// A gateway resuming a stream another gateway drove asks for chunks by
+/// index: those already generated come back from the engine's recent
+/// chunks, byte-identical and marked replayed, the next is generated, one
+/// under way is "ask again", and one past the recent window is gone.
+#[tokio::test(start_paused = true)]
+async fn chunks_asked_for_by_index_replay_the_recent_ones_and_generate_the_next() {
+    let v = stepped(4);
+    v.create(create("s", "s")).await.unwrap();
+    let at = |i: u64| ChunkRequest { at: Some(i), ..req(0, 1.0) };
+    let mut made = Vec::new();
+    for _ in 0..engine_api::video::RECENT_CHUNKS + 2 {
+        made.push(v.chunk("s", req(0, 1.0)).await.unwrap());
+    }
+    let last = made.len() as u64 - 1;
+    // The last one again: replayed, same frames, no time spent.
+    let t = tokio::time::Instant::now();
+    let again = v.chunk("s", at(last)).await.unwrap();
+    assert_eq!(t.elapsed().as_millis(), 0);
+    assert!(again.replayed && !made[last as usize].replayed);
+    assert_eq!((again.index, &again.frames), (last, &made[last as usize].frames));
+    // The oldest still kept, and the one before it (gone).
+    let oldest = last + 1 - engine_api::video::RECENT_CHUNKS as u64;
+    assert_eq!(v.chunk("s", at(oldest)).await.unwrap().index, oldest);
+    assert!(matches!(v.chunk("s", at(oldest - 1)).await, Err(VideoError::ChunkGone { .. })));
+    // The next by index is generated. Asked for twice at once, the second
+    // is told it is under way (ask again); asked for while its batch runs,
+    // a request waits for the batch and gets it replayed.
+    let (first, second) = tokio::join!(v.chunk("s", at(last + 1)), v.chunk("s", at(last + 1)));
+    let first = first.unwrap();
+    assert!(!first.replayed && first.index == last + 1);
+    assert!(matches!(second, Err(VideoError::ChunkInFlight { at }) if at == last + 1), "{second:?}");
+    let a = v.clone();
+    let running = tokio::spawn(async move { a.chunk("s", at(last + 2)).await });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await; // it takes 400 ms
+    let waited = v.chunk("s", at(last + 2)).await.unwrap();
+    assert!(!running.await.unwrap().unwrap().replayed && waited.replayed && waited.index == last + 2);
+    // Past what was generated: "in flight" (the caller asks again later),
+    // never a chunk labelled with an index it is not.
+    assert!(matches!(v.chunk("s", at(last + 5)).await, Err(VideoError::ChunkInFlight { .. })));
+    // A new prompt starts the count over and drops the old chunks.
+    assert_eq!(v.prompt("s", "t".into()).await.unwrap(), 1);
+    let fresh = ChunkRequest { at: Some(0), ..req(1, 1.0) };
+    assert_eq!(v.chunk("s", fresh).await.unwrap().index, 0);
 }

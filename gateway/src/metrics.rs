@@ -53,7 +53,7 @@
 //!   fleet serving both, each figure carries the whole cost)
 //! - `gateway_connections_open{listener}`, `gateway_connections_refused_total{listener}`
 //!   (over `limits.max_connections`), `gateway_connections_closed_total{listener,why}`
-//!   (`idle`, `header_timeout`)
+//!   (`idle`, `header_timeout`; abusive: `rapid_reset`, `stream_rate`, `h2_calm`)
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};

@@ -191,7 +191,7 @@ async fn connection<C, E>(
     peer: std::net::SocketAddr,
 ) where
     C: Future<Output = Result<(), E>>,
-    E: std::fmt::Display,
+    E: AsRef<dyn std::error::Error + Send + Sync + 'static> + std::fmt::Display,
 {
     tokio::pin!(conn);
     let mut shutting_down = false;
@@ -199,7 +199,14 @@ async fn connection<C, E>(
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(e) = result {
-                    tracing::debug!(event = "connection_error", %peer, error = %e);
+                    if abuse::h2_calm(e.as_ref()) {
+                        let why = abuse::Abuse::H2Calm.label();
+                        ::metrics::counter!(metrics::CONNECTIONS_CLOSED, "listener" => limits.name, "why" => why)
+                            .increment(1);
+                        tracing::warn!(event = "connection_abusive", %peer, why);
+                    } else {
+                        tracing::debug!(event = "connection_error", %peer, error = %e);
+                    }
                 }
                 return;
             }

@@ -472,11 +472,17 @@ async fn rapid_reset_connections_are_closed_within_a_bounded_number_of_streams()
     // A full window of 100 per connection, plus what was in flight: far
     // from the ~40,000 streams such a connection pushed through in 10 s.
     assert!(decisions < 4.0 * 1_000.0 + 60.0, "{decisions} admission decisions: {results:?}");
-    let closed = metric(&m, "gateway_connections_closed_total{listener=\"public\",why=\"rapid_reset\"}");
-    // Ours closes those whose streams are reset after hyper accepted them;
-    // hyper's own bound on streams reset before it accepted them
-    // (max_pending_accept_reset_streams) may close the others first.
-    assert!(closed.is_some_and(|c| (1.0..=4.0).contains(&c)), "{m}");
+    // Ours closes those whose streams are reset after hyper accepted them
+    // (rapid_reset, stream_rate); hyper's own bound on streams reset before
+    // it accepted them (max_pending_accept_reset_streams) may close some or
+    // all first (h2_calm). Each attacking connection counted once.
+    let closed: f64 = ["rapid_reset", "stream_rate", "h2_calm"]
+        .iter()
+        .filter_map(|why| {
+            metric(&m, &format!("gateway_connections_closed_total{{listener=\"public\",why=\"{why}\"}}"))
+        })
+        .sum();
+    assert_eq!(closed, 4.0, "{m}");
     // Every honest request was answered (p99 asserts each came back 200);
     // its p99 under attack is reported, not bounded here: the attacking
     // client shares this machine's cores with the gateway (docs/reliability.md).

@@ -222,6 +222,7 @@ async fn video_imports_never_panic_and_only_well_shaped_states_are_accepted() {
         key: 1.0,
         credit: 1.0,
         sp: 1,
+        at: None,
     };
     v.chunk("a", req).await.unwrap();
     let export = v.export("a").await.unwrap();

@@ -16,6 +16,9 @@ fn video_error(e: &VideoError) -> Response<EngineBody> {
     let status = match e {
         VideoError::NoSession(_) => StatusCode::NOT_FOUND,
         VideoError::Exists(_) | VideoError::StaleEpoch { .. } => StatusCode::CONFLICT,
+        // 425 Too Early: retry once the chunk under way is done.
+        VideoError::ChunkInFlight { .. } => StatusCode::from_u16(425).expect("a valid status"),
+        VideoError::ChunkGone { .. } => StatusCode::GONE,
         VideoError::UnknownFidelity(_) | VideoError::BadState | VideoError::BadSp(_) => {
             StatusCode::BAD_REQUEST
         }

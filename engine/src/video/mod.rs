@@ -70,6 +70,10 @@ pub enum VideoError {
     Transfer(String),
     #[error("sequence-parallel degree {0} is not supported (1 or 2)")]
     BadSp(u8),
+    #[error("chunk {at} of this session is being generated; ask again when it is done")]
+    ChunkInFlight { at: u64 },
+    #[error("chunk {at} is not available: the session has generated {generated} chunks of this prompt and keeps the last {kept}")]
+    ChunkGone { at: u64, generated: u64, kept: usize },
 }
 
 impl VideoError {
@@ -85,6 +89,8 @@ impl VideoError {
             VideoError::Busy => "busy",
             VideoError::Transfer(_) => "transfer_failed",
             VideoError::BadSp(_) => "invalid_request",
+            VideoError::ChunkInFlight { .. } => "chunk_in_flight",
+            VideoError::ChunkGone { .. } => "chunk_gone",
         }
     }
 }

@@ -11,7 +11,7 @@
 //! waits the profile's batch time. States go back to their sessions; each
 //! request gets its chunk.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,7 @@ mod steps;
 use super::{ChunkOut, ChunkRequest, CreateSession, VideoError, VideoLoad};
 use crate::backend::BackendKind;
 use crate::gpu::video::VideoRunner;
+use engine_api::video::RECENT_CHUNKS;
 
 /// How the scheduler runs.
 #[derive(Debug, Clone)]
@@ -64,6 +65,12 @@ enum Place {
     Busy,
 }
 
+impl Place {
+    fn is_busy(&self) -> bool {
+        matches!(self, Place::Busy)
+    }
+}
+
 #[derive(Debug)]
 struct Session {
     prompt: String,
@@ -73,6 +80,11 @@ struct Session {
     place: Place,
     credit: f64,
     kv: Kv,
+    /// Chunks of this epoch generated (the next one's index).
+    generated: u64,
+    /// The last [`RECENT_CHUNKS`] generated, oldest first, answered again
+    /// to a request naming one (`ChunkRequest::at`).
+    recent: VecDeque<ChunkOut>,
 }
 
 /// A copy received from another engine, not yet owned (see `Cmd::Stage`).
@@ -176,9 +188,15 @@ impl Core {
             queue_ms: (started.max(m.pending.enqueued) - m.pending.enqueued).as_secs_f64() * 1e3,
             compute_ms,
             frames,
+            replayed: false,
         };
         if let Some(s) = self.sessions.get_mut(&m.pending.id) {
             s.kv.advance(m.state.chunks);
+            s.generated = m.state.chunks;
+            if s.recent.len() == RECENT_CHUNKS {
+                s.recent.pop_front();
+            }
+            s.recent.push_back(out.clone());
             s.place = Place::Resident(m.state);
         }
         self.load.chunks += 1;
@@ -261,6 +279,8 @@ impl Core {
             epoch: 0,
             credit: 0.0,
             kv: Kv::new(self.cfg.state_bytes),
+            generated: 0,
+            recent: VecDeque::new(),
         };
         self.insert(c.id, session);
         Ok(())
@@ -273,11 +293,23 @@ impl Core {
         req: ChunkRequest,
         reply: oneshot::Sender<Result<ChunkOut, VideoError>>,
     ) {
+        let under_way = self.pending.iter().any(|p| p.id == id);
         let refused = match self.sessions.get_mut(&id) {
             None => Some(VideoError::NoSession(id.clone())),
             Some(_) if !(1..=2).contains(&req.sp) => Some(VideoError::BadSp(req.sp)),
             Some(s) if s.epoch != req.epoch => {
                 Some(VideoError::StaleEpoch { got: req.epoch, current: s.epoch })
+            }
+            Some(s) if req.at.is_some_and(|at| at != s.generated || under_way || s.place.is_busy()) => {
+                let at = req.at.unwrap_or_default();
+                let kept = s.recent.iter().find(|c| c.index == at && c.epoch == req.epoch);
+                let result = match kept {
+                    Some(c) => Ok(ChunkOut { replayed: true, ..c.clone() }),
+                    None if at >= s.generated => Err(VideoError::ChunkInFlight { at }),
+                    None => Err(VideoError::ChunkGone { at, generated: s.generated, kept: s.recent.len() }),
+                };
+                let _ = reply.send(result);
+                return;
             }
             Some(_) if self.cfg.profile.point(&req.fidelity).is_none() => {
                 Some(VideoError::UnknownFidelity(req.fidelity.to_string()))
@@ -304,6 +336,8 @@ impl Core {
             None => Err(VideoError::NoSession(id.clone())),
             Some(s) => {
                 s.epoch += 1;
+                s.generated = 0;
+                s.recent.clear();
                 s.place = match s.place {
                     Place::Suspended(_) => Place::Suspended(StreamState::new(&prompt).to_bytes()),
                     _ => Place::Resident(StreamState::new(&prompt)),

@@ -232,7 +232,7 @@ async fn next_chunk(streams: &Streams, stream: &Arc<Stream>, cfg: &VideoConfig) 
         st.in_flight = Some((now, plan.expected_s));
         let key = cfg.order.key(streams.unix_s(now), credit, slack);
         let sp = if donor.is_some() { 2 } else { 1 };
-        (ChunkRequest { epoch: st.epoch, fidelity: plan.fidelity, key, credit, sp }, plan, donor)
+        (ChunkRequest { epoch: st.epoch, fidelity: plan.fidelity, key, credit, sp, at: None }, plan, donor)
     };
     if let Some(d) = donor {
         let (pool, ms) = (Arc::clone(&streams.pool), plan.expected_s * 1e3);

@@ -4,6 +4,7 @@
 //! staged copy and commit. Offers expire after `TRANSFER_TTL`; staged
 //! copies too, and at most `arena_slots` are kept.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::{Core, Place, Session, Staged};
@@ -63,6 +64,8 @@ impl Core {
             epoch: wire.meta.epoch,
             place: Place::Suspended(wire.state_bytes),
             credit: wire.meta.credit,
+            generated: wire.state.chunks,
+            recent: VecDeque::new(),
             kv,
         }
     }
