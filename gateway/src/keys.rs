@@ -130,7 +130,7 @@ pub fn hash(secret: &str) -> String {
     d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn random_hex(bytes: usize) -> String {
+pub(crate) fn random_hex(bytes: usize) -> String {
     let mut b = vec![0u8; bytes];
     ring::rand::SystemRandom::new().fill(&mut b).expect("the system RNG works");
     b.iter().map(|b| format!("{b:02x}")).collect()

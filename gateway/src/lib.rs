@@ -378,6 +378,7 @@ async fn serve_until_signal(
         Arc::clone(&store),
         Arc::clone(&app.cluster),
     ));
+    background.spawn(video::adopt::run(Arc::clone(&app.video), Arc::clone(&store)));
     background.spawn(cluster::sync::run(
         Arc::clone(&app.cluster),
         Arc::clone(&app.engines),

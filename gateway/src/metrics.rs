@@ -142,6 +142,11 @@ pub const VIDEO_TRANSFER: &str = "gateway_video_transfer_seconds";
 pub const VIDEO_MOVE_STALL: &str = "gateway_video_move_stall_seconds";
 /// Donor engines borrowed for elastic sequence parallelism.
 pub const VIDEO_SP_BORROWS: &str = "gateway_video_sp_borrows_total";
+/// Streams taken over from another gateway (`video::adopt`), by trigger
+/// (`dead_owner`, `resume`, `replay`) and result (`adopted`, `lost_race`,
+/// `forged`, `unsigned`, `malformed`, `other_tenant`, `unknown_engine`,
+/// `completed`, `gap`).
+pub const VIDEO_ADOPTIONS: &str = "gateway_video_adoptions_total";
 pub const CLUSTER_REDIS_UP: &str = "gateway_cluster_redis_up";
 pub const CLUSTER_SENTINEL_ERRORS: &str = "gateway_cluster_redis_sentinel_errors_total";
 pub const POLICY_VERSION: &str = "gateway_policy_version_info";
@@ -209,6 +214,10 @@ pub const HELP: &[(&str, &str)] = &[
     (VIDEO_TRANSFER, "Engine-to-engine video state transfers, seconds, by phase."),
     (VIDEO_MOVE_STALL, "How long a moving video stream waited on its move, seconds."),
     (VIDEO_SP_BORROWS, "Donor engines borrowed for elastic sequence parallelism."),
+    (
+        VIDEO_ADOPTIONS,
+        "Video streams taken over from another gateway, by trigger (dead_owner, resume, replay) and result (adopted, lost_race, forged, unsigned, malformed, other_tenant, unknown_engine, completed, gap).",
+    ),
     (CLUSTER_REDIS_UP, "Whether the shared Redis answers (1) or not (0)."),
     (
         CLUSTER_SENTINEL_ERRORS,

@@ -8,6 +8,9 @@ pub struct SseEvent {
     /// The `event:` field, if any (`None` means the default "message").
     pub event: Option<String>,
     pub data: String,
+    /// The `id:` field of this event, if it had one (what a client sends
+    /// back as `Last-Event-ID` to resume).
+    pub id: Option<String>,
 }
 
 /// Feeds bytes in arbitrary pieces; yields complete events.
@@ -16,6 +19,7 @@ pub struct SseParser {
     buf: Vec<u8>,
     event: Option<String>,
     data: Vec<String>,
+    id: Option<String>,
 }
 
 impl SseParser {
@@ -53,10 +57,11 @@ impl SseParser {
     fn line(&mut self, line: &str) -> Option<SseEvent> {
         if line.is_empty() {
             if self.data.is_empty() && self.event.is_none() {
+                self.id = None;
                 return None;
             }
             let data = std::mem::take(&mut self.data).join("\n");
-            return Some(SseEvent { event: self.event.take(), data });
+            return Some(SseEvent { event: self.event.take(), data, id: self.id.take() });
         }
         if line.starts_with(':') {
             return None;
@@ -66,6 +71,7 @@ impl SseParser {
         match field {
             "data" => self.data.push(value.to_string()),
             "event" => self.event = Some(value.to_string()),
+            "id" if !value.contains('\0') => self.id = Some(value.to_string()),
             _ => {}
         }
         None
@@ -99,9 +105,9 @@ mod tests {
             assert_eq!(
                 events,
                 vec![
-                    SseEvent { event: None, data: "{\"a\":1}".into() },
-                    SseEvent { event: Some("end".into()), data: "x\ny".into() },
-                    SseEvent { event: None, data: "[DONE]".into() },
+                    SseEvent { event: None, data: "{\"a\":1}".into(), id: None },
+                    SseEvent { event: Some("end".into()), data: "x\ny".into(), id: None },
+                    SseEvent { event: None, data: "[DONE]".into(), id: None },
                 ],
                 "split at {split}"
             );
@@ -117,8 +123,8 @@ mod tests {
         assert_eq!(
             events,
             vec![
-                SseEvent { event: None, data: "one\n two".into() },
-                SseEvent { event: None, data: "".into() }
+                SseEvent { event: None, data: "one\n two".into(), id: None },
+                SseEvent { event: None, data: "".into(), id: Some("7".into()) }
             ]
         );
         assert!(p.push(b"data: unterminated").is_empty(), "no event before its blank line");

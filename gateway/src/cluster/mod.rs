@@ -18,6 +18,7 @@
 pub mod local;
 pub mod redis;
 pub mod signing;
+pub mod streams;
 pub mod sync;
 
 use std::net::SocketAddr;

@@ -17,7 +17,8 @@
 //! | `slo:load:{id}` | string: JSON load report | 5 s, refreshed every 0.5 s | an engine's latest load |
 //! | `slo:policy` | string: JSON `{version, text, mac}` (`mac`: HMAC-SHA256, see `signing`) | none | the active policy document |
 //! | `slo:leader` | string: node id | 5 s, renewed every 0.5 s by the leader | the control-loop leader |
-//! | `slo:stream:{id}` | hash: engine, tenant | 1 h, refreshed per move | a video stream's home and owner |
+//! | `slo:stream:{id}` | hash: owner, doc (JSON record), mac | 1 h, refreshed per chunk | a video stream's owner, home and progress ([`streams`](super::streams)) |
+//! | `slo:gw:{node}` | string | 3 s, refreshed every 0.5 s | a live gateway (stream adoption) |
 //!
 //! The request path makes one round trip (the acquire script); releases,
 //! renewals and everything else run off the request path.
@@ -533,17 +534,10 @@ impl RedisState {
         Ok(days.iter().copied().zip(all).collect())
     }
 
-    /// Records a video stream's home engine and owner.
-    pub async fn set_stream(&self, id: &str, engine: &str, tenant: &str) -> redis::RedisResult<()> {
-        let mut conn = self.conn().await?;
-        let key = format!("slo:stream:{id}");
-        redis::pipe()
-            .hset_multiple(&key, &[("engine", engine), ("tenant", tenant)])
-            .ignore()
-            .expire(&key, 3600)
-            .ignore()
-            .query_async(&mut conn)
-            .await
+    /// The connection for the modules that keep their own keys
+    /// (`streams`).
+    pub(crate) async fn connection(&self) -> redis::RedisResult<ConnectionManager> {
+        self.conn().await
     }
 }
 

@@ -38,6 +38,19 @@ pub async fn drive(streams: Arc<Streams>, stream: Arc<Stream>, policies: Arc<Pol
         if stream.abandoned(streams.now()) {
             break "abandoned";
         }
+        if stream.lock().awaiting_reader {
+            // Taken over from a dead gateway: wait for the client to resume
+            // the feed here, making sure no other gateway took it meanwhile.
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(1)) => {
+                    if !super::adopt::still_owned(&streams, &stream.id).await {
+                        break "moved";
+                    }
+                }
+                () = stream.wake.notified() => {}
+            }
+            continue;
+        }
         if stream.lock().playout.paused_for(streams.now()) > policies.current().video.max_pause_s {
             break "paused_too_long";
         }
@@ -232,7 +245,8 @@ async fn next_chunk(streams: &Streams, stream: &Arc<Stream>, cfg: &VideoConfig) 
         st.in_flight = Some((now, plan.expected_s));
         let key = cfg.order.key(streams.unix_s(now), credit, slack);
         let sp = if donor.is_some() { 2 } else { 1 };
-        (ChunkRequest { epoch: st.epoch, fidelity: plan.fidelity, key, credit, sp, at: None }, plan, donor)
+        let at = st.replay.then(|| st.next_index.saturating_sub(st.epoch_base));
+        (ChunkRequest { epoch: st.epoch, fidelity: plan.fidelity, key, credit, sp, at }, plan, donor)
     };
     if let Some(d) = donor {
         let (pool, ms) = (Arc::clone(&streams.pool), plan.expected_s * 1e3);
@@ -246,10 +260,44 @@ async fn next_chunk(streams: &Streams, stream: &Arc<Stream>, cfg: &VideoConfig) 
     stream.lock().in_flight = None;
     match result {
         Ok(out) => {
+            {
+                let mut st = stream.lock();
+                if !out.replayed {
+                    st.replay = false; // caught up: the engine made this one now
+                }
+                st.replay_waits = 0;
+            }
             deliver(streams, stream, out, plan, home, asked);
+            streams.record_home(stream);
             Ok(())
         }
         Err(e) if e.status == Some(http::StatusCode::CONFLICT) => after_conflict(streams, stream).await,
+        // Replaying: the chunk asked for is being made (ask again), or is
+        // older than the engine keeps (go on from the engine's next).
+        Err(e) if e.status.is_some_and(|s| s.as_u16() == 425) => {
+            let waits = {
+                let mut st = stream.lock();
+                st.replay_waits += 1;
+                if st.replay_waits > MAX_REPLAY_WAITS {
+                    st.replay = false;
+                }
+                st.replay_waits
+            };
+            tracing::debug!(event = "video_replay_wait", stream = %stream.id, waits);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(())
+        }
+        Err(e) if e.status == Some(http::StatusCode::GONE) => {
+            let index = {
+                let mut st = stream.lock();
+                st.replay = false;
+                st.next_index
+            };
+            tracing::warn!(event = "video_replay_gap", stream = %stream.id, index, error = %e);
+            ::metrics::counter!(m::VIDEO_ADOPTIONS, "trigger" => "replay", "result" => "gap").increment(1);
+            let _ = stream.emit("gap", json!({"index": index, "reason": "older_than_the_engine_keeps"}));
+            Ok(())
+        }
         // The engine no longer has the session (it restarted, or a move
         // lost the state): start the stream over rather than end it.
         Err(e) if e.status == Some(http::StatusCode::NOT_FOUND) => {
@@ -298,8 +346,8 @@ fn deliver(
         .increment(1);
     m::add_video_seconds(stream.chunk_s()); // cost per video minute
     let slack = st.playout.slack(now);
-    let delivered = stream.emit(
-        "chunk",
+    let delivered = stream.emit_chunk(
+        index,
         json!({
             "index": index,
             "prompt_epoch": st.epoch,
@@ -314,6 +362,7 @@ fn deliver(
             "compute_ms": out.compute_ms,
             "latency_ms": (now - asked) * 1e3,
             "sp": if st.donor.is_some() { 2 } else { 1 },
+            "replayed": out.replayed,
             "frames": out.frames,
         }),
     );
@@ -321,6 +370,10 @@ fn deliver(
         st.ended = Some("client_gone"); // the reader disconnected
     }
 }
+
+/// "Under way" answers in a row before a replaying driver stops asking by
+/// index (20 ms apart: 2 s, well over a chunk's time).
+const MAX_REPLAY_WAITS: u32 = 100;
 
 /// Conflicts in a row before the driver takes the engine's epoch.
 const MAX_CONFLICTS: u32 = 3;
@@ -345,6 +398,7 @@ async fn after_conflict(streams: &Streams, stream: &Stream) -> Result<(), &'stat
         Ok(epoch) => {
             let mut st = stream.lock();
             st.epoch = epoch; // the engine's, whichever side was ahead
+            st.epoch_base = st.next_index;
             st.conflicts = 0;
             Ok(())
         }
@@ -358,6 +412,17 @@ async fn finish(streams: &Arc<Streams>, stream: &Arc<Stream>, reason: &'static s
         st.ended = Some(reason);
         (st.home, st.moving.take())
     };
+    // Another gateway drives it now: its engine session is not ours to end.
+    if reason == "moved" || !super::adopt::release(streams, stream).await {
+        ::metrics::gauge!(m::VIDEO_STREAMS).decrement(1.0);
+        stream.feed.finish();
+        let (streams, stream) = (Arc::clone(streams), Arc::clone(stream));
+        tokio::spawn(async move {
+            tokio::time::sleep(KEEP_ENDED).await;
+            streams.remove_exact(&stream);
+        });
+        return;
+    }
     let _ = calls::end(&streams.pool, home, &stream.id).await;
     if let Some(m) = moving {
         let _ = calls::unstage(&streams.pool, m.to, &stream.id).await;
@@ -380,9 +445,9 @@ async fn finish(streams: &Arc<Streams>, stream: &Arc<Stream>, reason: &'static s
     drop(st);
     stream.feed.finish();
     ::metrics::gauge!(m::VIDEO_STREAMS).decrement(1.0);
-    let (streams, id) = (Arc::clone(streams), stream.id.clone());
+    let (streams, stream) = (Arc::clone(streams), Arc::clone(stream));
     tokio::spawn(async move {
         tokio::time::sleep(KEEP_ENDED).await;
-        streams.remove(&id);
+        streams.remove_exact(&stream);
     });
 }

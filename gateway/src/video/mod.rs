@@ -7,6 +7,7 @@
 //!
 //! Time is seconds since the registry's origin, passed to the policies.
 
+pub mod adopt;
 pub mod control;
 pub mod driver;
 pub mod engine;
@@ -79,6 +80,18 @@ pub struct StreamState {
     pub suspended: bool,
     /// Chunks refused in a row as of a stale epoch (see the driver).
     pub conflicts: u32,
+    /// The stream index of the current prompt epoch's first chunk (the
+    /// engine numbers chunks per epoch).
+    pub epoch_base: u64,
+    /// Taken over from another gateway ([`adopt`]): nothing is generated
+    /// until its client resumes the feed.
+    pub awaiting_reader: bool,
+    /// Chunks are asked for by index (`ChunkRequest::at`) until the engine
+    /// answers one it generated for this request (a taken-over stream
+    /// catching up on chunks its engine already made).
+    pub replay: bool,
+    /// Answers "under way" in a row while replaying.
+    pub replay_waits: u32,
 }
 
 /// An asynchronous move: the target pulls a copy from the source while
@@ -147,6 +160,12 @@ impl Stream {
     /// when its reader has gone.
     pub fn emit(&self, kind: &'static str, data: serde_json::Value) -> bool {
         self.feed.push(format!("event: {kind}\ndata: {data}\n\n").as_bytes()).is_ok()
+    }
+
+    /// A chunk event, with the chunk's index as its SSE id (what a client
+    /// resumes from: `Last-Event-ID`).
+    pub fn emit_chunk(&self, index: u64, data: serde_json::Value) -> bool {
+        self.feed.push(format!("id: {index}\nevent: chunk\ndata: {data}\n\n").as_bytes()).is_ok()
     }
 
     /// Nobody has opened the feed within [`UNREAD_LIMIT_S`] of creation.
@@ -309,24 +328,22 @@ impl Streams {
         }
     }
 
-    /// Records a stream's home engine and owner in the cluster state (off
-    /// the request path; a no-op in memory mode).
-    pub fn record_home(&self, stream: &Stream, home: usize) {
-        let Some(redis) = &self.cluster.redis else { return };
-        if !redis.is_up() {
-            return;
+    /// Unregisters `stream` if it is the one registered under its id (a
+    /// stream taken back over by this gateway replaced it).
+    pub fn remove_exact(&self, stream: &Arc<Stream>) {
+        let mut map = self.map();
+        if map.get(&stream.id).is_some_and(|s| Arc::ptr_eq(s, stream)) {
+            map.remove(&stream.id);
+            drop(map);
+            stream.hold(None);
         }
-        let (cluster, id, engine, tenant) = (
-            Arc::clone(&self.cluster),
-            stream.id.clone(),
-            self.pool.slot(home).spec.id.clone(),
-            stream.tenant.clone(),
-        );
-        tokio::spawn(async move {
-            if let Some(r) = &cluster.redis {
-                let _ = r.set_stream(&id, &engine, &tenant).await;
-            }
-        });
+    }
+
+    /// Records a stream, its home engine and this gateway as its owner in
+    /// the cluster state (off the request path; a no-op in memory mode;
+    /// see [`adopt`]).
+    pub fn record_home(&self, stream: &Arc<Stream>) {
+        adopt::record(self, stream);
     }
 
     /// Live streams of `tenant`.
@@ -482,8 +499,25 @@ impl Streams {
         home: usize,
         budget_s: f64,
     ) -> Arc<Stream> {
+        self.insert_as(None, tenant, tier, prompt, params, home, budget_s)
+    }
+
+    /// As [`Streams::insert`], under `id` when given (a stream taken over
+    /// from another gateway keeps its id); a new id is fleet-unique (a
+    /// random part, not only this gateway's counter).
+    #[allow(clippy::too_many_arguments)]
+    pub fn insert_as(
+        &self,
+        id: Option<String>,
+        tenant: &str,
+        tier: &str,
+        prompt: String,
+        params: StreamParams,
+        home: usize,
+        budget_s: f64,
+    ) -> Arc<Stream> {
         let n = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let id = format!("vs_{:08x}{n:06}", crate::clock::since(self.origin).subsec_nanos());
+        let id = id.unwrap_or_else(|| format!("vs_{}{n:06}", crate::keys::random_hex(4)));
         let now = self.now();
         let chunk_s = f64::from(params.frames_per_chunk) / f64::from(params.fps);
         let (feed, feed_body) = outbox(self.feed_bytes);
@@ -517,6 +551,10 @@ impl Streams {
                 ended: None,
                 suspended: false,
                 conflicts: 0,
+                epoch_base: 0,
+                awaiting_reader: false,
+                replay: false,
+                replay_waits: 0,
             }),
             wake: Notify::new(),
             feed,

@@ -12,7 +12,7 @@ use policies::{PolicyDocument, Tenant, Tier};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{chunk_time_s, driver, engine as calls, Stream, StreamParams};
+use super::{adopt, chunk_time_s, driver, engine as calls, Stream, StreamParams};
 use crate::body::GatewayBody;
 use crate::error::ApiError;
 use crate::metrics as m;
@@ -90,7 +90,33 @@ pub async fn handle(
         }
         VideoRoute::Status(id) => Ok(json_response(StatusCode::OK, &find(&id)?.status(streams.now()))),
         VideoRoute::Events(id) => {
-            let feed = find(&id)?.take_feed().ok_or(ApiError::StreamAlreadyWatched)?;
+            let from = cursor(req)?;
+            // Here, unless it moved to another gateway; else taken over from
+            // its owner, dead or alive (a resumed feed: `adopt`).
+            let here = streams.get(&id, &tenant.name).filter(|s| s.lock().ended != Some("moved"));
+            let s = match here {
+                Some(s) => s,
+                None => adopt::take_over(streams, &app.policies, &id, &tenant.name).await.map_err(
+                    |r| match r {
+                        adopt::Refused::NotFound => ApiError::StreamNotFound(id.clone()),
+                        adopt::Refused::Unavailable => ApiError::VideoCapacity {
+                            message: "the stream's record cannot be read or claimed right now; retry".into(),
+                            retry_after_s: 1,
+                        },
+                    },
+                )?,
+            };
+            let waiting = s.lock().awaiting_reader;
+            if waiting {
+                adopt::check_cursor(&s, from).map_err(|(lo, hi)| {
+                    invalid("from_chunk", format!("this stream can resume from chunk {lo} to {hi}"))
+                })?;
+            }
+            let feed = s.take_feed().ok_or(ApiError::StreamAlreadyWatched)?;
+            if waiting {
+                let budget = policy.video.initial_slack_factor * s.chunk_s();
+                adopt::start_reader(&s, from, streams.now(), budget);
+            }
             let mut resp = Response::new(feed.boxed_unsync());
             let h = resp.headers_mut();
             h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -135,6 +161,30 @@ pub async fn handle(
             s.hold(None); // ended: it no longer counts against the tenant
             s.wake.notify_one();
             Ok(json_response(StatusCode::OK, &json!({"id": id, "object": "video.stream", "deleted": true})))
+        }
+    }
+}
+
+/// Where a resumed feed starts: after `Last-Event-ID` (the last chunk the
+/// client received), or at `?from_chunk=N`; `None` when neither is given.
+fn cursor(req: &crate::request::Req) -> Result<Option<u64>, ApiError> {
+    if let Some(v) =
+        req.uri().query().and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("from_chunk=")))
+    {
+        return v
+            .parse()
+            .map(Some)
+            .map_err(|_| invalid("from_chunk", "must be a chunk index (a non-negative integer)"));
+    }
+    match req.headers().get("last-event-id") {
+        None => Ok(None),
+        Some(v) => {
+            v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()).map(|last| Some(last + 1)).ok_or(
+                ApiError::InvalidHeader {
+                    header: "last-event-id",
+                    message: "must be the id of a chunk event (a non-negative integer)".into(),
+                },
+            )
         }
     }
 }
@@ -230,7 +280,7 @@ async fn create(
             return Err(ApiError::EngineFailed(e.to_string()));
         }
         ::metrics::gauge!(m::VIDEO_STREAMS).increment(1.0);
-        streams2.record_home(&stream2, home);
+        streams2.record_home(&stream2);
         tokio::spawn(driver::drive(Arc::clone(&streams2), stream2, policies));
         Ok(())
     });
@@ -283,6 +333,7 @@ async fn switch_prompt(
         let now = streams.now();
         let mut st = s.lock();
         st.epoch = st.epoch.max(epoch); // the engine's count, never backwards
+        st.epoch_base = st.next_index;
         st.conflicts = 0;
         st.prompt = prompt;
         st.playout.switch_prompt(now, budget);

@@ -143,14 +143,14 @@ fn transfer_token() -> String {
 }
 
 /// The stream's home is now `to`: the move took `stall_s` of its time.
-fn switched(streams: &Streams, stream: &Stream, from: usize, to: usize, stall_s: f64) {
+fn switched(streams: &Streams, stream: &Arc<Stream>, from: usize, to: usize, stall_s: f64) {
     let mut st = stream.lock();
     st.home = to;
     st.last_moved = Some(streams.now());
     st.rehomes += 1;
     st.migration_stall_s += stall_s;
     drop(st);
-    streams.record_home(stream, to);
+    streams.record_home(stream);
     ::metrics::counter!(m::VIDEO_REHOMES).increment(1);
     ::metrics::histogram!(m::VIDEO_MOVE_STALL).record(stall_s);
     tracing::info!(event = "video_rehomed", stream = %stream.id, from, to, stall_ms = stall_s * 1e3);
@@ -184,7 +184,7 @@ async fn move_sync(streams: &Streams, stream: &Stream, from: usize, to: usize) -
 /// otherwise it starts over from its prompt on the engine with the fewest
 /// streams. Either way the feed says so (`recovered`, with what was kept):
 /// never a silent loss of the stream's context.
-pub(super) async fn rehome_lost(streams: &Streams, stream: &Stream) -> Result<(), &'static str> {
+pub(super) async fn rehome_lost(streams: &Streams, stream: &Arc<Stream>) -> Result<(), &'static str> {
     let (staged, lost) = {
         let mut st = stream.lock();
         let moving = st.moving.take();
@@ -194,7 +194,7 @@ pub(super) async fn rehome_lost(streams: &Streams, stream: &Stream) -> Result<()
         if streams.pool.slot(m.to).is_ready() {
             if let Ok(v) = calls::adopt(&streams.pool, m.to, &stream.id).await {
                 stream.lock().home = m.to;
-                streams.record_home(stream, m.to);
+                streams.record_home(stream);
                 tracing::warn!(event = "video_adopted", stream = %stream.id, from = lost, engine = m.to,
                     state_chunks = v.chunks);
                 recovered(streams, stream, "staged_copy", m.to, Some(v.chunks));
@@ -221,7 +221,7 @@ pub(super) async fn rehome_lost(streams: &Streams, stream: &Stream) -> Result<()
         calls::prompt(&streams.pool, home, &stream.id, &p).await.map_err(|_| "no_engine")?;
     }
     stream.lock().home = home;
-    streams.record_home(stream, home);
+    streams.record_home(stream);
     tracing::warn!(event = "video_restarted", stream = %stream.id, from = lost, engine = home);
     recovered(streams, stream, "prompt", home, None);
     Ok(())
@@ -239,7 +239,12 @@ fn recovered(
 ) {
     let engine = streams.pool.slot(engine).spec.id.clone();
     ::metrics::counter!(m::VIDEO_RECOVERIES, "from" => from).increment(1);
-    let next = stream.lock().next_index;
+    let next = {
+        // The engine counts this epoch's chunks from the copy's (or from 0).
+        let mut st = stream.lock();
+        st.epoch_base = st.next_index.saturating_sub(state_chunks.unwrap_or(0));
+        st.next_index
+    };
     let _ = stream.emit(
         "recovered",
         json!({"reason": "engine_lost", "from": from, "engine": engine, "next_index": next, "state_chunks": state_chunks}),
