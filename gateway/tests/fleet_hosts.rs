@@ -21,376 +21,33 @@ use http_body_util::Full;
 use loadtest::client::{body_bytes, Proto};
 use serde_json::Value;
 
-/// Issue 52: a fleet on hosts of its own (network namespaces on one
-/// switch, `loadtest::chaos::hosts`): Redis on one host, engines on
-/// others, a `gateway serve` on another, clients from this process.
+/// The fleet bed (`loadtest::chaos::fleet`) with this build's binaries
+/// and the test's defaults.
 mod hosts {
-    use std::path::{Path, PathBuf};
-    use std::process::Stdio;
-    use std::time::{Duration, Instant};
+    pub use loadtest::chaos::fleet::{stream_chat, Fleet, Streamed};
+    use loadtest::chaos::fleet::{Bins, Layout};
 
-    use loadtest::chaos::hosts::Hosts;
-    use loadtest::client::{body_bytes, Conn, Proto};
-
-    const TOKEN: &str = "hosts-engine-token-0123456789";
-
-    /// How one streamed chat through a gateway went.
-    #[derive(Debug)]
-    pub enum Streamed {
-        /// Refused before the request went out (connection refused, or
-        /// closed by a draining gateway first): a balancer retries it.
-        NotAccepted,
-        /// Answered to its last event.
-        Done,
-        /// 429: the tenant's limit.
-        Limited,
-        Failed(String),
+    fn bins() -> Bins {
+        Bins::beside(std::path::Path::new(env!("CARGO_BIN_EXE_gateway")))
     }
 
-    /// One streamed chat of `max_tokens` for `key` through `url`; `opened`
-    /// runs when its 200 head arrives, `closed` when its body has ended.
-    pub async fn stream_chat(
-        url: &str,
-        key: &str,
-        max_tokens: u32,
-        opened: impl FnOnce(),
-        closed: impl FnOnce(),
-    ) -> Streamed {
-        let Ok(conn) = Conn::connect(url, None, Proto::Http1).await else { return Streamed::NotAccepted };
-        let body = serde_json::json!({"model": "synthetic-small", "max_tokens": max_tokens, "stream": true,
-            "messages": [{"role": "user", "content": "streamed through the fleet"}]});
-        match conn.post_json("/v1/chat/completions", Some(key), body.to_string()).await {
-            Ok(resp) if resp.status() == http::StatusCode::OK => {
-                opened();
-                let b = body_bytes(resp).await;
-                closed();
-                match b {
-                    Ok(b) if String::from_utf8_lossy(&b).contains("data: [DONE]") => Streamed::Done,
-                    Ok(b) => Streamed::Failed(format!("{url}: a stream cut short ({} bytes)", b.len())),
-                    Err(e) => Streamed::Failed(format!("{url}: body: {e}")),
-                }
-            }
-            Ok(resp) if resp.status() == http::StatusCode::TOO_MANY_REQUESTS => {
-                let _ = body_bytes(resp).await;
-                Streamed::Limited
-            }
-            Ok(resp) => Streamed::Failed(format!("{url}: {}", resp.status())),
-            Err(e) if e.to_string().contains("connection closed before") => Streamed::NotAccepted,
-            Err(e) => Streamed::Failed(format!("{url}: {e}")),
-        }
+    /// `n` hosts: Redis on 0, a gateway on each of `gateways`, an engine on
+    /// each of `engines`; `None` where namespaces cannot be made.
+    pub fn start(n: usize, gateways: &[usize], engines: &[usize], profile: &str) -> Option<Fleet> {
+        start_with(n, gateways, engines, profile, &super::common::default_policy(), None)
     }
 
-    pub struct Fleet {
-        pub hosts: Hosts,
-        pub dir: PathBuf,
-        pub redis: String,
-        /// The gateways' hosts.
-        pub gateways: Vec<usize>,
-        engines: Vec<(usize, String, u32)>,
-        /// The gateway processes: (host, pid).
-        gateway_pids: Vec<(usize, u32)>,
-        /// Redis servers and sentinels: (host, pid).
-        pub redis_pids: Vec<(usize, u32)>,
-    }
-
-    fn bin(name: &str) -> PathBuf {
-        Path::new(env!("CARGO_BIN_EXE_gateway")).with_file_name(name)
-    }
-
-    fn log(dir: &Path, name: &str) -> Stdio {
-        Stdio::from(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap())
-    }
-
-    fn wait_port(addr: &str, what: &str) {
-        let start = Instant::now();
-        while std::net::TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_millis(300))
-            .is_err()
-        {
-            assert!(start.elapsed() < Duration::from_secs(30), "{what} listening on {addr}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    impl Fleet {
-        /// `n` hosts: Redis on 0, a gateway on each of `gateways`, an
-        /// engine on each of `engine_hosts` (ids `e<host>`), each engine
-        /// `profile`.
-        /// `None` (said on standard error) where this machine cannot make
-        /// network namespaces.
-        pub fn start(n: usize, gateways: &[usize], engine_hosts: &[usize], profile: &str) -> Option<Fleet> {
-            Self::start_with(n, gateways, engine_hosts, profile, &super::common::default_policy(), None)
-        }
-
-        /// [`Fleet::start`] with the gateways' policy text, and with
-        /// `sentinel` = (replica host, sentinel hosts): a replica of the
-        /// primary and sentinels watching it as `fleet` (quorum 2, down
-        /// after 1 s), everyone given the `redis+sentinel://` URL.
-        pub fn start_with(
-            n: usize,
-            gateways: &[usize],
-            engine_hosts: &[usize],
-            profile: &str,
-            policy: &str,
-            sentinel: Option<(usize, &[usize])>,
-        ) -> Option<Fleet> {
-            let hosts = Hosts::create_or_skip(n, "the multi-host fleet")?;
-            let dir = super::common::scratch_dir();
-            std::fs::write(dir.join("engine.token"), TOKEN).unwrap();
-            std::fs::write(dir.join("policy.key"), "hosts-policy-signing-key-0123456789").unwrap();
-            std::fs::write(dir.join("profile.toml"), profile).unwrap();
-            std::fs::write(dir.join("policy.toml"), policy).unwrap();
-            let mut fleet = Fleet {
-                redis: format!("redis://{}:6379", hosts.addr(0)),
-                hosts,
-                dir,
-                gateways: gateways.to_vec(),
-                engines: Vec::new(),
-                gateway_pids: Vec::new(),
-                redis_pids: Vec::new(),
-            };
-            let mut redis = fleet.hosts.command(0, "redis-server");
-            redis
-                .args([
-                    "--bind",
-                    &fleet.hosts.addr(0).to_string(),
-                    "--port",
-                    "6379",
-                    "--save",
-                    "",
-                    "--appendonly",
-                ])
-                .args(["no", "--protected-mode", "no"])
-                .stdout(log(&fleet.dir, "redis"));
-            let pid = fleet.hosts.spawn(redis).unwrap();
-            fleet.redis_pids.push((0, pid));
-            wait_port(&format!("{}:6379", fleet.hosts.addr(0)), "redis");
-            if let Some((replica, sentinels)) = sentinel {
-                fleet.sentinel(replica, sentinels);
-            }
-            for &h in engine_hosts {
-                fleet.engine(h);
-            }
-            let mut certs = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"));
-            certs.arg("certs").arg("--out").arg(fleet.dir.join("certs"));
-            for &g in gateways {
-                certs.args(["--san", &fleet.hosts.addr(g).to_string()]);
-            }
-            assert!(certs.output().unwrap().status.success());
-            for &g in gateways {
-                fleet.gateway(g);
-            }
-            Some(fleet)
-        }
-
-        /// Starts engine `e<host>` on `host`; its process id.
-        pub fn engine(&mut self, host: usize) -> u32 {
-            let addr = format!("{}:9000", self.hosts.addr(host));
-            let mut cmd = self.hosts.command(host, bin("engine"));
-            cmd.args(["--listen", &addr, "--advertise", &format!("http://{addr}")])
-                .args(["--id", &format!("e{host}"), "--redis", &self.redis])
-                .arg("--api-token-file")
-                .arg(self.dir.join("engine.token"))
-                .arg("--profile")
-                .arg(self.dir.join("profile.toml"))
-                .stdout(log(&self.dir, &format!("engine-{host}")))
-                .stderr(Stdio::null());
-            let pid = self.hosts.spawn(cmd).unwrap();
-            wait_port(&addr, "engine");
-            self.engines.push((host, format!("e{host}"), pid));
-            pid
-        }
-
-        /// Kills the engine on `host` (SIGKILL).
-        pub fn kill_engine(&mut self, host: usize) {
-            if let Some(at) = self.engines.iter().position(|e| e.0 == host) {
-                let (_, _, pid) = self.engines.remove(at);
-                self.hosts.stop(pid);
-            }
-        }
-
-        /// `redis-cli` against `host:port`; its output.
-        pub fn cli(&self, host: usize, port: u16, args: &[&str]) -> String {
-            let out = std::process::Command::new("redis-cli")
-                .args(["-h", &self.hosts.addr(host).to_string(), "-p", &port.to_string()])
-                .args(args)
-                .output()
-                .unwrap();
-            String::from_utf8_lossy(&out.stdout).to_string()
-        }
-
-        fn sentinel(&mut self, replica: usize, sentinels: &[usize]) {
-            let primary = self.hosts.addr(0).to_string();
-            let a = self.hosts.addr(replica).to_string();
-            let mut cmd = self.hosts.command(replica, "redis-server");
-            cmd.args([
-                "--bind",
-                &a,
-                "--port",
-                "6379",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "no",
-            ])
-            .args(["--replicaof", &primary, "6379"])
-            .stdout(log(&self.dir, "replica"));
-            let pid = self.hosts.spawn(cmd).unwrap();
-            self.redis_pids.push((replica, pid));
-            for &h in sentinels {
-                let dir = self.dir.join(format!("sentinel-{h}"));
-                std::fs::create_dir_all(&dir).unwrap();
-                let conf = dir.join("sentinel.conf");
-                std::fs::write(
-                    &conf,
-                    format!(
-                        "port 26379\nbind {}\nprotected-mode no\ndir {}\nsentinel monitor fleet {primary} 6379 2\n\
-                         sentinel down-after-milliseconds fleet 1000\nsentinel failover-timeout fleet 5000\n\
-                         sentinel parallel-syncs fleet 1\n",
-                        self.hosts.addr(h),
-                        dir.display()
-                    ),
-                )
-                .unwrap();
-                let mut cmd = self.hosts.command(h, "redis-server");
-                cmd.arg(&conf).arg("--sentinel").stdout(log(&self.dir, &format!("sentinel-{h}")));
-                let pid = self.hosts.spawn(cmd).unwrap();
-                self.redis_pids.push((h, pid));
-            }
-            let start = Instant::now();
-            loop {
-                let master = self.cli(sentinels[0], 26379, &["SENTINEL", "MASTER", "fleet"]);
-                let synced =
-                    self.cli(replica, 6379, &["INFO", "replication"]).contains("master_link_status:up");
-                let seen = |k: &str, v: &str| {
-                    master.lines().collect::<Vec<_>>().windows(2).any(|w| w[0] == k && w[1] == v)
-                };
-                if synced
-                    && seen("num-other-sentinels", &(sentinels.len() - 1).to_string())
-                    && seen("num-slaves", "1")
-                {
-                    break;
-                }
-                assert!(
-                    start.elapsed() < Duration::from_secs(30),
-                    "the replica syncs and the sentinels find each other"
-                );
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            let hosts: Vec<String> =
-                sentinels.iter().map(|&h| format!("{}:26379", self.hosts.addr(h))).collect();
-            self.redis = format!("redis+sentinel://{}/fleet", hosts.join(","));
-        }
-
-        fn gateway(&mut self, host: usize) {
-            let d = &self.dir;
-            let a = self.hosts.addr(host);
-            // Each gateway its own copy: a policy published through the fleet
-            // is written back to the file the gateway was started with.
-            let policies = d.join(format!("policies-{host}.toml"));
-            std::fs::copy(d.join("policy.toml"), &policies).unwrap();
-            let config = format!(
-                "listen = \"{a}:8443\"\nplaintext_listen = \"{a}:8080\"\npolicies = {policies:?}\n\
-                 engine_token_file = {:?}\n[tls]\ncert = {:?}\nkey = {:?}\n\
-                 [admin]\nlisten = \"{a}:9444\"\n[[admin.tokens]]\nid = \"ops\"\ntoken = \"{}\"\n\
-                 [cluster]\nengine_ttl_s = 5\nnode_id = \"g{host}\"\npolicy_key_file = {:?}\n",
-                d.join("engine.token"),
-                d.join("certs/server.pem"),
-                d.join("certs/server.key"),
-                super::common::ADMIN_TOKEN,
-                d.join("policy.key"),
-            );
-            let file = d.join(format!("gateway-{host}.toml"));
-            std::fs::write(&file, config).unwrap();
-            let mut cmd = self.hosts.command(host, env!("CARGO_BIN_EXE_gateway"));
-            cmd.arg("serve").arg("--config").arg(&file).args(["--redis", &self.redis]);
-            let n = self.gateway_pids.iter().filter(|g| g.0 == host).count();
-            cmd.stdout(log(d, &format!("gateway-{host}-{n}-out"))).stderr(log(d, &format!("gateway-{host}")));
-            let pid = self.hosts.spawn(cmd).unwrap();
-            self.gateway_pids.push((host, pid));
-            wait_port(&format!("{a}:8080"), "gateway");
-        }
-
-        /// Stops the gateway on `host` as an orchestrator does (SIGTERM:
-        /// it refuses new connections, sends GOAWAY and drains its open
-        /// streams up to its bound), then starts it again. How long the
-        /// drain took, and whether it exited by itself within 15 s.
-        pub fn restart_gateway(&mut self, host: usize) -> (Duration, bool) {
-            let at = self.gateway_pids.iter().rposition(|g| g.0 == host).expect("a gateway on the host");
-            let (_, pid) = self.gateway_pids[at];
-            let stopped = self.hosts.terminate(pid, Duration::from_secs(15));
-            self.gateway(host);
-            stopped
-        }
-
-        /// The plaintext URL of the gateway on `host`.
-        pub fn url(&self, host: usize) -> String {
-            format!("http://{}:8080", self.hosts.addr(host))
-        }
-
-        /// A TLS connection to the admin listener of the gateway on `host`.
-        pub async fn admin(&self, host: usize) -> Conn {
-            let url = format!("https://{}:9444", self.hosts.addr(host));
-            Conn::connect(&url, Some(&self.dir.join("certs/ca.pem")), Proto::H2)
-                .await
-                .expect("admin connects")
-        }
-
-        /// One non-streamed gold chat through the first gateway.
-        pub async fn chat(&self) -> (u16, String, Duration) {
-            self.chat_on(self.gateways[0]).await.0
-        }
-
-        /// One non-streamed gold chat through the gateway on `host`: its
-        /// status, the engine that answered and how long it took, and the
-        /// policy version it was decided under.
-        pub async fn chat_on(&self, host: usize) -> ((u16, String, Duration), String) {
-            let start = Instant::now();
-            let Ok(conn) = Conn::connect(&self.url(host), None, Proto::Http1).await else {
-                return ((0, String::new(), start.elapsed()), String::new());
-            };
-            let body = serde_json::json!({"model": "synthetic-small", "max_tokens": 8,
-                "messages": [{"role": "user", "content": "hello over the switch"}]});
-            match conn.post_json("/v1/chat/completions", Some("sk-demo-gold"), body.to_string()).await {
-                Ok(resp) => {
-                    let status = resp.status().as_u16();
-                    let header = |n: &str| {
-                        resp.headers().get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
-                    };
-                    let (engine, version) = (header("x-engine"), header("x-policy-version"));
-                    let _ = body_bytes(resp).await;
-                    ((status, engine, start.elapsed()), version)
-                }
-                Err(_) => ((0, String::new(), start.elapsed()), String::new()),
-            }
-        }
-
-        /// Chats through the first gateway until every engine in `ids` has
-        /// answered one (30 s at most).
-        pub async fn until_served_by(&self, ids: &[&str]) {
-            self.until_served_on(self.gateways[0], ids).await
-        }
-
-        /// Chats through the gateway on `host` until every engine in `ids`
-        /// has answered one (30 s at most).
-        pub async fn until_served_on(&self, host: usize, ids: &[&str]) {
-            let start = Instant::now();
-            let mut seen = std::collections::BTreeSet::new();
-            while !ids.iter().all(|id| seen.contains(*id)) {
-                assert!(
-                    start.elapsed() < Duration::from_secs(30),
-                    "engines {ids:?} serve through the gateway; seen {seen:?}; {}",
-                    std::fs::read_to_string(self.dir.join(format!("gateway-{host}.log"))).unwrap_or_default()
-                );
-                let ((status, engine, _), _) = self.chat_on(host).await;
-                if status == 200 {
-                    seen.insert(engine);
-                } else {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
+    /// [`start`] with a policy and an optional Sentinel setup.
+    pub fn start_with(
+        n: usize,
+        gateways: &[usize],
+        engines: &[usize],
+        profile: &str,
+        policy: &str,
+        sentinel: Option<(usize, &[usize])>,
+    ) -> Option<Fleet> {
+        let layout = Layout { hosts: n, gateways, engines, profile, policy, sentinel };
+        Fleet::start(&bins(), &layout, &super::common::scratch_dir()).unwrap()
     }
 }
 
@@ -400,8 +57,8 @@ mod hosts {
 /// going to the cut engine once the gateway notices.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_cut_from_one_engine_answers_from_the_other() {
-    let Some(mut fleet) = hosts::Fleet::start(4, &[1], &[2, 3], &paced(0, 2)) else { return };
-    fleet.until_served_by(&["e2", "e3"]).await;
+    let Some(mut fleet) = hosts::start(4, &[1], &[2, 3], &paced(0, 2)) else { return };
+    fleet.until_served_by(&["e2", "e3"]).await.unwrap();
     fleet.hosts.cut(1, 2).unwrap();
     let cut_at = Instant::now();
     let mut results = Vec::new();
@@ -428,7 +85,7 @@ async fn a_gateway_cut_from_one_engine_answers_from_the_other() {
     let tail: Vec<_> = results.iter().rev().take(10).collect();
     assert!(tail.iter().all(|r| r.1 == "e3"), "the cut engine gets nothing once noticed: {tail:?}");
     fleet.hosts.heal(1, 2);
-    fleet.until_served_by(&["e2", "e3"]).await;
+    fleet.until_served_by(&["e2", "e3"]).await.unwrap();
 }
 
 /// An engine killed and started again on another host: the registry
@@ -436,12 +93,12 @@ async fn a_gateway_cut_from_one_engine_answers_from_the_other() {
 /// the dead address after the registry's TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_moved_to_another_host_is_followed() {
-    let Some(mut fleet) = hosts::Fleet::start(5, &[1], &[2, 3], &paced(0, 2)) else { return };
-    fleet.until_served_by(&["e2", "e3"]).await;
+    let Some(mut fleet) = hosts::start(5, &[1], &[2, 3], &paced(0, 2)) else { return };
+    fleet.until_served_by(&["e2", "e3"]).await.unwrap();
     fleet.kill_engine(2);
     let killed = Instant::now();
-    fleet.engine(4);
-    fleet.until_served_by(&["e3", "e4"]).await;
+    fleet.engine(4).unwrap();
+    fleet.until_served_by(&["e3", "e4"]).await.unwrap();
     let followed = killed.elapsed();
     let mut results = Vec::new();
     for _ in 0..20 {
@@ -462,10 +119,10 @@ async fn an_engine_moved_to_another_host_is_followed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_cut_from_redis_serves_and_catches_up_when_healed() {
     let secs: u64 = std::env::var("SLO_PARTITION_S").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
-    let Some(fleet_hosts) = hosts::Fleet::start(4, &[1, 2], &[3], &paced(0, 2)) else { return };
+    let Some(fleet_hosts) = hosts::start(4, &[1, 2], &[3], &paced(0, 2)) else { return };
     let fleet = &fleet_hosts;
-    fleet.until_served_on(1, &["e3"]).await;
-    fleet.until_served_on(2, &["e3"]).await;
+    fleet.until_served_on(1, &["e3"]).await.unwrap();
+    fleet.until_served_on(2, &["e3"]).await.unwrap();
     let (_, before) = fleet.chat_on(1).await;
     let mut hosts = fleet_hosts;
     hosts.hosts.cut(1, 0).unwrap();
@@ -478,7 +135,7 @@ async fn a_gateway_cut_from_redis_serves_and_catches_up_when_healed() {
         .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
         .body(Full::new(Bytes::from(text)))
         .unwrap();
-    assert_eq!(fleet.admin(2).await.send(put).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(fleet.admin(2).await.unwrap().send(put).await.unwrap().status(), StatusCode::OK);
     let (mut served, mut failed, mut slowest) = (0, 0, Duration::ZERO);
     while cut_at.elapsed() < Duration::from_secs(secs) {
         let ((status, _, took), v) = fleet.chat_on(1).await;
@@ -545,9 +202,9 @@ async fn a_gateway_cut_from_redis_serves_and_catches_up_when_healed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_of_every_gateway_fails_no_accepted_request() {
     use std::sync::atomic::AtomicUsize;
-    let Some(mut fleet) = hosts::Fleet::start(6, &[1, 2, 3], &[4, 5], &paced(0, 5)) else { return };
+    let Some(mut fleet) = hosts::start(6, &[1, 2, 3], &[4, 5], &paced(0, 5)) else { return };
     for g in [1, 2, 3] {
-        fleet.until_served_on(g, &["e4", "e5"]).await;
+        fleet.until_served_on(g, &["e4", "e5"]).await.unwrap();
     }
     let urls: Arc<Vec<String>> = Arc::new([1, 2, 3].iter().map(|&g| fleet.url(g)).collect());
     let stop = Arc::new(AtomicBool::new(false));
@@ -597,6 +254,7 @@ async fn a_rolling_restart_of_every_gateway_fails_no_accepted_request() {
                     hosts::Streamed::Done => Ok(()),
                     hosts::Streamed::Failed(e) => Err(e),
                     hosts::Streamed::Limited => Err(format!("{}: 429", urls[i])),
+                    hosts::Streamed::Refused => Err(format!("{}: 503", urls[i])),
                 };
                 match outcome {
                     Ok(()) => done.fetch_add(1, Ordering::Relaxed),
@@ -612,9 +270,9 @@ async fn a_rolling_restart_of_every_gateway_fails_no_accepted_request() {
     let mut drains = Vec::new();
     for g in [1, 2, 3] {
         let before = done.load(Ordering::Relaxed);
-        let drained = tokio::task::block_in_place(|| fleet.restart_gateway(g));
+        let drained = tokio::task::block_in_place(|| fleet.restart_gateway(g)).unwrap();
         drains.push(drained);
-        fleet.until_served_on(g, &["e4", "e5"]).await;
+        fleet.until_served_on(g, &["e4", "e5"]).await.unwrap();
         assert!(done.load(Ordering::Relaxed) > before, "requests went on while gateway {g} restarted");
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -643,12 +301,12 @@ async fn a_sentinel_failover_across_hosts_bounds_the_limit_overshoot() {
     let policy = default_policy().replacen("max_concurrency = 256", &format!("max_concurrency = {LIMIT}"), 3);
     let sentinels = [6, 7, 8];
     let Some(mut fleet) =
-        hosts::Fleet::start_with(9, &[1, 2, 3], &[4], &paced(0, 20), &policy, Some((5, &sentinels)))
+        hosts::start_with(9, &[1, 2, 3], &[4], &paced(0, 20), &policy, Some((5, &sentinels)))
     else {
         return;
     };
     for g in [1, 2, 3] {
-        fleet.until_served_on(g, &["e4"]).await;
+        fleet.until_served_on(g, &["e4"]).await.unwrap();
     }
     let urls: Arc<Vec<String>> = Arc::new([1, 2, 3].iter().map(|&g| fleet.url(g)).collect());
     let stop = Arc::new(AtomicBool::new(false));
@@ -678,6 +336,7 @@ async fn a_sentinel_failover_across_hosts_bounds_the_limit_overshoot() {
                     hosts::Streamed::Done => {
                         served.fetch_add(1, Ordering::Relaxed);
                     }
+                    hosts::Streamed::Refused => failures.lock().unwrap().push("503".into()),
                     hosts::Streamed::Limited => {
                         limited.fetch_add(1, Ordering::Relaxed);
                         tokio::time::sleep(Duration::from_millis(50)).await;

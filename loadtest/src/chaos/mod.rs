@@ -5,6 +5,7 @@
 //! against the target docs/reliability.md sets. Every loop is bounded in
 //! count and time; nothing leaves loopback.
 
+pub mod fleet;
 pub mod hosts;
 pub mod load;
 pub mod scenarios;
