@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::hosts::Hosts;
 use crate::client::{body_bytes, Conn, Proto};
@@ -130,10 +130,10 @@ fn log(dir: &Path, name: &str) -> Result<Stdio, String> {
 }
 
 fn wait_port(addr: &str, what: &str) -> Result<(), String> {
-    let start = Instant::now();
+    let start = crate::clock::now();
     let sock = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
     while std::net::TcpStream::connect_timeout(&sock, Duration::from_millis(300)).is_err() {
-        if start.elapsed() > Duration::from_secs(30) {
+        if crate::clock::since(start) > Duration::from_secs(30) {
             return Err(format!("{what} is not listening on {addr} after 30 s"));
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -279,7 +279,7 @@ impl Fleet {
             let pid = self.hosts.spawn(cmd)?;
             self.redis_pids.push((h, pid));
         }
-        let start = Instant::now();
+        let start = crate::clock::now();
         loop {
             let master = self.cli(sentinels[0], 26379, &["SENTINEL", "MASTER", "fleet"]);
             let synced = self.cli(replica, 6379, &["INFO", "replication"]).contains("master_link_status:up");
@@ -292,7 +292,7 @@ impl Fleet {
             {
                 break;
             }
-            if start.elapsed() > Duration::from_secs(30) {
+            if crate::clock::since(start) > Duration::from_secs(30) {
                 return Err(
                     "the replica did not sync or the sentinels did not find each other in 30 s".into()
                 );
@@ -402,9 +402,9 @@ impl Fleet {
     /// status, the engine that answered and how long it took, and the
     /// policy version it was decided under.
     pub async fn chat_on(&self, host: usize) -> ((u16, String, Duration), String) {
-        let start = Instant::now();
+        let start = crate::clock::now();
         let Ok(conn) = Conn::connect(&self.url(host), None, Proto::Http1).await else {
-            return ((0, String::new(), start.elapsed()), String::new());
+            return ((0, String::new(), crate::clock::since(start)), String::new());
         };
         let body = serde_json::json!({"model": "synthetic-small", "max_tokens": 8,
             "messages": [{"role": "user", "content": "hello over the switch"}]});
@@ -415,9 +415,9 @@ impl Fleet {
                     |n: &str| resp.headers().get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
                 let (engine, version) = (header("x-engine"), header("x-policy-version"));
                 let _ = body_bytes(resp).await;
-                ((status, engine, start.elapsed()), version)
+                ((status, engine, crate::clock::since(start)), version)
             }
-            Err(_) => ((0, String::new(), start.elapsed()), String::new()),
+            Err(_) => ((0, String::new(), crate::clock::since(start)), String::new()),
         }
     }
 
@@ -430,10 +430,10 @@ impl Fleet {
     /// Chats through the gateway on `host` until every engine in `ids` has
     /// answered one (30 s at most).
     pub async fn until_served_on(&self, host: usize, ids: &[&str]) -> Result<(), String> {
-        let start = Instant::now();
+        let start = crate::clock::now();
         let mut seen = std::collections::BTreeSet::new();
         while !ids.iter().all(|id| seen.contains(*id)) {
-            if start.elapsed() > Duration::from_secs(30) {
+            if crate::clock::since(start) > Duration::from_secs(30) {
                 return Err(format!(
                     "engines {ids:?} do not all serve through the gateway on host {host} within 30 s (seen {seen:?}); logs in {}",
                     self.dir.display()
