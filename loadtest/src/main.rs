@@ -380,6 +380,17 @@ async fn overhead(args: &loadtest::overhead::OverheadArgs) -> Result<(), String>
 }
 
 async fn chaos(args: &loadtest::chaos::ChaosArgs) -> Result<(), String> {
+    if args.fleet {
+        use loadtest::chaos::{fleet, fleet_run};
+        let policy =
+            std::fs::read_to_string(&args.policy).map_err(|e| format!("{}: {e}", args.policy.display()))?;
+        let bins = fleet::Bins::beside(&args.gateway);
+        let outcomes =
+            fleet_run::run(&bins, &policy, args.fleet_scenario, &args.fleet_options(), &args.out).await?;
+        println!("{}", fleet_run::table(&outcomes));
+        println!("wrote {}/fleet.json and fleet.md", args.out.display());
+        return Ok(());
+    }
     let outcomes = loadtest::chaos::run(args).await?;
     println!("{}", loadtest::chaos::table(&outcomes));
     println!("wrote {}/results.json and table.md", args.out.display());

@@ -6,6 +6,7 @@
 //! count and time; nothing leaves loopback.
 
 pub mod fleet;
+pub mod fleet_run;
 pub mod hosts;
 pub mod load;
 pub mod scenarios;
@@ -51,9 +52,51 @@ pub struct ChaosArgs {
     /// How long the `streams` scenario holds them, seconds.
     #[arg(long, default_value_t = 60)]
     pub hold_s: u32,
-    /// Where results.json and table.md go.
+    /// Where results.json and table.md (fleet.json and fleet.md) go.
     #[arg(long, default_value = "out/chaos")]
     pub out: PathBuf,
+    /// Run the multi-host fleet scenarios instead (issue 52): Redis with a
+    /// replica and 3 sentinels, 3 gateways and 4 engines on hosts of their
+    /// own (network namespaces: root and iproute2), faults under load.
+    #[arg(long)]
+    pub fleet: bool,
+    /// Which fleet scenario (`all`: every one, `--runs` times each).
+    #[arg(long, value_enum, default_value_t = fleet_run::FleetScenario::All)]
+    pub fleet_scenario: fleet_run::FleetScenario,
+    /// Fleet: streamed chats a second (three tenants in turn).
+    #[arg(long, default_value_t = 200.0)]
+    pub rate: f64,
+    /// Fleet: output tokens per chat.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: u32,
+    /// Fleet: live video streams, each with a client that resumes its feed.
+    #[arg(long, default_value_t = 4)]
+    pub video: u32,
+    /// Fleet: how long a cut lasts, seconds.
+    #[arg(long, default_value_t = 60)]
+    pub cut_s: u64,
+    /// Fleet: load before each fault and after it ends, seconds.
+    #[arg(long, default_value_t = 10)]
+    pub settle_s: u64,
+    /// Fleet: runs of each scenario, each on a fresh fleet.
+    #[arg(long, default_value_t = 3)]
+    pub runs: u32,
+    /// Fleet: the gateways' policy document.
+    #[arg(long, default_value = "policies/default.toml")]
+    pub policy: PathBuf,
+}
+
+impl ChaosArgs {
+    pub fn fleet_options(&self) -> fleet_run::FleetOptions {
+        fleet_run::FleetOptions {
+            rate: self.rate,
+            max_tokens: self.max_tokens,
+            video: self.video,
+            cut_s: self.cut_s,
+            settle_s: self.settle_s,
+            runs: self.runs,
+        }
+    }
 }
 
 /// Runs the chosen scenarios one after another; writes results.json and a
