@@ -379,6 +379,11 @@ where
                     .unwrap_or_default();
                 return Ok(refused.map(|inner| TrackedBody::new(inner, guard, stream)));
             };
+            // Yield once before any work: hyper looks for a RST_STREAM each
+            // time the handler is pending, so a stream its client reset in
+            // the same write as its request (rapid reset) is dropped here,
+            // before authentication, admission or an engine sees it.
+            tokio::task::yield_now().await;
             let resp = fut.await?;
             Ok(resp.map(|inner| TrackedBody::new(inner, guard, stream)))
         }

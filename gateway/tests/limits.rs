@@ -44,8 +44,13 @@ fn rand_suffix() -> u128 {
 
 /// A TLS connection to the gateway that offers ALPN `alpn`.
 async fn tls(sys: &System, alpn: &[u8]) -> TlsStream<TcpStream> {
+    tls_at(&sys.ca, &sys.base, alpn).await
+}
+
+/// [`tls`] to the gateway at `base` whose CA is `ca`.
+async fn tls_at(ca: &std::path::Path, base: &str, alpn: &[u8]) -> TlsStream<TcpStream> {
     let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(&sys.ca).unwrap() {
+    for c in CertificateDer::pem_file_iter(ca).unwrap() {
         roots.add(c.unwrap()).unwrap();
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -55,7 +60,7 @@ async fn tls(sys: &System, alpn: &[u8]) -> TlsStream<TcpStream> {
         .with_root_certificates(roots)
         .with_no_client_auth();
     cfg.alpn_protocols = vec![alpn.to_vec()];
-    let port = sys.base.rsplit(':').next().unwrap();
+    let port = base.rsplit(':').next().unwrap();
     let tcp = TcpStream::connect(format!("127.0.0.1:{port}")).await.unwrap();
     let name = ServerName::try_from("localhost").unwrap();
     tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await.unwrap()
@@ -446,18 +451,32 @@ async fn rapid_reset_connections_are_closed_within_a_bounded_number_of_streams()
         ms[(ms.len() * 99 / 100).min(ms.len() - 1)]
     };
     let unloaded = p99(30).await;
-    // Four attacking connections beside the honest tenant.
-    let mut attackers = Vec::new();
-    for _ in 0..4 {
-        let (send, conn) = h2::client::handshake(tls(&sys, b"h2").await).await.unwrap();
-        tokio::spawn(conn);
-        attackers.push(tokio::spawn(rapid_reset(send, sys.base.clone(), Duration::from_secs(10))));
-    }
+    // Four attacking connections beside the honest tenant, from a thread
+    // and runtime of their own (an attacker is another machine: its write
+    // loops must not queue behind the honest client's tasks, nor these
+    // behind them).
+    let (ca, base) = (sys.ca.clone(), sys.base.clone());
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let attack = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let mut attackers = Vec::new();
+            for _ in 0..4 {
+                let (send, conn) = h2::client::handshake(tls_at(&ca, &base, b"h2").await).await.unwrap();
+                tokio::spawn(conn);
+                attackers.push(tokio::spawn(rapid_reset(send, base.clone(), Duration::from_secs(10))));
+            }
+            let _ = started_tx.send(());
+            let mut results = Vec::new();
+            for a in attackers {
+                results.push(a.await.unwrap());
+            }
+            results
+        })
+    });
+    started.await.unwrap();
     let under = p99(30).await;
-    let mut results = Vec::new();
-    for a in attackers {
-        results.push(a.await.unwrap());
-    }
+    let results = tokio::task::spawn_blocking(move || attack.join().unwrap()).await.unwrap();
     for (_, closed) in &results {
         assert!(*closed, "the attacking connection was closed: {results:?}");
     }
@@ -469,9 +488,12 @@ async fn rapid_reset_connections_are_closed_within_a_bounded_number_of_streams()
         .filter(|l| l.starts_with("gateway_admission_decisions_total"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    // A full window of 100 per connection, plus what was in flight: far
-    // from the ~40,000 streams such a connection pushed through in 10 s.
-    assert!(decisions < 4.0 * 1_000.0 + 60.0, "{decisions} admission decisions: {results:?}");
+    // The honest client's 60, and of the attackers' streams only those
+    // whose reset came in a later read than their request (the handler
+    // yields once before any work, and hyper drops a stream reset by
+    // then): at most a window of 100 per connection, against the ~40,000
+    // such a connection pushed through admission in 10 s before.
+    assert!(decisions <= 60.0 + 4.0 * 100.0, "{decisions} admission decisions: {results:?}");
     // Ours closes those whose streams are reset after hyper accepted them
     // (rapid_reset, stream_rate); hyper's own bound on streams reset before
     // it accepted them (max_pending_accept_reset_streams) may close some or
