@@ -17,6 +17,8 @@
 //! - `engine_running_sequences`, `engine_queued_sequences` (gauges)
 //! - `engine_video_batch_size` (histogram): chunks per coalesced video batch
 //! - `engine_video_suspends_total` (counter): video states moved to host memory
+//! - `engine_generate_requests_total` (counter): generate requests handed
+//!   to the scheduler (refused or not)
 //! - `engine_connections_closed_total{why}` (counter): connections closed
 //!   as abusive (`rapid_reset`, `stream_rate`; `h2_calm`: by the HTTP/2
 //!   library's own GOAWAY ENHANCE_YOUR_CALM)
@@ -47,6 +49,7 @@ pub const VIDEO_SUSPENDS: &str = "engine_video_suspends_total";
 /// Chunks set aside at a denoising-step boundary for a more urgent one.
 pub const VIDEO_PREEMPTIONS: &str = "engine_video_preemptions_total";
 pub const CONNECTIONS_CLOSED: &str = "engine_connections_closed_total";
+pub const GENERATE_REQUESTS: &str = "engine_generate_requests_total";
 
 /// `# HELP` text of every family. A test checks that every name above is
 /// here.
@@ -75,6 +78,7 @@ pub const HELP: &[(&str, &str)] = &[
     (VIDEO_SUSPENDS, "Video states moved to host memory."),
     (VIDEO_PREEMPTIONS, "Video chunks set aside at a denoising-step boundary for a more urgent one."),
     (CONNECTIONS_CLOSED, "Connections closed as abusive (rapid reset, stream rate), by why."),
+    (GENERATE_REQUESTS, "Generate requests handed to the scheduler (refused or not)."),
 ];
 
 const SECONDS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];

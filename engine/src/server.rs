@@ -107,6 +107,9 @@ pub async fn serve(
             let mut stream = streams.open();
             let engine = Arc::clone(&engine);
             async move {
+                // Yield once first: hyper drops a stream its peer reset in
+                // the same write as its request before the scheduler sees it.
+                tokio::task::yield_now().await;
                 let response = handle(engine, req).await;
                 stream.finished();
                 response
@@ -266,6 +269,7 @@ async fn generate_route(engine: Arc<Engine>, req: Request<Incoming>) -> Response
     // Unbounded: the scheduler must never wait on one slow client; a
     // sequence's backlog is bounded by its max_tokens.
     let (tx, rx) = mpsc::unbounded_channel();
+    ::metrics::counter!(crate::metrics::GENERATE_REQUESTS).increment(1);
     if let Err(e) = engine.scheduler.enqueue_traced(gen, prompt_tokens, tx, trace).await {
         ::metrics::counter!(crate::metrics::REFUSALS, "reason" => e.code()).increment(1);
         return error(StatusCode::SERVICE_UNAVAILABLE, e.code(), &e.to_string());

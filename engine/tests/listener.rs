@@ -78,12 +78,23 @@ async fn a_rapid_reset_peer_with_the_token_is_closed_and_no_one_else() {
     assert!(closed, "the attacking connection was closed ({sent} streams written in 10 s)");
     let m = engine_metrics(&e).await;
     assert!(m.contains("engine_connections_closed_total{why=\"rapid_reset\"} 1"), "{m}");
+    // What the attack got to the scheduler: streams reset in the same
+    // write as their request are dropped before it; the rest are bounded
+    // by the watch's window.
+    let scheduled = m
+        .lines()
+        .find(|l| l.starts_with("engine_generate_requests_total"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(scheduled <= 100.0, "{scheduled} attack streams reached the scheduler of {sent} written");
     // The honest connection still generates.
     let mut ready = honest.ready().await.unwrap();
     let (resp, mut tx) = ready.send_request(generate_request(&e), false).unwrap();
     tx.send_data(body, true).unwrap();
     assert_eq!(resp.await.unwrap().status(), 200);
-    eprintln!("rapid reset on the engine listener: closed after {sent} streams written");
+    eprintln!(
+        "rapid reset on the engine listener: closed after {sent} streams written, {scheduled} scheduled"
+    );
 }
 
 /// A gateway relaying a cancel storm (every stream reset after its answer
