@@ -78,20 +78,61 @@ pub async fn stream_chat(
     opened: impl FnOnce(),
     closed: impl FnOnce(),
 ) -> Streamed {
-    let Ok(conn) = Conn::connect(url, None, Proto::Http1).await else { return Streamed::NotAccepted };
+    stream_chat_timed(url, key, max_tokens, opened, closed).await.0
+}
+
+/// [`stream_chat`], and when its first body bytes (the first token's
+/// event) arrived after the request went out. A failure names the engine
+/// that served it (`x-engine`).
+pub async fn stream_chat_timed(
+    url: &str,
+    key: &str,
+    max_tokens: u32,
+    opened: impl FnOnce(),
+    closed: impl FnOnce(),
+) -> (Streamed, Option<Duration>) {
+    let Ok(conn) = Conn::connect(url, None, Proto::Http1).await else { return (Streamed::NotAccepted, None) };
     let body = serde_json::json!({"model": "synthetic-small", "max_tokens": max_tokens, "stream": true,
         "messages": [{"role": "user", "content": "streamed through the fleet"}]});
-    match conn.post_json("/v1/chat/completions", Some(key), body.to_string()).await {
-        Ok(resp) if resp.status() == http::StatusCode::OK => {
-            opened();
-            let b = body_bytes(resp).await;
-            closed();
-            match b {
-                Ok(b) if String::from_utf8_lossy(&b).contains("data: [DONE]") => Streamed::Done,
-                Ok(b) => Streamed::Failed(format!("{url}: a stream cut short ({} bytes)", b.len())),
-                Err(e) => Streamed::Failed(format!("{url}: body: {e}")),
+    let sent = crate::clock::now();
+    let resp = match conn.post_json("/v1/chat/completions", Some(key), body.to_string()).await {
+        Ok(resp) if resp.status() == http::StatusCode::OK => resp,
+        other => return (answered(url, other).await, None),
+    };
+    opened();
+    let engine = resp.headers().get("x-engine").and_then(|v| v.to_str().ok()).unwrap_or("?").to_string();
+    let mut body = resp.into_body();
+    let (mut first, mut all) = (None, Vec::new());
+    let end = loop {
+        match http_body_util::BodyExt::frame(&mut body).await {
+            Some(Ok(f)) => {
+                if let Ok(d) = f.into_data() {
+                    first.get_or_insert_with(|| crate::clock::since(sent));
+                    all.extend_from_slice(&d);
+                }
             }
+            Some(Err(e)) => break Err(e.to_string()),
+            None => break Ok(()),
         }
+    };
+    closed();
+    let outcome = match end {
+        Ok(()) if String::from_utf8_lossy(&all).contains("data: [DONE]") => Streamed::Done,
+        Ok(()) => {
+            Streamed::Failed(format!("{url}: a stream cut short ({} bytes) on engine {engine}", all.len()))
+        }
+        Err(e) => Streamed::Failed(format!("{url}: body: {e} on engine {engine}")),
+    };
+    (outcome, first)
+}
+
+/// What a chat answered with anything but a 200 (or no answer) means.
+async fn answered(
+    url: &str,
+    r: Result<http::Response<hyper::body::Incoming>, crate::client::ClientError>,
+) -> Streamed {
+    match r {
+        Ok(resp) if resp.status() == http::StatusCode::OK => Streamed::Done,
         Ok(resp) if resp.status() == http::StatusCode::TOO_MANY_REQUESTS => {
             let _ = body_bytes(resp).await;
             Streamed::Limited

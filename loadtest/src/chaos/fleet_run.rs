@@ -24,7 +24,7 @@ use std::time::Duration;
 use http_body_util::BodyExt;
 use serde::Serialize;
 
-use super::fleet::{stream_chat, Bins, Fleet, Layout, Streamed};
+use super::fleet::{stream_chat_timed, Bins, Fleet, Layout, Streamed};
 use crate::client::{body_bytes, Conn, Proto};
 use crate::sse::SseParser;
 
@@ -91,9 +91,9 @@ pub struct FleetOutcome {
     pub retried: u64,
     /// The first few failures, for the report.
     pub failures: Vec<String>,
-    /// Response head of the ok requests: p50 and p99, ms.
-    pub head_p50_ms: Option<f64>,
-    pub head_p99_ms: Option<f64>,
+    /// Time to the first token's event of the ok chats: p50 and p99, ms.
+    pub ttft_p50_ms: Option<f64>,
+    pub ttft_p99_ms: Option<f64>,
     pub video: VideoFigures,
     /// What the fault itself measured (seconds unless the name says).
     pub fault: BTreeMap<String, f64>,
@@ -128,7 +128,7 @@ struct Tally {
     failures: Mutex<Vec<String>>,
     /// Failed chats by the gateway they were on.
     failed_on: Mutex<BTreeMap<String, u64>>,
-    heads_ms: Mutex<Vec<f64>>,
+    ttfts_ms: Mutex<Vec<f64>>,
     video: Mutex<VideoFigures>,
 }
 
@@ -224,18 +224,10 @@ async fn chat_load(lb: Arc<Balancer>, tally: Arc<Tally>, opts: FleetOptions, sto
 async fn one_chat(lb: &Balancer, tally: &Tally, tenant: &str, key: &str, max_tokens: u32) {
     for _attempt in 0..3 {
         let i = lb.pick();
-        let started = crate::clock::now();
-        let head = Mutex::new(None);
-        let chat = stream_chat(
-            &lb.urls[i],
-            key,
-            max_tokens,
-            || *head.lock().unwrap() = Some(crate::clock::since(started)),
-            || (),
-        );
-        let outcome = tokio::time::timeout(Duration::from_secs(30), chat)
+        let chat = stream_chat_timed(&lb.urls[i], key, max_tokens, || (), || ());
+        let (outcome, ttft) = tokio::time::timeout(Duration::from_secs(30), chat)
             .await
-            .unwrap_or(Streamed::Failed(format!("{}: no end within 30 s", lb.urls[i])));
+            .unwrap_or((Streamed::Failed(format!("{}: no end within 30 s", lb.urls[i])), None));
         match outcome {
             Streamed::NotAccepted => {
                 tally.retried.fetch_add(1, Ordering::Relaxed);
@@ -244,8 +236,8 @@ async fn one_chat(lb: &Balancer, tally: &Tally, tenant: &str, key: &str, max_tok
             }
             Streamed::Done => {
                 tally.ok.fetch_add(1, Ordering::Relaxed);
-                if let Some(h) = *head.lock().unwrap() {
-                    tally.heads_ms.lock().unwrap().push(h.as_secs_f64() * 1e3);
+                if let Some(t) = ttft {
+                    tally.ttfts_ms.lock().unwrap().push(t.as_secs_f64() * 1e3);
                 }
             }
             Streamed::Limited => {
@@ -254,7 +246,12 @@ async fn one_chat(lb: &Balancer, tally: &Tally, tenant: &str, key: &str, max_tok
             Streamed::Refused => {
                 tally.refused.fetch_add(1, Ordering::Relaxed);
             }
-            Streamed::Failed(e) => tally.fail_on(&lb.urls[i], format!("{tenant}: {e}")),
+            Streamed::Failed(e) => {
+                if let Some(engine) = e.rsplit_once(" on engine ").map(|(_, id)| id) {
+                    *tally.failed_on.lock().unwrap().entry(format!("engine {engine}")).or_default() += 1;
+                }
+                tally.fail_on(&lb.urls[i], format!("{tenant}: {e}"))
+            }
         }
         return;
     }
@@ -440,6 +437,7 @@ pub async fn run_one(
     let mut fault = BTreeMap::new();
     let mut bound_met = true;
     let mut killed_url = None;
+    let mut killed_engine = None;
     match scenario {
         FleetScenario::RedisFailover => {
             let primary = fleet.redis_pids[0].1;
@@ -517,6 +515,9 @@ pub async fn run_one(
             fleet.until_served_on(1, &ids).await?;
         }
         FleetScenario::EngineMove => {
+            // Chats streaming from the killed engine die with it (past
+            // their first byte nothing retries them): counted apart.
+            killed_engine = Some("e7");
             fleet.kill_engine(7);
             let killed = crate::clock::now();
             tokio::task::block_in_place(|| fleet.engine_as(SPARE, "e7"))?;
@@ -533,11 +534,15 @@ pub async fn run_one(
     }
     let _ = prober.await;
     let t = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let heads = tally.heads_ms.lock().unwrap().clone();
+    let heads = tally.ttfts_ms.lock().unwrap().clone();
     let video = tally.video.lock().unwrap().clone();
     let failed = t(&tally.failed);
-    let cut_by_kill = killed_url.map_or(0, |u| tally.failed_on.lock().unwrap().get(&u).copied().unwrap_or(0));
-    if scenario == FleetScenario::GatewayKill {
+    let cut_by_kill = match (killed_url, killed_engine) {
+        (Some(u), _) => tally.failed_on.lock().unwrap().get(&u).copied().unwrap_or(0),
+        (_, Some(e)) => tally.failed_on.lock().unwrap().get(&format!("engine {e}")).copied().unwrap_or(0),
+        _ => 0,
+    };
+    if matches!(scenario, FleetScenario::GatewayKill | FleetScenario::EngineMove) {
         fault.insert("chats_cut_by_the_kill".into(), cut_by_kill as f64);
     }
     let outcome = FleetOutcome {
@@ -551,8 +556,8 @@ pub async fn run_one(
         failed,
         retried: t(&tally.retried),
         failures: tally.failures.lock().unwrap().clone(),
-        head_p50_ms: crate::stats::percentile(&heads, 0.5),
-        head_p99_ms: crate::stats::percentile(&heads, 0.99),
+        ttft_p50_ms: crate::stats::percentile(&heads, 0.5),
+        ttft_p99_ms: crate::stats::percentile(&heads, 0.99),
         met: bound_met && failed == cut_by_kill && video.gaps == 0 && video.duplicates == 0,
         video,
         fault,
@@ -612,7 +617,7 @@ pub async fn run(
 /// One row per run.
 pub fn table(outcomes: &[FleetOutcome]) -> String {
     let mut s = String::from(
-        "| scenario | run | chats sent / ok / refused (429, 503) / failed | head p50 / p99 ms | video chunks / gaps / dups / resumes (longest s) | fault | target met |\n\
+        "| scenario | run | chats sent / ok / refused (429, 503) / failed | TTFT p50 / p99 ms | video chunks / gaps / dups / resumes (longest s) | fault | target met |\n\
          |---|---:|---|---:|---|---|---|\n",
     );
     for o in outcomes {
@@ -628,8 +633,8 @@ pub fn table(outcomes: &[FleetOutcome]) -> String {
             o.limited,
             o.refused,
             o.failed,
-            ms(o.head_p50_ms),
-            ms(o.head_p99_ms),
+            ms(o.ttft_p50_ms),
+            ms(o.ttft_p99_ms),
             o.video.chunks,
             o.video.gaps,
             o.video.duplicates,
