@@ -153,6 +153,9 @@ pub const POLICY_VERSION: &str = "gateway_policy_version_info";
 pub const POLICY_RELOADS: &str = "gateway_policy_reloads_total";
 pub const STREAM_RESETS: &str = "gateway_stream_resets_total";
 pub const CLUSTER_POLICY_REJECTED: &str = "gateway_cluster_policy_rejected_total";
+/// Keys of the gateways' own found holding another type (`WRONGTYPE`), by
+/// key family (`lease`, `window`, `policy`, `engines`): not used, logged.
+pub const CLUSTER_BAD_KEYS: &str = "gateway_cluster_redis_bad_keys_total";
 pub const CONNECTIONS_OPEN: &str = "gateway_connections_open";
 pub const CONNECTIONS_REFUSED: &str = "gateway_connections_refused_total";
 pub const CONNECTIONS_CLOSED: &str = "gateway_connections_closed_total";
@@ -227,6 +230,10 @@ pub const HELP: &[(&str, &str)] = &[
     (POLICY_RELOADS, "Policy reloads, by result."),
     (STREAM_RESETS, "HTTP/2 streams reset, by reason."),
     (CLUSTER_POLICY_REJECTED, "Policy documents from the cluster that failed validation here."),
+    (
+        CLUSTER_BAD_KEYS,
+        "Gateway-owned Redis keys found holding another type (WRONGTYPE), by family: ignored, served on local limits.",
+    ),
     (CONNECTIONS_OPEN, "Client connections open."),
     (CONNECTIONS_REFUSED, "Client connections refused at the limit."),
     (CONNECTIONS_CLOSED, "Client connections closed, by reason."),

@@ -553,3 +553,48 @@ async fn gateways_with_skewed_clocks_count_one_window_and_one_lease_clock() {
     let still = b.acquire("lease", conc, 1, ahead + 60_000).await.unwrap();
     assert_eq!(still.unwrap_err(), Denied::Concurrency { limit: 1 }, "renewed on Redis's clock");
 }
+
+/// Keys the gateways own, overwritten with another type by someone with
+/// Redis access: the gateway keeps serving (that tenant on local limits),
+/// does not take Redis for down, and counts and logs each bad key.
+#[tokio::test]
+async fn keys_of_the_wrong_type_in_redis_are_refused_and_serving_goes_on() {
+    let redis = start_redis();
+    let url = redis.url();
+    let sys = System::start_with_policy(INSTANT, 1, &["--redis", &url], Some(&default_policy())).await;
+    wait_ready(&sys, "on Redis", |r| r["detail"]["cluster"]["redis_up"] == true).await;
+    for args in [
+        &["SET", "slo:lease:demo-gold", "not a sorted set"][..],
+        // The gateway published its policy there already: replace it.
+        &[
+            "EVAL",
+            "redis.call('DEL', KEYS[1]) return redis.call('HSET', KEYS[1], 'version', 'x')",
+            "1",
+            "slo:policy",
+        ],
+        &["SET", "slo:engines", "not a set"],
+    ] {
+        redis.command(args);
+    }
+    let conn = sys.conn(Proto::H2).await;
+    for _ in 0..3 {
+        let resp =
+            conn.post_json("/v1/chat/completions", Some(GOLD), chat_body("hi", 2, false)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "gold is served on local limits");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = sys.metrics().await;
+        let bad = |family: &str| {
+            metric(&m, &format!("gateway_cluster_redis_bad_keys_total{{family=\"{family}\"}}")).unwrap_or(0.0)
+        };
+        if bad("window_or_lease") >= 3.0 && bad("policy") >= 1.0 && bad("engines") >= 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "every bad key counted: {m}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = sys.readyz().await;
+    assert_eq!(r["detail"]["cluster"]["redis_up"], true, "a bad key is not Redis being down: {r}");
+    assert!(sys.log().contains("redis_key_wrong_type"));
+}

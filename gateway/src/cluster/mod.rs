@@ -225,6 +225,10 @@ impl Cluster {
             if r.is_up() {
                 match r.acquire(tenant, limits, tokens, now_ms).await {
                     Ok(result) => return result,
+                    // A key of ours holding another type (written by
+                    // someone else): Redis answers, this tenant's shared
+                    // state cannot be used; local limits for it.
+                    Err(e) if bad_key(&e, "window_or_lease") => {}
                     Err(e) => r.mark_down(&e),
                 }
             }
@@ -256,6 +260,17 @@ impl Cluster {
             "local_fraction": self.redis.as_ref().map(|_| self.cfg.local_fraction),
         })
     }
+}
+
+/// Whether `e` says a key of the gateways' own holds another type; if so
+/// it is counted (`family`) and logged.
+pub(crate) fn bad_key(e: &::redis::RedisError, family: &'static str) -> bool {
+    if e.code() != Some("WRONGTYPE") {
+        return false;
+    }
+    ::metrics::counter!(crate::metrics::CLUSTER_BAD_KEYS, "family" => family).increment(1);
+    tracing::error!(event = "redis_key_wrong_type", family, error = %e);
+    true
 }
 
 /// Milliseconds of wall-clock time (rate windows are shared across

@@ -48,6 +48,7 @@ pub async fn run(cluster: Arc<Cluster>, pool: Arc<EnginePool>, store: Arc<Policy
                 let ttl = Duration::from_secs(cluster.cfg.engine_ttl_s);
                 pool.retire_gone(&live, ttl, crate::clock::now());
             }
+            Err(e) if super::bad_key(&e, "engines") => {}
             Err(e) => tracing::debug!(event = "registry_read_failed", error = %e),
         }
         let reports: Vec<(String, String)> = (0..pool.len())
@@ -76,6 +77,7 @@ async fn converge_policy(cluster: &Cluster, store: &PolicyStore, synced: String)
     let active = store.current().version.clone();
     let remote = match redis.policy().await {
         Ok(r) => r,
+        Err(e) if super::bad_key(&e, "policy") => return synced,
         Err(e) => {
             tracing::debug!(event = "policy_read_failed", error = %e);
             return synced;
