@@ -238,20 +238,7 @@ impl Fleet {
 
     /// Starts engine `e<host>` on `host`; its process id.
     pub fn engine(&mut self, host: usize) -> Result<u32, String> {
-        let addr = format!("{}:9000", self.hosts.addr(host));
-        let mut cmd = self.hosts.command(host, &self.bins.engine);
-        cmd.args(["--listen", &addr, "--advertise", &format!("http://{addr}")])
-            .args(["--id", &format!("e{host}"), "--redis", &self.redis])
-            .arg("--api-token-file")
-            .arg(self.dir.join("engine.token"))
-            .arg("--profile")
-            .arg(self.dir.join("profile.toml"))
-            .stdout(log(&self.dir, &format!("engine-{host}"))?)
-            .stderr(Stdio::null());
-        let pid = self.hosts.spawn(cmd)?;
-        wait_port(&addr, "engine")?;
-        self.engines.push((host, format!("e{host}"), pid));
-        Ok(pid)
+        self.engine_as(host, &format!("e{host}"))
     }
 
     /// Starts an engine on `host` under another host's id (an engine moved
@@ -265,7 +252,7 @@ impl Fleet {
             .arg(self.dir.join("engine.token"))
             .arg("--profile")
             .arg(self.dir.join("profile.toml"))
-            .stdout(log(&self.dir, &format!("engine-{host}-as-{id}"))?)
+            .stdout(log(&self.dir, &format!("engine-{host}-{id}"))?)
             .stderr(Stdio::null());
         let pid = self.hosts.spawn(cmd)?;
         wait_port(&addr, "engine")?;
