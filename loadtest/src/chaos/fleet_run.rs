@@ -157,14 +157,20 @@ struct Balancer {
 impl Balancer {
     /// The next ready gateway in turn (any, when none is ready).
     fn pick(&self) -> usize {
+        self.pick_other(&[])
+    }
+
+    /// [`Balancer::pick`] among the gateways not in `tried` (a retry goes
+    /// to another backend, as a balancer's does), any when all were.
+    fn pick_other(&self, tried: &[usize]) -> usize {
         let n = self.urls.len();
         for _ in 0..n {
             let i = self.next.fetch_add(1, Ordering::Relaxed) % n;
-            if self.ready[i].load(Ordering::Relaxed) {
+            if self.ready[i].load(Ordering::Relaxed) && !tried.contains(&i) {
                 return i;
             }
         }
-        self.next.fetch_add(1, Ordering::Relaxed) % n
+        (0..n).find(|i| !tried.contains(i)).unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed) % n)
     }
 
     async fn probe(self: Arc<Self>, stop: Arc<AtomicBool>) {
@@ -222,8 +228,10 @@ async fn chat_load(lb: Arc<Balancer>, tally: Arc<Tally>, opts: FleetOptions, sto
 }
 
 async fn one_chat(lb: &Balancer, tally: &Tally, tenant: &str, key: &str, max_tokens: u32) {
+    let mut tried = Vec::new();
     for _attempt in 0..3 {
-        let i = lb.pick();
+        let i = lb.pick_other(&tried);
+        tried.push(i);
         let chat = stream_chat_timed(&lb.urls[i], key, max_tokens, || (), || ());
         let (outcome, ttft) = tokio::time::timeout(Duration::from_secs(30), chat)
             .await
