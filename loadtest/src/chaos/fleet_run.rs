@@ -402,11 +402,10 @@ pub async fn run_one(
             })
             .await;
             // By the sweep (its owner's mark expired) or by its client
-            // resuming elsewhere first, whichever came first. Streams are
-            // spread over the gateways in turn: with fewer than three,
-            // the killed one may have had none.
+            // resuming elsewhere first, whichever came first. Stream 0 was
+            // created on (and is owned by) the killed gateway.
             fault.insert("first_stream_taken_over_s".into(), adopted.unwrap_or(f64::NAN));
-            bound_met = adopted.is_some_and(|a| a < 5.0) || opts.video < 3;
+            bound_met = adopted.is_some_and(|a| a < 5.0) || opts.video == 0;
             // Chats open on the killed gateway die with it (their client's
             // connection was to it): counted apart; none elsewhere may fail.
             killed_url = Some(fleet.url(1));

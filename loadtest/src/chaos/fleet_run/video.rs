@@ -12,14 +12,19 @@ use super::{Balancer, Tally};
 use crate::client::{body_bytes, Conn, Proto};
 use crate::sse::SseParser;
 
-/// One live video stream's client: creates it through a gateway, reads
-/// its feed, and resumes it through the next gateway whenever the feed
-/// breaks; deletes it when the run ends.
+/// One live video stream's client: creates it through a gateway (stream
+/// `n` through the `n`th in turn, so that every gateway owns some and a
+/// killed one surely had one), reads its feed there, and resumes it
+/// through the next gateway whenever the feed breaks; deletes it when the
+/// run ends.
 pub(super) async fn video_client(lb: Arc<Balancer>, tally: Arc<Tally>, n: u32, stop: Arc<AtomicBool>) {
     let key = "sk-demo-gold";
+    let home = n as usize % lb.urls.len();
     let mut id = None;
-    for _ in 0..20 {
-        let i = lb.pick();
+    let mut created_on = home;
+    for attempt in 0..20 {
+        let i = if attempt == 0 { home } else { lb.pick() };
+        created_on = i;
         let Ok(conn) = Conn::connect(&lb.urls[i], None, Proto::Http1).await else { continue };
         let body = serde_json::json!({"prompt": format!("fleet stream {n}")}).to_string();
         if let Ok(resp) = conn.post_json("/v1/video/streams", Some(key), body).await {
@@ -40,8 +45,9 @@ pub(super) async fn video_client(lb: Arc<Balancer>, tally: Arc<Tally>, n: u32, s
     let mut last: Option<u64> = None;
     let mut broke_at = None;
     let mut resumed = false;
+    let mut first = Some(created_on);
     'feeds: while !stop.load(Ordering::Relaxed) {
-        let i = lb.pick();
+        let i = first.take().unwrap_or_else(|| lb.pick());
         let Ok(conn) = Conn::connect(&lb.urls[i], None, Proto::Http1).await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
