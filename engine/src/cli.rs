@@ -161,7 +161,8 @@ pub struct EngineArgs {
     /// chunk; what a migration moves besides the model state). 0: none.
     #[arg(long, default_value_t = 0.0)]
     pub video_state_mib: f64,
-    /// Register in this fleet's Redis (`redis://host:port`, or Sentinel:
+    /// Register in this fleet's Redis (`redis://host:port`, over TLS
+    /// `rediss://host:port[?ca_file=PATH]`, or Sentinel:
     /// `redis+sentinel://host:port,host:port/master`) so every
     /// gateway of the fleet discovers this engine. A URL with a password
     /// belongs in the `ENGINE_REDIS_URL` environment variable instead.

@@ -2,6 +2,11 @@
 //!
 //! - `redis://[[user]:password@]host:port[/db]`: one server (the redis
 //!   crate's own URL form; a managed Redis behind one address too).
+//! - `rediss://…[?ca_file=PATH]`: the same over TLS (rustls, ring). The
+//!   server's certificate is checked against the system's roots (read the
+//!   usual way, `SSL_CERT_FILE` included), or against only the PEM CA in
+//!   `ca_file` (a private CA). `ca_file` is ours, not the crate's: it is
+//!   read once, at parse, so a missing file stops the process at start.
 //! - `redis+sentinel://[[user]:password@]host:port[,host:port…]/master[/db]`:
 //!   Redis Sentinel, through the redis crate's `SentinelClient`: the
 //!   sentinels are asked for `master` and the first address that answers
@@ -22,8 +27,16 @@ use std::time::Duration;
 #[derive(Clone, PartialEq, Eq)]
 pub enum Target {
     /// One server, by the redis crate's URL.
-    Direct(String),
+    Direct(Direct),
     Sentinel(Sentinel),
+}
+
+/// One server: the redis crate's URL (without our `ca_file` parameter)
+/// and, for `rediss://` with a private CA, that CA's PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Direct {
+    url: String,
+    ca: Option<Vec<u8>>,
 }
 
 /// A Sentinel set and the primary it watches.
@@ -70,10 +83,7 @@ impl Target {
     /// URL. Errors never repeat the URL (it may hold a password).
     pub fn parse(url: &str) -> Result<Self, String> {
         let Some(rest) = url.strip_prefix("redis+sentinel://") else {
-            redis::Client::open(url).map_err(|e| {
-                format!("not a usable Redis URL ({:?}; redis://, unix:// or redis+sentinel://)", e.kind())
-            })?;
-            return Ok(Target::Direct(url.to_string()));
+            return Direct::parse(url).map(Target::Direct);
         };
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
         let (userinfo, hosts) = match authority.rsplit_once('@') {
@@ -103,7 +113,7 @@ impl Target {
     /// The URL with any password replaced by `***`, for logs.
     pub fn redacted(&self) -> String {
         match self {
-            Target::Direct(url) => redact(url),
+            Target::Direct(d) => redact(&d.url),
             Target::Sentinel(s) => redact(&format!(
                 "redis+sentinel://{}{}/{}/{}",
                 s.userinfo.as_ref().map_or(String::new(), |u| format!("{u}@")),
@@ -124,8 +134,66 @@ impl Target {
     /// asks the sentinels (each step bounded by `timeout`).
     pub async fn client(&self, timeout: Duration) -> Result<redis::Client, Resolve> {
         match self {
-            Target::Direct(url) => redis::Client::open(url.as_str()).map_err(Resolve::Redis),
+            Target::Direct(d) => d.client().map_err(Resolve::Redis),
             Target::Sentinel(s) => s.primary(timeout).await,
+        }
+    }
+}
+
+impl Direct {
+    fn parse(url: &str) -> Result<Self, String> {
+        const CA: &str = "ca_file=";
+        let (base, ca_file) = match url.split_once('?') {
+            Some((base, query)) => {
+                let (ca, rest): (Vec<&str>, Vec<&str>) = query.split('&').partition(|p| p.starts_with(CA));
+                let ca_file = match ca.as_slice() {
+                    [] => None,
+                    [one] => Some(&one[CA.len()..]),
+                    _ => return Err("ca_file is given more than once".into()),
+                };
+                let url = match rest.join("&") {
+                    q if q.is_empty() => base.to_string(),
+                    q => format!("{base}?{q}"),
+                };
+                (url, ca_file)
+            }
+            None => (url.to_string(), None),
+        };
+        let tls = base.starts_with("rediss://");
+        let ca = match ca_file {
+            Some(_) if !tls => return Err("ca_file is for rediss:// (TLS) URLs".into()),
+            Some("") => return Err("ca_file is empty".into()),
+            Some(path) => {
+                let pem = std::fs::read(path).map_err(|e| format!("ca_file {path}: {e}"))?;
+                if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+                    return Err(format!("ca_file {path}: no PEM certificate in it"));
+                }
+                Some(pem)
+            }
+            None => None,
+        };
+        let direct = Direct { url: base, ca };
+        direct.client().map_err(|e| {
+            format!(
+                "not a usable Redis URL ({:?}; redis://, rediss://, unix:// or redis+sentinel://)",
+                e.kind()
+            )
+        })?;
+        Ok(direct)
+    }
+
+    fn client(&self) -> redis::RedisResult<redis::Client> {
+        if self.url.starts_with("rediss://") {
+            // rustls needs one process-wide provider; ours is ring. Installed
+            // once (a later call finds it there and changes nothing).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        match &self.ca {
+            Some(ca) => redis::Client::build_with_tls(
+                self.url.as_str(),
+                redis::TlsCertificates { client_tls: None, root_cert: Some(ca.clone()) },
+            ),
+            None => redis::Client::open(self.url.as_str()),
         }
     }
 }
@@ -223,8 +291,19 @@ mod tests {
             let err = Target::parse(bad).unwrap_err();
             assert!(!err.contains("pw"), "{bad}: {err}");
         }
-        // No TLS in this build: refused at start rather than failing later.
-        assert!(Target::parse("rediss://:pw@redis.example:6380").is_err());
+        // TLS: the system's roots, or a CA file read at parse (a missing
+        // or non-PEM one refused at start, not at the first connection).
+        assert!(Target::parse("rediss://:pw@redis.example:6380").is_ok());
+        for bad in [
+            "rediss://:pw@r:6380?ca_file=/nonexistent/ca.pem",
+            "rediss://:pw@r:6380?ca_file=",
+            "rediss://:pw@r:6380?ca_file=/etc/hostname",
+            "redis://:pw@r:6379?ca_file=/etc/hostname",
+            "rediss://:pw@r:6380?ca_file=a&ca_file=b",
+        ] {
+            let err = Target::parse(bad).unwrap_err();
+            assert!(!err.contains("pw"), "{bad}: {err}");
+        }
         let direct = Target::parse("redis://:pw@127.0.0.1:6379/0").unwrap();
         assert!(!direct.follows_failover());
         assert_eq!(direct.redacted(), "redis://:***@127.0.0.1:6379/0");

@@ -598,3 +598,55 @@ async fn keys_of_the_wrong_type_in_redis_are_refused_and_serving_goes_on() {
     assert_eq!(r["detail"]["cluster"]["redis_up"], true, "a bad key is not Redis being down: {r}");
     assert!(sys.log().contains("redis_key_wrong_type"));
 }
+
+/// A Redis that speaks only TLS to its clients, its certificate from a
+/// private CA (a managed Redis with in-transit encryption): a gateway given
+/// `rediss://…?ca_file=` shares the fleet over TLS (its node mark, its
+/// engine's registration and the tenant counters land in Redis); one given
+/// the same URL without the CA refuses the certificate and serves on local
+/// limits, Redis down, rather than trusting it, and logs why; one whose
+/// system roots include the CA (`SSL_CERT_FILE`) needs no `ca_file`.
+#[tokio::test]
+async fn redis_over_tls_with_a_private_ca_is_shared_and_an_untrusted_certificate_is_refused() {
+    let pki = gateway::certs::generate(&scratch_dir().join("redis-pki")).unwrap();
+    let redis = Redis::start_tls(&scratch_dir(), &pki.server_cert, &pki.server_key).unwrap();
+    let tls = redis.tls_url().unwrap();
+    let trusted = format!("{tls}?ca_file={}", pki.ca_cert.display());
+    let a = System::start_with_policy(&paced(0, 1), 1, &["--redis", &trusted], Some(&default_policy())).await;
+    let r = wait_ready(&a, "A on Redis over TLS", |r| r["detail"]["cluster"]["redis_up"] == true).await;
+    assert_eq!(r["detail"]["cluster"]["mode"], "redis");
+    let conn = a.conn(Proto::H2).await;
+    let resp =
+        conn.send(request("/v1/chat/completions", GOLD, chat_body("hi", 2, false), &[])).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    within(Duration::from_secs(10), "A's engine registered over TLS", async || {
+        redis.reply(&["SMEMBERS", "slo:engines"]).contains(a.engines[0].id.as_str())
+    })
+    .await;
+    assert!(redis.reply(&["KEYS", "slo:gw:*"]).contains("slo:gw:"), "A's node mark is in Redis");
+    // The same server, its CA not given: the system's roots do not know it.
+    let b = System::start_with_policy(&paced(0, 1), 1, &["--redis", &tls], Some(&default_policy())).await;
+    let conn = b.conn(Proto::H2).await;
+    let resp =
+        conn.send(request("/v1/chat/completions", GOLD, chat_body("hi", 2, false), &[])).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "served on local limits");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let r = b.readyz().await;
+    assert_eq!(r["detail"]["cluster"]["redis_up"], false, "an untrusted certificate is refused: {r}");
+    assert!(b.metrics().await.contains("gateway_cluster_redis_up 0"));
+    assert!(b.log().contains("redis_dial_failed"), "the cause is logged: {}", b.log());
+    drop(b);
+    // The system's roots are read from the usual places, SSL_CERT_FILE
+    // included: a CA bundle installed there is trusted without ca_file.
+    let ca = pki.ca_cert.display().to_string();
+    let c = System::start_with_env(
+        &paced(0, 1),
+        1,
+        &["--redis", &tls],
+        Some(&default_policy()),
+        &[("SSL_CERT_FILE", &ca)],
+    )
+    .await;
+    wait_ready(&c, "C trusts the CA from SSL_CERT_FILE", |r| r["detail"]["cluster"]["redis_up"] == true)
+        .await;
+}

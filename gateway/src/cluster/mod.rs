@@ -31,7 +31,8 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
-    /// `redis://[[user]:password@]host:port[/db]`, or Sentinel:
+    /// `redis://[[user]:password@]host:port[/db]`, over TLS
+    /// `rediss://…[?ca_file=PATH]`, or Sentinel:
     /// `redis+sentinel://[[user]:password@]host:port[,host:port…]/master[/db]`
     /// (the fleet-redis crate); unset: in-memory state (one gateway).
     pub redis: Option<String>,

@@ -113,6 +113,12 @@ struct Conn {
     current: ArcSwapOption<ConnectionManager>,
     /// Held while dialling; the earliest next attempt.
     dial: tokio::sync::Mutex<Option<tokio::time::Instant>>,
+    /// Whether a failed dial was logged since the last good one (the first
+    /// failure is a warning with its cause, the rest debug: one a REDIAL).
+    dial_failed: AtomicBool,
+    /// A dial for the request path is in flight (in a task of its own, so
+    /// that no caller's timeout cuts it short): at most one at a time.
+    dialing: AtomicBool,
 }
 
 /// The least time between two resolutions of the primary (each asks the
@@ -130,6 +136,54 @@ impl Conn {
         if moved && self.target.follows_failover() && self.current.swap(None).is_some() {
             tracing::warn!(event = "redis_primary_lost", target = ?self.target, error = %e);
         }
+    }
+
+    /// The connection to the primary, dialled if there is none (at most
+    /// once per [`REDIAL`]; each step bounded by `timeout`, at least 200 ms).
+    async fn get(&self, timeout: Duration) -> redis::RedisResult<ConnectionManager> {
+        if let Some(c) = self.current.load_full() {
+            return Ok((*c).clone());
+        }
+        let mut next = self.dial.lock().await;
+        if let Some(c) = self.current.load_full() {
+            return Ok((*c).clone()); // another caller dialled meanwhile
+        }
+        let now = tokio::time::Instant::now();
+        if next.is_some_and(|at| now < at) {
+            return Err(redis::RedisError::from((redis::ErrorKind::Io, "redis: redialling shortly")));
+        }
+        *next = Some(now + REDIAL);
+        let client = self.target.client(timeout.max(Duration::from_millis(200))).await.map_err(|e| {
+            if let fleet_redis::Resolve::Sentinel(why) = &e {
+                ::metrics::counter!(m::CLUSTER_SENTINEL_ERRORS, "reason" => why.as_str()).increment(1);
+                tracing::warn!(event = "redis_sentinel_unusable", target = ?self.target, reason = why.as_str());
+            }
+            redis::RedisError::from(e)
+        })?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(500)))
+            .set_response_timeout(Some(timeout.max(Duration::from_millis(200))))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let c = match client.get_connection_manager_with_config(config).await {
+            Ok(c) => c,
+            Err(e) => {
+                // The cause an operator needs (refused, a certificate not
+                // trusted, a password refused), once per outage.
+                if !self.dial_failed.swap(true, Ordering::AcqRel) {
+                    tracing::warn!(event = "redis_dial_failed", target = ?self.target, error = %e);
+                } else {
+                    tracing::debug!(event = "redis_dial_failed", target = ?self.target, error = %e);
+                }
+                return Err(e);
+            }
+        };
+        self.dial_failed.store(false, Ordering::Release);
+        if self.target.follows_failover() {
+            tracing::info!(event = "redis_primary", target = ?self.target, addr = ?client.get_connection_info().addr());
+        }
+        self.current.store(Some(Arc::new(c.clone())));
+        Ok(c)
     }
 }
 
@@ -184,6 +238,10 @@ fn defer_release(pending: &Mutex<Vec<(String, String)>>, tenant: String, lease: 
 
 impl RedisState {
     pub fn new(target: fleet_redis::Target, cfg: &ClusterConfig) -> Self {
+        // Down until it first answers: a gateway that never reaches its
+        // Redis (a wrong address, an untrusted certificate) reads 0, not
+        // nothing, so an alert on `== 0` fires for it too.
+        ::metrics::gauge!(m::CLUSTER_REDIS_UP).set(0.0);
         Self {
             timeout: Duration::from_millis(cfg.timeout_ms.max(1)),
             lease_ttl_ms: cfg.lease_ttl_s.max(1) * 1000,
@@ -191,6 +249,8 @@ impl RedisState {
                 target,
                 current: ArcSwapOption::empty(),
                 dial: tokio::sync::Mutex::new(None),
+                dial_failed: AtomicBool::new(false),
+                dialing: AtomicBool::new(false),
             }),
             up: Arc::new(AtomicBool::new(false)),
             acquire: Script::new(ACQUIRE),
@@ -218,38 +278,39 @@ impl RedisState {
         }
     }
 
-    /// The connection to the primary (see [`Conn`]).
+    /// The connection to the primary (see [`Conn`]), dialled if there is
+    /// none (off the request path: it waits for the dial).
     async fn conn(&self) -> redis::RedisResult<ConnectionManager> {
+        self.conn.get(self.timeout).await
+    }
+
+    /// The request path's connection within its timeout. Without one, the
+    /// dial runs in a task of its own and this waits for it up to the
+    /// timeout: a dial slower than that (a TLS handshake, loading the
+    /// system's roots, asking the sentinels) finishes for the next request
+    /// instead of being cut short and started again by every request.
+    /// Requests that find a dial in flight go on without Redis at once.
+    async fn conn_timed(&self) -> redis::RedisResult<ConnectionManager> {
         if let Some(c) = self.conn.current.load_full() {
             return Ok((*c).clone());
         }
-        let mut next = self.conn.dial.lock().await;
-        if let Some(c) = self.conn.current.load_full() {
-            return Ok((*c).clone()); // another caller dialled meanwhile
+        if self.conn.dialing.swap(true, Ordering::AcqRel) {
+            return Err(redis::RedisError::from((redis::ErrorKind::Io, "redis: dialling")));
         }
-        let now = tokio::time::Instant::now();
-        if next.is_some_and(|at| now < at) {
-            return Err(redis::RedisError::from((redis::ErrorKind::Io, "redis: redialling shortly")));
-        }
-        *next = Some(now + REDIAL);
-        let client = self.conn.target.client(self.timeout.max(Duration::from_millis(200))).await.map_err(|e| {
-            if let fleet_redis::Resolve::Sentinel(why) = &e {
-                ::metrics::counter!(m::CLUSTER_SENTINEL_ERRORS, "reason" => why.as_str()).increment(1);
-                tracing::warn!(event = "redis_sentinel_unusable", target = ?self.conn.target, reason = why.as_str());
+        /// Clears `dialing` however the dial ends.
+        struct Dialing(Arc<Conn>);
+        impl Drop for Dialing {
+            fn drop(&mut self) {
+                self.0.dialing.store(false, Ordering::Release);
             }
-            redis::RedisError::from(e)
-        })?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_millis(500)))
-            .set_response_timeout(Some(self.timeout.max(Duration::from_millis(200))))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let c = client.get_connection_manager_with_config(config).await?;
-        if self.conn.target.follows_failover() {
-            tracing::info!(event = "redis_primary", target = ?self.conn.target, addr = ?client.get_connection_info().addr());
         }
-        self.conn.current.store(Some(Arc::new(c.clone())));
-        Ok(c)
+        let (flag, timeout) = (Dialing(Arc::clone(&self.conn)), self.timeout);
+        let dial = tokio::spawn(async move { flag.0.get(timeout).await });
+        match tokio::time::timeout(self.timeout, dial).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(redis::RedisError::from((redis::ErrorKind::Io, "redis: dial failed"))),
+            Err(_) => Err(timeout_err()),
+        }
     }
 
     /// Runs `f` with the request-path timeout.
@@ -269,7 +330,7 @@ impl RedisState {
         now_ms: u64,
     ) -> redis::RedisResult<Result<Grant, Denied>> {
         let lease = format!("{}-{}", self.lease_prefix, self.next_lease.fetch_add(1, Ordering::Relaxed));
-        let mut conn = self.timed(self.conn()).await?;
+        let mut conn = self.conn_timed().await?;
         let reply: Vec<i64> = self
             .timed(
                 self.acquire
@@ -332,7 +393,7 @@ impl RedisState {
 
     /// Health check and lease renewal (on Redis's clock), every sync tick.
     pub async fn heartbeat(&self) -> redis::RedisResult<()> {
-        let mut conn = self.timed(self.conn()).await?;
+        let mut conn = self.conn_timed().await?;
         let held: Vec<(String, String)> =
             self.held.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
         let pending: Vec<(String, String)> =
@@ -445,7 +506,7 @@ impl RedisState {
         ttl_ms: u64,
         max: usize,
     ) -> redis::RedisResult<()> {
-        let mut conn = self.timed(self.conn()).await?;
+        let mut conn = self.conn_timed().await?;
         let now = super::wall_ms();
         let prefix = format!("slo:resp:{tenant}:");
         self.timed(
@@ -464,13 +525,13 @@ impl RedisState {
     }
 
     pub async fn get_response(&self, tenant: &str, id: &str) -> redis::RedisResult<Option<String>> {
-        let mut conn = self.timed(self.conn()).await?;
+        let mut conn = self.conn_timed().await?;
         self.timed(redis::cmd("GET").arg(format!("slo:resp:{tenant}:{id}")).query_async(&mut conn)).await
     }
 
     /// Whether it was there.
     pub async fn delete_response(&self, tenant: &str, id: &str) -> redis::RedisResult<bool> {
-        let mut conn = self.timed(self.conn()).await?;
+        let mut conn = self.conn_timed().await?;
         let (n, _): (i64, i64) = self
             .timed(
                 redis::pipe()
@@ -485,7 +546,7 @@ impl RedisState {
     /// Writes API key records (`slo:keys`: id -> JSON, no secrets);
     /// `only_new`: only those Redis does not have.
     pub async fn put_keys(&self, records: &[(String, String)], only_new: bool) -> redis::RedisResult<()> {
-        let mut conn = self.timed(self.conn()).await?;
+        let mut conn = self.conn_timed().await?;
         let mut pipe = redis::pipe();
         for (id, json) in records {
             if only_new {
@@ -499,7 +560,7 @@ impl RedisState {
 
     /// Every API key record of the fleet.
     pub async fn keys(&self) -> redis::RedisResult<Vec<String>> {
-        let mut conn = self.timed(self.conn()).await?;
+        let mut conn = self.conn_timed().await?;
         self.timed(redis::cmd("HVALS").arg("slo:keys").query_async(&mut conn)).await
     }
 
@@ -510,7 +571,7 @@ impl RedisState {
         days: &[(u32, Vec<(String, u64)>)],
         keep_days: u32,
     ) -> redis::RedisResult<()> {
-        let mut conn = self.timed(self.conn()).await?;
+        let mut conn = self.conn_timed().await?;
         let mut pipe = redis::pipe();
         pipe.atomic();
         for (day, fields) in days {
@@ -525,7 +586,7 @@ impl RedisState {
 
     /// The usage hashes of `days`.
     pub async fn usage_days(&self, days: &[u32]) -> redis::RedisResult<Vec<(u32, Vec<(String, u64)>)>> {
-        let mut conn = self.timed(self.conn()).await?;
+        let mut conn = self.conn_timed().await?;
         let mut pipe = redis::pipe();
         for day in days {
             pipe.hgetall(format!("slo:usage:{day}"));

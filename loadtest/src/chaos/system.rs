@@ -182,6 +182,24 @@ impl Redis {
         Self::start_with(scratch, vec!["--replicaof".into(), "127.0.0.1".into(), primary_port.to_string()])
     }
 
+    /// Starts one that also serves TLS on a port of its own, with this
+    /// certificate and key (clients are not asked for one); the plain port
+    /// stays, for [`Redis::command`]. Its TLS URL is [`Redis::tls_url`].
+    pub fn start_tls(scratch: &Path, cert: &Path, key: &Path) -> Result<Self, String> {
+        let tls_port = free_port()?;
+        let mut extra =
+            vec!["--tls-port".to_string(), tls_port.to_string(), "--tls-auth-clients".into(), "no".into()];
+        extra.extend(["--tls-cert-file".into(), cert.display().to_string()]);
+        extra.extend(["--tls-key-file".into(), key.display().to_string()]);
+        Self::start_with(scratch, extra)
+    }
+
+    /// `rediss://127.0.0.1:{tls-port}` of one started by [`Redis::start_tls`].
+    pub fn tls_url(&self) -> Option<String> {
+        let at = self.extra.iter().position(|a| a == "--tls-port")?;
+        Some(format!("rediss://127.0.0.1:{}", self.extra[at + 1]))
+    }
+
     fn start_with(scratch: &Path, extra: Vec<String>) -> Result<Self, String> {
         let port = free_port()?;
         let dir = scratch.join(format!("redis-{port}"));
