@@ -32,6 +32,7 @@ pub mod fuzzing;
 #[doc(hidden)]
 pub mod cluster_testing {
     pub use crate::cluster::redis::RedisState;
+    pub use crate::cluster::streams::{MAX_SWEEP, SWEEP_BATCH};
     pub use crate::cluster::{wall_ms, ClusterConfig, Denied, Limits};
 }
 pub(crate) mod headers;

@@ -650,3 +650,35 @@ async fn redis_over_tls_with_a_private_ca_is_shared_and_an_untrusted_certificate
     wait_ready(&c, "C trusts the CA from SSL_CERT_FILE", |r| r["detail"]["cluster"]["redis_up"] == true)
         .await;
 }
+
+/// More stream records than one sweep may read (5,000 > `MAX_SWEEP`):
+/// no sweep reads more than its bound and one SCAN batch, and every
+/// stream is looked at within two sweeps (each goes on from where the
+/// last stopped, so streams past the bound are not left unswept forever).
+#[tokio::test]
+async fn a_sweep_reads_a_bounded_number_of_stream_records_and_reaches_every_one_in_turn() {
+    use gateway::cluster_testing::{ClusterConfig, RedisState, MAX_SWEEP, SWEEP_BATCH};
+    const STREAMS: usize = 5000;
+    let redis = start_redis();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut pipe = redis::pipe();
+    for i in 0..STREAMS {
+        pipe.hset(format!("slo:stream:s{i}"), "owner", "gw-dead").ignore();
+    }
+    pipe.query_async::<()>(&mut conn).await.unwrap();
+    let target = fleet_redis::Target::parse(&redis.url()).unwrap();
+    let state = RedisState::new(target, &ClusterConfig { timeout_ms: 500, ..ClusterConfig::default() });
+    let mut seen = std::collections::HashSet::new();
+    for pass in 0..2 {
+        let owners = state.stream_owners().await.unwrap();
+        assert!(
+            !owners.is_empty() && owners.len() < MAX_SWEEP + 2 * SWEEP_BATCH,
+            "pass {pass}: {}",
+            owners.len()
+        );
+        assert!(owners.iter().all(|(_, o)| o == "gw-dead"));
+        seen.extend(owners.into_iter().map(|(id, _)| id));
+    }
+    assert_eq!(seen.len(), STREAMS, "every stream swept within two passes");
+}

@@ -205,6 +205,8 @@ pub struct RedisState {
     pending_releases: Arc<Mutex<Vec<(String, String)>>>,
     next_lease: AtomicU64,
     lease_prefix: String,
+    /// Where the next stream sweep's SCAN starts (0: from the beginning).
+    pub(super) sweep_cursor: AtomicU64,
 }
 
 impl std::fmt::Debug for RedisState {
@@ -260,6 +262,7 @@ impl RedisState {
             pending_releases: Arc::new(Mutex::new(Vec::new())),
             next_lease: AtomicU64::new(0),
             lease_prefix: format!("{}-{}", std::process::id(), super::wall_ms()),
+            sweep_cursor: AtomicU64::new(0),
         }
     }
 

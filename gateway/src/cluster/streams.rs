@@ -13,6 +13,7 @@
 //! `slo:gw:{node}` marks a live gateway (3 s, refreshed every sync tick):
 //! a stream whose owner's mark is gone belongs to a dead gateway.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::Script;
@@ -24,8 +25,12 @@ use super::redis::RedisState;
 pub const RECORD_TTL: Duration = Duration::from_secs(3600);
 /// A gateway whose mark is older than this is dead.
 pub const LIVE_TTL: Duration = Duration::from_secs(3);
-/// Most stream records one sweep reads.
+/// Most stream records one sweep reads (it may read one SCAN batch, about
+/// [`SWEEP_BATCH`], past it). A fleet with more live streams is swept in
+/// turns: each sweep goes on from where the last stopped.
 pub const MAX_SWEEP: usize = 4096;
+/// Keys one SCAN step is asked to examine.
+pub const SWEEP_BATCH: usize = 512;
 
 /// Writes a record if `owner` owns the stream or nobody does. KEYS: the
 /// stream. ARGV: owner, doc, mac, ttl ms. Returns 1 written, 0 owned by
@@ -77,16 +82,7 @@ impl RedisState {
     /// Writes stream `id`'s record as `owner`; false when another gateway
     /// owns it now (this one lost it).
     pub async fn put_stream(&self, id: &str, owner: &str, doc: &str, mac: &str) -> redis::RedisResult<bool> {
-        let mut conn = self.connection().await?;
-        let r: i64 = Script::new(PUT)
-            .key(key(id))
-            .arg(owner)
-            .arg(doc)
-            .arg(mac)
-            .arg(ms(RECORD_TTL))
-            .invoke_async(&mut conn)
-            .await?;
-        Ok(r == 1)
+        self.write_stream(PUT, id, &[owner], doc, mac).await
     }
 
     /// Takes stream `id` over from `from` with this record; false when its
@@ -98,16 +94,26 @@ impl RedisState {
         doc: &str,
         mac: &str,
     ) -> redis::RedisResult<bool> {
+        self.write_stream(CLAIM, id, &[from, to], doc, mac).await
+    }
+
+    /// Runs [`PUT`] or [`CLAIM`]: ARGV the owners, then the record and its
+    /// TTL. True when it wrote.
+    async fn write_stream(
+        &self,
+        script: &str,
+        id: &str,
+        owners: &[&str],
+        doc: &str,
+        mac: &str,
+    ) -> redis::RedisResult<bool> {
         let mut conn = self.connection().await?;
-        let r: i64 = Script::new(CLAIM)
-            .key(key(id))
-            .arg(from)
-            .arg(to)
-            .arg(doc)
-            .arg(mac)
-            .arg(ms(RECORD_TTL))
-            .invoke_async(&mut conn)
-            .await?;
+        let script = Script::new(script);
+        let mut call = script.key(key(id));
+        for o in owners {
+            call.arg(*o);
+        }
+        let r: i64 = call.arg(doc).arg(mac).arg(ms(RECORD_TTL)).invoke_async(&mut conn).await?;
         Ok(r == 1)
     }
 
@@ -139,11 +145,13 @@ impl RedisState {
         }
     }
 
-    /// Every stream id with its owner (at most [`MAX_SWEEP`]; keys of the
-    /// wrong type are skipped).
+    /// Stream ids with their owners: every one when there are at most
+    /// [`MAX_SWEEP`], else the next [`MAX_SWEEP`] or so in SCAN order from
+    /// where the previous call stopped (all of them within two full turns
+    /// of the keyspace). Keys of the wrong type are skipped.
     pub async fn stream_owners(&self) -> redis::RedisResult<Vec<(String, String)>> {
         let mut conn = self.connection().await?;
-        let mut cursor: u64 = 0;
+        let mut cursor = self.sweep_cursor.load(Ordering::Acquire);
         let mut keys: Vec<String> = Vec::new();
         loop {
             let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
@@ -151,7 +159,7 @@ impl RedisState {
                 .arg("MATCH")
                 .arg("slo:stream:*")
                 .arg("COUNT")
-                .arg(512)
+                .arg(SWEEP_BATCH)
                 .query_async(&mut conn)
                 .await?;
             keys.extend(batch);
@@ -160,7 +168,7 @@ impl RedisState {
                 break;
             }
         }
-        keys.truncate(MAX_SWEEP);
+        self.sweep_cursor.store(cursor, Ordering::Release);
         let mut out = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(256) {
             let mut pipe = redis::pipe();

@@ -276,15 +276,11 @@ async fn next_chunk(streams: &Streams, stream: &Arc<Stream>, cfg: &VideoConfig) 
         // older than the engine keeps (go on from the engine's next).
         Err(e) if e.status.is_some_and(|s| s.as_u16() == 425) => {
             let waits = {
-                let mut st = stream.lock();
-                st.replay_waits += 1;
-                if st.replay_waits > MAX_REPLAY_WAITS {
-                    st.replay = false;
-                }
-                st.replay_waits
+                let st = &mut *stream.lock();
+                under_way(&mut st.replay, &mut st.replay_waits)
             };
             tracing::debug!(event = "video_replay_wait", stream = %stream.id, waits);
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(REPLAY_WAIT).await;
             Ok(())
         }
         Err(e) if e.status == Some(http::StatusCode::GONE) => {
@@ -372,8 +368,23 @@ fn deliver(
 }
 
 /// "Under way" answers in a row before a replaying driver stops asking by
-/// index (20 ms apart: 2 s, well over a chunk's time).
+/// index ([`REPLAY_WAIT`] apart: 2 s, well over a chunk's time).
 const MAX_REPLAY_WAITS: u32 = 100;
+/// How long a replaying driver waits before asking again for a chunk the
+/// engine says is under way.
+const REPLAY_WAIT: Duration = Duration::from_millis(20);
+
+/// One more "under way" (425) answer while replaying: counted, and past
+/// [`MAX_REPLAY_WAITS`] in a row the driver stops asking by index (an
+/// engine that says so forever costs a bounded wait, then the stream goes
+/// on from the engine's next chunk). Returns the count.
+fn under_way(replay: &mut bool, waits: &mut u32) -> u32 {
+    *waits += 1;
+    if *waits > MAX_REPLAY_WAITS {
+        *replay = false;
+    }
+    *waits
+}
 
 /// Conflicts in a row before the driver takes the engine's epoch.
 const MAX_CONFLICTS: u32 = 3;
@@ -450,4 +461,22 @@ async fn finish(streams: &Arc<Streams>, stream: &Arc<Stream>, reason: &'static s
         tokio::time::sleep(KEEP_ENDED).await;
         streams.remove_exact(&stream);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_that_says_under_way_forever_is_asked_by_index_for_a_bounded_time() {
+        let (mut replay, mut waits) = (true, 0);
+        let mut asked = 0;
+        while replay {
+            under_way(&mut replay, &mut waits);
+            asked += 1;
+            assert!(asked <= 1000, "never stops asking by index");
+        }
+        assert_eq!(asked, MAX_REPLAY_WAITS + 1);
+        assert!(REPLAY_WAIT * asked <= Duration::from_secs(3), "{:?}", REPLAY_WAIT * asked);
+    }
 }
