@@ -22,7 +22,7 @@
 //! pages with [`blocks`], so their events and this index speak of the
 //! same hashes.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 /// Hashes of a prompt's full blocks, each chained on its predecessor. A
 /// trailing partial block has no hash (it cannot be shared as a page).
@@ -139,90 +139,194 @@ fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
     h
 }
 
-/// Which engines were sent which prefixes, bounded.
+/// Which engines were sent which prefixes, bounded: an exact LRU of at
+/// most `capacity` blocks. Each block is one slot of a slab (its hash, its
+/// place in the recency list, the engines holding it, inline) and one
+/// entry of a hash map from block hash to slot: about 110 bytes a block,
+/// all reserved at creation and never exceeded (a default index of 262,144
+/// blocks: about 28 MiB, resident as it fills; the queue of recency stamps
+/// before took about 200 bytes a block and doubled in steps while
+/// filling, until well after the index was full). Using a block again moves it to the front without adding
+/// anything.
 #[derive(Debug)]
 pub struct PrefixIndex {
-    /// Block hash → engines (indexes) holding it, and when it was last used.
-    entries: HashMap<u64, Entry>,
-    /// Block hashes in order of last use (oldest first); stale duplicates
-    /// are skipped when their stamp no longer matches.
-    order: VecDeque<(u64, u64)>,
+    /// Block hash → its slot.
+    slots_of: HashMap<u64, u32>,
+    slots: Vec<Slot>,
+    /// Slots freed by [`PrefixIndex::remove`] and [`PrefixIndex::forget_engine`].
+    free: Vec<u32>,
+    /// Most and least recently used slots ([`NIL`] when empty).
+    head: u32,
+    tail: u32,
     capacity: usize,
-    clock: u64,
 }
 
-#[derive(Debug)]
-struct Entry {
-    engines: Vec<u16>,
-    used: u64,
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    hash: u64,
+    /// Towards the most recently used ([`NIL`] at the head).
+    prev: u32,
+    /// Towards the least recently used ([`NIL`] at the tail).
+    next: u32,
+    /// The engines holding this block, oldest first: `engines[..held]`.
+    engines: [u16; MAX_ENGINES_PER_BLOCK],
+    held: u8,
 }
+
+impl Slot {
+    fn engines(&self) -> &[u16] {
+        &self.engines[..usize::from(self.held)]
+    }
+
+    /// `engine` now holds this block, as the most recent of its engines
+    /// (the oldest dropped when it already names the most it keeps).
+    fn hold(&mut self, engine: u16) {
+        let n = usize::from(self.held);
+        match self.engines[..n].iter().position(|e| *e == engine) {
+            Some(i) => self.engines[i..n].rotate_left(1),
+            None if n == MAX_ENGINES_PER_BLOCK => {
+                self.engines.rotate_left(1);
+                self.engines[n - 1] = engine;
+            }
+            None => {
+                self.engines[n] = engine;
+                self.held += 1;
+            }
+        }
+    }
+
+    /// `engine` no longer holds it; whether any engine still does.
+    fn release(&mut self, engine: u16) -> bool {
+        let n = usize::from(self.held);
+        if let Some(i) = self.engines[..n].iter().position(|e| *e == engine) {
+            self.engines[i..n].rotate_left(1);
+            self.held -= 1;
+        }
+        self.held > 0
+    }
+}
+
+/// No slot.
+const NIL: u32 = u32::MAX;
 
 /// Engines remembered per block (a prefix sent to more is remembered on
 /// the most recent ones).
 const MAX_ENGINES_PER_BLOCK: usize = 8;
 
+/// Slots an index reserves at creation, at most: a larger one grows to its
+/// bound as it fills.
+const PREALLOCATED: usize = 1 << 18;
+
 impl PrefixIndex {
-    /// An index of at most `capacity` blocks.
+    /// An index of at most `capacity` blocks (and at most `u32::MAX - 1`).
     pub fn new(capacity: usize) -> Self {
-        Self { entries: HashMap::new(), order: VecDeque::new(), capacity: capacity.max(1), clock: 0 }
+        let capacity = capacity.clamp(1, NIL as usize - 1);
+        let reserve = capacity.min(PREALLOCATED);
+        Self {
+            // Twice the blocks: removals leave tombstones, and a table more
+            // than half full would double itself to clear them (once, well
+            // after start); at half it clears them in place.
+            slots_of: HashMap::with_capacity(2 * reserve),
+            slots: Vec::with_capacity(reserve),
+            free: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            capacity,
+        }
     }
 
     /// Blocks remembered.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.slots_of.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.slots_of.is_empty()
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let Slot { prev, next, .. } = self.slots[i as usize];
+        match prev {
+            NIL => self.head = next,
+            p => self.slots[p as usize].next = next,
+        }
+        match next {
+            NIL => self.tail = prev,
+            n => self.slots[n as usize].prev = prev,
+        }
+    }
+
+    fn push_front(&mut self, i: u32) {
+        let old = self.head;
+        let slot = &mut self.slots[i as usize];
+        slot.prev = NIL;
+        slot.next = old;
+        match old {
+            NIL => self.tail = i,
+            o => self.slots[o as usize].prev = i,
+        }
+        self.head = i;
+    }
+
+    /// Drops slot `i` and its block.
+    fn drop_slot(&mut self, i: u32) {
+        self.unlink(i);
+        self.slots_of.remove(&self.slots[i as usize].hash);
+        self.free.push(i);
     }
 
     /// Records that a prompt with these block hashes went to `engine`.
     pub fn record(&mut self, engine: u16, hashes: &[u64]) {
         for &h in hashes {
-            self.clock += 1;
-            let e = self.entries.entry(h).or_insert_with(|| Entry { engines: Vec::new(), used: 0 });
-            e.used = self.clock;
-            if let Some(i) = e.engines.iter().position(|x| *x == engine) {
-                e.engines.remove(i);
-            } else if e.engines.len() == MAX_ENGINES_PER_BLOCK {
-                e.engines.remove(0);
-            }
-            e.engines.push(engine);
-            self.order.push_back((h, self.clock));
-        }
-        self.evict();
-        // Stale order entries are bounded too: compact when they dominate.
-        if self.order.len() > 4 * self.capacity {
-            let entries = &self.entries;
-            self.order.retain(|(h, t)| entries.get(h).is_some_and(|e| e.used == *t));
-        }
-    }
-
-    fn evict(&mut self) {
-        while self.entries.len() > self.capacity {
-            let Some((h, t)) = self.order.pop_front() else { break };
-            if self.entries.get(&h).is_some_and(|e| e.used == t) {
-                self.entries.remove(&h);
-            }
+            let i = match self.slots_of.get(&h) {
+                Some(&i) => {
+                    self.unlink(i);
+                    i
+                }
+                None => {
+                    if self.slots_of.len() >= self.capacity {
+                        self.drop_slot(self.tail); // full: the least recently used goes
+                    }
+                    let slot =
+                        Slot { hash: h, prev: NIL, next: NIL, engines: [0; MAX_ENGINES_PER_BLOCK], held: 0 };
+                    let i = match self.free.pop() {
+                        Some(i) => {
+                            self.slots[i as usize] = slot;
+                            i
+                        }
+                        None => {
+                            self.slots.push(slot);
+                            (self.slots.len() - 1) as u32
+                        }
+                    };
+                    self.slots_of.insert(h, i);
+                    i
+                }
+            };
+            self.slots[i as usize].hold(engine);
+            self.push_front(i);
         }
     }
 
     /// Forgets that `engine` holds block `hash` (it evicted it).
     pub fn remove(&mut self, engine: u16, hash: u64) {
-        if let Some(e) = self.entries.get_mut(&hash) {
-            e.engines.retain(|x| *x != engine);
-            if e.engines.is_empty() {
-                self.entries.remove(&hash);
+        if let Some(&i) = self.slots_of.get(&hash) {
+            if !self.slots[i as usize].release(engine) {
+                self.drop_slot(i);
             }
         }
     }
 
     /// Forgets `engine` (it went away, or its cache was reset).
     pub fn forget_engine(&mut self, engine: u16) {
-        self.entries.retain(|_, e| {
-            e.engines.retain(|x| *x != engine);
-            !e.engines.is_empty()
-        });
+        let mut i = self.head;
+        while i != NIL {
+            let next = self.slots[i as usize].next;
+            if !self.slots[i as usize].release(engine) {
+                self.drop_slot(i);
+            }
+            i = next;
+        }
     }
 
     /// For each of `engines`, how many leading blocks of `hashes` it holds.
@@ -230,10 +334,11 @@ impl PrefixIndex {
         let mut matched = vec![0u32; engines];
         let mut alive: Vec<bool> = vec![true; engines];
         for (k, h) in hashes.iter().enumerate() {
-            let Some(e) = self.entries.get(h) else { break };
+            let Some(&slot) = self.slots_of.get(h) else { break };
+            let held = self.slots[slot as usize].engines();
             let mut any = false;
             for (i, ok) in alive.iter_mut().enumerate() {
-                if *ok && e.engines.iter().any(|x| usize::from(*x) == i) {
+                if *ok && held.iter().any(|x| usize::from(*x) == i) {
                     matched[i] = k as u32 + 1;
                     any = true;
                 } else {

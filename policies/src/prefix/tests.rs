@@ -55,7 +55,8 @@ fn the_index_is_bounded_and_keeps_what_was_used_last() {
             idx.record(0, &hot); // the shared system prompt keeps being sent
         }
         assert!(idx.len() <= 10, "{}", idx.len());
-        assert!(idx.order.len() <= 4 * 10 + 64, "{}", idx.order.len());
+        assert!(idx.slots.len() <= 10, "no slot beyond the bound: {}", idx.slots.len());
+        assert_consistent(&idx);
     }
     idx.record(0, &hot);
     assert_eq!(idx.matched(&hot, 2)[0], 5, "recently used blocks survive eviction");
@@ -146,4 +147,42 @@ fn a_chain_continued_with_generated_pieces_names_what_the_resent_text_looks_up()
     assert_eq!(all.len(), 2);
     assert_eq!(&resent[..2], &all[..], "same hashes and content");
     assert_eq!(block_hashes(&next, 16), resent.iter().map(|b| b.hash).collect::<Vec<_>>());
+}
+
+/// The recency list runs through every remembered block once, each way,
+/// and the free slots are the others.
+fn assert_consistent(idx: &PrefixIndex) {
+    let (mut seen, mut i, mut prev) = (0, idx.head, NIL);
+    while i != NIL {
+        let slot = &idx.slots[i as usize];
+        assert_eq!(slot.prev, prev);
+        assert_eq!(idx.slots_of.get(&slot.hash), Some(&i));
+        assert!(slot.held > 0, "a remembered block is held by some engine");
+        (prev, i) = (i, slot.next);
+        seen += 1;
+    }
+    assert_eq!(idx.tail, prev);
+    assert_eq!(seen, idx.len());
+    assert_eq!(idx.len() + idx.free.len(), idx.slots.len());
+}
+
+#[test]
+fn the_recency_list_stays_whole_through_records_removals_and_forgotten_engines() {
+    let mut idx = PrefixIndex::new(64);
+    let mut rng = SplitMix(11);
+    for step in 0..5_000u64 {
+        let engine = (rng.next_u64() % 5) as u16;
+        match rng.next_u64() % 10 {
+            0 => idx.remove(engine, rng.next_u64() % 200),
+            1 if step % 50 == 0 => idx.forget_engine(engine),
+            _ => {
+                let first = rng.next_u64() % 200;
+                let hashes: Vec<u64> = (first..first + 1 + rng.next_u64() % 12).collect();
+                idx.record(engine, &hashes);
+                assert!(idx.matched(&hashes, 5)[usize::from(engine)] as usize == hashes.len().min(64));
+            }
+        }
+        assert!(idx.len() <= 64);
+        assert_consistent(&idx);
+    }
 }
