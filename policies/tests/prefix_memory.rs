@@ -40,7 +40,7 @@ fn record(index: &mut PrefixIndex, prompts: std::ops::Range<u64>) {
     let mut hashes = Vec::with_capacity(32);
     for p in prompts {
         hashes.clear();
-        hashes.extend((0..8).map(|b| 0xC0FFEE_0000 + b));
+        hashes.extend((0..8).map(|b| 0x00C0_FFEE_0000 + b));
         hashes.extend((0..24).map(|b| p.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (b + 1)));
         index.record((p % 4) as u16, &hashes);
     }
