@@ -563,6 +563,12 @@ async fn keys_of_the_wrong_type_in_redis_are_refused_and_serving_goes_on() {
     let url = redis.url();
     let sys = System::start_with_policy(INSTANT, 1, &["--redis", &url], Some(&default_policy())).await;
     wait_ready(&sys, "on Redis", |r| r["detail"]["cluster"]["redis_up"] == true).await;
+    // Its policy published first: a publish after the replacement below
+    // would overwrite it (SET takes any key) and no bad key would be read.
+    within(Duration::from_secs(5), "the policy is published", async || {
+        redis.command(&["EXISTS", "slo:policy"]) == ":1"
+    })
+    .await;
     for args in [
         &["SET", "slo:lease:demo-gold", "not a sorted set"][..],
         // The gateway published its policy there already: replace it.
