@@ -115,7 +115,9 @@ pub async fn serve(
                 response
             }
         });
-        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+        // Read a slice at a time (connguard::Fair): a peer flooding frames
+        // does not hold the worker.
+        let conn = builder.serve_connection(TokioIo::new(connguard::Fair::new(stream)), svc).into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             let _permit = permit;
