@@ -25,12 +25,7 @@
 //! admission stops at its next await.
 
 use std::collections::VecDeque;
-use std::io;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::task::{Context, Poll};
-
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -216,78 +211,6 @@ impl Drop for Stream {
     }
 }
 
-/// Bytes a connection's task reads before it lets other tasks run.
-pub const READ_SLICE: usize = 16 * 1024;
-
-/// A connection's socket that makes its task yield after every
-/// [`READ_SLICE`] bytes read in one go. A peer writing frames as fast as it
-/// can (the rapid-reset shape: HEADERS, DATA and RST_STREAM for thousands
-/// of streams) would otherwise keep the task parsing them, and spawning a
-/// handler for each, for as long as its data lasts: tokio's cooperative
-/// budget counts socket reads, and one read brings in a TLS record of
-/// about a hundred such streams. Other connections' requests wait behind
-/// that task on the same worker. After a slice the read answers `Pending`
-/// with the task woken again at once: the connection goes on at its turn.
-#[derive(Debug)]
-pub struct Fair<T> {
-    inner: T,
-    read: usize,
-}
-
-impl<T> Fair<T> {
-    pub fn new(inner: T) -> Self {
-        Self { inner, read: 0 }
-    }
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Fair<T> {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if this.read >= READ_SLICE {
-            this.read = 0;
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
-        }
-        let before = buf.filled().len();
-        match Pin::new(&mut this.inner).poll_read(cx, buf) {
-            Poll::Pending => {
-                this.read = 0; // it yields anyway
-                Poll::Pending
-            }
-            Poll::Ready(r) => {
-                this.read += buf.filled().len() - before;
-                Poll::Ready(r)
-            }
-        }
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Fair<T> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,43 +262,5 @@ mod tests {
         assert!(!w.is_tripped());
         w.open().finished();
         assert_eq!(w.tripped().await, Abuse::StreamRate);
-    }
-
-    #[tokio::test]
-    async fn a_fast_peer_is_read_a_slice_at_a_time() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let (mut peer, ours) = tokio::io::duplex(1 << 20);
-        peer.write_all(&vec![7u8; 10 * READ_SLICE]).await.unwrap();
-        drop(peer);
-        let mut fair = Fair::new(ours);
-        let mut buf = vec![0u8; 4096];
-        let (mut read, mut yields) = (0, 0);
-        loop {
-            let mut rb = ReadBuf::new(&mut buf);
-            let polled = std::future::poll_fn(|cx| match Pin::new(&mut fair).poll_read(cx, &mut rb) {
-                Poll::Pending => Poll::Ready(None),
-                Poll::Ready(r) => Poll::Ready(Some(r)),
-            })
-            .await;
-            match polled {
-                None => yields += 1,
-                Some(r) => {
-                    r.unwrap();
-                    if rb.filled().is_empty() {
-                        break;
-                    }
-                    read += rb.filled().len();
-                }
-            }
-        }
-        assert_eq!(read, 10 * READ_SLICE, "every byte is read");
-        assert!((9..=10).contains(&yields), "one yield a slice: {yields}");
-        // Writes pass through untouched.
-        let (mut a, b) = tokio::io::duplex(64);
-        let mut fair = Fair::new(b);
-        fair.write_all(b"hello").await.unwrap();
-        let mut got = [0u8; 5];
-        a.read_exact(&mut got).await.unwrap();
-        assert_eq!(&got, b"hello");
     }
 }

@@ -106,18 +106,27 @@ pub async fn serve(
             // (the peer reset the stream), it counts as a premature reset.
             let mut stream = streams.open();
             let engine = Arc::clone(&engine);
+            let watch = Arc::clone(&streams);
             async move {
                 // Yield once first: hyper drops a stream its peer reset in
                 // the same write as its request before the scheduler sees it.
                 tokio::task::yield_now().await;
+                // A connection found abusive gets no further work while it
+                // is being closed (streams whose reset came in a later read
+                // than their request would otherwise reach the scheduler).
+                if watch.is_tripped() {
+                    return Ok(error(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "connection_abusive",
+                        "this connection is being closed",
+                    ));
+                }
                 let response = handle(engine, req).await;
                 stream.finished();
                 response
             }
         });
-        // Read a slice at a time (connguard::Fair): a peer flooding frames
-        // does not hold the worker.
-        let conn = builder.serve_connection(TokioIo::new(connguard::Fair::new(stream)), svc).into_owned();
+        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             let _permit = permit;

@@ -148,8 +148,7 @@ pub async fn serve<H, F>(
                 abuse::Watch::new(f64::from(limits.max_new_streams_per_s), f64::from(limits.max_streams));
             let svc = tracked(handler, Arc::clone(&activity), Arc::clone(&watch));
             let Some(acceptor) = acceptor else {
-                let conn =
-                    builder.serve_connection(TokioIo::new(connguard::Fair::new(tcp)), svc).into_owned();
+                let conn = builder.serve_connection(TokioIo::new(tcp), svc).into_owned();
                 return connection(conn, |c| c.graceful_shutdown(), (activity, watch), stop, &limits, peer)
                     .await;
             };
@@ -162,9 +161,7 @@ pub async fn serve<H, F>(
                     return tracing::debug!(event = "tls_handshake_timeout", %peer);
                 }
             };
-            // Read a slice at a time (connguard::Fair): a peer flooding frames
-            // (rapid reset) does not hold the worker other connections wait for.
-            let conn = builder.serve_connection(TokioIo::new(connguard::Fair::new(tls)), svc).into_owned();
+            let conn = builder.serve_connection(TokioIo::new(tls), svc).into_owned();
             connection(conn, |c| c.graceful_shutdown(), (activity, watch), stop, &limits, peer).await;
         };
         match workers {
