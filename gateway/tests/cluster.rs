@@ -688,3 +688,47 @@ async fn a_sweep_reads_a_bounded_number_of_stream_records_and_reaches_every_one_
     }
     assert_eq!(seen.len(), STREAMS, "every stream swept within two passes");
 }
+
+/// A Redis that accepts connections and never answers (a hung server, or
+/// a TLS port that never handshakes): requests are served on local limits
+/// without waiting on it, and dials stay one at a time (a new connection
+/// every redial at most, not one per request).
+#[tokio::test]
+async fn a_redis_that_never_answers_costs_requests_nothing_and_is_dialled_one_at_a_time() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = Arc::clone(&accepted);
+    std::thread::spawn(move || {
+        let mut held = Vec::new(); // open and silent until the test ends
+        for s in listener.incoming().flatten() {
+            counter.fetch_add(1, Ordering::Relaxed);
+            held.push(s);
+        }
+    });
+    let url = format!("redis://127.0.0.1:{port}");
+    let sys = System::start_with_policy(INSTANT, 1, &["--redis", &url], Some(&default_policy())).await;
+    let started = Instant::now();
+    let mut load = Vec::new();
+    for _ in 0..40 {
+        let conn = sys.conn(Proto::H2).await;
+        load.push(tokio::spawn(async move {
+            let t = Instant::now();
+            let r =
+                conn.post_json("/v1/chat/completions", Some(GOLD), chat_body("hi", 2, false)).await.unwrap();
+            (r.status(), t.elapsed())
+        }));
+    }
+    for l in load {
+        let (status, took) = l.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "served on local limits");
+        assert!(took < Duration::from_secs(2), "a request waited {took:?} on a silent Redis");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let secs = started.elapsed().as_secs_f64();
+    let dials = accepted.load(Ordering::Relaxed);
+    // One dial in flight at a time, each bounded (0.5 s connect), at most
+    // one a redial (0.5 s): some 2 a second, whatever the request rate.
+    assert!(dials as f64 <= 4.0 + 3.0 * secs, "{dials} connections in {secs:.1} s");
+    assert_eq!(sys.readyz().await["detail"]["cluster"]["redis_up"], false);
+}
