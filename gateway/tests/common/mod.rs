@@ -567,3 +567,32 @@ pub async fn fleet_until(
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
+
+/// Polls `check` on `sys`'s `/readyz` until it holds (10 s at most).
+#[allow(clippy::disallowed_methods)] // real processes, real time
+pub async fn wait_ready(
+    sys: &System,
+    what: &str,
+    check: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = sys.readyz().await;
+        if check(&r) {
+            return r;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {r}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls `ok` every 100 ms for at most `within`; how long it took.
+#[allow(clippy::disallowed_methods)] // real processes, real time
+pub async fn within(within: Duration, what: &str, mut ok: impl AsyncFnMut() -> bool) -> Duration {
+    let started = std::time::Instant::now();
+    while !ok().await {
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    started.elapsed()
+}
