@@ -101,6 +101,12 @@ pub async fn serve(
             std::time::Duration::MAX,
         );
         let streams = Arc::clone(&watch);
+        // Not read a slice a turn (connguard::Fair, as the gateway's public
+        // listener is): the engine's peers are the fleet's gateways, a few
+        // connections each, and the smaller its reads the more often a
+        // rapid-reset peer's reset comes a read after its request was let
+        // through to the scheduler (up to 625 of ~2,000 attack streams with
+        // 4 KiB slices, 353 with 16 KiB, 0-2 reading whole: docs/reliability.md).
         let svc = hyper::service::service_fn(move |req| {
             // Finished once the response head is ready; dropped before
             // (the peer reset the stream), it counts as a premature reset.
@@ -108,9 +114,10 @@ pub async fn serve(
             let engine = Arc::clone(&engine);
             let watch = Arc::clone(&streams);
             async move {
-                // Yield once first: hyper drops a stream its peer reset in
-                // the same write as its request before the scheduler sees it.
-                tokio::task::yield_now().await;
+                // Yield once first (holding a suspect connection's stream a
+                // moment): hyper drops a stream its peer reset right after
+                // its request before the scheduler sees it.
+                connguard::settle(&watch, None, connguard::SUSPECT_HOLD).await;
                 // A connection found abusive gets no further work while it
                 // is being closed (streams whose reset came in a later read
                 // than their request would otherwise reach the scheduler).

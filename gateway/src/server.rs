@@ -146,9 +146,15 @@ pub async fn serve<H, F>(
             let activity = Activity::new();
             let watch =
                 abuse::Watch::new(f64::from(limits.max_new_streams_per_s), f64::from(limits.max_streams));
-            let svc = tracked(handler, Arc::clone(&activity), Arc::clone(&watch));
+            let reads = connguard::Reads::new();
+            let svc = tracked(handler, Arc::clone(&activity), Arc::clone(&watch), Arc::clone(&reads));
             let Some(acceptor) = acceptor else {
-                let conn = builder.serve_connection(TokioIo::new(tcp), svc).into_owned();
+                let conn = builder
+                    .serve_connection(
+                        TokioIo::new(connguard::Fair::new(tcp, reads, connguard::fair::SLICE)),
+                        svc,
+                    )
+                    .into_owned();
                 return connection(conn, |c| c.graceful_shutdown(), (activity, watch), stop, &limits, peer)
                     .await;
             };
@@ -161,7 +167,11 @@ pub async fn serve<H, F>(
                     return tracing::debug!(event = "tls_handshake_timeout", %peer);
                 }
             };
-            let conn = builder.serve_connection(TokioIo::new(tls), svc).into_owned();
+            // Read a slice a turn (connguard::Fair): a peer flooding frames
+            // (rapid reset) does not hold the worker other connections share.
+            let conn = builder
+                .serve_connection(TokioIo::new(connguard::Fair::new(tls, reads, connguard::fair::SLICE)), svc)
+                .into_owned();
             connection(conn, |c| c.graceful_shutdown(), (activity, watch), stop, &limits, peer).await;
         };
         match workers {
@@ -356,6 +366,7 @@ fn tracked<H, F>(
     handler: H,
     activity: Arc<Activity>,
     watch: Arc<abuse::Watch>,
+    reads: Arc<connguard::Reads>,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
     Response = Response<TrackedBody>,
@@ -369,22 +380,28 @@ where
     hyper::service::service_fn(move |req| {
         let guard = activity.enter();
         let stream = watch.open();
-        // A connection already marked abusive gets no more work done.
-        let fut = (!watch.is_tripped()).then(|| handler(req));
+        // HTTP/2 only: HTTP/1.1 has no resets, and its next read waits for
+        // the handler to read the body.
+        let mark = (req.version() == http::Version::HTTP_2).then(|| reads.mark());
+        let (reads, watch, handler) = (Arc::clone(&reads), Arc::clone(&watch), handler.clone());
         async move {
-            let Some(fut) = fut else {
+            // Before any work, wait until the bytes that could carry this
+            // stream's reset are read, then yield once: hyper looks for a
+            // RST_STREAM each time the handler is pending, so a stream its
+            // client reset right after its request (rapid reset) is dropped
+            // here, before authentication, admission or an engine sees it.
+            if !watch.is_tripped() {
+                connguard::settle(&watch, mark.map(|m| (&*reads, m)), std::time::Duration::ZERO).await;
+            }
+            // A connection already marked abusive gets no more work done.
+            if watch.is_tripped() {
                 let refused = Response::builder()
                     .status(http::StatusCode::TOO_MANY_REQUESTS)
                     .body(crate::body::full(Bytes::new()))
                     .unwrap_or_default();
                 return Ok(refused.map(|inner| TrackedBody::new(inner, guard, stream)));
-            };
-            // Yield once before any work: hyper looks for a RST_STREAM each
-            // time the handler is pending, so a stream its client reset in
-            // the same write as its request (rapid reset) is dropped here,
-            // before authentication, admission or an engine sees it.
-            tokio::task::yield_now().await;
-            let resp = fut.await?;
+            }
+            let resp = handler(req).await?;
             Ok(resp.map(|inner| TrackedBody::new(inner, guard, stream)))
         }
     })

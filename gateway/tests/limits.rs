@@ -522,10 +522,16 @@ async fn rapid_reset_connections_are_closed_within_a_bounded_number_of_streams()
         })
         .sum();
     assert_eq!(closed, 4.0, "{m}");
-    // Every honest request was answered (p99 asserts each came back 200);
-    // its p99 under attack is reported, not bounded here: the attacking
-    // client shares this machine's cores with the gateway (docs/reliability.md).
-    assert!(under.is_finite() && unloaded.is_finite());
+    // Every honest request was answered (p99 asserts each came back 200),
+    // and the attack costs the honest tenant little: its p99 (the slowest
+    // of 30) beside the attack was 0.81-1.24x of unloaded in 20 quiet runs
+    // (the target is 1.5x, docs/reliability.md), up to 4.5x before the
+    // gateway read connections a slice a turn. Bounded at 2x here: the
+    // slowest of 30 on two shared cores, other tests running beside it.
+    assert!(
+        under <= 2.0 * unloaded,
+        "honest p99 {unloaded:.1} ms unloaded, {under:.1} ms beside the attack: {results:?}"
+    );
     eprintln!(
         "rapid reset: streams written per attacking connection {results:?}, {decisions} admission decisions; \
          honest p99 {unloaded:.1} ms -> {under:.1} ms"
