@@ -165,6 +165,14 @@ pub struct Fleet {
     pub redis_pids: Vec<(usize, u32)>,
 }
 
+/// The data directory of the Redis server on `host` (RDB files of
+/// replication), under the run's directory.
+fn redis_dir(run: &std::path::Path, host: usize) -> Result<std::path::PathBuf, String> {
+    let dir = run.join(format!("redis-{host}"));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
 fn log(dir: &Path, name: &str) -> Result<Stdio, String> {
     let f = std::fs::File::create(dir.join(format!("{name}.log"))).map_err(|e| format!("{name}.log: {e}"))?;
     Ok(Stdio::from(f))
@@ -208,8 +216,14 @@ impl Fleet {
             redis_pids: Vec::new(),
         };
         let mut redis = fleet.hosts.command(0, "redis-server");
+        // Its own directory: a replica's full sync still writes an RDB file
+        // (`--save ""` only stops the periodic ones), which would otherwise
+        // land in the working directory.
+        let dir = redis_dir(&fleet.dir, 0)?;
         redis
             .args(["--bind", &fleet.hosts.addr(0).to_string(), "--port", "6379", "--save", ""])
+            .arg("--dir")
+            .arg(&dir)
             .args(["--appendonly", "no", "--protected-mode", "no"])
             .stdout(log(&fleet.dir, "redis")?);
         let pid = fleet.hosts.spawn(redis)?;
@@ -283,6 +297,8 @@ impl Fleet {
         let a = self.hosts.addr(replica).to_string();
         let mut cmd = self.hosts.command(replica, "redis-server");
         cmd.args(["--bind", &a, "--port", "6379", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(redis_dir(&self.dir, replica)?)
             .args(["--protected-mode", "no", "--replicaof", &primary, "6379"])
             .stdout(log(&self.dir, "replica")?);
         let pid = self.hosts.spawn(cmd)?;
