@@ -236,6 +236,9 @@ pub struct Outbound {
     /// The request's trace: each attempt is a span below it, sent to the
     /// engine as `traceparent`.
     pub trace: crate::trace::RequestTrace,
+    /// Only this project's engines may serve it (a continuation: see
+    /// [`Outbound::continuation`]).
+    native_only: bool,
     native: std::sync::OnceLock<Bytes>,
 }
 
@@ -253,6 +256,46 @@ impl Outbound {
             verbatim,
             prefix: Vec::new(),
             trace: crate::trace::RequestTrace::default(),
+            native_only: false,
+            native: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Whether a generation cut short after its first tokens may go on
+    /// elsewhere as a [`continuation`](Outbound::continuation): a request
+    /// this project's engines serve from the rendered prompt (not one
+    /// bound to third-party engines or relayed verbatim).
+    pub fn resumable(&self) -> bool {
+        !self.upstream_only
+            && self.verbatim.is_none()
+            && self.client.0 != crate::upstream::UpstreamRoute::Embeddings
+    }
+
+    /// What a stream keeps to resume with: the rendered request without
+    /// the client's body or its serialised form (a continuation goes to
+    /// this project's engines only, which read neither).
+    pub fn for_resume(mut self) -> Self {
+        self.client.1 = Bytes::new();
+        self.native = std::sync::OnceLock::new();
+        self
+    }
+
+    /// The rest of this generation after `text` (`tokens` tokens) was
+    /// produced: the rendered prompt followed by that text, the token cap
+    /// less what was spent, for this project's engines only (a third-party
+    /// engine is sent the client's messages and would start over).
+    pub fn continuation(&self, text: &str, tokens: u32) -> Self {
+        let mut gen = self.gen.clone();
+        gen.prompt.push_str(text);
+        gen.max_tokens = gen.max_tokens.saturating_sub(tokens).max(1);
+        Self {
+            gen,
+            client: self.client.clone(),
+            upstream_only: false,
+            verbatim: None,
+            prefix: self.prefix.clone(),
+            trace: self.trace.clone(),
+            native_only: true,
             native: std::sync::OnceLock::new(),
         }
     }
@@ -298,7 +341,11 @@ pub async fn start(
     first_event_timeout: Duration,
     attempts: &mut Attempts,
 ) -> Result<Started, ApiError> {
-    let not_serving = pool.not_serving(&req.gen.model, req.upstream_only);
+    let mut not_serving = pool.not_serving(&req.gen.model, req.upstream_only);
+    if req.native_only {
+        let snapshot = pool.snapshot();
+        not_serving.extend((0..snapshot.len()).filter(|&i| snapshot[i].spec.kind != EngineKind::Native));
+    }
     while !attempts.exhausted(pool) {
         let usable = |idx: usize| !attempts.tried.contains(&idx) && !not_serving.contains(&idx);
         let mut inflight = match first.take().filter(|l| usable(l.engine_idx())) {

@@ -152,6 +152,7 @@ pub const CLUSTER_SENTINEL_ERRORS: &str = "gateway_cluster_redis_sentinel_errors
 pub const POLICY_VERSION: &str = "gateway_policy_version_info";
 pub const POLICY_RELOADS: &str = "gateway_policy_reloads_total";
 pub const STREAM_RESETS: &str = "gateway_stream_resets_total";
+pub const STREAM_RESUMES: &str = "gateway_stream_resumes_total";
 pub const CLUSTER_POLICY_REJECTED: &str = "gateway_cluster_policy_rejected_total";
 /// Keys of the gateways' own found holding another type (`WRONGTYPE`), by
 /// key family (`lease`, `window`, `policy`, `engines`): not used, logged.
@@ -229,6 +230,7 @@ pub const HELP: &[(&str, &str)] = &[
     (POLICY_VERSION, "The policy document in force (its version as a label; value 1)."),
     (POLICY_RELOADS, "Policy reloads, by result."),
     (STREAM_RESETS, "HTTP/2 streams reset, by reason."),
+    (STREAM_RESUMES, "Streamed generations whose engine failed after the first tokens, by outcome: resumed on another engine, or failed (no engine took the rest)."),
     (CLUSTER_POLICY_REJECTED, "Policy documents from the cluster that failed validation here."),
     (
         CLUSTER_BAD_KEYS,

@@ -21,6 +21,20 @@ use crate::outbox::{outbox, Outbox, OutboxBody, Stall, Stop};
 use crate::permit::Permit;
 use crate::wire::Wire;
 
+/// What a streamed generation needs to go on on another engine when its
+/// engine fails after the first tokens (its connection breaks, or it falls
+/// silent past the event timeout): the request, what it counts against an
+/// engine, and the wait for a first token. The relay sends the rest of the
+/// generation as a [`continuation`](dispatch::Outbound::continuation) (the
+/// prompt followed by the text already relayed) to this project's engines,
+/// while attempts remain, and the client's stream goes on where it was.
+#[derive(Debug)]
+pub struct Resume {
+    pub out: dispatch::Outbound,
+    pub work: Work,
+    pub first_event_timeout: Duration,
+}
+
 /// What a streamed response may cost: its buffer and stall rule for the
 /// client, and the longest engine silence after the first token.
 #[derive(Debug, Clone, Copy)]
@@ -36,19 +50,34 @@ pub struct StreamBounds {
 /// `permit` and `started`) are released the moment the engine finishes,
 /// fails, falls silent past `event_timeout`, or the client goes away or
 /// stalls, whichever comes first; a stalled client's stream is reset.
+/// With `resume`, an engine failure after the first tokens moves the rest
+/// of the generation to another engine ([`Resume`]).
 pub fn spawn_sse(
     encoder: Wire,
     started: Started,
     mut permit: Permit,
     pool: Arc<EnginePool>,
     bounds: StreamBounds,
+    resume: Option<Resume>,
 ) -> OutboxBody {
     let (out, body) = outbox(bounds.buffer_bytes);
     permit.first_token();
     let first = started.first.clone();
     let engine_id = started.inflight.engine_id().to_string();
-    let mut relay =
-        SseRelay { encoder, engine: Some((started, permit)), engine_id, pool, pending: BytesMut::new() };
+    let mut relay = SseRelay {
+        encoder,
+        engine: Some((started, permit)),
+        engine_id,
+        pool,
+        pending: BytesMut::new(),
+        resume,
+        attempts: Attempts::default(),
+        text: String::new(),
+        tokens: 0,
+        carried: 0,
+        client_prompt_tokens: None,
+        broken: None,
+    };
     relay.encoder.opening(&mut relay.pending);
     relay.on_event(Ok(first));
     // The first token is in the body before hyper first polls it, so the
@@ -71,6 +100,21 @@ struct SseRelay {
     pool: Arc<EnginePool>,
     /// Encoded bytes not yet in the outbox.
     pending: BytesMut,
+    /// How to go on elsewhere after a mid-stream failure (None: end the
+    /// stream with an error event).
+    resume: Option<Resume>,
+    /// Engines this generation has failed on.
+    attempts: Attempts,
+    /// What has been relayed (kept only while `resume` is set).
+    text: String,
+    /// Tokens relayed, and of them those relayed before the engine now
+    /// serving it started (its usage counts from there).
+    tokens: u32,
+    carried: u32,
+    /// Once resumed: the client's prompt in tokens.
+    client_prompt_tokens: Option<u32>,
+    /// The engine side broke: why, and whether its connection did.
+    broken: Option<(String, bool)>,
 }
 
 impl SseRelay {
@@ -84,6 +128,14 @@ impl SseRelay {
                     return self.stopped(out, Stop::Gone);
                 }
             }
+            if let Some((message, transport)) = self.broken.take() {
+                match self.go_on_elsewhere(&message, transport, &out).await {
+                    Ok(true) => continue,
+                    Ok(false) => self.fail(message, transport),
+                    Err(stop) => return self.stopped(out, stop),
+                }
+                continue;
+            }
             let Some((started, _)) = &mut self.engine else { break };
             let event = tokio::select! {
                 e = tokio::time::timeout(bounds.event_timeout, started.events.next()) => e,
@@ -91,9 +143,10 @@ impl SseRelay {
             };
             match event {
                 Ok(Some(e)) => self.on_event(e),
-                Ok(None) => self.fail("engine closed the stream before finishing".into(), true),
+                Ok(None) => self.broken = Some(("engine closed the stream before finishing".into(), true)),
                 Err(_) => {
-                    self.fail(format!("no event from the engine for {:?}", bounds.event_timeout), false)
+                    self.broken =
+                        Some((format!("no event from the engine for {:?}", bounds.event_timeout), false))
                 }
             }
         }
@@ -110,11 +163,23 @@ impl SseRelay {
         match event {
             Ok(Event::Token { text }) => {
                 self.encoder.token(&mut self.pending, &text);
+                self.tokens += 1;
+                if self.resume.is_some() {
+                    self.text.push_str(&text);
+                }
                 if let Some((_, permit)) = &mut self.engine {
                     permit.token();
                 }
             }
-            Ok(Event::Done { finish_reason, usage, prefill_ms, .. }) => {
+            Ok(Event::Done { finish_reason, mut usage, prefill_ms, .. }) => {
+                // A continuation's prompt held the text relayed before it:
+                // that is the client's output, and its prompt is the one
+                // it sent (as the gateway counts it for admission).
+                if let Some(prompt_tokens) = self.client_prompt_tokens {
+                    usage.prompt_tokens = prompt_tokens;
+                    usage.completion_tokens += self.carried;
+                    usage.cached_tokens = usage.cached_tokens.min(prompt_tokens);
+                }
                 self.encoder.finish(&mut self.pending, finish_reason, usage);
                 if let Some((started, permit)) = &mut self.engine {
                     permit.finished(started.inflight.engine_idx(), usage, prefill_ms);
@@ -122,8 +187,61 @@ impl SseRelay {
                 self.engine = None;
             }
             Ok(Event::Error { code, message }) => self.fail(format!("{code}: {message}"), false),
-            Ok(Event::Upstream { json }) => self.encoder.upstream(&mut self.pending, &json),
-            Err(message) => self.fail(message, true),
+            Ok(Event::Upstream { json }) => {
+                // Verbatim chunks carry text the relay does not track.
+                self.resume = None;
+                self.encoder.upstream(&mut self.pending, &json)
+            }
+            Err(message) => self.broken = Some((message, true)),
+        }
+    }
+
+    /// After the engine side broke mid-stream: starts the rest of the
+    /// generation on another of this project's engines, when it may
+    /// ([`Resume`]) and attempts remain. `Ok(true)`: the stream goes on
+    /// from the new engine's first event; `Ok(false)`: it cannot.
+    async fn go_on_elsewhere(&mut self, message: &str, transport: bool, out: &Outbox) -> Result<bool, Stop> {
+        let Some((started, _)) = &self.engine else { return Ok(false) };
+        let failed = started.inflight.engine_idx();
+        let native = self.pool.slot(failed).spec.kind == crate::engines::EngineKind::Native;
+        let Some(resume) = self.resume.as_ref().filter(|r| native && r.out.resumable()) else {
+            return Ok(false);
+        };
+        if transport {
+            self.pool.mark_unreachable(failed);
+        }
+        self.attempts.failed_after_start(started, message.to_string());
+        if self.attempts.exhausted(&self.pool) {
+            return Ok(false);
+        }
+        // Dropping the old event stream resets it at its engine; the
+        // permit (admission ticket, tenant hold) stays with the stream.
+        let Some((old, permit)) = self.engine.take() else { return Ok(false) };
+        drop(old);
+        let rest = resume.out.continuation(&self.text, self.tokens);
+        let (work, timeout) = (resume.work, resume.first_event_timeout);
+        let started = tokio::select! {
+            s = dispatch::start(&self.pool, &rest, None, work, timeout, &mut self.attempts) => s,
+            () = out.gone() => return Err(Stop::Gone),
+        };
+        match started {
+            Ok(started) => {
+                let to = started.inflight.engine_id();
+                tracing::warn!(event = "stream_resumed", from = %self.engine_id, engine = %to, tokens = self.tokens, error = %message);
+                metrics::counter!(crate::metrics::STREAM_RESUMES, "outcome" => "resumed").increment(1);
+                self.engine_id = started.inflight.engine_id().to_string();
+                self.carried = self.tokens;
+                self.client_prompt_tokens = Some(policies::tokens::count(&resume.out.gen.prompt));
+                let first = started.first.clone();
+                self.engine = Some((started, permit));
+                self.on_event(Ok(first));
+                Ok(true)
+            }
+            Err(e) => {
+                metrics::counter!(crate::metrics::STREAM_RESUMES, "outcome" => "failed").increment(1);
+                tracing::warn!(event = "stream_resume_failed", error = %e);
+                Ok(false)
+            }
         }
     }
 

@@ -125,7 +125,8 @@ pub struct EngineStats {
     pub cancelled: AtomicUsize,
     /// `max_tokens` of the last generate request.
     pub last_max_tokens: AtomicUsize,
-    /// The last request body an OpenAI-speaking engine received.
+    /// The last request body received (a native engine's as its
+    /// `GenerateRequest`).
     pub last_body: Mutex<Option<serde_json::Value>>,
 }
 
@@ -234,7 +235,10 @@ async fn play(
     stats.requests.fetch_add(1, Ordering::SeqCst);
     let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     match serde_json::from_slice::<GenerateRequest>(&body) {
-        Ok(gen) => stats.last_max_tokens.store(gen.max_tokens as usize, Ordering::SeqCst),
+        Ok(gen) => {
+            stats.last_max_tokens.store(gen.max_tokens as usize, Ordering::SeqCst);
+            *stats.last_body.lock().unwrap_or_else(|p| p.into_inner()) = serde_json::to_value(&gen).ok();
+        }
         Err(_) => return Ok(answer(StatusCode::BAD_REQUEST, Bytes::new())),
     }
     let steps = match script {

@@ -116,23 +116,107 @@ async fn engine_killed_before_the_first_byte_is_retried_on_another() {
     assert_eq!(json(&body_bytes(resp).await.unwrap())["usage"]["completion_tokens"], 3);
 }
 
+/// Reads `resp`'s body until it ends (or `limit` passes: a hang fails).
+async fn read_rest(resp: &mut http::Response<hyper::body::Incoming>, limit: Duration) -> Vec<u8> {
+    tokio::time::timeout(limit, async {
+        let mut bytes = Vec::new();
+        while let Some(frame) = resp.body_mut().frame().await {
+            bytes.extend_from_slice(&frame.expect("the stream closes cleanly").into_data().unwrap());
+        }
+        bytes
+    })
+    .await
+    .expect("no hang: the stream ends after the engine dies")
+}
+
+/// The text of a chat stream's content deltas, one string each.
+fn deltas(events: &[loadtest::sse::SseEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e.data != "[DONE]")
+        .filter_map(|e| {
+            json(e.data.as_bytes())["choices"][0]["delta"]["content"].as_str().map(str::to_string)
+        })
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
 #[tokio::test]
-async fn engine_killed_mid_stream_ends_the_stream_with_an_error_event() {
-    let sys = System::start(&paced(0, 30), 2).await;
+async fn engine_killed_mid_stream_is_resumed_on_another_engine() {
+    let body = |stream: bool| {
+        let mut b = serde_json::json!({
+            "model": MODEL, "max_tokens": 40, "stream": stream,
+            "messages": [{"role": "user", "content": long_prompt(60)}],
+        });
+        if stream {
+            b["stream_options"] = serde_json::json!({"include_usage": true});
+        }
+        b.to_string()
+    };
     for proto in [Proto::H2, Proto::Http1] {
+        // A fresh pair each time: the victim stays dead for the test.
+        let sys = System::start(&paced(0, 30), 2).await;
+        let conn = sys.conn(proto).await;
+        let whole = conn.post_json("/v1/chat/completions", Some(GOLD), body(false)).await.unwrap();
+        let whole = json(&body_bytes(whole).await.unwrap());
+        let mut resp = conn.post_json("/v1/chat/completions", Some(GOLD), body(true)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let engine = resp.headers()["x-engine"].to_str().unwrap().to_string();
+        let request_id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
+        // A few tokens in, its engine dies.
+        let mut bytes = Vec::new();
+        while bytes.windows(10).filter(|w| w == b"\"content\":").count() < 4 {
+            let frame = resp.body_mut().frame().await.expect("more of the stream").unwrap();
+            bytes.extend_from_slice(&frame.into_data().unwrap());
+        }
+        sys.kill_engine(&engine);
+        bytes.extend(read_rest(&mut resp, Duration::from_secs(10)).await);
+        let events = SseParser::new().push(&bytes);
+        let text = String::from_utf8_lossy(&bytes);
+        // The client sees one stream to its end: no error, [DONE].
+        assert!(!text.contains("\"error\""), "{proto:?}: {text}");
+        assert_eq!(events.last().map(|e| e.data.as_str()), Some("[DONE]"), "{proto:?}: {text}");
+        // Its usage counts the whole answer as output and the client's
+        // prompt as prompt (the continuation's prompt held the text
+        // relayed before it), as the same request run whole does.
+        let usage = events
+            .iter()
+            .rev()
+            .find_map(|e| {
+                serde_json::from_str::<serde_json::Value>(&e.data).ok().filter(|j| j["usage"].is_object())
+            })
+            .expect("a usage chunk")["usage"]
+            .clone();
+        let delivered = deltas(&events);
+        assert!(delivered.len() > 4, "{proto:?}: the rest came: {delivered:?}");
+        assert_eq!(usage["completion_tokens"], delivered.len(), "{proto:?}: {usage}");
+        assert!(delivered.len() <= 40, "{proto:?}: within max_tokens");
+        assert_eq!(usage["prompt_tokens"], whole["usage"]["prompt_tokens"], "{proto:?}: {usage}");
+        let m = sys.metrics().await;
+        assert_eq!(metric(&m, "gateway_stream_resumes_total{outcome=\"resumed\"}"), Some(1.0), "{m}");
+        // Logged under the request's span, from the victim to the other.
+        let log = sys.log();
+        let span = format!("request{{id={request_id}}}");
+        let other = sys.other_engine(&engine);
+        assert!(
+            log.lines().any(|l| l.contains("stream_resumed")
+                && l.contains(&format!("from={engine}"))
+                && l.contains(&format!("engine={other}"))
+                && l.contains(&span)),
+            "{proto:?}: no stream_resumed line under {span} in\n{log}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn engine_killed_mid_stream_with_no_other_engine_ends_the_stream_with_an_error_event() {
+    for proto in [Proto::H2, Proto::Http1] {
+        let sys = System::start(&paced(0, 30), 1).await;
         let conn = sys.conn(proto).await;
         let (engine, mut resp) = start_stream(&conn, 500).await;
         let request_id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
         sys.kill_engine(&engine);
-        let rest = tokio::time::timeout(Duration::from_secs(5), async {
-            let mut bytes = Vec::new();
-            while let Some(frame) = resp.body_mut().frame().await {
-                bytes.extend_from_slice(&frame.expect("the stream closes cleanly").into_data().unwrap());
-            }
-            bytes
-        })
-        .await
-        .expect("no hang: the stream ends after the engine dies");
+        let rest = read_rest(&mut resp, Duration::from_secs(5)).await;
         let events = SseParser::new().push(&rest);
         let last = json(events.last().expect("an error event").data.as_bytes());
         assert_eq!(last["error"]["code"], "engine_failed", "{last}");

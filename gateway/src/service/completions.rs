@@ -242,7 +242,14 @@ async fn respond(app: &App, mut wire: Wire, run: Admitted) -> Result<Response<Ga
             stall: limits.stall(),
             event_timeout: limits.event_timeout(step_ms),
         };
-        let body = relay::spawn_sse(wire, started, permit, Arc::clone(&app.engines), bounds);
+        // Kept with the stream, so that it can go on elsewhere if its
+        // engine fails after the first tokens: the rendered prompt.
+        let resume = out.resumable().then(|| relay::Resume {
+            out: out.for_resume(),
+            work,
+            first_event_timeout: timeout,
+        });
+        let body = relay::spawn_sse(wire, started, permit, Arc::clone(&app.engines), bounds, resume);
         let mut resp = Response::new(body.boxed_unsync());
         let h = resp.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));

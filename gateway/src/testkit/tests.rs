@@ -157,6 +157,55 @@ async fn an_engine_silent_mid_stream_ends_the_stream_with_an_error_event_at_the_
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_engine_silent_mid_stream_has_the_rest_continued_on_another_at_the_event_timeout() {
+    let steps = vec![
+        Step::Wait(Duration::from_millis(10)),
+        Step::Event(Event::Token { text: "t0".into() }),
+        Step::Event(Event::Token { text: " t1".into() }),
+        Step::Hang,
+    ];
+    let rest = vec![
+        Step::Wait(Duration::from_millis(20)),
+        Step::Event(Event::Token { text: " u0".into() }),
+        Step::Event(Event::Done {
+            finish_reason: engine_api::FinishReason::Stop,
+            // The continuation's prompt held "t0 t1": 8 + 2 tokens.
+            usage: engine_api::Usage { prompt_tokens: 10, completion_tokens: 1, cached_tokens: 9 },
+            queue_ms: 0.0,
+            prefill_ms: 1.0,
+        }),
+    ];
+    let engines = vec![("e0", vec![Script::Stream(steps)]), ("e1", vec![Script::Stream(rest)])];
+    let h = Harness::start(POLICY, engines, |c| c.limits.engine_event_timeout_ms = 7_000).await;
+    let t0 = Instant::now();
+    let mut body = chat(8);
+    body["stream_options"] = json!({"include_usage": true});
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &body).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "x-engine"), "e0");
+    let mut body = resp.into_body();
+    read_until(&mut body, "\" t1\"").await;
+    let rest = read_rest(&mut body).await.expect("the stream ends cleanly");
+    // e0 was left at the event timeout; e1's first token came 20 ms later.
+    assert_eq!(t0.elapsed(), Duration::from_millis(7_030));
+    assert!(rest.contains("\" u0\"") && rest.ends_with("data: [DONE]\n\n"), "{rest}");
+    assert!(!rest.contains("error"), "{rest}");
+    // The client's usage: its own prompt (the gateway's count of "hello"
+    // rendered) and every token it was sent.
+    assert!(rest.contains("\"completion_tokens\":3"), "{rest}");
+    // e1 was asked for the rest: the prompt followed by what was relayed,
+    // the cap less the two tokens spent.
+    let sent = h.engines[1].last_body.lock().unwrap().clone().expect("e1 got a request");
+    let client_prompt =
+        sent["prompt"].as_str().unwrap().strip_suffix("t0 t1").expect("the relayed text last");
+    assert_eq!(sent["max_tokens"], 6);
+    let prompt_tokens = policies::tokens::count(client_prompt);
+    assert!(rest.contains(&format!("\"prompt_tokens\":{prompt_tokens},")), "{rest}");
+    assert_eq!(h.engines[0].cancelled(), 1, "e0's silent stream is reset");
+    assert_eq!((h.engine_sequences(0), h.engine_sequences(1)), (0, 0), "every lease is back");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_client_that_stops_reading_is_reset_at_the_stall_timeout_and_the_engine_released() {
     // 8 MB at once: far more than every buffer on the way (the client's
     // 64 KiB window, the 64 KiB outbox, HTTP/2 send buffers and the engine
