@@ -181,7 +181,7 @@ async fn a_stalled_reader_of_a_long_stream_is_reset_and_the_engine_work_cancelle
 }
 
 #[tokio::test]
-async fn a_hung_engine_ends_its_streams_with_an_error_and_new_requests_go_elsewhere() {
+async fn a_hung_engine_has_its_streams_continued_elsewhere_and_new_requests_go_elsewhere() {
     let sys = start(
         &paced(0, 20),
         2,
@@ -191,7 +191,7 @@ async fn a_hung_engine_ends_its_streams_with_an_error_and_new_requests_go_elsewh
     .await;
     let conn = sys.conn(Proto::H2).await;
     let mut resp = conn
-        .post_json("/v1/chat/completions", Some(GOLD), chat_body(&long_prompt(250), 250, true))
+        .post_json("/v1/chat/completions", Some(GOLD), chat_body(&long_prompt(250), 100, true))
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
@@ -208,12 +208,18 @@ async fn a_hung_engine_ends_its_streams_with_an_error_and_new_requests_go_elsewh
         body
     })
     .await
-    .expect("the client hears about the hung engine within 10 s");
+    .expect("the stream ends within 10 s");
     let took = stopped.elapsed();
+    // The keepalive found the engine hung (within ~1 s) and the rest of the
+    // 100 tokens (20 ms each) came from the other engine: one stream, no
+    // error, [DONE].
     let events = SseParser::new().push(&rest);
-    let last = json(events.last().unwrap().data.as_bytes());
-    assert_eq!(last["error"]["code"], "engine_failed", "{last}");
-    assert!(took < Duration::from_secs(3), "error after {took:?}");
+    let text = String::from_utf8_lossy(&rest);
+    assert_eq!(events.last().map(|e| e.data.as_str()), Some("[DONE]"), "{text}");
+    assert!(!text.contains("\"error\""), "{text}");
+    assert!(took < Duration::from_secs(5), "the stream ended {took:?} after the engine hung");
+    let m = sys.metrics().await;
+    assert_eq!(metric(&m, "gateway_stream_resumes_total{outcome=\"resumed\"}"), Some(1.0), "{m}");
     // Requests sent after the engine stopped are all served, by the other.
     for _ in 0..6 {
         let r =

@@ -285,6 +285,14 @@ async fn until(within: Duration, mut ok: impl AsyncFnMut() -> bool) -> Option<f6
     None
 }
 
+fn resumes(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("gateway_stream_resumes_total{") && l.contains("outcome=\"resumed\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 fn adoptions(metrics: &str) -> f64 {
     metrics
         .lines()
@@ -414,8 +422,8 @@ pub async fn run_one(
             fleet.until_served_on(1, &ids).await?;
         }
         FleetScenario::EngineMove => {
-            // Chats streaming from the killed engine die with it (past
-            // their first byte nothing retries them): counted apart.
+            // Chats streaming from the killed engine go on on another (the
+            // gateway resumes them); any that cannot are counted apart.
             killed_engine = Some("e7");
             fleet.kill_engine(7);
             let killed = crate::clock::now();
@@ -428,6 +436,13 @@ pub async fn run_one(
     tokio::time::sleep(settle).await;
     stop.store(true, Ordering::Relaxed);
     let _ = load.await;
+    // Chats whose engine failed after their first tokens and that went on
+    // on another (counted by the gateways up at the end).
+    let mut resumed = 0.0;
+    for g in GATEWAYS {
+        resumed += resumes(&fleet.metrics(g).await);
+    }
+    fault.insert("chats_resumed_elsewhere".into(), resumed);
     for v in videos {
         let _ = v.await;
     }
