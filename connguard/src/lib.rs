@@ -296,6 +296,36 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn settle_waits_at_most_its_bounds() {
+        let honest = Watch::new(0.0, 1.0);
+        // A connection whose reading is stuck (its peer reads none of our
+        // writes, hyper reads no more frames): the stream goes on after
+        // CATCH_UP_MAX, not never.
+        let stuck = Reads::new();
+        let t = Instant::now();
+        settle(&honest, Some((&stuck, stuck.mark())), SUSPECT_HOLD).await;
+        assert_eq!(t.elapsed(), fair::CATCH_UP_MAX);
+        // Without a read to wait for, an honest connection's stream only
+        // yields, held or not.
+        let t = Instant::now();
+        settle(&honest, None, SUSPECT_HOLD).await;
+        assert_eq!(t.elapsed(), std::time::Duration::ZERO);
+        // A suspect one is held exactly the hold where the listener asks
+        // for it, and not at all where it does not.
+        let suspect = Watch::new(0.0, 1.0);
+        for _ in 0..SUSPECT_RESETS {
+            drop(suspect.open());
+        }
+        assert!(suspect.is_suspect() && !suspect.is_tripped());
+        let t = Instant::now();
+        settle(&suspect, None, SUSPECT_HOLD).await;
+        assert_eq!(t.elapsed(), SUSPECT_HOLD);
+        let t = Instant::now();
+        settle(&suspect, None, std::time::Duration::ZERO).await;
+        assert_eq!(t.elapsed(), std::time::Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn the_stream_rate_is_a_token_bucket() {
         let w = Watch::new(100.0, 10.0);
         for _ in 0..10 {

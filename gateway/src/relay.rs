@@ -130,7 +130,7 @@ impl SseRelay {
             }
             if let Some((message, transport)) = self.broken.take() {
                 match self.go_on_elsewhere(&message, transport, &out).await {
-                    Ok(true) => continue,
+                    Ok(true) => {}
                     Ok(false) => self.fail(message, transport),
                     Err(stop) => return self.stopped(out, stop),
                 }
@@ -201,48 +201,46 @@ impl SseRelay {
     /// ([`Resume`]) and attempts remain. `Ok(true)`: the stream goes on
     /// from the new engine's first event; `Ok(false)`: it cannot.
     async fn go_on_elsewhere(&mut self, message: &str, transport: bool, out: &Outbox) -> Result<bool, Stop> {
-        let Some((started, _)) = &self.engine else { return Ok(false) };
+        let (Some((started, _)), Some(resume)) = (&self.engine, &self.resume) else { return Ok(false) };
         let failed = started.inflight.engine_idx();
-        let native = self.pool.slot(failed).spec.kind == crate::engines::EngineKind::Native;
-        let Some(resume) = self.resume.as_ref().filter(|r| native && r.out.resumable()) else {
-            return Ok(false);
-        };
-        if transport {
-            self.pool.mark_unreachable(failed);
+        if self.pool.slot(failed).spec.kind != crate::engines::EngineKind::Native {
+            return Ok(false); // a third-party engine was sent the client's messages
         }
         self.attempts.failed_after_start(started, message.to_string());
         if self.attempts.exhausted(&self.pool) {
+            metrics::counter!(crate::metrics::STREAM_RESUMES, "outcome" => "failed").increment(1);
             return Ok(false);
         }
-        // Dropping the old event stream resets it at its engine; the
-        // permit (admission ticket, tenant hold) stays with the stream.
-        let Some((old, permit)) = self.engine.take() else { return Ok(false) };
-        drop(old);
+        if transport {
+            self.pool.mark_unreachable(failed);
+        }
         let rest = resume.out.continuation(&self.text, self.tokens);
         let (work, timeout) = (resume.work, resume.first_event_timeout);
+        // Dropping the old event stream resets it at its engine; the
+        // permit (admission ticket, tenant hold) stays with the stream.
+        let Some((_, permit)) = self.engine.take() else { return Ok(false) };
         let started = tokio::select! {
             s = dispatch::start(&self.pool, &rest, None, work, timeout, &mut self.attempts) => s,
             () = out.gone() => return Err(Stop::Gone),
         };
-        match started {
-            Ok(started) => {
-                let to = started.inflight.engine_id();
-                tracing::warn!(event = "stream_resumed", from = %self.engine_id, engine = %to, tokens = self.tokens, error = %message);
-                metrics::counter!(crate::metrics::STREAM_RESUMES, "outcome" => "resumed").increment(1);
-                self.engine_id = started.inflight.engine_id().to_string();
-                self.carried = self.tokens;
-                self.client_prompt_tokens = Some(policies::tokens::count(&resume.out.gen.prompt));
-                let first = started.first.clone();
-                self.engine = Some((started, permit));
-                self.on_event(Ok(first));
-                Ok(true)
-            }
+        let started = match started {
+            Ok(started) => started,
             Err(e) => {
                 metrics::counter!(crate::metrics::STREAM_RESUMES, "outcome" => "failed").increment(1);
                 tracing::warn!(event = "stream_resume_failed", error = %e);
-                Ok(false)
+                return Ok(false);
             }
-        }
+        };
+        let to = started.inflight.engine_id().to_string();
+        tracing::warn!(event = "stream_resumed", from = %self.engine_id, engine = %to, tokens = self.tokens, error = %message);
+        metrics::counter!(crate::metrics::STREAM_RESUMES, "outcome" => "resumed").increment(1);
+        self.engine_id = to;
+        self.carried = self.tokens;
+        self.client_prompt_tokens = Some(policies::tokens::count(&resume.out.gen.prompt));
+        let first = started.first.clone();
+        self.engine = Some((started, permit));
+        self.on_event(Ok(first));
+        Ok(true)
     }
 
     /// Ends the stream with an error event in the answer's format (OpenAI's:

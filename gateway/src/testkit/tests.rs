@@ -206,6 +206,27 @@ async fn an_engine_silent_mid_stream_has_the_rest_continued_on_another_at_the_ev
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_stream_whose_engines_keep_failing_is_resumed_on_at_most_three_in_all() {
+    // Every engine sends a token and then ends its stream unfinished.
+    let cut = || {
+        vec![Script::Stream(vec![
+            Step::Wait(Duration::from_millis(10)),
+            Step::Event(Event::Token { text: "t".into() }),
+        ])]
+    };
+    let ids = ["e0", "e1", "e2", "e3", "e4"];
+    let h = Harness::start(POLICY, ids.iter().map(|&id| (id, cut())).collect(), |_| {}).await;
+    let resp = h.post("/v1/chat/completions", "sk-demo-gold", &chat(8)).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let rest = read_rest(&mut resp.into_body()).await.expect("the stream ends cleanly");
+    assert!(rest.contains("engine_failed") && !rest.contains("[DONE]"), "{rest}");
+    let tried: Vec<usize> = h.engines.iter().map(|e| e.requests()).collect();
+    assert_eq!(tried.iter().sum::<usize>(), 3, "the first engine and two continuations: {tried:?}");
+    assert!(tried.iter().all(|&n| n <= 1), "{tried:?}");
+    assert!((0..ids.len()).all(|i| h.engine_sequences(i) == 0), "every lease is back");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_client_that_stops_reading_is_reset_at_the_stall_timeout_and_the_engine_released() {
     // 8 MB at once: far more than every buffer on the way (the client's
     // 64 KiB window, the 64 KiB outbox, HTTP/2 send buffers and the engine

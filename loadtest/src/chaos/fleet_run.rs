@@ -285,20 +285,21 @@ async fn until(within: Duration, mut ok: impl AsyncFnMut() -> bool) -> Option<f6
     None
 }
 
-fn resumes(metrics: &str) -> f64 {
+/// The sum of counter `name`'s series that carry `label` (`key="value"`).
+fn counted(metrics: &str, name: &str, label: &str) -> f64 {
     metrics
         .lines()
-        .filter(|l| l.starts_with("gateway_stream_resumes_total{") && l.contains("outcome=\"resumed\""))
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{')) && l.contains(label))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
 
+fn resumes(metrics: &str) -> f64 {
+    counted(metrics, "gateway_stream_resumes_total", "outcome=\"resumed\"")
+}
+
 fn adoptions(metrics: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("gateway_video_adoptions_total{") && l.contains("result=\"adopted\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    counted(metrics, "gateway_video_adoptions_total", "result=\"adopted\"")
 }
 
 /// Runs one scenario once on a fresh fleet under load; `Ok(None)` where
